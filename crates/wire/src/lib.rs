@@ -1,0 +1,1 @@
+//! picnic-wire: packet formats, parsed and emitted without panics on any bytes.
