@@ -178,17 +178,20 @@ fn for_each_share(
     let variable = total - fixed;
     let n = packets.len() as u128;
     let total_weight: u128 = packets.iter().map(|p| model.weight(p.bytes)).sum();
+    // `variable * weight` must fit in u128: drop low weight bits beyond 64 (relative error
+    // under 2^-63). Cumulative weights stay monotone and end at the total, so the split
+    // stays exact.
+    let shift = (128 - total_weight.leading_zeros()).saturating_sub(64);
+    let scaled_total = total_weight >> shift;
     let mut cum_weight = 0u128;
     let mut prev_fixed = 0u128;
     let mut prev_variable = 0u128;
     for (i, p) in packets.iter().enumerate() {
         let upto_fixed = fixed * (i as u128 + 1) / n;
-        let upto_variable = if total_weight == 0 {
-            variable * (i as u128 + 1) / n
-        } else {
-            cum_weight += model.weight(p.bytes);
-            variable * cum_weight / total_weight
-        };
+        cum_weight += model.weight(p.bytes);
+        let upto_variable = (variable * (cum_weight >> shift))
+            .checked_div(scaled_total)
+            .unwrap_or(variable * (i as u128 + 1) / n);
         let share = (upto_fixed - prev_fixed) + (upto_variable - prev_variable);
         prev_fixed = upto_fixed;
         prev_variable = upto_variable;

@@ -324,8 +324,8 @@ proptest! {
     fn batch_split_sums_exactly(
         total in 0u64..=u64::MAX,
         fixed in 0u64..=u64::MAX,
-        per_packet in 0u64..1_000_000,
-        per_byte in 0u64..1_000,
+        per_packet in prop_oneof![0u64..1_000_000, Just(u64::MAX)],
+        per_byte in prop_oneof![0u64..1_000, Just(u64::MAX)],
         sizes in prop::collection::vec(0u32..65_536, 1..64),
     ) {
         let packets: Vec<_> = sizes.iter().map(|&b| BatchPacket { tenant: 0, bytes: b }).collect();
