@@ -5,7 +5,7 @@
 //! - [`feedback`]: picnic's Geneve option carrying receiver-driven congestion feedback, and
 //!   standalone feedback packets.
 //! - [`overlay`]: allocation-free encapsulation and decapsulation over Ethernet/IPv4/UDP 6081.
-//! - [`classify`]: the cheap classification of a tenant frame done before scheduling.
+//! - [`mod@classify`]: the cheap classification of a tenant frame done before scheduling.
 //!
 //! Ethernet, IPv4, IPv6, UDP, TCP and ARP come from [`etherparse`], re-exported so users
 //! share its version.

@@ -9,7 +9,7 @@
 //! over IPv4: the inner frame carries its own checksums, and computing one over a 1500-byte
 //! frame would be the most expensive step of encapsulation. The outer IPv4 header checksum is
 //! always correct, and `decap` verifies it. IPv6 outer headers are not supported (a zero UDP
-//! checksum there needs the RFC 6935/6936 conditions).
+//! checksum there needs the RFC 6935/6936 conditions), nor are VLAN tags on the outer frame.
 
 use core::net::Ipv4Addr;
 
