@@ -1,1 +1,27 @@
 //! picnic-wire: packet formats, parsed and emitted without panics on any bytes.
+//!
+//! - [`geneve`]: the Geneve overlay header (RFC 8926), a checked zero-copy view and a
+//!   `parse`/`emit` representation in the style of smoltcp's `wire/`.
+//! - [`feedback`]: picnic's Geneve option carrying receiver-driven congestion feedback, and
+//!   standalone feedback packets.
+//! - [`overlay`]: allocation-free encapsulation and decapsulation over Ethernet/IPv4/UDP 6081.
+//! - [`mod@classify`]: the cheap classification of a tenant frame done before scheduling.
+//!
+//! Ethernet, IPv4, IPv6, UDP, TCP and ARP come from [`etherparse`], re-exported so users
+//! share its version.
+
+pub mod classify;
+pub mod error;
+pub mod feedback;
+pub mod geneve;
+pub mod overlay;
+
+pub use classify::{classify, ArpSummary, FrameSummary, Network, Ports};
+pub use error::Error;
+pub use etherparse;
+pub use feedback::{standalone_feedback, FeedbackOption};
+pub use geneve::{GeneveOption, GenevePacket, GeneveRepr};
+pub use overlay::{
+    decap, encap, encap_headers, encap_headers_len, entropy_source_port, Decapped, OuterHeaders,
+    ENCAP_OVERHEAD,
+};
