@@ -155,16 +155,19 @@ impl<K> Endpoint<K> {
         self.config.max_rate.unwrap_or(u64::MAX)
     }
 
-    /// Demand estimate for the RX scheduler: an endpoint using at least 90% of what it was
-    /// allowed may want more (its max); one below that is limited by its own traffic and
-    /// wants what it received, so the rest can go to the others (work conservation). A fresh
-    /// endpoint counts as wanting its max.
+    /// Demand estimate for the RX scheduler. An endpoint is limited by its own traffic when
+    /// its controller already advertises its whole allotment (every sender may send C_i)
+    /// and it still received under 90% of it: it wants what it received, so the rest can go
+    /// to the others (work conservation). Any other endpoint (throttled, fully using its
+    /// allotment, or fresh) may want up to its max.
     fn demand(&self) -> u64 {
-        let hungry = self.fresh || self.measured as u128 * 10 >= self.allowed as u128 * 9;
-        if hungry {
-            self.max_rate()
-        } else {
+        let traffic_limited = !self.fresh
+            && self.advertised >= self.allowed
+            && (self.measured as u128) * 10 < (self.allowed as u128) * 9;
+        if traffic_limited {
             self.measured.min(self.max_rate())
+        } else {
+            self.max_rate()
         }
     }
 }
@@ -384,9 +387,9 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
     ///
     /// Every active endpoint i is first guaranteed `min(max_i, B_i * C / sum_{j in A} B_j)`,
     /// EyeQ's formula, so it can always ramp up to its share. What endpoints leave unused
-    /// (inactive ones by not being in A; capped ones at their max; traffic-limited ones,
-    /// those that received under 90% of their allotment, at their measured rate) is shared
-    /// among the remaining ones by weight, repeatedly, until every one is either settled at
+    /// (inactive ones by not being in A; capped ones at their max; traffic-limited ones at
+    /// their measured rate) is shared
+    /// among the remaining ones by weight (see `Endpoint::demand`), repeatedly, until every one is either settled at
     /// its demand or gets a weighted share of the rest. C_i is the larger of the two. The
     /// sum may exceed C for a while when a traffic-limited endpoint grows; the next windows
     /// take it back from the others through their controllers.
