@@ -3,6 +3,7 @@
 //! Every mechanism here is a plain struct fed with packet descriptors and `now`,
 //! returning decisions. No sockets, threads or clock reads (DESIGN.md section 2).
 
+pub mod eyeq;
 pub mod fairnic;
 pub mod iron;
 pub mod time;

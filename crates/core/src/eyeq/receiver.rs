@@ -1,0 +1,585 @@
+//! The receiver module (EyeQ's REM, sections 3.2 and 3.4): per-endpoint rate meters, the RX
+//! scheduler and one rate controller per endpoint, plus feedback sampling.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+
+use super::EyeqError;
+use crate::time::{Duration, Instant, NANOS_PER_SEC};
+
+/// Parameters of a [`Receiver`]. `Default` gives EyeQ's values for a 10 Gb/s link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReceiverConfig {
+    /// Raw capacity of the receiving resource in units/s (bytes/s for a link).
+    pub capacity: u64,
+    /// Capacity kept free for latency, in thousandths (EyeQ 2.2 reserves 10%: 100).
+    pub headroom_permille: u32,
+    /// Metering window; rates are recomputed at the end of each (EyeQ 3.2: 200 us).
+    pub window: Duration,
+    /// RCP gain alpha in thousandths (500 = 0.5, as in EyeQ's implementation; stable for
+    /// alpha < 2 and monotone for alpha < 1 by the logistic-map analysis of EyeQ 3.4).
+    pub alpha_permille: u32,
+    /// Lowest rate ever advertised, in units/s (EyeQ's implementation: 1 Mb/s).
+    pub min_rate: u64,
+    /// Sample one packet for feedback every this many units received per endpoint
+    /// (EyeQ 3.2: 10 kB, which bounds feedback bandwidth).
+    pub feedback_units: u64,
+    /// Also sample a packet when this long has passed since the endpoint's last feedback, so
+    /// slow endpoints still reach their senders (EyeQ's implementation: 100 us). `None`: off.
+    pub feedback_interval: Option<Duration>,
+    /// An endpoint that received nothing for this long leaves the active set and gives its
+    /// share to the others (EyeQ 3.2: A is the set of endpoints receiving at non-zero rate).
+    pub idle_after: Duration,
+}
+
+impl Default for ReceiverConfig {
+    fn default() -> Self {
+        ReceiverConfig {
+            capacity: 10_000_000_000 / 8,
+            headroom_permille: 100,
+            window: Duration::from_micros(200),
+            alpha_permille: 500,
+            min_rate: 1_000_000 / 8,
+            feedback_units: 10_000,
+            feedback_interval: Some(Duration::from_micros(100)),
+            idle_after: Duration::from_millis(1),
+        }
+    }
+}
+
+impl ReceiverConfig {
+    fn validate(&self) -> Result<(), EyeqError> {
+        if self.capacity == 0 {
+            return Err(EyeqError::InvalidConfig("capacity must be > 0"));
+        }
+        if self.headroom_permille >= 1000 {
+            return Err(EyeqError::InvalidConfig("headroom_permille must be < 1000"));
+        }
+        if self.window == Duration::ZERO {
+            return Err(EyeqError::InvalidConfig("window must be > 0"));
+        }
+        if self.alpha_permille == 0 || self.alpha_permille >= 2000 {
+            return Err(EyeqError::InvalidConfig(
+                "alpha_permille must be in 1..2000 (alpha in (0, 2) for stability)",
+            ));
+        }
+        if self.feedback_units == 0 {
+            return Err(EyeqError::InvalidConfig("feedback_units must be > 0"));
+        }
+        Ok(())
+    }
+}
+
+/// The service level of one receiving endpoint (VM or container).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EndpointConfig {
+    /// Minimum guarantee B_i in units/s; also its weight when sharing capacity. Must be > 0.
+    pub guarantee: u64,
+    /// Optional maximum receive rate in units/s.
+    pub max_rate: Option<u64>,
+}
+
+/// Congestion feedback to send to the source of a sampled packet (EyeQ's "HACK", 3.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Feedback<K, S> {
+    /// The receiving endpoint the rate applies to.
+    pub endpoint: K,
+    /// The source of the sampled packet: where to send this feedback.
+    pub source: S,
+    /// Advertised rate R_i in units/s: each sender to `endpoint` should send at most this.
+    pub rate: u64,
+    /// Per-endpoint sequence number, increasing (wrapping) with every feedback, so senders
+    /// can ignore reordered stale feedback.
+    pub seq: u32,
+}
+
+/// What the receiver currently knows and decides about one endpoint, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EndpointStats {
+    /// The endpoint's configured service level.
+    pub config: EndpointConfig,
+    /// Whether it received traffic recently (is in EyeQ's active set A).
+    pub active: bool,
+    /// Capacity C_i allotted by the RX scheduler, in units/s (0 when inactive).
+    pub allowed: u64,
+    /// Rate R_i advertised to each of its senders, in units/s (0 when inactive).
+    pub advertised: u64,
+    /// Receive rate y_i measured over the last closed window, in units/s.
+    pub measured: u64,
+    /// Feedback messages generated for it so far.
+    pub feedbacks: u64,
+}
+
+/// Units received in the current metering window. Private so that a shared meter type can
+/// replace it without touching the rest of the module.
+#[derive(Debug, Default, Clone, Copy)]
+struct WindowCounter {
+    units: u64,
+}
+
+impl WindowCounter {
+    fn add(&mut self, units: u64) {
+        self.units = self.units.saturating_add(units);
+    }
+
+    /// Rate over a window of `elapsed`, in units/s; starts the next window.
+    fn close(&mut self, elapsed: Duration) -> u64 {
+        let units = core::mem::take(&mut self.units);
+        let ns = elapsed.as_nanos().max(1) as u128;
+        (units as u128 * NANOS_PER_SEC as u128 / ns).min(u64::MAX as u128) as u64
+    }
+}
+
+#[derive(Debug)]
+struct Endpoint<K> {
+    id: K,
+    config: EndpointConfig,
+    meter: WindowCounter,
+    active: bool,
+    /// Active, but no full window measured since it became active: its demand is unknown.
+    fresh: bool,
+    last_rx: Instant,
+    allowed: u64,
+    advertised: u64,
+    measured: u64,
+    units_since_feedback: u64,
+    last_feedback: Option<Instant>,
+    seq: u32,
+    feedbacks: u64,
+    /// Scratch flag of the water-filling in [`Receiver::reallocate`].
+    settled: bool,
+}
+
+impl<K> Endpoint<K> {
+    fn max_rate(&self) -> u64 {
+        self.config.max_rate.unwrap_or(u64::MAX)
+    }
+
+    /// Demand estimate for the RX scheduler. An endpoint is limited by its own traffic when
+    /// its controller already advertises its whole allotment (every sender may send C_i)
+    /// and it still received under 90% of it: it wants what it received, so the rest can go
+    /// to the others (work conservation). Any other endpoint (throttled, fully using its
+    /// allotment, or fresh) may want up to its max.
+    fn demand(&self) -> u64 {
+        let traffic_limited = !self.fresh
+            && self.advertised >= self.allowed
+            && (self.measured as u128) * 10 < (self.allowed as u128) * 9;
+        if traffic_limited {
+            self.measured.min(self.max_rate())
+        } else {
+            self.max_rate()
+        }
+    }
+}
+
+/// EyeQ's receiver module for one receiving resource, over endpoints keyed by `K`.
+///
+/// Feed every received packet to [`on_packet`](Self::on_packet) and call
+/// [`on_timeout`](Self::on_timeout) at [`poll_at`](Self::poll_at); windows are also closed
+/// lazily by `on_packet`. Endpoint registration allocates; the per-packet path does not.
+#[derive(Debug)]
+pub struct Receiver<K> {
+    config: ReceiverConfig,
+    endpoints: Vec<Endpoint<K>>,
+    index: HashMap<K, usize>,
+    window_start: Instant,
+}
+
+impl<K: Copy + Eq + Hash> Receiver<K> {
+    /// A receiver with no endpoints whose first window starts at `now`.
+    pub fn new(config: ReceiverConfig, now: Instant) -> Result<Self, EyeqError> {
+        config.validate()?;
+        Ok(Receiver {
+            config,
+            endpoints: Vec::new(),
+            index: HashMap::new(),
+            window_start: now,
+        })
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &ReceiverConfig {
+        &self.config
+    }
+
+    /// Capacity shared among endpoints: raw capacity minus headroom, in units/s.
+    pub fn shared_capacity(&self) -> u64 {
+        (self.config.capacity as u128 * (1000 - self.config.headroom_permille) as u128 / 1000)
+            as u64
+    }
+
+    /// Changes the raw capacity (PicNIC: processing capacity varies, so it is measured and
+    /// updated). Takes effect at once for the allocation.
+    pub fn set_capacity(&mut self, capacity: u64) -> Result<(), EyeqError> {
+        if capacity == 0 {
+            return Err(EyeqError::InvalidConfig("capacity must be > 0"));
+        }
+        self.config.capacity = capacity;
+        self.reallocate();
+        Ok(())
+    }
+
+    /// Registers an endpoint; it stays inactive until it receives traffic.
+    pub fn add_endpoint(&mut self, id: K, config: EndpointConfig) -> Result<(), EyeqError> {
+        Self::check_endpoint(&config)?;
+        if self.index.contains_key(&id) {
+            return Err(EyeqError::DuplicateEndpoint);
+        }
+        self.index.insert(id, self.endpoints.len());
+        self.endpoints.push(Endpoint {
+            id,
+            config,
+            meter: WindowCounter::default(),
+            active: false,
+            fresh: false,
+            last_rx: Instant::ZERO,
+            allowed: 0,
+            advertised: 0,
+            measured: 0,
+            units_since_feedback: 0,
+            last_feedback: None,
+            seq: 0,
+            feedbacks: 0,
+            settled: false,
+        });
+        Ok(())
+    }
+
+    /// Changes an endpoint's guarantee or maximum; takes effect at once.
+    pub fn set_endpoint(&mut self, id: K, config: EndpointConfig) -> Result<(), EyeqError> {
+        Self::check_endpoint(&config)?;
+        let i = *self.index.get(&id).ok_or(EyeqError::UnknownEndpoint)?;
+        self.endpoints[i].config = config;
+        self.reallocate();
+        Ok(())
+    }
+
+    /// Unregisters an endpoint; its share goes to the others at once.
+    pub fn remove_endpoint(&mut self, id: K) -> Result<(), EyeqError> {
+        let i = self.index.remove(&id).ok_or(EyeqError::UnknownEndpoint)?;
+        self.endpoints.swap_remove(i);
+        if let Some(moved) = self.endpoints.get(i) {
+            self.index.insert(moved.id, i);
+        }
+        self.reallocate();
+        Ok(())
+    }
+
+    fn check_endpoint(config: &EndpointConfig) -> Result<(), EyeqError> {
+        if config.guarantee == 0 {
+            return Err(EyeqError::InvalidConfig("endpoint guarantee must be > 0"));
+        }
+        if config.max_rate == Some(0) {
+            return Err(EyeqError::InvalidConfig("endpoint max_rate must be > 0"));
+        }
+        Ok(())
+    }
+
+    /// Accounts a packet of `units` received for `endpoint` from `source` and returns the
+    /// feedback to send to `source` when this packet is sampled (EyeQ 3.2: one every
+    /// `feedback_units` received by the endpoint, or after `feedback_interval`).
+    pub fn on_packet<S>(
+        &mut self,
+        now: Instant,
+        endpoint: K,
+        source: S,
+        units: u64,
+    ) -> Result<Option<Feedback<K, S>>, EyeqError> {
+        let i = *self
+            .index
+            .get(&endpoint)
+            .ok_or(EyeqError::UnknownEndpoint)?;
+        if now >= self.window_end() {
+            self.close_window(now);
+        }
+        let ep = &mut self.endpoints[i];
+        ep.meter.add(units);
+        ep.last_rx = now;
+        if !ep.active {
+            // A newly active endpoint joins A; it starts advertising its whole allotment
+            // and RCP brings the rate down if it has several senders.
+            ep.active = true;
+            ep.fresh = true;
+            self.reallocate();
+            let ep = &mut self.endpoints[i];
+            ep.advertised = ep.allowed;
+        }
+        let ep = &mut self.endpoints[i];
+        ep.units_since_feedback = ep.units_since_feedback.saturating_add(units);
+        let interval_due = match (self.config.feedback_interval, ep.last_feedback) {
+            (Some(interval), Some(last)) => now.saturating_since(last) >= interval,
+            (_, None) => true,
+            (None, Some(_)) => false,
+        };
+        if ep.units_since_feedback < self.config.feedback_units && !interval_due {
+            return Ok(None);
+        }
+        ep.units_since_feedback = 0;
+        ep.last_feedback = Some(now);
+        ep.seq = ep.seq.wrapping_add(1);
+        ep.feedbacks += 1;
+        Ok(Some(Feedback {
+            endpoint,
+            source,
+            rate: ep.advertised,
+            seq: ep.seq,
+        }))
+    }
+
+    /// When the current window ends and [`on_timeout`](Self::on_timeout) should be called.
+    pub fn poll_at(&self) -> Option<Instant> {
+        Some(self.window_end())
+    }
+
+    /// Closes the current window if it has ended: measures every endpoint, updates the
+    /// active set and allocation, and runs one RCP step per active endpoint.
+    pub fn on_timeout(&mut self, now: Instant) {
+        if now >= self.window_end() {
+            self.close_window(now);
+        }
+    }
+
+    /// Metrics of one endpoint.
+    pub fn endpoint(&self, id: K) -> Option<EndpointStats> {
+        let i = *self.index.get(&id)?;
+        Some(Self::stats(&self.endpoints[i]))
+    }
+
+    /// Metrics of every endpoint, in no particular order.
+    pub fn endpoints(&self) -> impl Iterator<Item = (K, EndpointStats)> + '_ {
+        self.endpoints.iter().map(|ep| (ep.id, Self::stats(ep)))
+    }
+
+    fn stats(ep: &Endpoint<K>) -> EndpointStats {
+        EndpointStats {
+            config: ep.config,
+            active: ep.active,
+            allowed: ep.allowed,
+            advertised: ep.advertised,
+            measured: ep.measured,
+            feedbacks: ep.feedbacks,
+        }
+    }
+
+    fn window_end(&self) -> Instant {
+        self.window_start + self.config.window
+    }
+
+    /// Ends the window at `now` (late closes measure over the real elapsed time).
+    fn close_window(&mut self, now: Instant) {
+        let elapsed = now.saturating_since(self.window_start);
+        for ep in &mut self.endpoints {
+            ep.measured = ep.meter.close(elapsed);
+            if ep.active && now.saturating_since(ep.last_rx) >= self.config.idle_after {
+                ep.active = false;
+            }
+        }
+        self.reallocate();
+        let (alpha, min_rate) = (self.config.alpha_permille, self.config.min_rate);
+        for ep in self.endpoints.iter_mut().filter(|ep| ep.active) {
+            ep.advertised = rcp_step(ep.advertised, ep.measured, ep.allowed, alpha, min_rate);
+            ep.fresh = false;
+        }
+        self.window_start = now;
+    }
+
+    /// EyeQ's RX scheduler (3.2), made work conserving by weighted water-filling.
+    ///
+    /// Every active endpoint i is first guaranteed `min(max_i, B_i * C / sum_{j in A} B_j)`,
+    /// EyeQ's formula, so it can always ramp up to its share. What endpoints leave unused
+    /// (inactive ones by not being in A; capped ones at their max; traffic-limited ones at
+    /// their measured rate) is shared
+    /// among the remaining ones by weight (see `Endpoint::demand`), repeatedly, until every one is either settled at
+    /// its demand or gets a weighted share of the rest. C_i is the larger of the two. The
+    /// sum may exceed C for a while when a traffic-limited endpoint grows; the next windows
+    /// take it back from the others through their controllers.
+    fn reallocate(&mut self) {
+        let capacity = self.shared_capacity() as u128;
+        let mut total_weight: u128 = 0;
+        for ep in &mut self.endpoints {
+            ep.settled = !ep.active;
+            if ep.active {
+                total_weight += ep.config.guarantee as u128;
+            }
+        }
+        let mut remaining = capacity;
+        let mut unsettled_weight = total_weight;
+        let mut settled_any = true;
+        while settled_any && unsettled_weight > 0 {
+            settled_any = false;
+            for ep in self.endpoints.iter_mut().filter(|ep| !ep.settled) {
+                let weight = ep.config.guarantee as u128;
+                let share = remaining * weight / unsettled_weight;
+                let demand = ep.demand() as u128;
+                if demand <= share {
+                    ep.settled = true;
+                    ep.allowed = demand as u64;
+                    remaining -= demand;
+                    unsettled_weight -= weight;
+                    settled_any = true;
+                }
+            }
+        }
+        for ep in &mut self.endpoints {
+            if !ep.active {
+                ep.allowed = 0;
+                ep.advertised = 0;
+                continue;
+            }
+            let weight = ep.config.guarantee as u128;
+            if !ep.settled {
+                ep.allowed = (remaining * weight / unsettled_weight) as u64;
+            }
+            let guaranteed = (capacity * weight / total_weight).min(ep.max_rate() as u128) as u64;
+            ep.allowed = ep.allowed.max(guaranteed);
+        }
+    }
+}
+
+/// One RCP step (EyeQ 3.4): `R <- R * (1 - alpha * (y - C) / C)`, clamped to
+/// `[min_rate, C]`. A decrease never goes below `R * C / y`, the rate at which y would equal C
+/// if every sender sent at R: that keeps R positive (as 3.4 requires) without collapsing it
+/// to `min_rate` when a burst overshoots C many times, since sampled feedback reaches slow
+/// senders rarely and they would take long to climb back. Exact integer arithmetic.
+fn rcp_step(rate: u64, measured: u64, allowed: u64, alpha_permille: u32, min_rate: u64) -> u64 {
+    if allowed == 0 {
+        return 0;
+    }
+    let (r, y, c) = (rate as i128, measured as i128, allowed as i128);
+    let factor_num = c * 1000 - alpha_permille as i128 * (y - c);
+    let mut next = (r * factor_num / (c * 1000)).max(0);
+    if y > c {
+        next = next.max(r * c / y);
+    }
+    (next as u64).max(min_rate).min(allowed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MBPS: u64 = 1_000_000 / 8;
+
+    fn receiver() -> Receiver<u32> {
+        let config = ReceiverConfig {
+            capacity: 1000 * MBPS,
+            ..ReceiverConfig::default()
+        };
+        Receiver::new(config, Instant::ZERO).unwrap()
+    }
+
+    fn guarantee(g: u64) -> EndpointConfig {
+        EndpointConfig {
+            guarantee: g,
+            max_rate: None,
+        }
+    }
+
+    #[test]
+    fn rcp_step_moves_towards_capacity() {
+        // Under-used: increase by alpha * (1 - y/C).
+        assert_eq!(rcp_step(100, 0, 1000, 500, 1), 150);
+        // At capacity: unchanged.
+        assert_eq!(rcp_step(100, 1000, 1000, 500, 1), 100);
+        // Slight overshoot: decrease by alpha * (y - C) / C.
+        assert_eq!(rcp_step(100, 1100, 1000, 500, 1), 95);
+        // Large overshoot: bounded by R * C / y instead of collapsing to min_rate.
+        assert_eq!(rcp_step(100, 4000, 1000, 500, 1), 25);
+        // Clamped to [min_rate, C].
+        assert_eq!(rcp_step(900, 0, 1000, 500, 1), 1000);
+        assert_eq!(rcp_step(10, 1_000_000, 1000, 500, 5), 5);
+    }
+
+    #[test]
+    fn rx_scheduler_splits_by_guarantee_among_active_endpoints() {
+        let mut rx = receiver();
+        for (id, g) in [(1, 200), (2, 100), (3, 700)] {
+            rx.add_endpoint(id, guarantee(g * MBPS)).unwrap();
+        }
+        let t = Instant::from_nanos(1);
+        rx.on_packet(t, 1, (), 1500).unwrap();
+        rx.on_packet(t, 2, (), 1500).unwrap();
+        let c = rx.shared_capacity();
+        assert_eq!(c, 900 * MBPS);
+        assert_eq!(rx.endpoint(1).unwrap().allowed, c * 2 / 3);
+        assert_eq!(rx.endpoint(2).unwrap().allowed, c / 3);
+        assert_eq!(rx.endpoint(3).unwrap().allowed, 0);
+    }
+
+    #[test]
+    fn capped_endpoint_leaves_the_rest_to_others() {
+        let mut rx = receiver();
+        rx.add_endpoint(
+            1,
+            EndpointConfig {
+                guarantee: 500 * MBPS,
+                max_rate: Some(100 * MBPS),
+            },
+        )
+        .unwrap();
+        rx.add_endpoint(2, guarantee(500 * MBPS)).unwrap();
+        let t = Instant::from_nanos(1);
+        rx.on_packet(t, 1, (), 1500).unwrap();
+        rx.on_packet(t, 2, (), 1500).unwrap();
+        assert_eq!(rx.endpoint(1).unwrap().allowed, 100 * MBPS);
+        assert_eq!(rx.endpoint(2).unwrap().allowed, 800 * MBPS);
+    }
+
+    #[test]
+    fn feedback_is_sampled_every_10_kb_and_sequenced() {
+        let mut rx = receiver();
+        rx.add_endpoint(7, guarantee(MBPS)).unwrap();
+        let t = Instant::from_nanos(10);
+        // The first packet of an endpoint is always sampled.
+        let first = rx.on_packet(t, 7, 42u8, 1000).unwrap().unwrap();
+        assert_eq!((first.endpoint, first.source, first.seq), (7, 42, 1));
+        assert_eq!(first.rate, rx.shared_capacity());
+        // Then one every 10 kB (within the 100 us interval).
+        let sampled: Vec<u32> = (0..30)
+            .filter_map(|_| rx.on_packet(t, 7, 1u8, 1000).unwrap())
+            .map(|fb| fb.seq)
+            .collect();
+        assert_eq!(sampled, vec![2, 3, 4]);
+        // After 100 us without feedback, the next packet is sampled whatever its size.
+        let later = t + Duration::from_micros(100);
+        assert_eq!(rx.on_packet(later, 7, 1u8, 64).unwrap().unwrap().seq, 5);
+    }
+
+    #[test]
+    fn unknown_endpoint_and_bad_config_are_errors() {
+        let mut rx = receiver();
+        assert_eq!(
+            rx.on_packet(Instant::ZERO, 9, (), 100),
+            Err(EyeqError::UnknownEndpoint)
+        );
+        assert!(rx.add_endpoint(1, guarantee(0)).is_err());
+        rx.add_endpoint(1, guarantee(1)).unwrap();
+        assert_eq!(
+            rx.add_endpoint(1, guarantee(1)),
+            Err(EyeqError::DuplicateEndpoint)
+        );
+        let bad = ReceiverConfig {
+            headroom_permille: 1000,
+            ..ReceiverConfig::default()
+        };
+        assert!(Receiver::<u32>::new(bad, Instant::ZERO).is_err());
+    }
+
+    #[test]
+    fn idle_endpoint_leaves_the_active_set() {
+        let mut rx = receiver();
+        rx.add_endpoint(1, guarantee(MBPS)).unwrap();
+        rx.add_endpoint(2, guarantee(MBPS)).unwrap();
+        rx.on_packet(Instant::from_nanos(1), 1, (), 1500).unwrap();
+        rx.on_packet(Instant::from_nanos(1), 2, (), 1500).unwrap();
+        let mut t = Instant::ZERO;
+        while t < Instant::ZERO + Duration::from_millis(2) {
+            t = rx.poll_at().unwrap();
+            rx.on_packet(t, 1, (), 1500).unwrap();
+            rx.on_timeout(t);
+        }
+        assert!(!rx.endpoint(2).unwrap().active);
+        assert_eq!(rx.endpoint(2).unwrap().allowed, 0);
+        assert_eq!(rx.endpoint(1).unwrap().allowed, rx.shared_capacity());
+    }
+}
