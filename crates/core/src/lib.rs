@@ -4,5 +4,6 @@
 //! returning decisions. No sockets, threads or clock reads (DESIGN.md section 2).
 
 pub mod time;
+pub mod wfq;
 
 pub use time::{Duration, Instant};
