@@ -321,6 +321,13 @@ struct Leaf<T> {
 
 const EST_FRAC_BITS: u32 = 16;
 
+impl<T> Leaf<T> {
+    /// The EWMA rounded to an integer cost, at least 1.
+    fn estimate(&self) -> u64 {
+        (self.estimate_fp.saturating_add(1 << (EST_FRAC_BITS - 1)) >> EST_FRAC_BITS).max(1)
+    }
+}
+
 /// Hierarchical weighted fair scheduler over items of type `T`. See the module doc.
 #[derive(Debug)]
 pub struct Wfq<T> {
@@ -663,7 +670,7 @@ impl<T> Wfq<T> {
         let cost = match self.cost_kind {
             CostKind::Bytes => (len_bytes as u64).max(1),
             CostKind::Packets => 1,
-            CostKind::Measured { .. } => (leaf.estimate_fp >> EST_FRAC_BITS).max(1),
+            CostKind::Measured { .. } => leaf.estimate(),
         };
         leaf.bytes -= len_bytes as u64;
         leaf.stats.dequeued_packets += 1;
@@ -804,8 +811,7 @@ impl<T> Wfq<T> {
     /// The cost the next item of `queue` will be charged with [`CostKind::Measured`]
     /// (`None` for an unknown queue; 1 per packet or its length otherwise).
     pub fn estimate(&self, queue: QueueId) -> Option<u64> {
-        self.leaf(queue)
-            .map(|l| (l.estimate_fp >> EST_FRAC_BITS).max(1))
+        self.leaf(queue).map(Leaf::estimate)
     }
 
     fn has_backlog(&self, index: u32) -> bool {
