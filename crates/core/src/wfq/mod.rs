@@ -289,7 +289,8 @@ struct Slot {
     tag: Exact,
     /// This node's virtual time: the start tag of the child served last.
     vtime: u128,
-    pacing: Option<Pacing>,
+    /// Boxed: caps are rare and the slot stays small for cache-friendly descents.
+    pacing: Option<Box<Pacing>>,
     children: Vec<u32>,
 }
 
@@ -453,7 +454,7 @@ impl<T> Wfq<T> {
         slot.share = Ratio::new(TAG_SCALE, weight);
         slot.tag = Exact::default();
         slot.vtime = 0;
-        slot.pacing = cap.map(Pacing::new);
+        slot.pacing = cap.map(|cap| Box::new(Pacing::new(cap)));
         let generation = slot.generation;
         self.leaves[index as usize] = leaf;
         let parent_slot = &mut self.slots[parent as usize];
@@ -580,7 +581,7 @@ impl<T> Wfq<T> {
         slot.pacing = cap.map(|cap| {
             let mut pacing = Pacing::new(cap);
             pacing.tat = tat.unwrap_or_default();
-            pacing
+            Box::new(pacing)
         });
         if self.throttle_pos[index as usize] != ABSENT {
             self.throttled.remove(index, &mut self.throttle_pos);
