@@ -800,8 +800,10 @@ impl<T> Wfq<T> {
     /// Whether `queue` can take no further item (an unknown queue counts as full).
     /// A switch stops reading the VM port behind a full queue (backpressure).
     pub fn is_full(&self, queue: QueueId) -> bool {
-        self.headroom(queue)
-            .map_or(true, |h| h.packets == 0 || h.bytes == 0)
+        match self.headroom(queue) {
+            Some(h) => h.packets == 0 || h.bytes == 0,
+            None => true,
+        }
     }
 
     /// Counters of `queue` (`None` for an unknown queue).
