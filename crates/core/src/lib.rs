@@ -7,5 +7,6 @@ pub mod eyeq;
 pub mod fairnic;
 pub mod iron;
 pub mod time;
+pub mod wfq;
 
 pub use time::{Duration, Instant};
