@@ -7,6 +7,10 @@
 //! violations as intervals with the time they started and ended (DESIGN.md section 3 item 9).
 //! [`SloSummary`] condenses a whole run into the numbers and pass/fail [`Check`]s the lab reports.
 //!
+//! The minimum bandwidth is judged only in windows where the tenant offered at least its
+//! minimum: a tenant sending less than its guarantee is not short-changed on bandwidth (what it
+//! loses shows up against `max_loss`). `pps_share` is a scheduling weight and is not judged.
+//!
 //! The monitor is sans-I/O like the rest of the crate: every call takes `now`, windows close
 //! lazily on the next call or in [`SloMonitor::on_timeout`] at [`SloMonitor::poll_at`].
 
@@ -25,6 +29,9 @@ pub const DEFAULT_LATENCY_PERCENTILE: f64 = 99.0;
 /// Whether a sample breaks the latency bound is still decided on its exact value.
 pub const MAX_TRACKED_LATENCY_NS: u64 = 10 * NANOS_PER_SEC;
 
+/// Precision of a window's reported latency percentile (2 digits: about 28 KiB). Whether the
+/// window met its bound is decided exactly, without the histogram.
+const WINDOW_LATENCY_DIGITS: u8 = 2;
 /// Resolution of `latency_percentile` in the conformance test: parts per million of samples.
 const PPM: u64 = 1_000_000;
 /// Resolution of `max_loss` in the conformance test: parts per billion of packets.
@@ -267,7 +274,9 @@ impl ViolationKinds {
 
     /// The kinds in the set, in [`ViolationKind::ALL`] order.
     pub fn iter(self) -> impl Iterator<Item = ViolationKind> {
-        ViolationKind::ALL.into_iter().filter(move |k| self.contains(*k))
+        ViolationKind::ALL
+            .into_iter()
+            .filter(move |k| self.contains(*k))
     }
 
     fn insert(&mut self, kind: ViolationKind) {
@@ -314,14 +323,20 @@ pub struct SloMonitorConfig {
     pub window: Duration,
     /// Closed violations kept; beyond this the oldest are dropped and counted.
     pub max_closed_violations: usize,
+    /// Precision of the run-wide latency percentiles, in significant decimal digits (1 to 5).
+    /// Memory: 2 digits take about 28 KiB, 3 about 200 KiB, 4 about 2.6 MiB
+    /// (a simulator with thousands of tenants may want 2).
+    pub latency_significant_digits: u8,
 }
 
 impl Default for SloMonitorConfig {
-    /// 100 ms windows (DESIGN.md section 6 accuracy windows), 256 closed violations kept.
+    /// 100 ms windows (DESIGN.md section 6 accuracy windows), 256 closed violations kept,
+    /// latency percentiles to 3 significant digits.
     fn default() -> Self {
         SloMonitorConfig {
             window: Duration::from_millis(100),
             max_closed_violations: 256,
+            latency_significant_digits: 3,
         }
     }
 }
@@ -364,7 +379,8 @@ pub struct SloSummary {
     pub loss_fraction: f64,
     /// Latency samples recorded.
     pub latency_samples: u64,
-    /// Median latency in microseconds (3 significant digits); `None` without samples.
+    /// Median latency in microseconds (to the configured significant digits, rounded up to the
+    /// top of its histogram bucket); `None` without samples.
     pub latency_p50_us: Option<f64>,
     /// 99th-percentile latency in microseconds; `None` without samples.
     pub latency_p99_us: Option<f64>,
@@ -393,7 +409,6 @@ struct Judgement {
 /// Per-bound tallies over the run.
 #[derive(Clone, Copy, Default)]
 struct BoundStats {
-    judged_windows: u64,
     violated_windows: u64,
     /// Worst window value so far, in the kind's unit.
     worst: Option<f64>,
@@ -448,9 +463,10 @@ struct LatencyBound {
 /// window is judged once it has ended, so a violation is seen at most one window late. Closed
 /// violations are kept up to [`SloMonitorConfig::max_closed_violations`].
 ///
-/// Per-packet calls only add to counters and a preallocated histogram (no allocation). Memory
-/// is fixed apart from the closed-violation list: about 200 KiB for the run-wide latency
-/// histogram, plus about 30 KiB when a latency bound is set.
+/// Per-packet calls only add to counters and preallocated histograms (no allocation). Memory
+/// is fixed apart from the closed-violation list: the run-wide latency histogram (see
+/// [`SloMonitorConfig::latency_significant_digits`]) plus about 28 KiB when a latency bound
+/// is set.
 pub struct SloMonitor {
     slo: Slo,
     window: Duration,
@@ -474,17 +490,26 @@ pub struct SloMonitor {
 }
 
 impl SloMonitor {
-    /// A monitor for `slo` whose first window starts at `now`. Fails if the SLO is invalid or
-    /// the window is zero.
+    /// A monitor for `slo` whose first window starts at `now`. Fails, naming the field, if the
+    /// SLO is invalid, the window is zero or the latency precision is outside 1..=5 digits.
     pub fn new(slo: Slo, config: SloMonitorConfig, now: Instant) -> Result<Self, SloError> {
         slo.validate()?;
         if config.window == Duration::ZERO {
             return Err(SloError::new("window", "window must be > 0".into()));
         }
+        if !(1..=5).contains(&config.latency_significant_digits) {
+            return Err(SloError::new(
+                "latency_significant_digits",
+                format!(
+                    "latency_significant_digits must be in 1..=5, got {}",
+                    config.latency_significant_digits
+                ),
+            ));
+        }
         let latency = slo.latency_us.map(|us| LatencyBound {
             bound_ns: us.saturating_mul(1_000),
             quantile_ppm: (slo.latency_percentile * 10_000.0).round() as u64,
-            window_histogram: latency_histogram(2),
+            window_histogram: latency_histogram(WINDOW_LATENCY_DIGITS),
         });
         let max_loss_ppb = slo.max_loss.map(|f| (f * PPB as f64).round() as u64);
         Ok(SloMonitor {
@@ -501,7 +526,7 @@ impl SloMonitor {
             delivered_bytes: 0,
             delivered_packets: 0,
             lost_packets: 0,
-            run_latency: latency_histogram(3),
+            run_latency: latency_histogram(config.latency_significant_digits),
             stats: [BoundStats::default(); 4],
             open: [None, None, None, None],
             closed: VecDeque::new(),
@@ -540,7 +565,7 @@ impl SloMonitor {
     pub fn record_latency(&mut self, now: Instant, latency_ns: u64) {
         self.advance(now);
         let w = &mut self.current;
-        w.latency_samples += 1;
+        w.latency_samples = w.latency_samples.saturating_add(1);
         if let Some(lat) = &mut self.latency {
             if latency_ns > lat.bound_ns {
                 w.latency_above_bound += 1;
@@ -597,11 +622,12 @@ impl SloMonitor {
     pub fn summary(&mut self, now: Instant) -> SloSummary {
         self.advance(now);
         let elapsed = now.saturating_since(self.created_at);
-        let offered_bytes = self.offered_bytes + self.current.offered_bytes;
-        let delivered_bytes = self.delivered_bytes + self.current.delivered_bytes;
-        let delivered_packets = self.delivered_packets + self.current.delivered_packets;
-        let lost_packets = self.lost_packets + self.current.lost_packets;
-        let packets = delivered_packets + lost_packets;
+        let w = &self.current;
+        let offered_bytes = self.offered_bytes.saturating_add(w.offered_bytes);
+        let delivered_bytes = self.delivered_bytes.saturating_add(w.delivered_bytes);
+        let delivered_packets = self.delivered_packets.saturating_add(w.delivered_packets);
+        let lost_packets = self.lost_packets.saturating_add(w.lost_packets);
+        let packets = delivered_packets.saturating_add(lost_packets);
         let latency_us = |q: f64| {
             (!self.run_latency.is_empty())
                 .then(|| self.run_latency.value_at_quantile(q) as f64 / 1_000.0)
@@ -626,7 +652,12 @@ impl SloMonitor {
             latency_p99_us: latency_us(0.99),
             latency_p999_us: latency_us(0.999),
             slo_met: self.stats.iter().all(|s| s.violated_windows == 0),
-            violations: self.closed.iter().chain(self.open.iter().flatten()).cloned().collect(),
+            violations: self
+                .closed
+                .iter()
+                .chain(self.open.iter().flatten())
+                .cloned()
+                .collect(),
             dropped_violations: self.dropped,
             checks: self.checks(),
         }
@@ -640,7 +671,9 @@ impl SloMonitor {
                 let stats = self.stats[kind.index()];
                 let (name, bound) = match kind {
                     ViolationKind::MinBandwidth => ("min_bps".to_string(), self.slo.min_bps as f64),
-                    ViolationKind::MaxBandwidth => ("max_bps".to_string(), self.slo.max_bps? as f64),
+                    ViolationKind::MaxBandwidth => {
+                        ("max_bps".to_string(), self.slo.max_bps? as f64)
+                    }
                     ViolationKind::Latency => (
                         format!("latency_p{}_us", self.slo.latency_percentile),
                         self.slo.latency_us? as f64,
@@ -683,7 +716,6 @@ impl SloMonitor {
             let judgement = self.judge(kind);
             if let Some(j) = &judgement {
                 let stats = &mut self.stats[i];
-                stats.judged_windows += 1;
                 stats.worst = Some(stats.worst.map_or(j.value, |w| kind.worse(w, j.value)));
             }
             match judgement {
@@ -710,10 +742,10 @@ impl SloMonitor {
         self.windows += 1;
         self.violated_windows += u64::from(any_violated);
         let w = self.current;
-        self.offered_bytes += w.offered_bytes;
-        self.delivered_bytes += w.delivered_bytes;
-        self.delivered_packets += w.delivered_packets;
-        self.lost_packets += w.lost_packets;
+        self.offered_bytes = self.offered_bytes.saturating_add(w.offered_bytes);
+        self.delivered_bytes = self.delivered_bytes.saturating_add(w.delivered_bytes);
+        self.delivered_packets = self.delivered_packets.saturating_add(w.delivered_packets);
+        self.lost_packets = self.lost_packets.saturating_add(w.lost_packets);
         self.current = WindowCounters::EMPTY;
         if let Some(lat) = &mut self.latency {
             lat.window_histogram.reset();
@@ -805,7 +837,8 @@ impl SloMonitor {
     }
 }
 
-/// A fixed-size latency histogram in nanoseconds, 1 ns to [`MAX_TRACKED_LATENCY_NS`].
+/// A fixed-size latency histogram in nanoseconds, 1 ns to [`MAX_TRACKED_LATENCY_NS`]
+/// (`significant_digits` already checked to be in 1..=5).
 fn latency_histogram(significant_digits: u8) -> Histogram<u64> {
     Histogram::new_with_bounds(1, MAX_TRACKED_LATENCY_NS, significant_digits)
         .expect("constant histogram bounds are valid")
