@@ -6,6 +6,7 @@
 pub mod eyeq;
 pub mod fairnic;
 pub mod iron;
+pub mod slo;
 pub mod time;
 pub mod wfq;
 
