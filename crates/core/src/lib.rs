@@ -3,6 +3,10 @@
 //! Every mechanism here is a plain struct fed with packet descriptors and `now`,
 //! returning decisions. No sockets, threads or clock reads (DESIGN.md section 2).
 
+/// Token buckets, shapers and per-CPU token caches (EyeQ 4, FairNIC 4.4).
+pub mod bucket;
+/// Per-endpoint windowed rate meters with EWMA (EyeQ 3.2).
+pub mod meter;
 pub mod time;
 
 pub use time::{Duration, Instant};
