@@ -253,16 +253,16 @@ fn idle_decay_q32(shift: u32, windows: u64) -> u64 {
     let mut e = windows;
     while e > 0 && factor > 0 {
         if e & 1 == 1 {
-            factor = factor * base >> 32;
+            factor = (factor * base) >> 32;
         }
-        base = base * base >> 32;
+        base = (base * base) >> 32;
         e >>= 1;
     }
     factor as u64
 }
 
 fn scale_q32(value: u64, factor_q32: u64) -> u64 {
-    (value as u128 * factor_q32 as u128 >> 32) as u64
+    ((value as u128 * factor_q32 as u128) >> 32) as u64
 }
 
 #[cfg(test)]

@@ -106,7 +106,7 @@ proptest! {
         let mut sent = 0u128;
         for (k, &(t, size)) in sends.iter().enumerate() {
             sent += size as u128;
-            let last_at_t = sends.get(k + 1).map_or(true, |n| n.0 != t);
+            let last_at_t = sends.get(k + 1).map(|n| n.0) != Some(t);
             if last_at_t && k + 1 < sends.len() {
                 let floor = rate as u128 * t as u128 + (burst as u128) * SEC;
                 prop_assert!(sent * SEC + max_packet as u128 * SEC > floor);
@@ -284,8 +284,8 @@ fn shaper_poll_at_is_exactly_when_the_head_passes() {
 /// virtual clock, then the caches try in a random interleaving. Backlogged:
 /// each keeps trying until blocked; otherwise one random call per step, with
 /// random releases. Returns `(time, size)` for every consumption.
-fn run_caches(
-    rng: &mut SmallRng,
+#[derive(Clone, Copy)]
+struct CacheRun {
     caches: usize,
     chunk: u64,
     rate: u64,
@@ -293,7 +293,18 @@ fn run_caches(
     max_packet: u64,
     max_gap: u64,
     backlogged: bool,
-) -> (Vec<(u64, u64)>, u64) {
+}
+
+fn run_caches(rng: &mut SmallRng, run: &CacheRun) -> (Vec<(u64, u64)>, u64) {
+    let CacheRun {
+        caches,
+        chunk,
+        rate,
+        burst,
+        max_packet,
+        max_gap,
+        backlogged,
+    } = *run;
     let mut shared = SharedBucket::new(rate, burst, Instant::ZERO);
     let mut cores: Vec<TokenCache> = (0..caches).map(|_| TokenCache::new(chunk)).collect();
     let mut heads: Vec<u64> = (0..caches).map(|_| rng.gen_range(1..=max_packet)).collect();
@@ -341,7 +352,8 @@ proptest! {
         let burst = 4 * max_packet;
         let mut rng = SmallRng::seed_from_u64(seed);
         let max_gap = rng.gen_range(1..=2_000_000);
-        let (sends, _) = run_caches(&mut rng, caches, chunk, rate, burst, max_packet, max_gap, backlogged);
+        let run = CacheRun { caches, chunk, rate, burst, max_packet, max_gap, backlogged };
+        let (sends, _) = run_caches(&mut rng, &run);
         let mut sent = 0u128;
         for &(t, size) in &sends {
             sent += size as u128;
@@ -364,7 +376,8 @@ proptest! {
         let max_gap = 100_000;
         let burst = 4 * max_packet + rate * max_gap / NANOS_PER_SEC;
         let mut rng = SmallRng::seed_from_u64(seed);
-        let (sends, end) = run_caches(&mut rng, caches, chunk, rate, burst, max_packet, max_gap, true);
+        let run = CacheRun { caches, chunk, rate, burst, max_packet, max_gap, backlogged: true };
+        let (sends, end) = run_caches(&mut rng, &run);
         let sent: u128 = sends.iter().map(|s| s.1 as u128).sum();
         let stranded = (max_packet + caches as u64 * chunk.min(max_packet)) as u128;
         prop_assert!(sent * SEC + stranded * SEC > rate as u128 * end as u128 + burst as u128 * SEC);
