@@ -297,12 +297,13 @@ impl<T> Shaper<T> {
     }
 
     /// Queues `item` costing `size` tokens. When the queue is full, or the item
-    /// could never pass the bucket (`size` > burst), the item comes back in
-    /// `Err` and the caller chooses to drop it or to stop pulling from its source.
-    pub fn enqueue(&mut self, now: Instant, item: T, size: u64) -> Result<(), T> {
+    /// could never pass the bucket as configured (`size` above the burst, or a
+    /// rate of 0 with too few tokens left), the item comes back in `Err` and the
+    /// caller chooses to drop it or to stop pulling from its source.
+    pub fn enqueue(&mut self, item: T, size: u64) -> Result<(), T> {
         let fits = self.queue.len() < self.max_items
             && self.queued.saturating_add(size) <= self.max_queued
-            && self.bucket.time_until(now, size).is_some();
+            && self.bucket.ready_at(size).is_some();
         if !fits {
             return Err(item);
         }
@@ -426,7 +427,7 @@ impl TokenCache {
         if borrowed == 0 {
             return false;
         }
-        self.local = self.local + borrowed - n;
+        self.local = borrowed - short;
         true
     }
 

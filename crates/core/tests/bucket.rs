@@ -218,7 +218,7 @@ fn shaped_bins(rate: u64, burst: u64, packet: u64, tick: Option<Duration>) -> Ve
     let mut bins = vec![0u64; 10];
     let mut now = Instant::ZERO;
     while now.as_nanos() < 10 * bin {
-        while shaper.enqueue(now, (), packet).is_ok() {}
+        while shaper.enqueue((), packet).is_ok() {}
         while shaper.dequeue(now).is_some() {
             bins[(now.as_nanos() / bin) as usize] += packet;
         }
@@ -256,21 +256,21 @@ fn shaper_holds_rate_within_two_percent_per_100ms() {
 #[test]
 fn full_shaper_returns_the_item() {
     let mut s = Shaper::new(TokenBucket::new(1_000, 100, Instant::ZERO), 2, 150);
-    assert_eq!(s.enqueue(Instant::ZERO, "a", 60), Ok(()));
-    assert_eq!(s.enqueue(Instant::ZERO, "b", 100), Err("b")); // over the token bound
-    assert_eq!(s.enqueue(Instant::ZERO, "c", 90), Ok(()));
-    assert_eq!(s.enqueue(Instant::ZERO, "d", 0), Err("d")); // over the item bound
+    assert_eq!(s.enqueue("a", 60), Ok(()));
+    assert_eq!(s.enqueue("b", 100), Err("b")); // over the token bound
+    assert_eq!(s.enqueue("c", 90), Ok(()));
+    assert_eq!(s.enqueue("d", 0), Err("d")); // over the item bound
     assert_eq!((s.len(), s.queued()), (2, 150));
     let mut s = Shaper::new(TokenBucket::new(1_000, 100, Instant::ZERO), 8, 1_000);
-    assert_eq!(s.enqueue(Instant::ZERO, "jumbo", 101), Err("jumbo")); // could never pass
+    assert_eq!(s.enqueue("jumbo", 101), Err("jumbo")); // could never pass
 }
 
 #[test]
 fn shaper_poll_at_is_exactly_when_the_head_passes() {
     let mut s = Shaper::new(TokenBucket::new(1_000, 100, Instant::ZERO), 8, 1_000);
     assert_eq!(s.poll_at(), None);
-    s.enqueue(Instant::ZERO, 1, 100).unwrap();
-    s.enqueue(Instant::ZERO, 2, 40).unwrap();
+    s.enqueue(1, 100).unwrap();
+    s.enqueue(2, 40).unwrap();
     assert_eq!(s.dequeue(Instant::ZERO), Some(1));
     assert_eq!(s.dequeue(Instant::ZERO), None);
     let ready = s.poll_at().unwrap();
