@@ -1,14 +1,16 @@
 //! Token buckets, shapers and per-CPU token caches.
 //!
-//! - [`TokenBucket`]: rate + burst over abstract tokens (bytes, packets or
-//!   nanoseconds of CPU), refilled from the caller's `now` with exact integer
-//!   arithmetic (EyeQ section 4 rate limiters; FairNIC section 4.4 token
-//!   limiters; refill arithmetic in the style of Firecracker's rate limiter).
-//! - [`Shaper`]: a bounded FIFO gated by a bucket, so a shaped class has its own
-//!   queue and never blocks fast-path traffic (PicNIC section 2.1).
-//! - [`SharedBucket`] + [`TokenCache`]: a global bucket and per-core caches that
-//!   borrow tokens in chunks, so the hot path touches only core-local state
-//!   (EyeQ section 4 "multi-queue rate limiter"; FairNIC section 4.4).
+//! - [`TokenBucket`](crate::bucket::TokenBucket): rate + burst over abstract
+//!   tokens (bytes, packets or nanoseconds of CPU), refilled from the caller's
+//!   `now` with exact integer arithmetic (EyeQ section 4 rate limiters; FairNIC
+//!   section 4.4 token limiters; refill in the style of Firecracker's limiter).
+//! - [`Shaper`](crate::bucket::Shaper): a bounded FIFO gated by a bucket, so a
+//!   shaped class has its own queue and never blocks fast-path traffic
+//!   (PicNIC section 2.1).
+//! - [`SharedBucket`](crate::bucket::SharedBucket) and
+//!   [`TokenCache`](crate::bucket::TokenCache): a global bucket and per-core
+//!   caches borrowing tokens in chunks, so the hot path touches only core-local
+//!   state (EyeQ section 4 "multi-queue rate limiter"; FairNIC section 4.4).
 //!
 //! There is no "unlimited" bucket: a class without a limit simply has no
 //! bucket (`Option<TokenBucket>` = `None`), which costs nothing on the fast path.

@@ -1,6 +1,6 @@
 //! Per-endpoint rate meters over fixed windows (EyeQ section 3.2).
 //!
-//! A [`RateMeter`] counts bytes, packets and an abstract cost (for example
+//! A [`RateMeter`](crate::meter::RateMeter) counts bytes, packets and an abstract cost (for example
 //! nanoseconds of CPU spent on the endpoint's packets) in fixed windows of
 //! 200 us by default, and smooths the per-window rates with an EWMA. The
 //! per-packet update is a few additions; the window is closed lazily on the next
