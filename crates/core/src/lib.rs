@@ -7,6 +7,10 @@ pub mod eyeq;
 pub mod fairnic;
 pub mod iron;
 pub mod slo;
+/// Token buckets, shapers and per-CPU token caches (EyeQ 4, FairNIC 4.4).
+pub mod bucket;
+/// Per-endpoint windowed rate meters with EWMA (EyeQ 3.2).
+pub mod meter;
 pub mod time;
 pub mod wfq;
 
