@@ -289,6 +289,65 @@ fn af_packet_counts_frames_too_big_for_a_frame() {
     });
 }
 
+/// Documents the lab's checksum rule (see the afpacket module doc): with tx checksum offload
+/// on at the sending veth the port sees partial checksums and counts them; after
+/// `ethtool -K IF tx off` frames carry complete, valid checksums.
+#[test]
+fn af_packet_counts_partial_checksums_until_tx_offload_is_off() {
+    if !is_root() {
+        return;
+    }
+    let ns = Netns::new();
+    ns.veth_pair("pntg", "pnth");
+    ns.ip("addr add 198.18.1.1/24 dev pntg");
+    ns.ip("neigh add 198.18.1.2 lladdr 02:00:00:00:00:0b dev pntg nud permanent");
+    ns.enter(|| {
+        let mut port = AfPacketPort::open("pnth", AfPacketOptions::default()).unwrap();
+        let mut pool = FramePool::new(64);
+        let sock = UdpSocket::bind("198.18.1.1:0").unwrap();
+        let udp_checksum_ok = |f: &Frame| {
+            let p = SlicedPacket::from_ethernet(f.data()).unwrap();
+            let (Some(etherparse::NetSlice::Ipv4(ip)), Some(TransportSlice::Udp(udp))) =
+                (p.net, p.transport)
+            else {
+                return None;
+            };
+            let expected = udp
+                .to_header()
+                .calc_checksum_ipv4(&ip.header().to_header(), udp.payload())
+                .unwrap();
+            Some(udp.checksum() == expected)
+        };
+        let mut receive_one = |payload: &[u8]| {
+            sock.send_to(payload, "198.18.1.2:9000").unwrap();
+            let mut got = Vec::new();
+            collect(
+                &mut port,
+                &mut pool,
+                &mut got,
+                Duration::from_secs(3),
+                |g| g.iter().any(|f| udp_checksum_ok(f).is_some()),
+            );
+            let ok = got.iter().find_map(udp_checksum_ok).expect("the datagram");
+            got.into_iter().for_each(|f| pool.put(f));
+            (ok, port.stats().rx_csum_partial)
+        };
+        assert_eq!(
+            receive_one(b"offloaded"),
+            (false, 1),
+            "partial checksum, counted"
+        );
+        run(&[
+            "ip", "netns", "exec", &ns.name, "ethtool", "-K", "pntg", "tx", "off",
+        ]);
+        assert_eq!(
+            receive_one(b"complete"),
+            (true, 1),
+            "valid checksum, not counted"
+        );
+    });
+}
+
 fn ifindex_of(name: &str) -> i32 {
     let c = std::ffi::CString::new(name).unwrap();
     // SAFETY: `c` is NUL-terminated.

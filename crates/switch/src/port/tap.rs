@@ -76,8 +76,9 @@ impl TapPort {
         if ret < 0 {
             let err = io::Error::last_os_error();
             return Err(match err.raw_os_error() {
-                Some(libc::EBUSY) => io::Error::new(
-                    io::ErrorKind::ResourceBusy,
+                // os_error keeps the errno's kind (ResourceBusy).
+                Some(libc::EBUSY) => os_error(
+                    err,
                     ctx(
                         "TAP device is busy: another process (a VM or another switch) has it \
                          open",
