@@ -15,7 +15,8 @@ use crate::frame::{Frame, FramePool, DATA_CAP};
 /// Queue length of each direction for [`MemoryPort::new`].
 pub const DEFAULT_QUEUE_CAP: usize = 1024;
 
-/// The switch side of an in-memory port.
+/// The switch side of an in-memory port. Its [`Port::raw_fd`] is an eventfd that is readable
+/// while injected frames are pending, so a run loop can block on it like on a real port.
 #[derive(Debug)]
 pub struct MemoryPort {
     name: String,
@@ -90,6 +91,8 @@ impl MemoryPort {
         // SAFETY: eventfd(2) takes no pointers; a non-negative return is a new descriptor that
         // we own from here on.
         let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        // SAFETY: `fd`, when valid, is the fresh descriptor just created and owned by nobody
+        // else. Without one the port still works; it just cannot be waited on.
         let ready = (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) });
         let shared = Arc::new(Shared {
             queues: Mutex::new(Queues::default()),
