@@ -12,9 +12,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::{Backend, Port, PortStats};
 use crate::frame::{Frame, FramePool, DATA_CAP};
 
-/// Queue length of each direction for [`MemoryPort::new`].
-pub const DEFAULT_QUEUE_CAP: usize = 1024;
-
 /// The switch side of an in-memory port. Its [`Port::raw_fd`] is an eventfd that is readable
 /// while injected frames are pending, so a run loop can block on it like on a real port.
 #[derive(Debug)]
@@ -81,9 +78,12 @@ impl Shared {
 }
 
 impl MemoryPort {
-    /// A port named `name` with queues of [`DEFAULT_QUEUE_CAP`] frames each way.
+    /// Queue length of each direction for [`MemoryPort::new`].
+    pub const DEFAULT_QUEUE_CAP: usize = 1024;
+
+    /// A port named `name` with queues of [`MemoryPort::DEFAULT_QUEUE_CAP`] frames each way.
     pub fn new(name: &str) -> (MemoryPort, MemoryPortHandle) {
-        MemoryPort::with_capacity(name, DEFAULT_QUEUE_CAP)
+        MemoryPort::with_capacity(name, Self::DEFAULT_QUEUE_CAP)
     }
 
     /// A port whose two queues each hold at most `capacity` frames.
