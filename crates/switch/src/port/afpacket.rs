@@ -47,9 +47,13 @@ const MAX_TX_BATCH: usize = 1024;
 /// Ring and batching parameters of an [`AfPacketPort`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AfPacketOptions {
-    /// Bytes per RX ring block; a multiple of the page size, at least 4096. Default 1 MiB.
+    /// Bytes per RX ring block; a multiple of the page size, at least 4096. Default 64 KiB.
     pub block_size: usize,
-    /// Number of RX ring blocks. Default 4 (4 MiB: ~2,600 full-size or ~35,000 64 B frames).
+    /// Number of RX ring blocks. Default 64: a 4 MiB ring (~2,600 full-size or ~29,000
+    /// 64 B frames). Many small blocks beat few large ones of the same total: the kernel
+    /// drops everything while the block it wants next is still being read, and a small block
+    /// is handed back sooner (measured on this VM under CPU contention: 4 x 1 MiB dropped
+    /// 5-20% of a 300 kpps flood, 64 x 64 KiB none).
     pub block_count: usize,
     /// Milliseconds after which the kernel hands over a block that is not full; bounds the
     /// added latency at low load. 1 to 1000; default 1.
@@ -61,8 +65,8 @@ pub struct AfPacketOptions {
 impl Default for AfPacketOptions {
     fn default() -> Self {
         AfPacketOptions {
-            block_size: 1 << 20,
-            block_count: 4,
+            block_size: 64 << 10,
+            block_count: 64,
             block_timeout_ms: 1,
             tx_batch: 64,
         }
