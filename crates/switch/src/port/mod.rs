@@ -1,0 +1,223 @@
+//! Port backends: where frames enter and leave the switch (DESIGN.md section 4, "Ports").
+//!
+//! A [`Port`] moves batches of [`Frame`]s between the kernel (or a test) and the switch,
+//! never blocking; the run loop spins while there is work and then blocks in
+//! [`wait_readable`] on the ports' descriptors (Rizzo et al.: spin briefly, then block).
+//! Backends: [`AfPacketPort`] for veths and NICs, [`TapPort`] for TAP devices, [`MemoryPort`]
+//! for tests and the simulator.
+
+mod afpacket;
+mod memory;
+mod tap;
+
+pub use afpacket::{AfPacketOptions, AfPacketPort};
+pub use memory::{MemoryPort, MemoryPortHandle};
+pub use tap::TapPort;
+
+use std::fmt;
+use std::io;
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+use crate::frame::{Frame, FramePool};
+
+/// Which packet I/O mechanism a port uses; its `Display` says what it does, for the start-up
+/// report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// AF_PACKET socket bound to an interface: TPACKET_V3 RX ring, sendmmsg TX.
+    AfPacket,
+    /// A TAP device through /dev/net/tun.
+    Tap,
+    /// In-process queues fed and drained through a [`MemoryPortHandle`].
+    Memory,
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Backend::AfPacket => "af_packet (TPACKET_V3 rx ring, sendmmsg qdisc-bypass tx)",
+            Backend::Tap => "tap (/dev/net/tun IFF_TAP|IFF_NO_PI, read/write per frame)",
+            Backend::Memory => "memory (in-process bounded queues)",
+        })
+    }
+}
+
+/// Counters of one port since it was opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PortStats {
+    /// Frames handed to the switch by `recv_batch`.
+    pub rx_frames: u64,
+    /// Bytes of those frames.
+    pub rx_bytes: u64,
+    /// Frames lost before the switch saw them: the kernel RX ring was full (AF_PACKET
+    /// `tp_drops`) or the memory port's queue was full.
+    pub rx_dropped: u64,
+    /// Received frames longer than [`crate::frame::DATA_CAP`] (jumbo or GRO/GSO-aggregated),
+    /// dropped.
+    pub rx_oversize: u64,
+    /// Received frames whose L4 checksum was left for offload (AF_PACKET
+    /// `TP_STATUS_CSUMNOTREADY`): they are forwarded as they are and will arrive with a bad
+    /// checksum, so a non-zero value means tx checksum offload is still on at the sender
+    /// (see the `afpacket` module doc).
+    pub rx_csum_partial: u64,
+    /// Frames sent.
+    pub tx_frames: u64,
+    /// Bytes of those frames.
+    pub tx_bytes: u64,
+    /// Frames the kernel refused for good (too big, link down, ...), dropped.
+    pub tx_errors: u64,
+}
+
+/// A switch port: non-blocking batched receive and send of frames.
+pub trait Port: Send {
+    /// The interface or port name.
+    fn name(&self) -> &str;
+
+    /// The I/O mechanism.
+    fn backend(&self) -> Backend;
+
+    /// Non-blocking: moves up to `max` received frames (taken from `pool`) onto the end of
+    /// `out`; `Ok(0)` when nothing is pending. When `pool` is exhausted, reception stops and
+    /// the rest stays pending (in the kernel, which drops and counts once its buffer is full).
+    fn recv_batch(
+        &mut self,
+        pool: &mut FramePool,
+        out: &mut Vec<Frame>,
+        max: usize,
+    ) -> io::Result<usize>;
+
+    /// Non-blocking: sends frames from the front of `frames`, returning sent frames to `pool`;
+    /// frames the kernel would not take now (EAGAIN/ENOBUFS) stay in `frames` for a later call.
+    /// Frames refused for good are returned to `pool` and counted in
+    /// [`PortStats::tx_errors`]. Returns how many were sent. An `Err` means the port itself is
+    /// unusable (device gone).
+    fn send_batch(&mut self, frames: &mut Vec<Frame>, pool: &mut FramePool) -> io::Result<usize>;
+
+    /// A descriptor that becomes readable when frames are pending (for poll/epoll waits), if
+    /// the backend has one.
+    fn raw_fd(&self) -> Option<RawFd>;
+
+    /// Counters since the port was opened.
+    fn stats(&self) -> PortStats;
+}
+
+/// Most descriptors [`wait_readable`] polls without allocating.
+const POLL_STACK_FDS: usize = 32;
+
+/// Blocks until one of `fds` is readable (or reports an error/hang-up, which the next receive
+/// will surface) or `timeout` passes: the blocking half of the run loop's spin-then-block wait.
+/// Returns whether a descriptor is ready; `Ok(false)` on timeout or when a signal interrupted
+/// the wait. Uses ppoll(2), so sub-millisecond timeouts are honoured (up to timer slack).
+pub fn wait_readable(fds: &[RawFd], timeout: Duration) -> io::Result<bool> {
+    let mut on_stack = [libc::pollfd {
+        fd: -1,
+        events: 0,
+        revents: 0,
+    }; POLL_STACK_FDS];
+    let mut on_heap = Vec::new();
+    let pollfds: &mut [libc::pollfd] = if fds.len() <= POLL_STACK_FDS {
+        &mut on_stack[..fds.len()]
+    } else {
+        on_heap.resize(fds.len(), on_stack[0]);
+        &mut on_heap
+    };
+    for (p, &fd) in pollfds.iter_mut().zip(fds) {
+        *p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+    }
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `pollfds` is a valid, exclusively borrowed array of `pollfds.len()` entries and
+    // `ts` a valid timespec; a null signal mask leaves the mask unchanged.
+    let ret = unsafe {
+        libc::ppoll(
+            pollfds.as_mut_ptr(),
+            pollfds.len() as libc::nfds_t,
+            &ts,
+            std::ptr::null(),
+        )
+    };
+    if ret < 0 {
+        let err = io::Error::last_os_error();
+        return if err.kind() == io::ErrorKind::Interrupted {
+            Ok(false)
+        } else {
+            Err(err)
+        };
+    }
+    Ok(ret > 0)
+}
+
+/// Checks an interface name and makes it a C string: non-empty, shorter than IFNAMSIZ, no NUL
+/// or '/'.
+fn ifname_cstring(ifname: &str) -> io::Result<std::ffi::CString> {
+    if ifname.is_empty()
+        || ifname.len() >= libc::IFNAMSIZ
+        || ifname
+            .bytes()
+            .any(|b| b == 0 || b == b'/' || b.is_ascii_whitespace())
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "invalid interface name '{ifname}': 1 to {} bytes, no '/', NUL or whitespace",
+                libc::IFNAMSIZ - 1
+            ),
+        ));
+    }
+    std::ffi::CString::new(ifname).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+}
+
+/// Wraps an OS error with what was being done, keeping its kind.
+fn os_error(err: io::Error, context: impl fmt::Display) -> io::Error {
+    io::Error::new(err.kind(), format!("{context}: {err}"))
+}
+
+/// Whether a send error only means "not now" (the frame should be retried later).
+fn is_transient_send_error(err: &io::Error) -> bool {
+    matches!(
+        err.raw_os_error(),
+        Some(libc::EAGAIN) | Some(libc::ENOBUFS) | Some(libc::EINTR)
+    )
+}
+
+/// Whether a send error means the device itself is gone (the port is unusable).
+fn is_fatal_port_error(err: &io::Error) -> bool {
+    matches!(
+        err.raw_os_error(),
+        Some(libc::ENXIO) | Some(libc::ENODEV) | Some(libc::EBADF) | Some(libc::EBADFD)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interface_names_are_checked() {
+        assert!(ifname_cstring("veth0").is_ok());
+        assert!(ifname_cstring("fifteen-chars-x").is_ok());
+        for bad in ["", "sixteen-chars-xx", "a/b", "a b", "a\0b"] {
+            let err = ifname_cstring(bad).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn wait_readable_times_out_on_nothing() {
+        assert!(!wait_readable(&[], Duration::ZERO).unwrap());
+    }
+
+    #[test]
+    fn backend_display_names_the_mechanism() {
+        assert!(Backend::AfPacket.to_string().contains("TPACKET_V3"));
+        assert!(Backend::Tap.to_string().starts_with("tap"));
+        assert!(Backend::Memory.to_string().starts_with("memory"));
+    }
+}

@@ -1,0 +1,543 @@
+//! Root integration tests of the real port backends. Each test builds its own network
+//! namespace (`pn-t-*`, addresses from 198.18.0.0/15 only), runs its body on a thread that
+//! entered it with setns(2), and deletes it on drop, also when the test fails. Without root
+//! each test prints why it skipped and passes.
+//!
+//! The throughput check prints numbers (run with `--nocapture`) and asserts nothing about them.
+
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etherparse::{PacketBuilder, SlicedPacket, TransportSlice};
+use picnic_switch::frame::{Frame, FramePool};
+use picnic_switch::port::{wait_readable, AfPacketOptions, AfPacketPort, Backend, Port, TapPort};
+
+/// Experimental EtherType (IEEE 802 local use) marking the tests' frames.
+const TEST_ETHERTYPE: [u8; 2] = [0x88, 0xb5];
+const MAC_A: [u8; 6] = [0x02, 0, 0, 0, 0, 0x0a];
+const MAC_B: [u8; 6] = [0x02, 0, 0, 0, 0, 0x0b];
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
+        println!("skipped: needs root for network namespaces/AF_PACKET");
+    }
+    root
+}
+
+/// A network namespace that exists for the guard's lifetime.
+struct Netns {
+    name: String,
+}
+
+impl Netns {
+    fn new() -> Netns {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let name = format!(
+            "pn-t-{}-{}-{nanos:x}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        run(&["ip", "netns", "add", &name]);
+        let ns = Netns { name };
+        ns.ip("link set lo up");
+        ns
+    }
+
+    /// Runs `ip -n <ns> <args>`, panicking with its stderr on failure.
+    fn ip(&self, args: &str) {
+        let mut argv = vec!["ip", "-n", &self.name];
+        argv.extend(args.split_whitespace());
+        run(&argv);
+    }
+
+    /// Runs `f` on a thread inside the namespace (sockets and devices it opens live there).
+    fn enter<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        let path = format!("/run/netns/{}", self.name);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let file = std::fs::File::open(&path).expect("open netns file");
+                // SAFETY: `file` is an open namespace descriptor; setns only affects this thread.
+                let ret = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+                assert_eq!(ret, 0, "setns: {}", std::io::Error::last_os_error());
+                // IPv6 router/neighbour chatter would only add noise to the counts.
+                let _ = std::fs::write("/proc/sys/net/ipv6/conf/all/disable_ipv6", "1");
+                let _ = std::fs::write("/proc/sys/net/ipv6/conf/default/disable_ipv6", "1");
+                f()
+            })
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e))
+        })
+    }
+
+    /// A veth pair `a`/`b` inside the namespace, both up, tx checksum offload irrelevant
+    /// (the tests send complete frames themselves).
+    fn veth_pair(&self, a: &str, b: &str) {
+        self.ip(&format!("link add {a} type veth peer name {b}"));
+        self.ip(&format!("link set {a} up"));
+        self.ip(&format!("link set {b} up"));
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+fn run(argv: &[&str]) {
+    let out = Command::new(argv[0])
+        .args(&argv[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{argv:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The test frame with sequence number `seq`, `len` bytes long: Ethernet header with the test
+/// EtherType, then the sequence number and a pattern derived from it.
+fn test_frame(seq: u32, len: usize) -> Vec<u8> {
+    let mut f = Vec::with_capacity(len);
+    f.extend_from_slice(&MAC_B);
+    f.extend_from_slice(&MAC_A);
+    f.extend_from_slice(&TEST_ETHERTYPE);
+    f.extend_from_slice(&seq.to_be_bytes());
+    while f.len() < len {
+        f.push((f.len() as u32 ^ seq) as u8);
+    }
+    f
+}
+
+fn is_test_frame(f: &Frame) -> bool {
+    f.len() >= 18 && f.data()[12..14] == TEST_ETHERTYPE
+}
+
+fn seq_of(f: &Frame) -> u32 {
+    u32::from_be_bytes(f.data()[14..18].try_into().unwrap())
+}
+
+/// Receives from `port` until `until` holds for the frames collected or `deadline` passes.
+fn collect(
+    port: &mut dyn Port,
+    pool: &mut FramePool,
+    got: &mut Vec<Frame>,
+    deadline: Duration,
+    until: impl Fn(&[Frame]) -> bool,
+) {
+    let end = Instant::now() + deadline;
+    let fd = port.raw_fd().unwrap();
+    while !until(got) && Instant::now() < end {
+        if port.recv_batch(pool, got, 256).unwrap() == 0 {
+            wait_readable(&[fd], Duration::from_millis(5)).unwrap();
+        }
+    }
+}
+
+fn send_all(port: &mut dyn Port, pool: &mut FramePool, frames: &mut Vec<Frame>) {
+    let end = Instant::now() + Duration::from_secs(5);
+    while !frames.is_empty() {
+        port.send_batch(frames, pool).unwrap();
+        assert!(Instant::now() < end, "{} frames never sent", frames.len());
+    }
+}
+
+#[test]
+fn af_packet_frames_cross_a_veth_intact_and_are_not_seen_by_the_sender() {
+    if !is_root() {
+        return;
+    }
+    let ns = Netns::new();
+    ns.veth_pair("pnta", "pntb");
+    ns.enter(|| {
+        let mut a = AfPacketPort::open("pnta", AfPacketOptions::default()).unwrap();
+        let mut b = AfPacketPort::open("pntb", AfPacketOptions::default()).unwrap();
+        assert_eq!(a.backend(), Backend::AfPacket);
+        let mut pool = FramePool::new(4096);
+        for len in [64, 1500] {
+            let mut received = Vec::new();
+            // A modest rate: batches of 32, the receiver drained between batches.
+            for batch_start in (0..1000u32).step_by(32) {
+                let mut batch: Vec<Frame> = (batch_start..(batch_start + 32).min(1000))
+                    .map(|seq| {
+                        let mut f = pool.get().unwrap();
+                        assert!(f.fill_from(&test_frame(seq, len)));
+                        f
+                    })
+                    .collect();
+                send_all(&mut a, &mut pool, &mut batch);
+                b.recv_batch(&mut pool, &mut received, usize::MAX).unwrap();
+            }
+            collect(
+                &mut b,
+                &mut pool,
+                &mut received,
+                Duration::from_secs(3),
+                |got| got.iter().filter(|f| is_test_frame(f)).count() >= 1000,
+            );
+            let ours: Vec<&Frame> = received.iter().filter(|f| is_test_frame(f)).collect();
+            assert_eq!(
+                ours.len(),
+                1000,
+                "{len} B frames: all 1000 arrive, none twice"
+            );
+            for (expected_seq, f) in ours.iter().enumerate() {
+                assert_eq!(seq_of(f), expected_seq as u32, "in order");
+                assert_eq!(
+                    f.data(),
+                    &test_frame(expected_seq as u32, len)[..],
+                    "intact"
+                );
+            }
+            for f in received {
+                pool.put(f);
+            }
+        }
+
+        // The sender's own ring must not show its transmissions. Blocks are handed over by
+        // timeout, so wait well past it before concluding nothing came.
+        let mut echoed = Vec::new();
+        collect(
+            &mut a,
+            &mut pool,
+            &mut echoed,
+            Duration::from_millis(100),
+            |_| false,
+        );
+        assert_eq!(echoed.iter().filter(|f| is_test_frame(f)).count(), 0);
+
+        let (sa, sb) = (a.stats(), b.stats());
+        assert_eq!((sa.tx_frames, sa.tx_errors), (2000, 0));
+        assert_eq!(sa.tx_bytes, 1000 * (64 + 1500));
+        assert!(sb.rx_frames >= 2000);
+        assert_eq!((sb.rx_dropped, sb.rx_oversize), (0, 0));
+        assert_eq!(
+            pool.available(),
+            pool.capacity() - echoed.len(),
+            "no frame leaked"
+        );
+    });
+}
+
+#[test]
+fn af_packet_counts_frames_too_big_for_a_frame() {
+    if !is_root() {
+        return;
+    }
+    let ns = Netns::new();
+    ns.veth_pair("pntc", "pntd");
+    ns.ip("link set pntc mtu 4000");
+    ns.ip("link set pntd mtu 4000");
+    ns.enter(|| {
+        let mut c = AfPacketPort::open("pntc", AfPacketOptions::default()).unwrap();
+        let mut d = AfPacketPort::open("pntd", AfPacketOptions::default()).unwrap();
+        // A jumbo frame (too big for a pool Frame) is sent with a plain packet socket.
+        // SAFETY: plain socket(2) call; the descriptor is closed at the end of the test.
+        let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
+        assert!(raw >= 0);
+        // SAFETY: all-zero is a valid sockaddr_ll.
+        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        addr.sll_family = libc::AF_PACKET as u16;
+        addr.sll_ifindex = ifindex_of("pntc");
+        let jumbo = test_frame(7, 3000);
+        // SAFETY: `jumbo` and `addr` are live for the call and the lengths are theirs.
+        let ret = unsafe {
+            libc::sendto(
+                raw,
+                jumbo.as_ptr().cast(),
+                jumbo.len(),
+                0,
+                (&addr as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            )
+        };
+        assert_eq!(ret, 3000, "{}", std::io::Error::last_os_error());
+        // SAFETY: closes the descriptor opened above.
+        unsafe { libc::close(raw) };
+        let mut pool = FramePool::new(64);
+        let mut small = vec![pool.get().unwrap()];
+        small[0].fill_from(&test_frame(8, 64));
+        send_all(&mut c, &mut pool, &mut small);
+        let mut got = Vec::new();
+        collect(&mut d, &mut pool, &mut got, Duration::from_secs(2), |g| {
+            g.iter().any(is_test_frame)
+        });
+        let ours: Vec<u32> = got
+            .iter()
+            .filter(|f| is_test_frame(f))
+            .map(seq_of)
+            .collect();
+        assert_eq!(
+            ours,
+            vec![8],
+            "the jumbo frame is dropped, the next one arrives"
+        );
+        assert_eq!(d.stats().rx_oversize, 1);
+    });
+}
+
+/// Documents the lab's checksum rule (see the afpacket module doc): with tx checksum offload
+/// on at the sending veth the port sees partial checksums and counts them; after
+/// `ethtool -K IF tx off` frames carry complete, valid checksums.
+#[test]
+fn af_packet_counts_partial_checksums_until_tx_offload_is_off() {
+    if !is_root() {
+        return;
+    }
+    let ns = Netns::new();
+    ns.veth_pair("pntg", "pnth");
+    ns.ip("addr add 198.18.1.1/24 dev pntg");
+    ns.ip("neigh add 198.18.1.2 lladdr 02:00:00:00:00:0b dev pntg nud permanent");
+    ns.enter(|| {
+        let mut port = AfPacketPort::open("pnth", AfPacketOptions::default()).unwrap();
+        let mut pool = FramePool::new(64);
+        let sock = UdpSocket::bind("198.18.1.1:0").unwrap();
+        let udp_checksum_ok = |f: &Frame| {
+            let p = SlicedPacket::from_ethernet(f.data()).unwrap();
+            let (Some(etherparse::NetSlice::Ipv4(ip)), Some(TransportSlice::Udp(udp))) =
+                (p.net, p.transport)
+            else {
+                return None;
+            };
+            let expected = udp
+                .to_header()
+                .calc_checksum_ipv4(&ip.header().to_header(), udp.payload())
+                .unwrap();
+            Some(udp.checksum() == expected)
+        };
+        let mut receive_one = |payload: &[u8]| {
+            sock.send_to(payload, "198.18.1.2:9000").unwrap();
+            let mut got = Vec::new();
+            collect(
+                &mut port,
+                &mut pool,
+                &mut got,
+                Duration::from_secs(3),
+                |g| g.iter().any(|f| udp_checksum_ok(f).is_some()),
+            );
+            let ok = got.iter().find_map(udp_checksum_ok).expect("the datagram");
+            got.into_iter().for_each(|f| pool.put(f));
+            (ok, port.stats().rx_csum_partial)
+        };
+        assert_eq!(
+            receive_one(b"offloaded"),
+            (false, 1),
+            "partial checksum, counted"
+        );
+        run(&[
+            "ip", "netns", "exec", &ns.name, "ethtool", "-K", "pntg", "tx", "off",
+        ]);
+        assert_eq!(
+            receive_one(b"complete"),
+            (true, 1),
+            "valid checksum, not counted"
+        );
+    });
+}
+
+fn ifindex_of(name: &str) -> i32 {
+    let c = std::ffi::CString::new(name).unwrap();
+    // SAFETY: `c` is NUL-terminated.
+    unsafe { libc::if_nametoindex(c.as_ptr()) as i32 }
+}
+
+#[test]
+fn tap_port_created_by_name_exchanges_frames_with_the_kernel() {
+    if !is_root() {
+        return;
+    }
+    let ns = Netns::new();
+    ns.enter(|| {
+        let mut tap = TapPort::open("pntap0").unwrap();
+        assert_eq!((tap.name(), tap.backend()), ("pntap0", Backend::Tap));
+        ns.ip("addr add 198.18.0.1/24 dev pntap0");
+        ns.ip("link set pntap0 up");
+        ns.ip("neigh add 198.18.0.2 lladdr 02:00:00:00:00:0b dev pntap0 nud permanent");
+        let mut pool = FramePool::new(256);
+
+        // Kernel -> TAP: a UDP datagram from the kernel side comes out of the port.
+        let sock = UdpSocket::bind("198.18.0.1:0").unwrap();
+        sock.send_to(b"hello tap", "198.18.0.2:9000").unwrap();
+        let is_hello = |f: &Frame| match SlicedPacket::from_ethernet(f.data()) {
+            Ok(p) => {
+                matches!(p.transport, Some(TransportSlice::Udp(u)) if u.payload() == b"hello tap")
+            }
+            Err(_) => false,
+        };
+        let mut got = Vec::new();
+        collect(&mut tap, &mut pool, &mut got, Duration::from_secs(3), |g| {
+            g.iter().any(is_hello)
+        });
+        let hello = got
+            .iter()
+            .find(|f| is_hello(f))
+            .expect("datagram on the TAP");
+        assert_eq!(hello.data()[..6], MAC_B, "to the static neighbour's MAC");
+        let tap_mac: [u8; 6] = hello.data()[6..12].try_into().unwrap();
+
+        // TAP -> kernel: a UDP datagram written to the port reaches the kernel's socket.
+        let local_port = sock.local_addr().unwrap().port();
+        let builder = PacketBuilder::ethernet2(MAC_B, tap_mac)
+            .ipv4([198, 18, 0, 2], [198, 18, 0, 1], 64)
+            .udp(9000, local_port);
+        let mut bytes = Vec::new();
+        builder.write(&mut bytes, b"hello kernel").unwrap();
+        let mut out = vec![pool.get().unwrap()];
+        out[0].fill_from(&bytes);
+        assert_eq!(tap.send_batch(&mut out, &mut pool).unwrap(), 1);
+        sock.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let mut buf = [0u8; 64];
+        let (n, from) = sock.recv_from(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"hello kernel");
+        assert_eq!(
+            from,
+            SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 9000).into()
+        );
+        let s = tap.stats();
+        assert_eq!((s.tx_frames, s.tx_bytes), (1, bytes.len() as u64));
+        assert!(s.rx_frames >= 1);
+    });
+}
+
+#[test]
+fn tap_port_attaches_to_an_existing_tap_and_open_errors_are_actionable() {
+    if !is_root() {
+        return;
+    }
+    let ns = Netns::new();
+    ns.ip("tuntap add dev pntap1 mode tap");
+    ns.veth_pair("pntv0", "pntv1");
+    ns.enter(|| {
+        // QEMU-style: the device exists (persistent), the port attaches to it.
+        let first = TapPort::open("pntap1").unwrap();
+        let busy = TapPort::open("pntap1").unwrap_err();
+        assert_eq!(busy.kind(), std::io::ErrorKind::ResourceBusy);
+        assert!(busy.to_string().contains("busy"), "{busy}");
+        drop(first);
+        TapPort::open("pntap1").expect("free again once the first port is gone");
+
+        let not_tap = TapPort::open("pntv0").unwrap_err();
+        assert_eq!(not_tap.kind(), std::io::ErrorKind::InvalidInput);
+        assert!(
+            not_tap.to_string().contains("not a single-queue TAP"),
+            "{not_tap}"
+        );
+
+        let missing = AfPacketPort::open("pntnone", AfPacketOptions::default()).unwrap_err();
+        assert_eq!(missing.kind(), std::io::ErrorKind::NotFound);
+        assert!(
+            missing
+                .to_string()
+                .contains("create it or fix the port's ifname"),
+            "{missing}"
+        );
+    });
+}
+
+/// Prints AF_PACKET rx/tx rates on a veth pair with 64 B frames over ~1 s, and the latency of
+/// a lone frame (bounded below by the ring's block timeout). Compare with DESIGN.md section 7.
+#[test]
+fn af_packet_throughput_on_veth_printed() {
+    if !is_root() {
+        return;
+    }
+    let ns = Netns::new();
+    ns.veth_pair("pnte", "pntf");
+    ns.enter(|| {
+        let mut tx = AfPacketPort::open("pnte", AfPacketOptions::default()).unwrap();
+        let mut rx = AfPacketPort::open("pntf", AfPacketOptions::default()).unwrap();
+        let template = test_frame(0, 64);
+
+        // Lone-frame latency: one frame at a time, receiver spinning.
+        let mut pool = FramePool::new(1024);
+        let mut lat = Vec::new();
+        for seq in 0..20 {
+            let mut one = vec![pool.get().unwrap()];
+            one[0].fill_from(&test_frame(seq, 64));
+            let t0 = Instant::now();
+            send_all(&mut tx, &mut pool, &mut one);
+            let mut got = Vec::new();
+            while got.is_empty() && t0.elapsed() < Duration::from_secs(1) {
+                rx.recv_batch(&mut pool, &mut got, 8).unwrap();
+            }
+            lat.push(t0.elapsed());
+            got.into_iter().for_each(|f| pool.put(f));
+        }
+        lat.sort();
+
+        let done = Arc::new(AtomicBool::new(false));
+        let period = Duration::from_secs(1);
+        let (sent, tx_secs, received, rx_secs, rx_stats) = std::thread::scope(|s| {
+            let done_tx = Arc::clone(&done);
+            let sender = s.spawn(move || {
+                let mut pool = FramePool::new(1024);
+                let mut batch = Vec::with_capacity(64);
+                let start = Instant::now();
+                let mut sent = 0u64;
+                while start.elapsed() < period {
+                    while batch.len() < 64 {
+                        let mut f = pool.get().unwrap();
+                        f.fill_from(&template);
+                        batch.push(f);
+                    }
+                    sent += tx.send_batch(&mut batch, &mut pool).unwrap() as u64;
+                }
+                let secs = start.elapsed().as_secs_f64();
+                done_tx.store(true, Ordering::Release);
+                (sent, secs)
+            });
+            let receiver = s.spawn(|| {
+                let mut pool = FramePool::new(1024);
+                let mut got = Vec::with_capacity(256);
+                let mut received = 0u64;
+                let mut first: Option<Instant> = None;
+                let mut last = Instant::now();
+                let mut idle_since: Option<Instant> = None;
+                loop {
+                    let n = rx.recv_batch(&mut pool, &mut got, 256).unwrap();
+                    if n > 0 {
+                        first.get_or_insert_with(Instant::now);
+                        last = Instant::now();
+                        received += n as u64;
+                        got.drain(..).for_each(|f| pool.put(f));
+                        idle_since = None;
+                    } else if done.load(Ordering::Acquire) {
+                        // Drained: nothing new for well over a block timeout.
+                        let idle = *idle_since.get_or_insert_with(Instant::now);
+                        if idle.elapsed() > Duration::from_millis(50) {
+                            break;
+                        }
+                    }
+                }
+                let secs = first.map_or(0.0, |f| (last - f).as_secs_f64());
+                (received, secs, rx.stats())
+            });
+            let (sent, tx_secs) = sender.join().unwrap();
+            let (received, rx_secs, rx_stats) = receiver.join().unwrap();
+            (sent, tx_secs, received, rx_secs, rx_stats)
+        });
+        println!(
+            "af_packet 64 B on veth: tx {:.0} kpps ({sent} frames in {tx_secs:.2} s), \
+             rx {:.0} kpps ({received} frames in {rx_secs:.2} s), rx kernel drops {}, \
+             lone-frame latency median {:?} max {:?}",
+            sent as f64 / tx_secs / 1e3,
+            received as f64 / rx_secs.max(1e-9) / 1e3,
+            rx_stats.rx_dropped,
+            lat[lat.len() / 2],
+            lat[lat.len() - 1],
+        );
+    });
+}
