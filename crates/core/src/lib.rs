@@ -3,14 +3,14 @@
 //! Every mechanism here is a plain struct fed with packet descriptors and `now`,
 //! returning decisions. No sockets, threads or clock reads (DESIGN.md section 2).
 
+/// Token buckets, shapers and per-CPU token caches (EyeQ 4, FairNIC 4.4).
+pub mod bucket;
 pub mod eyeq;
 pub mod fairnic;
 pub mod iron;
-pub mod slo;
-/// Token buckets, shapers and per-CPU token caches (EyeQ 4, FairNIC 4.4).
-pub mod bucket;
 /// Per-endpoint windowed rate meters with EWMA (EyeQ 3.2).
 pub mod meter;
+pub mod slo;
 pub mod time;
 pub mod wfq;
 

@@ -1,5 +1,11 @@
-//! The picnic dataplane (DESIGN.md section 4): packet buffers and port backends; the engines,
-//! config and run loop build on them.
+//! The picnic dataplane (DESIGN.md section 4): packet buffers and port backends, the
+//! sans-I/O egress and ingress engines, config, the run loop, the control API and metrics.
 
+pub mod api;
+pub mod config;
+pub mod directory;
+pub mod engine;
 pub mod frame;
 pub mod port;
+pub mod runner;
+pub mod stats;

@@ -1,0 +1,322 @@
+//! The local control API: JSON over HTTP to list and change tenants, VMs and hosts live,
+//! read statistics, and a Prometheus `/metrics` endpoint.
+//!
+//! | method and path        | what                                                     |
+//! |------------------------|----------------------------------------------------------|
+//! | GET /stats             | per-VM/tenant counters, queues, rates, port counters     |
+//! | GET /metrics           | the same in Prometheus text format                       |
+//! | GET /config            | the running config                                        |
+//! | GET /tenants, /vms, /hosts | one section of it                                    |
+//! | POST /tenants, /vms, /hosts | add one (JSON body: the config entry)              |
+//! | PUT /vms/NAME          | replace a VM entry (e.g. new min/max bandwidth)           |
+//! | DELETE /tenants/NAME, /vms/NAME, /hosts/ID | remove one                         |
+//!
+//! Changes are validated like the config file (errors name the field) and applied by the
+//! run loop between batches.
+
+use std::io::Read;
+use std::sync::{mpsc, Arc};
+use std::time::Duration as StdDuration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tiny_http::{Header, Method, Response, Server};
+
+use crate::config::{Config, HostEntry, TenantEntry, VmEntry};
+use crate::runner::{Command, Shared};
+
+/// Starts the API server on `addr` in its own thread.
+pub fn spawn(
+    addr: &str,
+    shared: Arc<Shared>,
+    commands: mpsc::Sender<Command>,
+) -> anyhow::Result<std::thread::JoinHandle<()>> {
+    let server = Server::http(addr)
+        .map_err(|e| anyhow::anyhow!("switch.api: cannot listen on {addr}: {e}"))?;
+    Ok(std::thread::Builder::new()
+        .name("picnic-api".into())
+        .spawn(move || {
+            for mut req in server.incoming_requests() {
+                let mut body = String::new();
+                let _ = req.as_reader().take(1 << 20).read_to_string(&mut body);
+                let (status, content_type, text) =
+                    handle(req.method(), req.url(), &body, &shared, &commands);
+                let header =
+                    Header::from_bytes("Content-Type", content_type).expect("static header");
+                let _ = req.respond(
+                    Response::from_string(text)
+                        .with_status_code(status)
+                        .with_header(header),
+                );
+            }
+        })?)
+}
+
+type Reply = (u16, &'static str, String);
+
+fn json(status: u16, v: impl serde::Serialize) -> Reply {
+    (
+        status,
+        "application/json",
+        serde_json::to_string_pretty(&v).unwrap_or_default(),
+    )
+}
+fn error(status: u16, msg: impl std::fmt::Display) -> Reply {
+    json(status, serde_json::json!({ "error": msg.to_string() }))
+}
+
+fn handle(
+    method: &Method,
+    url: &str,
+    body: &str,
+    shared: &Shared,
+    commands: &mpsc::Sender<Command>,
+) -> Reply {
+    let path: Vec<&str> = url
+        .split('?')
+        .next()
+        .unwrap_or("")
+        .trim_matches('/')
+        .split('/')
+        .collect();
+    let config = shared.config.lock().unwrap().clone();
+    let Some(config) = config else {
+        return error(503, "switch starting");
+    };
+    match (method, path.as_slice()) {
+        (Method::Get, ["stats"]) => match shared.snapshot.lock().unwrap().as_ref() {
+            Some((snap, ports)) => json(
+                200,
+                serde_json::json!({ "switch": snap, "ports": ports.iter().map(|(n, s)| serde_json::json!({"name": n, "stats": format!("{s:?}")})).collect::<Vec<_>>() }),
+            ),
+            None => error(503, "no statistics yet"),
+        },
+        (Method::Get, ["metrics"]) => (200, "text/plain; version=0.0.4", metrics(shared)),
+        (Method::Get, ["config"]) => json(200, &config),
+        (Method::Get, ["tenants"]) => json(200, &config.tenants),
+        (Method::Get, ["vms"]) => json(200, &config.vms),
+        (Method::Get, ["hosts"]) => json(200, &config.hosts),
+        (Method::Post, ["tenants"]) => change(config, commands, |c| {
+            c.tenants
+                .push(serde_json::from_str::<TenantEntry>(body).map_err(|e| format!("body: {e}"))?);
+            Ok(())
+        }),
+        (Method::Post, ["vms"]) => change(config, commands, |c| {
+            c.vms
+                .push(serde_json::from_str::<VmEntry>(body).map_err(|e| format!("body: {e}"))?);
+            Ok(())
+        }),
+        (Method::Post, ["hosts"]) => change(config, commands, |c| {
+            c.hosts
+                .push(serde_json::from_str::<HostEntry>(body).map_err(|e| format!("body: {e}"))?);
+            Ok(())
+        }),
+        (Method::Put, ["vms", name]) => change(config, commands, |c| {
+            let vm: VmEntry = serde_json::from_str(body).map_err(|e| format!("body: {e}"))?;
+            let slot = c
+                .vms
+                .iter_mut()
+                .find(|v| v.name == *name)
+                .ok_or(format!("no VM '{name}'"))?;
+            *slot = vm;
+            Ok(())
+        }),
+        (Method::Delete, ["vms", name]) => change(config, commands, |c| {
+            let n = c.vms.len();
+            c.vms.retain(|v| v.name != *name);
+            if c.vms.len() == n {
+                Err(format!("no VM '{name}'"))
+            } else {
+                Ok(())
+            }
+        }),
+        (Method::Delete, ["tenants", name]) => change(config, commands, |c| {
+            if c.vms.iter().any(|v| v.tenant == *name) {
+                return Err(format!("tenant '{name}' still has VMs; remove them first"));
+            }
+            let n = c.tenants.len();
+            c.tenants.retain(|t| t.name != *name);
+            if c.tenants.len() == n {
+                Err(format!("no tenant '{name}'"))
+            } else {
+                Ok(())
+            }
+        }),
+        (Method::Delete, ["hosts", id]) => change(config, commands, |c| {
+            let id: u32 = id.parse().map_err(|_| format!("'{id}' is not a host id"))?;
+            let n = c.hosts.len();
+            c.hosts.retain(|h| h.id != id);
+            if c.hosts.len() == n {
+                Err(format!("no host {id}"))
+            } else {
+                Ok(())
+            }
+        }),
+        _ => error(404, format!("no route {method} /{}", path.join("/"))),
+    }
+}
+
+/// Applies `edit` to a copy of the config, validates it and hands it to the run loop.
+fn change(
+    mut config: Config,
+    commands: &mpsc::Sender<Command>,
+    edit: impl FnOnce(&mut Config) -> Result<(), String>,
+) -> Reply {
+    if let Err(e) = edit(&mut config) {
+        return error(400, e);
+    }
+    if let Err(e) = config.validate() {
+        return error(400, e);
+    }
+    let (tx, rx) = mpsc::channel();
+    if commands
+        .send(Command::Reconfigure(Box::new(config), tx))
+        .is_err()
+    {
+        return error(503, "switch is stopping");
+    }
+    match rx.recv_timeout(StdDuration::from_secs(5)) {
+        Ok(Ok(())) => json(200, serde_json::json!({ "ok": true })),
+        Ok(Err(e)) => error(400, format!("{e:#}")),
+        Err(_) => error(504, "the switch did not apply the change in time"),
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VmLabels {
+    tenant: String,
+    vm: String,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DropLabels {
+    tenant: String,
+    vm: String,
+    reason: String,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TenantLabels {
+    tenant: String,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
+/// Renders the latest snapshot in the Prometheus text format.
+fn metrics(shared: &Shared) -> String {
+    let guard = shared.snapshot.lock().unwrap();
+    let Some((snap, _)) = guard.as_ref() else {
+        return String::new();
+    };
+    let mut reg = Registry::with_prefix("picnic");
+    let counter = |reg: &mut Registry, name: &str, help: &str| {
+        let f = Family::<VmLabels, Counter>::default();
+        reg.register(name, help, f.clone());
+        f
+    };
+    let rx_packets = counter(&mut reg, "vm_rx_packets", "Frames delivered to the VM");
+    let rx_bytes = counter(&mut reg, "vm_rx_bytes", "Bytes delivered to the VM");
+    let tx_packets = counter(
+        &mut reg,
+        "vm_tx_packets",
+        "Frames the VM sent into the switch",
+    );
+    let tx_bytes = counter(&mut reg, "vm_tx_bytes", "Bytes the VM sent into the switch");
+    let cost = counter(
+        &mut reg,
+        "vm_processing_ns",
+        "Ingress processing CPU spent for the VM, ns",
+    );
+    let drops = Family::<DropLabels, Counter>::default();
+    reg.register(
+        "vm_drops",
+        "Frames from or to the VM dropped, by reason",
+        drops.clone(),
+    );
+    let queue = Family::<VmLabels, Gauge>::default();
+    reg.register(
+        "vm_queue_depth",
+        "Frames queued for the VM (egress + ingress)",
+        queue.clone(),
+    );
+    let advertised = Family::<VmLabels, Gauge>::default();
+    reg.register(
+        "vm_advertised_rate_bps",
+        "Rate advertised to the VM's senders (EyeQ R_i)",
+        advertised.clone(),
+    );
+    let applied = Family::<VmLabels, Gauge>::default();
+    reg.register(
+        "vm_applied_limit_bps",
+        "Sum of feedback-set limits applied to the VM's traffic",
+        applied.clone(),
+    );
+    let tenant_cost = Family::<TenantLabels, Counter>::default();
+    reg.register(
+        "tenant_cpu_charged_ns",
+        "Processing CPU charged to the tenant (Iron)",
+        tenant_cost.clone(),
+    );
+    let throttled = Family::<TenantLabels, Counter>::default();
+    reg.register(
+        "tenant_cpu_throttle_drops",
+        "Frames dropped because the tenant was over its CPU quota",
+        throttled.clone(),
+    );
+    let sw_drops = Family::<ReasonLabels, Counter>::default();
+    reg.register(
+        "switch_drops",
+        "Frames not attributable to a VM dropped, by reason",
+        sw_drops.clone(),
+    );
+    for vm in &snap.vms {
+        let l = VmLabels {
+            tenant: vm.tenant.clone(),
+            vm: vm.name.clone(),
+        };
+        rx_packets.get_or_create(&l).inc_by(vm.counters.rx_packets);
+        rx_bytes.get_or_create(&l).inc_by(vm.counters.rx_bytes);
+        tx_packets.get_or_create(&l).inc_by(vm.counters.tx_packets);
+        tx_bytes.get_or_create(&l).inc_by(vm.counters.tx_bytes);
+        cost.get_or_create(&l).inc_by(vm.counters.cost_ns);
+        queue
+            .get_or_create(&l)
+            .set((vm.egress_queue + vm.ingress_queue) as i64);
+        advertised
+            .get_or_create(&l)
+            .set(vm.advertised_bps.unwrap_or(0) as i64);
+        applied
+            .get_or_create(&l)
+            .set(vm.applied_limits.iter().map(|(_, r)| *r).sum::<u64>() as i64);
+        for (reason, n) in vm.counters.drops.iter() {
+            drops
+                .get_or_create(&DropLabels {
+                    tenant: l.tenant.clone(),
+                    vm: l.vm.clone(),
+                    reason: reason.as_str().into(),
+                })
+                .inc_by(n);
+        }
+    }
+    for t in &snap.tenants {
+        let l = TenantLabels {
+            tenant: t.name.clone(),
+        };
+        tenant_cost.get_or_create(&l).inc_by(t.cpu_charged_ns);
+        throttled.get_or_create(&l).inc_by(t.cpu_throttle_drops);
+    }
+    for (reason, n) in snap.switch.drops.iter() {
+        sw_drops
+            .get_or_create(&ReasonLabels {
+                reason: reason.as_str().into(),
+            })
+            .inc_by(n);
+    }
+    let mut out = String::new();
+    let _ = encode(&mut out, &reg);
+    out
+}

@@ -1,0 +1,562 @@
+//! The switch's TOML configuration: this host, its uplink and peers, tenants, VMs, SLOs,
+//! and which isolation mechanisms are on. Validation names the offending field.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::net::Ipv4Addr;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+/// A MAC address written `02:00:00:00:00:01` in the config.
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Default)]
+pub struct Mac(pub [u8; 6]);
+
+impl fmt::Display for Mac {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let m = self.0;
+        write!(
+            f,
+            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            m[0], m[1], m[2], m[3], m[4], m[5]
+        )
+    }
+}
+impl fmt::Debug for Mac {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+impl std::str::FromStr for Mac {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut out = [0u8; 6];
+        let parts: Vec<&str> = s.split(':').collect();
+        if parts.len() != 6 {
+            return Err(format!(
+                "'{s}' is not a MAC address (want six hex bytes like 02:00:00:00:00:01)"
+            ));
+        }
+        for (o, p) in out.iter_mut().zip(parts) {
+            *o = u8::from_str_radix(p, 16)
+                .map_err(|_| format!("'{s}' is not a MAC address (bad byte '{p}')"))?;
+        }
+        Ok(Mac(out))
+    }
+}
+impl Serialize for Mac {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+impl<'de> Deserialize<'de> for Mac {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+impl Mac {
+    pub fn is_multicast(&self) -> bool {
+        self.0[0] & 1 == 1
+    }
+    pub const BROADCAST: Mac = Mac([0xff; 6]);
+}
+
+/// Which packet I/O a port uses.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendKind {
+    /// AF_PACKET with a TPACKET_V3 receive ring and sendmmsg (portable; veth or NIC).
+    #[default]
+    AfPacket,
+    /// A TAP device (VMs: QEMU and Firecracker attach to these).
+    Tap,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub switch: SwitchSection,
+    pub uplink: UplinkSection,
+    #[serde(default)]
+    pub isolation: Isolation,
+    #[serde(default)]
+    pub ingress: IngressSection,
+    #[serde(default)]
+    pub egress: EgressSection,
+    /// Every host of the overlay, this one included (static table; the API updates it live).
+    #[serde(default)]
+    pub hosts: Vec<HostEntry>,
+    #[serde(default)]
+    pub tenants: Vec<TenantEntry>,
+    /// Every VM of every host the tenants span; those on this host carry a `port`.
+    #[serde(default)]
+    pub vms: Vec<VmEntry>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SwitchSection {
+    /// This host's id in `hosts`.
+    pub host_id: u32,
+    /// Local control API (HTTP + Prometheus `/metrics`), e.g. "127.0.0.1:9100". Off when absent.
+    #[serde(default)]
+    pub api: Option<String>,
+    /// Frames in the preallocated buffer pool: the bound on memory under flood.
+    #[serde(default = "default_pool")]
+    pub frame_pool: usize,
+    /// Frames read from a port per call.
+    #[serde(default = "default_batch")]
+    pub batch: usize,
+    /// How long the loop spins for work before blocking on the ports' descriptors.
+    #[serde(default = "default_spin_us")]
+    pub spin_us: u64,
+}
+fn default_pool() -> usize {
+    16384
+}
+fn default_batch() -> usize {
+    64
+}
+fn default_spin_us() -> u64 {
+    50
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UplinkSection {
+    pub ifname: String,
+    #[serde(default)]
+    pub backend: BackendKind,
+    /// MTU of the underlay; tenant MTU must leave room for the Geneve encapsulation.
+    #[serde(default = "default_mtu")]
+    pub mtu: usize,
+    /// Transmit capacity of the uplink in Mb/s: the egress WFQ is paced to it so the scheduler,
+    /// not a FIFO further down, decides whose frame goes next. None: unpaced.
+    #[serde(default)]
+    pub capacity_mbps: Option<u64>,
+}
+fn default_mtu() -> usize {
+    1500
+}
+
+/// Each isolation mechanism can be switched off (the lab compares on vs off).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Isolation {
+    /// Source MAC/IP check on tenant ports (policy, always cheap).
+    pub anti_spoofing: bool,
+    /// Egress WFQ over tenants/VMs weighted by min guarantee, capped by max.
+    pub egress_wfq: bool,
+    /// Sender-side admission control: per-destination limiters set by receiver feedback (EyeQ 3.3).
+    pub admission: bool,
+    /// Ingress per-VM queues and CPU-fair WFQ on measured cost (PicNIC).
+    pub ingress_wfq: bool,
+    /// Receiver rate meters, RX scheduler, RCP and feedback (EyeQ 3.2-3.4).
+    pub feedback: bool,
+    /// Per-tenant processing-CPU accounting with quota/period throttling (Iron 3).
+    pub cpu_accounting: bool,
+}
+impl Default for Isolation {
+    fn default() -> Self {
+        Isolation {
+            anti_spoofing: true,
+            egress_wfq: true,
+            admission: true,
+            ingress_wfq: true,
+            feedback: true,
+            cpu_accounting: true,
+        }
+    }
+}
+impl Isolation {
+    /// Everything off but anti-spoofing and tenant separation (which are correctness, not isolation).
+    pub fn off() -> Self {
+        Isolation {
+            anti_spoofing: true,
+            egress_wfq: false,
+            admission: false,
+            ingress_wfq: false,
+            feedback: false,
+            cpu_accounting: false,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IngressSection {
+    /// Receive capacity C of this host's access link in Mb/s (EyeQ's congestion point).
+    pub capacity_mbps: u64,
+    /// Fraction of C held back (EyeQ: 10%).
+    pub headroom: f64,
+    /// Per-VM ingress queue bound in packets (overflow drops only that VM's packets).
+    pub queue_packets: usize,
+    /// Synthetic per-packet processing cost in ns, so the engine can be made the bottleneck
+    /// (heavy production rule sets; PicNIC's variable capacity).
+    pub work_ns: u64,
+    /// Extra synthetic cost per byte in ns/1000 (e.g. 500 = 0.5 ns per byte).
+    pub work_ps_per_byte: u64,
+    /// Processing CPU the ingress engine may spend per second, as a fraction of a core:
+    /// the capacity its CPU-fair WFQ shares (PicNIC: capacity in cost units/s).
+    pub cpu_share: f64,
+}
+impl Default for IngressSection {
+    fn default() -> Self {
+        IngressSection {
+            capacity_mbps: 1000,
+            headroom: 0.1,
+            queue_packets: 256,
+            work_ns: 0,
+            work_ps_per_byte: 0,
+            cpu_share: 1.0,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EgressSection {
+    /// Per-VM fast-path queue bound in packets; when full the VM's port is not read (backpressure).
+    pub queue_packets: usize,
+    /// Per shaped class / per limited destination queue bound in packets (excess is dropped).
+    pub shaped_queue_packets: usize,
+    /// Lowest rate a feedback-driven limiter decays to, Mb/s.
+    pub min_rate_mbps: u64,
+}
+impl Default for EgressSection {
+    fn default() -> Self {
+        EgressSection {
+            queue_packets: 512,
+            shaped_queue_packets: 256,
+            min_rate_mbps: 10,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostEntry {
+    pub id: u32,
+    /// Underlay address of the host's uplink (outer IPv4 source/destination).
+    pub underlay_ip: Ipv4Addr,
+    /// Underlay MAC of the host's uplink (static: the lab fabric is one L2 segment).
+    pub mac: Mac,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantEntry {
+    pub name: String,
+    /// Geneve VNI identifying the tenant on the wire (24 bits).
+    pub vni: u32,
+    /// Share of the ingress engine's processing CPU per period (Iron quota), fraction of a core; none = unlimited.
+    #[serde(default)]
+    pub cpu_quota: Option<f64>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmEntry {
+    pub name: String,
+    /// Deployment-wide endpoint id, carried in feedback.
+    pub id: u32,
+    pub tenant: String,
+    /// The host that owns this VM.
+    pub host: u32,
+    pub mac: Mac,
+    pub ip: Ipv4Addr,
+    /// Guaranteed bandwidth (the WFQ weight and the EyeQ B_i), Mb/s.
+    #[serde(default = "default_min_mbps")]
+    pub min_mbps: u64,
+    /// Cap, Mb/s; none = line rate.
+    #[serde(default)]
+    pub max_mbps: Option<u64>,
+    /// The local port (only for VMs on this host).
+    #[serde(default)]
+    pub port: Option<PortEntry>,
+    /// Egress classes shaped to a rate in their own queue (PicNIC 2.1).
+    #[serde(default)]
+    pub shaped: Vec<ShapedClass>,
+}
+fn default_min_mbps() -> u64 {
+    100
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortEntry {
+    pub ifname: String,
+    #[serde(default)]
+    pub backend: BackendKind,
+}
+
+/// Traffic of a VM matching every given field is shaped to `rate_mbps` in its own queue.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShapedClass {
+    #[serde(default)]
+    pub dst_ip: Option<Ipv4Addr>,
+    /// IP protocol number (6 TCP, 17 UDP).
+    #[serde(default)]
+    pub protocol: Option<u8>,
+    #[serde(default)]
+    pub dst_port: Option<u16>,
+    pub rate_mbps: f64,
+}
+
+/// A config that failed validation, naming the field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub field: String,
+    pub problem: String,
+}
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "config field `{}`: {}", self.field, self.problem)
+    }
+}
+impl std::error::Error for ConfigError {}
+
+fn err(field: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+    ConfigError {
+        field: field.into(),
+        problem: problem.into(),
+    }
+}
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> anyhow::Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("cannot read config {}: {e}", path.display()))?;
+        Self::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    }
+
+    /// Parses and validates TOML text.
+    pub fn parse(text: &str) -> anyhow::Result<Config> {
+        let cfg: Config =
+            toml::from_str(text).map_err(|e| anyhow::anyhow!("invalid config: {e}"))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.switch.frame_pool < 256 {
+            return Err(err("switch.frame_pool", "must be at least 256 frames"));
+        }
+        if self.switch.batch == 0 || self.switch.batch > 1024 {
+            return Err(err("switch.batch", "must be in 1..=1024"));
+        }
+        if !(0.0..0.9).contains(&self.ingress.headroom) {
+            return Err(err("ingress.headroom", "must be a fraction in [0, 0.9)"));
+        }
+        if self.ingress.capacity_mbps == 0 {
+            return Err(err("ingress.capacity_mbps", "must be > 0"));
+        }
+        if !(self.ingress.cpu_share > 0.0 && self.ingress.cpu_share <= 64.0) {
+            return Err(err("ingress.cpu_share", "must be > 0 (fraction of a core)"));
+        }
+        if self.ingress.queue_packets == 0 {
+            return Err(err("ingress.queue_packets", "must be > 0"));
+        }
+        if self.egress.queue_packets == 0 || self.egress.shaped_queue_packets == 0 {
+            return Err(err("egress.queue_packets", "queue bounds must be > 0"));
+        }
+        if self.uplink.mtu < 576 + picnic_wire::overlay::ENCAP_OVERHEAD {
+            return Err(err(
+                "uplink.mtu",
+                "too small to carry encapsulated tenant frames",
+            ));
+        }
+        let mut host_ids = HashSet::new();
+        for (i, h) in self.hosts.iter().enumerate() {
+            if !host_ids.insert(h.id) {
+                return Err(err(
+                    format!("hosts[{i}].id"),
+                    format!("duplicate host id {}", h.id),
+                ));
+            }
+        }
+        if !host_ids.contains(&self.switch.host_id) {
+            return Err(err(
+                "switch.host_id",
+                format!("host {} is not listed in [[hosts]]", self.switch.host_id),
+            ));
+        }
+        let mut tenants = HashMap::new();
+        let mut vnis = HashSet::new();
+        for (i, t) in self.tenants.iter().enumerate() {
+            if t.vni == 0 || t.vni >= 1 << 24 {
+                return Err(err(format!("tenants[{i}].vni"), "must be in 1..2^24"));
+            }
+            if !vnis.insert(t.vni) {
+                return Err(err(
+                    format!("tenants[{i}].vni"),
+                    format!("duplicate VNI {}", t.vni),
+                ));
+            }
+            if tenants.insert(t.name.as_str(), i).is_some() {
+                return Err(err(
+                    format!("tenants[{i}].name"),
+                    format!("duplicate tenant '{}'", t.name),
+                ));
+            }
+            if let Some(q) = t.cpu_quota {
+                if !(q > 0.0 && q <= 64.0) {
+                    return Err(err(
+                        format!("tenants[{i}].cpu_quota"),
+                        "must be > 0 (fraction of a core)",
+                    ));
+                }
+            }
+        }
+        let mut ids = HashSet::new();
+        let mut macs = HashSet::new();
+        let mut ifnames = HashSet::new();
+        for (i, v) in self.vms.iter().enumerate() {
+            let f = |name: &str| format!("vms[{i}].{name}");
+            if !tenants.contains_key(v.tenant.as_str()) {
+                return Err(err(f("tenant"), format!("unknown tenant '{}'", v.tenant)));
+            }
+            if !host_ids.contains(&v.host) {
+                return Err(err(f("host"), format!("unknown host {}", v.host)));
+            }
+            if !ids.insert(v.id) {
+                return Err(err(f("id"), format!("duplicate VM id {}", v.id)));
+            }
+            if v.mac.is_multicast() {
+                return Err(err(f("mac"), "must be a unicast MAC"));
+            }
+            if !macs.insert((v.tenant.as_str(), v.mac)) {
+                return Err(err(
+                    f("mac"),
+                    format!("duplicate MAC {} in tenant '{}'", v.mac, v.tenant),
+                ));
+            }
+            if v.min_mbps == 0 {
+                return Err(err(f("min_mbps"), "must be > 0 (it is the VM's weight)"));
+            }
+            if let Some(max) = v.max_mbps {
+                if max < v.min_mbps {
+                    return Err(err(f("max_mbps"), "must be >= min_mbps"));
+                }
+            }
+            match (&v.port, v.host == self.switch.host_id) {
+                (Some(p), true) => {
+                    if p.ifname.is_empty() || p.ifname.len() > 15 {
+                        return Err(err(
+                            f("port.ifname"),
+                            "must be an interface name of 1..=15 bytes",
+                        ));
+                    }
+                    if !ifnames.insert(p.ifname.as_str()) || p.ifname == self.uplink.ifname {
+                        return Err(err(
+                            f("port.ifname"),
+                            format!("'{}' is used by another port", p.ifname),
+                        ));
+                    }
+                }
+                (None, true) => return Err(err(f("port"), "a VM on this host needs a port")),
+                (Some(_), false) => {
+                    return Err(err(f("port"), "only VMs on this host have a port here"))
+                }
+                (None, false) => {}
+            }
+            for (j, s) in v.shaped.iter().enumerate() {
+                if !(s.rate_mbps > 0.0) {
+                    return Err(err(
+                        format!("vms[{i}].shaped[{j}].rate_mbps"),
+                        "must be > 0",
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The entry of this host.
+    pub fn this_host(&self) -> &HostEntry {
+        self.hosts
+            .iter()
+            .find(|h| h.id == self.switch.host_id)
+            .expect("validated")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) const EXAMPLE: &str = r#"
+[switch]
+host_id = 1
+[uplink]
+ifname = "up0"
+[[hosts]]
+id = 1
+underlay_ip = "198.19.0.1"
+mac = "02:00:00:00:01:01"
+[[hosts]]
+id = 2
+underlay_ip = "198.19.0.2"
+mac = "02:00:00:00:01:02"
+[[tenants]]
+name = "a"
+vni = 100
+[[vms]]
+name = "a1"
+id = 1
+tenant = "a"
+host = 1
+mac = "02:00:00:00:00:01"
+ip = "198.18.0.1"
+port = { ifname = "a1" }
+[[vms]]
+name = "a2"
+id = 2
+tenant = "a"
+host = 2
+mac = "02:00:00:00:00:02"
+ip = "198.18.0.2"
+"#;
+
+    #[test]
+    fn example_parses() {
+        let c = Config::parse(EXAMPLE).unwrap();
+        assert_eq!(c.vms.len(), 2);
+        assert!(c.isolation.feedback);
+        assert_eq!(c.this_host().underlay_ip, Ipv4Addr::new(198, 19, 0, 1));
+    }
+
+    fn expect_field(text: &str, field: &str) {
+        let e = Config::parse(text).unwrap_err().to_string();
+        assert!(e.contains(field), "error '{e}' should name '{field}'");
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        expect_field(&EXAMPLE.replace("vni = 100", "vni = 0"), "tenants[0].vni");
+        expect_field(
+            &EXAMPLE.replace("tenant = \"a\"\nhost = 2", "tenant = \"zz\"\nhost = 2"),
+            "vms[1].tenant",
+        );
+        expect_field(
+            &EXAMPLE.replace("02:00:00:00:00:02", "02:00:00:00:00"),
+            "mac",
+        );
+        expect_field(
+            &EXAMPLE.replace("port = { ifname = \"a1\" }", ""),
+            "vms[0].port",
+        );
+        expect_field(
+            &EXAMPLE.replace("host_id = 1", "host_id = 7"),
+            "switch.host_id",
+        );
+        expect_field(&EXAMPLE.replace("[uplink]", "[uplink]\nspeed = 3"), "speed");
+        expect_field(
+            &format!("{EXAMPLE}\n[ingress]\nheadroom = 2.0\n"),
+            "ingress.headroom",
+        );
+    }
+}

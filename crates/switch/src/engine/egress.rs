@@ -1,0 +1,433 @@
+//! Egress engine: frames from tenant ports to local VMs or, encapsulated, to the uplink.
+//!
+//! classify -> anti-spoofing -> (ARP answered here) -> destination lookup in the sender's
+//! tenant -> shaped class or admission limiter (own queue each, PicNIC 2.1) or fast path ->
+//! root WFQ over tenants and VMs weighted by min guarantee, capped by max -> encap -> uplink.
+
+use std::collections::BTreeMap;
+
+use etherparse::{ArpHardwareId, ArpOperation, ArpPacket, EtherType, Ethernet2Header};
+use picnic_core::bucket::{Shaper, TokenBucket};
+use picnic_core::eyeq::Sender;
+use picnic_core::wfq::{Cap, CostKind, QueueId, QueueLimits, Wfq};
+use picnic_core::Instant;
+use picnic_wire::classify::{classify, FrameSummary, Network};
+use picnic_wire::overlay::{entropy_source_port, ENCAP_OVERHEAD};
+
+use super::{sender_config, Engine};
+use crate::config::{Config, Mac};
+use crate::directory::{Directory, PortIdx, VmIdx, UPLINK};
+use crate::frame::{Frame, FramePool};
+use crate::stats::DropReason;
+
+/// A frame on its way to a remote VM: the frame, its destination VM and the outer UDP
+/// source port (flow entropy).
+pub(super) type Outbound = (Frame, VmIdx, u16);
+
+/// What a separately shaped queue of a VM is for.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum ShapeKey {
+    /// The VM's configured shaped class number `k`.
+    Class(usize),
+    /// Traffic to a destination endpoint the receiver asked to slow down (EyeQ 3.3).
+    Destination(u32),
+}
+
+pub struct Egress {
+    wfq: Wfq<Outbound>,
+    /// Leaf queue of each VM (all local VMs share one when egress WFQ is off).
+    queue_of: Vec<Option<QueueId>>,
+    /// Paces the WFQ to the uplink's capacity so the scheduler, not a FIFO downstream,
+    /// decides who goes first.
+    pacer: Option<TokenBucket>,
+    /// Per-destination rates set by receiver feedback (EyeQ sender module).
+    admission: Option<Sender<u32>>,
+    /// Shaped classes and rate-limited destinations, each in its own bounded queue so it
+    /// never blocks the VM's fast path. BTreeMap: deterministic service order.
+    shapers: BTreeMap<(VmIdx, ShapeKey), Shaper<Outbound>>,
+    shaped_queue_packets: usize,
+    next_gc: Instant,
+    /// Frames picked in one poll, before their outer headers are written (reused buffer).
+    scratch: Vec<Outbound>,
+}
+
+/// Burst of a rate limiter: 1 ms at its rate, at least three full frames.
+fn burst_for(rate_bytes: u64) -> u64 {
+    (rate_bytes / 1000).max(3 * 1514)
+}
+
+impl Egress {
+    pub fn new(cfg: &Config, dir: &Directory, now: Instant) -> anyhow::Result<Egress> {
+        let mut wfq = Wfq::with_capacity(CostKind::Bytes, dir.vms.len() + dir.tenants.len() + 2);
+        let limits = QueueLimits {
+            max_packets: cfg.egress.queue_packets as u32,
+            max_bytes: cfg.egress.queue_packets as u64 * 2048,
+        };
+        let mut queue_of = vec![None; dir.vms.len()];
+        let werr = |e| anyhow::anyhow!("egress scheduler: {e:?}");
+        if cfg.isolation.egress_wfq {
+            for (t, _) in dir.tenants.iter().enumerate() {
+                let local: Vec<VmIdx> = dir
+                    .local_vms()
+                    .map(|(v, _)| v)
+                    .filter(|&v| dir.vms[v].tenant == t)
+                    .collect();
+                if local.is_empty() {
+                    continue;
+                }
+                let weight = local
+                    .iter()
+                    .map(|&v| dir.vms[v].min_bps)
+                    .sum::<u64>()
+                    .max(1);
+                let node = wfq.add_node(wfq.root(), weight, None).map_err(werr)?;
+                for v in local {
+                    let vm = &dir.vms[v];
+                    let q = wfq.add_queue(node, vm.min_bps, limits).map_err(werr)?;
+                    if let Some(max) = vm.max_bps {
+                        wfq.set_cap(
+                            now,
+                            q,
+                            Some(Cap {
+                                per_sec: max / 8,
+                                burst: burst_for(max / 8),
+                            }),
+                        )
+                        .map_err(werr)?;
+                    }
+                    queue_of[v] = Some(q);
+                }
+            }
+        } else {
+            let n = dir.local_vms().count().max(1) as u32;
+            let shared = QueueLimits {
+                max_packets: limits.max_packets * n,
+                max_bytes: limits.max_bytes * n as u64,
+            };
+            let q = wfq.add_queue(wfq.root(), 1, shared).map_err(werr)?;
+            for (v, _) in dir.local_vms() {
+                queue_of[v] = Some(q);
+            }
+        }
+        let pacer = cfg
+            .uplink
+            .capacity_mbps
+            .filter(|_| cfg.isolation.egress_wfq)
+            .map(|mbps| {
+                let rate = mbps * 1_000_000 / 8;
+                TokenBucket::new(rate, burst_for(rate), now)
+            });
+        let admission = if cfg.isolation.admission {
+            Some(
+                Sender::new(sender_config(cfg))
+                    .map_err(|e| anyhow::anyhow!("admission control: {e:?}"))?,
+            )
+        } else {
+            None
+        };
+        Ok(Egress {
+            wfq,
+            queue_of,
+            pacer,
+            admission,
+            shapers: BTreeMap::new(),
+            shaped_queue_packets: cfg.egress.shaped_queue_packets,
+            next_gc: now,
+            scratch: Vec::with_capacity(cfg.switch.batch),
+        })
+    }
+
+    pub(super) fn has_room(&self, vm: VmIdx, batch: usize) -> bool {
+        match self.queue_of[vm] {
+            Some(q) => self
+                .wfq
+                .headroom(q)
+                .is_some_and(|h| h.packets as usize >= batch),
+            None => true,
+        }
+    }
+
+    pub(super) fn queue_len(&self, vm: VmIdx) -> usize {
+        let shaped: usize = self
+            .shapers
+            .range((vm, ShapeKey::Class(0))..)
+            .take_while(|((v, _), _)| *v == vm)
+            .map(|(_, s)| s.len())
+            .sum();
+        self.queue_of[vm]
+            .and_then(|q| self.wfq.queue_len(q))
+            .unwrap_or(0)
+            + shaped
+    }
+
+    /// (destination endpoint, bits/s) of every admission limiter applied to `vm`'s traffic.
+    pub(super) fn applied_limits(&self, vm: VmIdx) -> Vec<(u32, u64)> {
+        self.shapers
+            .iter()
+            .filter_map(|((v, key), s)| match key {
+                ShapeKey::Destination(d) if *v == vm => Some((*d, s.bucket().rate() * 8)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Applies congestion feedback from a receiver (EyeQ 3.3).
+    pub(super) fn on_feedback(&mut self, now: Instant, endpoint: u32, rate_bytes: u64, seq: u32) {
+        if let Some(a) = self.admission.as_mut() {
+            a.on_feedback(now, endpoint, rate_bytes, seq);
+        }
+    }
+
+    pub(super) fn poll_at(&self) -> Option<Instant> {
+        let shapers = self.shapers.values().filter_map(|s| s.poll_at()).min();
+        let admission = self.admission.as_ref().and_then(|a| a.poll_at());
+        [self.wfq.poll_at(), shapers, admission]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    pub(super) fn on_timeout(&mut self, now: Instant) {
+        let Some(admission) = self.admission.as_mut() else {
+            return;
+        };
+        if admission.poll_at().is_some_and(|t| t <= now) {
+            admission.on_timeout(now);
+        }
+        // Follow limiter rates (halving without feedback) and drop idle limiter queues.
+        if now >= self.next_gc {
+            self.next_gc = now + picnic_core::Duration::from_millis(1);
+            self.shapers.retain(|(_, key), s| match key {
+                ShapeKey::Destination(d) => match admission.rate_for(*d) {
+                    Some(rate) => {
+                        if s.bucket().rate() != rate {
+                            s.bucket_mut().set_rate(now, rate, burst_for(rate));
+                        }
+                        true
+                    }
+                    None => !s.is_empty(),
+                },
+                ShapeKey::Class(_) => true,
+            });
+        }
+    }
+}
+
+impl Engine {
+    /// A frame sent by local VM `vm` on its port.
+    pub(super) fn from_vm(
+        &mut self,
+        now: Instant,
+        vm: VmIdx,
+        port: PortIdx,
+        frame: Frame,
+        pool: &mut FramePool,
+    ) {
+        let c = &mut self.vm_counters[vm];
+        c.tx_packets += 1;
+        c.tx_bytes += frame.len() as u64;
+        let Ok(summary) = classify(frame.data()) else {
+            return self.drop_frame(pool, frame, Some(vm), DropReason::Malformed);
+        };
+        if self.isolation.anti_spoofing && self.is_spoofed(vm, &summary) {
+            return self.drop_frame(pool, frame, Some(vm), DropReason::Spoofed);
+        }
+        let tenant = self.dir.vms[vm].tenant;
+        if let Network::Arp(arp) = summary.network {
+            // Proxy ARP: the switch knows every address of the tenant (DESIGN.md section 4).
+            let target = self.dir.vm_by_ip(tenant, arp.target_ip);
+            return match (arp.operation, target) {
+                (ArpOperation::REQUEST, Some(w)) => self.answer_arp(frame, port, pool, &arp, w),
+                _ => self.drop_frame(pool, frame, Some(vm), DropReason::UnknownDestination),
+            };
+        }
+        let dst_mac = Mac(summary.dst_mac);
+        let Some(w) = self.dir.vm_by_mac(tenant, dst_mac) else {
+            let reason = if dst_mac.is_multicast() {
+                DropReason::Multicast
+            } else {
+                DropReason::UnknownDestination
+            };
+            return self.drop_frame(pool, frame, Some(vm), reason);
+        };
+        if self.dir.vms[w].port.is_some() {
+            // Same host: straight to the destination's ingress queue and scheduler.
+            return self.to_local_vm(now, w, frame, None, pool);
+        }
+        if frame.len() + ENCAP_OVERHEAD > self.uplink_mtu + 14 {
+            return self.drop_frame(pool, frame, Some(vm), DropReason::TooBig);
+        }
+        let item = (frame, w, entropy_source_port(summary.flow_hash()));
+        let len = item.0.len() as u64;
+        let eg = &mut self.egress;
+        let key = match self.dir.vms[vm]
+            .shaped
+            .iter()
+            .position(|class| class_matches(class, &summary))
+        {
+            Some(k) => Some((
+                ShapeKey::Class(k),
+                (self.dir.vms[vm].shaped[k].rate_mbps * 1e6 / 8.0) as u64,
+            )),
+            None => {
+                let endpoint = self.dir.vms[w].id;
+                eg.admission
+                    .as_ref()
+                    .and_then(|a| a.rate_for(endpoint))
+                    .map(|r| (ShapeKey::Destination(endpoint), r))
+            }
+        };
+        if let Some((key, rate)) = key {
+            let cap = eg.shaped_queue_packets;
+            let shaper = eg.shapers.entry((vm, key)).or_insert_with(|| {
+                Shaper::new(
+                    TokenBucket::new(rate, burst_for(rate), now),
+                    cap,
+                    cap as u64 * 2048,
+                )
+            });
+            // Admission control: in-profile traffic with nothing queued ahead takes the fast
+            // path; the rest waits in the class's own queue (PicNIC 2.1, EyeQ 3.3).
+            let in_profile = matches!(key, ShapeKey::Destination(_))
+                && shaper.is_empty()
+                && shaper.bucket_mut().try_consume(now, len);
+            if !in_profile {
+                return match shaper.enqueue(item, len) {
+                    Ok(()) => (),
+                    Err(item) => {
+                        self.drop_frame(pool, item.0, Some(vm), DropReason::ShapedQueueFull)
+                    }
+                };
+            }
+        }
+        let q = eg.queue_of[vm].expect("every local VM has an egress queue");
+        if let Err(rejected) = eg.wfq.enqueue(now, q, item, len as u32) {
+            self.drop_frame(pool, rejected.item.0, Some(vm), DropReason::EgressQueueFull);
+        }
+    }
+
+    fn is_spoofed(&self, vm: VmIdx, s: &FrameSummary) -> bool {
+        let v = &self.dir.vms[vm];
+        if s.src_mac != v.mac.0 {
+            return true;
+        }
+        match s.network {
+            Network::Ipv4 { src, .. } => src != v.ip,
+            Network::Arp(arp) => arp.sender_mac != v.mac.0 || arp.sender_ip != v.ip,
+            _ => false,
+        }
+    }
+
+    /// Turns an ARP request for tenant VM `target` into the reply and sends it back.
+    fn answer_arp(
+        &mut self,
+        mut frame: Frame,
+        port: PortIdx,
+        pool: &mut FramePool,
+        req: &picnic_wire::classify::ArpSummary,
+        target: VmIdx,
+    ) {
+        let t = &self.dir.vms[target];
+        let reply = ArpPacket::new(
+            ArpHardwareId::ETHERNET,
+            EtherType::IPV4,
+            ArpOperation::REPLY,
+            &t.mac.0,
+            &t.ip.octets(),
+            &req.sender_mac,
+            &req.sender_ip.octets(),
+        );
+        let eth = Ethernet2Header {
+            source: t.mac.0,
+            destination: req.sender_mac,
+            ether_type: EtherType::ARP,
+        };
+        let Ok(reply) = reply else {
+            return pool.put(frame);
+        };
+        let bytes = reply.to_bytes();
+        let buf = frame.buf_for_rx();
+        buf[..14].copy_from_slice(&eth.to_bytes());
+        buf[14..14 + bytes.len()].copy_from_slice(&bytes);
+        // Pad to the Ethernet minimum.
+        let len = (14 + bytes.len()).max(60);
+        buf[14 + bytes.len()..len].fill(0);
+        frame.set_len(len);
+        self.counters.arp_replies += 1;
+        self.tx[port].push(frame);
+    }
+
+    /// Serves shaped queues as their rates allow, then the root WFQ as the uplink allows.
+    pub(super) fn egress_poll(
+        &mut self,
+        now: Instant,
+        budget: usize,
+        pool: &mut FramePool,
+    ) -> usize {
+        let mut picked = std::mem::take(&mut self.egress.scratch);
+        let eg = &mut self.egress;
+        for shaper in eg.shapers.values_mut() {
+            while picked.len() < budget {
+                let Some(item) = shaper.dequeue(now) else {
+                    break;
+                };
+                if let Some(p) = eg.pacer.as_mut() {
+                    p.force_consume(now, item.0.len() as u64);
+                }
+                picked.push(item);
+            }
+        }
+        while picked.len() < budget {
+            if eg.pacer.as_ref().is_some_and(|p| p.available(now) == 0) {
+                break;
+            }
+            let Some(d) = eg.wfq.dequeue(now) else { break };
+            if let Some(p) = eg.pacer.as_mut() {
+                p.force_consume(now, d.len_bytes as u64);
+            }
+            picked.push(d.item);
+        }
+        let done = picked.len();
+        for (mut frame, w, entropy) in picked.drain(..) {
+            let (host, endpoint, tenant) = {
+                let v = &self.dir.vms[w];
+                (v.host, v.id, v.tenant)
+            };
+            let len = frame.len() as u64;
+            if self.encap(
+                &mut frame,
+                host,
+                self.dir.tenants[tenant].vni,
+                entropy,
+                None,
+            ) {
+                if let Some(a) = self.egress.admission.as_mut() {
+                    a.note_sent(now, endpoint, len);
+                }
+                self.counters.uplink_tx_packets += 1;
+                self.tx[UPLINK].push(frame);
+            } else {
+                self.drop_frame(pool, frame, Some(w), DropReason::TooBig);
+            }
+        }
+        self.egress.scratch = picked;
+        done
+    }
+}
+
+fn class_matches(class: &crate::config::ShapedClass, s: &FrameSummary) -> bool {
+    let Network::Ipv4 {
+        dst,
+        protocol,
+        ports,
+        ..
+    } = s.network
+    else {
+        return false;
+    };
+    class.dst_ip.is_none_or(|ip| ip == dst)
+        && class.protocol.is_none_or(|p| p == protocol.0)
+        && class
+            .dst_port
+            .is_none_or(|p| ports.is_some_and(|ports| ports.dst == p))
+}

@@ -1,0 +1,351 @@
+//! Ingress engine: frames from the uplink (and from local VMs) to local VMs.
+//!
+//! decap -> tenant by VNI -> destination VM in that tenant -> Iron admission (a throttled
+//! tenant's frame is dropped before any work, Iron 3.2) -> receiver meters and feedback
+//! (EyeQ 3.2) -> bounded per-VM queue -> CPU-fair WFQ on measured processing cost (PicNIC)
+//! -> processing ([`Work`]) -> delivery.
+//!
+//! The receiver controls two resources, as PicNIC's capacity varies in bytes/s and in
+//! packets/s: the access link (bytes/s, capacity `ingress.capacity_mbps`) and the ingress
+//! engine's CPU (ns of processing per second, one core). Each runs EyeQ's RX scheduler and
+//! RCP per VM; the rate advertised to senders is the smaller of the link rate and the CPU
+//! rate converted to bytes with the VM's measured bytes per ns of processing. So a flood of
+//! small expensive packets is pushed back at its senders even when it uses little bandwidth.
+
+use picnic_core::eyeq::{EndpointConfig, Receiver, ReceiverConfig};
+use picnic_core::iron::Admission;
+use picnic_core::time::NANOS_PER_SEC;
+use picnic_core::wfq::{CostKind, QueueId, QueueLimits, Wfq};
+use picnic_core::{Duration, Instant};
+use picnic_wire::overlay::decap;
+use picnic_wire::Error as WireError;
+
+use super::{Engine, Work};
+use crate::config::{Config, Mac};
+use crate::directory::{Directory, VmIdx};
+use crate::frame::{Frame, FramePool};
+use crate::stats::DropReason;
+
+/// A first guess of a frame's processing cost before anything was measured, ns.
+const INITIAL_COST_ESTIMATE_NS: u64 = 1_000;
+
+pub struct Ingress {
+    wfq: Wfq<(Frame, VmIdx)>,
+    queue_of: Vec<Option<QueueId>>,
+    /// EyeQ receiver over the access link, in bytes/s.
+    link: Option<Receiver<VmIdx>>,
+    /// EyeQ receiver over the ingress engine's CPU, in ns of processing per second.
+    cpu: Option<Receiver<VmIdx>>,
+    /// Per-VM EWMA of processing ns per byte, scaled by 2^16, to convert CPU rates to bytes.
+    ns_per_byte_fp: Vec<u64>,
+    scratch: Vec<(Frame, VmIdx, QueueId, u64)>,
+}
+
+impl Ingress {
+    pub fn new(cfg: &Config, dir: &Directory, now: Instant) -> anyhow::Result<Ingress> {
+        let kind = CostKind::Measured {
+            initial_estimate: INITIAL_COST_ESTIMATE_NS,
+            ewma_shift: 3,
+        };
+        let mut wfq = Wfq::with_capacity(kind, dir.vms.len() + dir.tenants.len() + 2);
+        let limits = QueueLimits {
+            max_packets: cfg.ingress.queue_packets as u32,
+            max_bytes: cfg.ingress.queue_packets as u64 * 2048,
+        };
+        let werr = |e| anyhow::anyhow!("ingress scheduler: {e:?}");
+        let mut queue_of = vec![None; dir.vms.len()];
+        if cfg.isolation.ingress_wfq {
+            for (t, _) in dir.tenants.iter().enumerate() {
+                let local: Vec<VmIdx> = dir
+                    .local_vms()
+                    .map(|(v, _)| v)
+                    .filter(|&v| dir.vms[v].tenant == t)
+                    .collect();
+                if local.is_empty() {
+                    continue;
+                }
+                let weight = local
+                    .iter()
+                    .map(|&v| dir.vms[v].min_bps)
+                    .sum::<u64>()
+                    .max(1);
+                let node = wfq.add_node(wfq.root(), weight, None).map_err(werr)?;
+                for v in local {
+                    queue_of[v] = Some(
+                        wfq.add_queue(node, dir.vms[v].min_bps, limits)
+                            .map_err(werr)?,
+                    );
+                }
+            }
+        } else {
+            // Isolation off: one shared drop-tail FIFO of the same total size.
+            let n = dir.local_vms().count().max(1) as u32;
+            let shared = QueueLimits {
+                max_packets: limits.max_packets * n,
+                max_bytes: limits.max_bytes * n as u64,
+            };
+            let q = wfq.add_queue(wfq.root(), 1, shared).map_err(werr)?;
+            for (v, _) in dir.local_vms() {
+                queue_of[v] = Some(q);
+            }
+        }
+        let (link, cpu) = if cfg.isolation.feedback {
+            let headroom_permille = (cfg.ingress.headroom * 1000.0) as u32;
+            let base = ReceiverConfig {
+                headroom_permille,
+                min_rate: cfg.egress.min_rate_mbps * 1_000_000 / 8,
+                ..Default::default()
+            };
+            let link_cfg = ReceiverConfig {
+                capacity: cfg.ingress.capacity_mbps * 1_000_000 / 8,
+                ..base
+            };
+            // CPU: capacity one core (ns/s); feedback sampled every ~20 us of processing.
+            let cpu_cfg = ReceiverConfig {
+                capacity: NANOS_PER_SEC,
+                feedback_units: 20_000,
+                min_rate: 1,
+                ..base
+            };
+            let rerr = |e| anyhow::anyhow!("receiver rate control: {e:?}");
+            let mut link = Receiver::new(link_cfg, now).map_err(rerr)?;
+            let mut cpu = Receiver::new(cpu_cfg, now).map_err(rerr)?;
+            let total_min: u64 = dir
+                .local_vms()
+                .map(|(v, _)| dir.vms[v].min_bps)
+                .sum::<u64>()
+                .max(1);
+            for (v, _) in dir.local_vms() {
+                let vm = &dir.vms[v];
+                link.add_endpoint(
+                    v,
+                    EndpointConfig {
+                        guarantee: vm.min_bps / 8,
+                        max_rate: vm.max_bps.map(|m| m / 8),
+                    },
+                )
+                .map_err(rerr)?;
+                // CPU guarantee: the VM's share of the core in proportion to its min bandwidth.
+                let share = (NANOS_PER_SEC as u128 * vm.min_bps as u128 / total_min as u128) as u64;
+                cpu.add_endpoint(
+                    v,
+                    EndpointConfig {
+                        guarantee: share.max(1),
+                        max_rate: None,
+                    },
+                )
+                .map_err(rerr)?;
+            }
+            (Some(link), Some(cpu))
+        } else {
+            (None, None)
+        };
+        Ok(Ingress {
+            wfq,
+            queue_of,
+            link,
+            cpu,
+            ns_per_byte_fp: vec![0; dir.vms.len()],
+            scratch: Vec::with_capacity(cfg.switch.batch),
+        })
+    }
+
+    pub(super) fn queue_len(&self, vm: VmIdx) -> usize {
+        self.queue_of[vm]
+            .and_then(|q| self.wfq.queue_len(q))
+            .unwrap_or(0)
+    }
+
+    /// The byte rate advertised for `vm`: the smaller of the link and CPU controllers' rates.
+    pub(super) fn advertised(&self, vm: VmIdx) -> Option<u64> {
+        let link = self
+            .link
+            .as_ref()?
+            .endpoint(vm)
+            .filter(|e| e.active)
+            .map(|e| e.advertised);
+        let cpu = self
+            .cpu
+            .as_ref()?
+            .endpoint(vm)
+            .filter(|e| e.active)
+            .map(|e| e.advertised);
+        let per_byte = self.ns_per_byte_fp[vm];
+        let cpu_bytes = cpu
+            .filter(|_| per_byte > 0)
+            .map(|ns| ((ns as u128) << 16) / per_byte as u128)
+            .map(|b| b.min(u64::MAX as u128) as u64);
+        match (link, cpu_bytes) {
+            (Some(l), Some(c)) => Some(l.min(c)),
+            (l, c) => l.or(c),
+        }
+    }
+
+    pub(super) fn poll_at(&self) -> Option<Instant> {
+        [
+            self.wfq.poll_at(),
+            self.link.as_ref().and_then(|r| r.poll_at()),
+            self.cpu.as_ref().and_then(|r| r.poll_at()),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    pub(super) fn on_timeout(&mut self, now: Instant) {
+        for r in [self.link.as_mut(), self.cpu.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            if r.poll_at().is_some_and(|t| t <= now) {
+                r.on_timeout(now);
+            }
+        }
+    }
+}
+
+impl Engine {
+    /// A frame from the uplink: overlay traffic for a local VM, or feedback for our senders.
+    pub(super) fn from_uplink(&mut self, now: Instant, mut frame: Frame, pool: &mut FramePool) {
+        self.counters.uplink_rx_packets += 1;
+        let (vni, feedback, src_ip, inner_offset, standalone) = match decap(frame.data()) {
+            Ok(d) => (
+                d.geneve.vni,
+                d.geneve.feedback,
+                d.outer_src_ip,
+                frame.len() - d.inner.len(),
+                d.geneve.is_standalone_feedback(),
+            ),
+            Err(WireError::NotGeneve) => {
+                return self.drop_frame(pool, frame, None, DropReason::NotOverlay)
+            }
+            Err(_) => return self.drop_frame(pool, frame, None, DropReason::Malformed),
+        };
+        if let Some(fb) = feedback {
+            self.counters.feedback_received += 1;
+            self.egress
+                .on_feedback(now, fb.dst_endpoint, fb.rate_bps / 8, fb.seq);
+        }
+        if standalone {
+            return pool.put(frame);
+        }
+        let Some(tenant) = self.dir.tenant_by_vni(vni) else {
+            return self.drop_frame(pool, frame, None, DropReason::UnknownVni);
+        };
+        let Some(source) = self.dir.host_by_underlay(src_ip) else {
+            return self.drop_frame(pool, frame, None, DropReason::UnknownHost);
+        };
+        let inner = &frame.data()[inner_offset..];
+        if inner.len() < 14 {
+            return self.drop_frame(pool, frame, None, DropReason::Malformed);
+        }
+        let dst = Mac(inner[0..6].try_into().expect("length checked"));
+        // Lookup within the VNI's tenant only: no frame can reach another tenant's VM.
+        let Some(w) = self
+            .dir
+            .vm_by_mac(tenant, dst)
+            .filter(|&w| self.dir.vms[w].port.is_some())
+        else {
+            return self.drop_frame(pool, frame, None, DropReason::UnknownDestination);
+        };
+        frame.strip_front(inner_offset);
+        self.to_local_vm(now, w, frame, Some(source), pool);
+    }
+
+    /// Queues a frame for local VM `w`; `source` is the sending host for remote frames.
+    pub(super) fn to_local_vm(
+        &mut self,
+        now: Instant,
+        w: VmIdx,
+        frame: Frame,
+        source: Option<u32>,
+        pool: &mut FramePool,
+    ) {
+        let tenant = self.dir.vms[w].tenant;
+        if let (Some(iron), Some(account)) = (self.iron.as_mut(), self.iron_index[tenant]) {
+            if !matches!(iron.admit(now, account), Ok(Admission::Admit)) {
+                return self.drop_frame(pool, frame, Some(w), DropReason::CpuThrottled);
+            }
+        }
+        let len = frame.len() as u64;
+        if let Some(source) = source {
+            self.meter_and_feedback(now, w, source, len, pool);
+        }
+        let q = self.ingress.queue_of[w].expect("every local VM has an ingress queue");
+        if let Err(rejected) = self.ingress.wfq.enqueue(now, q, (frame, w), len as u32) {
+            self.drop_frame(pool, rejected.item.0, Some(w), DropReason::IngressQueueFull);
+        }
+    }
+
+    /// EyeQ 3.2: meter the arrival against both resources; when sampled, tell the sender.
+    fn meter_and_feedback(
+        &mut self,
+        now: Instant,
+        w: VmIdx,
+        source: u32,
+        len: u64,
+        pool: &mut FramePool,
+    ) {
+        let ing = &mut self.ingress;
+        let (Some(link), Some(cpu)) = (ing.link.as_mut(), ing.cpu.as_mut()) else {
+            return;
+        };
+        let est_cost = ing.queue_of[w]
+            .and_then(|q| ing.wfq.estimate(q))
+            .unwrap_or(INITIAL_COST_ESTIMATE_NS);
+        let sampled_link = link.on_packet(now, w, source, len).ok().flatten();
+        let sampled_cpu = cpu.on_packet(now, w, source, est_cost).ok().flatten();
+        let seq = match (sampled_link, sampled_cpu) {
+            (Some(a), _) => a.seq,
+            (None, Some(b)) => b.seq,
+            (None, None) => return,
+        };
+        if let Some(rate) = self.ingress.advertised(w) {
+            self.send_feedback(pool, source, w, rate, seq);
+        }
+    }
+
+    /// Processes up to `budget` queued frames in WFQ order and hands them to their ports.
+    pub(super) fn ingress_poll(
+        &mut self,
+        now: Instant,
+        budget: usize,
+        work: &mut dyn Work,
+        _pool: &mut FramePool,
+    ) -> usize {
+        let mut done = std::mem::take(&mut self.ingress.scratch);
+        while done.len() < budget {
+            let Some(d) = self.ingress.wfq.dequeue(now) else {
+                break;
+            };
+            let (frame, w) = d.item;
+            done.push((frame, w, d.queue, d.cost));
+        }
+        let n = done.len();
+        for (mut frame, w, queue, estimate) in done.drain(..) {
+            let tenant = self.dir.vms[w].tenant;
+            let len = frame.len() as u64;
+            let cost = work.process(tenant, &mut frame).max(1);
+            // PicNIC CPU-fair WFQ: settle the estimate with the measured cost.
+            let _ = self.ingress.wfq.settle(queue, estimate, cost);
+            if let (Some(iron), Some(account)) = (self.iron.as_mut(), self.iron_index[tenant]) {
+                let _ = iron.charge(now, account, Duration::from_nanos(cost));
+            }
+            let per_byte = &mut self.ingress.ns_per_byte_fp[w];
+            let sample = (cost << 16) / len.max(1);
+            *per_byte = if *per_byte == 0 {
+                sample
+            } else {
+                *per_byte - (*per_byte >> 3) + (sample >> 3)
+            };
+            let c = &mut self.vm_counters[w];
+            c.rx_packets += 1;
+            c.rx_bytes += len;
+            c.cost_ns += cost;
+            let port = self.dir.vms[w].port.expect("queued only for local VMs");
+            self.tx[port].push(frame);
+        }
+        self.ingress.scratch = done;
+        n
+    }
+}

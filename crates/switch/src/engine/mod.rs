@@ -1,0 +1,369 @@
+//! The switch's packet engines, sans-I/O (DESIGN.md section 2): they take batches of frames
+//! and `now`, and leave frames to send in per-port transmit queues; only the port backends
+//! and the run loop touch the OS, so the simulator can drive exactly this code.
+//!
+//! Egress (PicNIC Fig. 1): classify -> policy -> admission control -> per-VM queues -> root
+//! WFQ -> encap -> uplink. Ingress: decap -> classify -> per-VM bounded queue -> CPU-fair WFQ
+//! -> deliver, with rate meters, RX scheduler and RCP producing feedback (EyeQ 3.2-3.4).
+//!
+//! Cheap before expensive (DESIGN.md section 4): before a frame is queued the engines only
+//! parse headers and look up tables; the per-packet processing cost (synthetic rule
+//! evaluation, delivery) is spent after the scheduler chose the frame, and is measured by the
+//! caller's [`Work`] so it can be charged to the tenant it was spent for (Iron 3).
+
+mod egress;
+mod ingress;
+
+use picnic_core::eyeq;
+use picnic_core::iron::{CpuAccounts, IronConfig};
+use picnic_core::{Duration, Instant};
+use picnic_wire::feedback::{standalone_feedback, FeedbackOption};
+use picnic_wire::geneve::GeneveRepr;
+use picnic_wire::overlay::{encap_headers, encap_headers_len, OuterHeaders};
+use serde::Serialize;
+
+use crate::config::{Config, Isolation, Mac};
+use crate::directory::{Directory, PortIdx, TenantIdx, VmIdx, UPLINK};
+use crate::frame::{Frame, FramePool};
+use crate::stats::{DropReason, SwitchCounters, VmCounters};
+
+pub use egress::Egress;
+pub use ingress::Ingress;
+
+/// The expensive per-packet processing done after the ingress scheduler picked a frame
+/// (policy rules, copies, synthetic work). Returns the processing cost in ns to charge.
+/// The switch measures real CPU time; the simulator returns a modelled cost.
+pub trait Work {
+    fn process(&mut self, tenant: TenantIdx, frame: &mut Frame) -> u64;
+}
+
+/// How long after the last feedback a sender's limiter halves, and the Iron period.
+const FEEDBACK_TIMEOUT: Duration = Duration::from_millis(100);
+const IRON_PERIOD: Duration = Duration::from_millis(10);
+
+/// Both engines of one host plus the tables they share.
+pub struct Engine {
+    pub dir: Directory,
+    pub isolation: Isolation,
+    host_id: u32,
+    uplink_mtu: usize,
+    egress: Egress,
+    ingress: Ingress,
+    /// Per-tenant processing-CPU accounts (Iron); `iron_index[t]` is the tenant's account.
+    iron: Option<CpuAccounts>,
+    iron_index: Vec<Option<usize>>,
+    /// Frames waiting for each port's transmit, filled by the engines, drained by the caller.
+    tx: Vec<Vec<Frame>>,
+    pub vm_counters: Vec<VmCounters>,
+    pub counters: SwitchCounters,
+}
+
+impl Engine {
+    /// Builds the engines for a validated config, starting at `now`.
+    pub fn new(cfg: &Config, now: Instant) -> anyhow::Result<Engine> {
+        let dir = Directory::from_config(cfg);
+        let egress = Egress::new(cfg, &dir, now)?;
+        let ingress = Ingress::new(cfg, &dir, now)?;
+        let mut iron_index = vec![None; dir.tenants.len()];
+        let iron = if cfg.isolation.cpu_accounting
+            && dir.tenants.iter().any(|t| t.cpu_quota.is_some())
+        {
+            let mut accounts = CpuAccounts::new(
+                now,
+                IronConfig {
+                    period: IRON_PERIOD,
+                    early_drop_percent: Some(10),
+                },
+            )
+            .map_err(|e| anyhow::anyhow!("cpu accounting: {e}"))?;
+            for (t, tenant) in dir.tenants.iter().enumerate() {
+                if let Some(q) = tenant.cpu_quota {
+                    let quota = Duration::from_nanos((IRON_PERIOD.as_nanos() as f64 * q) as u64);
+                    iron_index[t] = Some(
+                        accounts
+                            .add_tenant(quota)
+                            .map_err(|e| anyhow::anyhow!("tenants[{t}].cpu_quota: {e}"))?,
+                    );
+                }
+            }
+            Some(accounts)
+        } else {
+            None
+        };
+        let ports = dir.port_count();
+        Ok(Engine {
+            vm_counters: vec![VmCounters::default(); dir.vms.len()],
+            dir,
+            isolation: cfg.isolation.clone(),
+            host_id: cfg.switch.host_id,
+            uplink_mtu: cfg.uplink.mtu,
+            egress,
+            ingress,
+            iron,
+            iron_index,
+            tx: (0..ports)
+                .map(|_| Vec::with_capacity(cfg.switch.batch * 2))
+                .collect(),
+            counters: SwitchCounters::default(),
+        })
+    }
+
+    /// Whether the caller should read `port` now. A VM port whose egress queue cannot take
+    /// another batch is not read (backpressure: the VM's frames wait in its own ring rather
+    /// than being dropped here, PicNIC 2.1).
+    pub fn rx_ready(&self, port: PortIdx, batch: usize) -> bool {
+        match self.dir.port_vm.get(port) {
+            Some(Some(vm)) => self.egress.has_room(*vm, batch),
+            _ => true,
+        }
+    }
+
+    /// Takes the frames received on `port`: classifies, polices and queues or drops each.
+    pub fn on_frames(
+        &mut self,
+        now: Instant,
+        port: PortIdx,
+        frames: &mut Vec<Frame>,
+        pool: &mut FramePool,
+    ) {
+        for frame in frames.drain(..) {
+            if port == UPLINK {
+                self.from_uplink(now, frame, pool);
+            } else if let Some(Some(vm)) = self.dir.port_vm.get(port).copied() {
+                self.from_vm(now, vm, port, frame, pool);
+            } else {
+                pool.put(frame);
+            }
+        }
+    }
+
+    /// Runs the schedulers: up to `budget` frames of each direction are processed and moved
+    /// to transmit queues. Returns how many frames were processed.
+    pub fn poll(
+        &mut self,
+        now: Instant,
+        budget: usize,
+        work: &mut dyn Work,
+        pool: &mut FramePool,
+    ) -> usize {
+        self.on_timeout(now);
+        let mut done = self.egress_poll(now, budget, pool);
+        done += self.ingress_poll(now, budget, work, pool);
+        done
+    }
+
+    /// Frames waiting to be sent on `port`.
+    pub fn tx_queue(&mut self, port: PortIdx) -> &mut Vec<Frame> {
+        &mut self.tx[port]
+    }
+
+    /// The earliest time something becomes due without new input (a shaper's head becomes
+    /// sendable, a cap lifts, a meter window closes, a quota period starts).
+    pub fn poll_at(&self) -> Option<Instant> {
+        let iron = self.iron.as_ref().and_then(|i| i.poll_at());
+        [self.egress.poll_at(), self.ingress.poll_at(), iron]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    fn on_timeout(&mut self, now: Instant) {
+        self.egress.on_timeout(now);
+        self.ingress.on_timeout(now);
+        if let Some(iron) = self.iron.as_mut() {
+            iron.on_timeout(now);
+        }
+    }
+
+    fn drop_frame(
+        &mut self,
+        pool: &mut FramePool,
+        frame: Frame,
+        vm: Option<VmIdx>,
+        reason: DropReason,
+    ) {
+        match vm {
+            Some(v) => self.vm_counters[v].drops.add(reason),
+            None => self.counters.drops.add(reason),
+        }
+        pool.put(frame);
+    }
+
+    /// Writes the outer headers for a frame to a remote VM's host in front of the frame.
+    fn encap(
+        &self,
+        frame: &mut Frame,
+        dst_host: u32,
+        vni: u32,
+        entropy: u16,
+        feedback: Option<FeedbackOption>,
+    ) -> bool {
+        let (Some(me), Some(peer)) = (
+            self.dir.hosts.get(&self.host_id),
+            self.dir.hosts.get(&dst_host),
+        ) else {
+            return false;
+        };
+        let outer = OuterHeaders {
+            src_mac: me.mac.0,
+            dst_mac: peer.mac.0,
+            src_ip: me.underlay_ip,
+            dst_ip: peer.underlay_ip,
+            src_port: entropy,
+            ttl: 64,
+        };
+        let mut geneve = GeneveRepr::ethernet(vni);
+        geneve.feedback = feedback;
+        let inner_len = frame.len();
+        let headers = encap_headers_len(&geneve);
+        match frame.prepend(headers) {
+            Some(out) => encap_headers(&outer, &geneve, inner_len, out).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Sends congestion feedback about local VM `vm` to host `to` in a standalone packet.
+    fn send_feedback(
+        &mut self,
+        pool: &mut FramePool,
+        to: u32,
+        vm: VmIdx,
+        rate_bytes_per_sec: u64,
+        seq: u32,
+    ) {
+        let Some(mut frame) = pool.get() else {
+            self.counters.drops.add(DropReason::NoBuffer);
+            return;
+        };
+        let v = &self.dir.vms[vm];
+        let fb = FeedbackOption {
+            dst_endpoint: v.id,
+            rate_bps: rate_bytes_per_sec.saturating_mul(8),
+            seq,
+        };
+        let geneve = standalone_feedback(self.dir.tenants[v.tenant].vni, fb);
+        let (Some(me), Some(peer)) = (self.dir.hosts.get(&self.host_id), self.dir.hosts.get(&to))
+        else {
+            pool.put(frame);
+            return;
+        };
+        let outer = OuterHeaders {
+            src_mac: me.mac.0,
+            dst_mac: peer.mac.0,
+            src_ip: me.underlay_ip,
+            dst_ip: peer.underlay_ip,
+            src_port: picnic_wire::overlay::entropy_source_port(v.id),
+            ttl: 64,
+        };
+        match picnic_wire::overlay::encap(&outer, &geneve, &[], frame.buf_for_rx()) {
+            Ok(n) => {
+                frame.set_len(n);
+                self.counters.feedback_sent += 1;
+                self.tx[UPLINK].push(frame);
+            }
+            Err(_) => pool.put(frame),
+        }
+    }
+
+    /// A serializable view of every counter and mechanism state, for the API and metrics.
+    pub fn snapshot(&self) -> Snapshot {
+        let vms = self
+            .dir
+            .vms
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.port.is_some())
+            .map(|(i, v)| VmSnapshot {
+                name: v.name.clone(),
+                id: v.id,
+                tenant: self.dir.tenants[v.tenant].name.clone(),
+                mac: v.mac,
+                counters: self.vm_counters[i].clone(),
+                egress_queue: self.egress.queue_len(i),
+                ingress_queue: self.ingress.queue_len(i),
+                advertised_bps: self.ingress.advertised(i).map(|r| r * 8),
+                applied_limits: self.egress.applied_limits(i),
+            })
+            .collect();
+        let tenants = self
+            .dir
+            .tenants
+            .iter()
+            .enumerate()
+            .map(|(t, tenant)| {
+                let stats = self
+                    .iron
+                    .as_ref()
+                    .zip(self.iron_index[t])
+                    .and_then(|(iron, i)| iron.stats(i).ok());
+                TenantSnapshot {
+                    name: tenant.name.clone(),
+                    vni: tenant.vni,
+                    cost_ns: self
+                        .dir
+                        .vms
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, v)| v.tenant == t)
+                        .map(|(i, _)| self.vm_counters[i].cost_ns)
+                        .sum(),
+                    cpu_throttle_drops: stats
+                        .map(|s| s.throttle_drops + s.early_drops)
+                        .unwrap_or(0),
+                    cpu_charged_ns: stats.map(|s| s.charged_ns).unwrap_or(0),
+                }
+            })
+            .collect();
+        Snapshot {
+            host_id: self.host_id,
+            vms,
+            tenants,
+            switch: self.counters.clone(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Snapshot {
+    pub host_id: u32,
+    pub vms: Vec<VmSnapshot>,
+    pub tenants: Vec<TenantSnapshot>,
+    pub switch: SwitchCounters,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct VmSnapshot {
+    pub name: String,
+    pub id: u32,
+    pub tenant: String,
+    pub mac: Mac,
+    pub counters: VmCounters,
+    pub egress_queue: usize,
+    pub ingress_queue: usize,
+    /// Rate this host advertises to senders of this VM (EyeQ R_i), bits/s.
+    pub advertised_bps: Option<u64>,
+    /// Limits applied by this host to this VM's traffic towards congested destinations:
+    /// (destination endpoint id, bits/s).
+    pub applied_limits: Vec<(u32, u64)>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TenantSnapshot {
+    pub name: String,
+    pub vni: u32,
+    pub cost_ns: u64,
+    pub cpu_throttle_drops: u64,
+    pub cpu_charged_ns: u64,
+}
+
+/// EyeQ sender configuration used by the egress engine.
+fn sender_config(cfg: &Config) -> eyeq::SenderConfig {
+    eyeq::SenderConfig {
+        feedback_timeout: FEEDBACK_TIMEOUT,
+        floor: cfg.egress.min_rate_mbps * 1_000_000 / 8,
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests;

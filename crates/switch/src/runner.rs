@@ -1,0 +1,333 @@
+//! The run loop: the only part of the switch that reads the clock, touches ports and waits.
+//!
+//! One thread polls every port in turn (a VM port only when its egress queue has room:
+//! backpressure), hands frames to the engines, runs the schedulers and sends what they
+//! produced. When there is nothing to do it spins for `spin_us`, then blocks on the ports'
+//! descriptors until the engines' next deadline (several switches share 2 cores in the lab,
+//! so an idle switch must not burn a core; DESIGN.md section 7: sleeps overshoot by ~100 us).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Instant as StdInstant;
+
+use anyhow::Context;
+use picnic_core::{Duration, Instant};
+
+use crate::config::{BackendKind, Config};
+use crate::directory::{PortIdx, TenantIdx};
+use crate::engine::{Engine, Snapshot, Work};
+use crate::frame::{Frame, FramePool};
+use crate::port::{wait_readable, AfPacketOptions, AfPacketPort, Port, PortStats, TapPort};
+use crate::stats::DropReason;
+
+/// Monotonic nanoseconds since the switch started, as the engines' `now`.
+#[derive(Clone, Copy)]
+pub struct Clock(StdInstant);
+impl Clock {
+    pub fn new() -> Clock {
+        Clock(StdInstant::now())
+    }
+    pub fn now(&self) -> Instant {
+        Instant::from_nanos(self.0.elapsed().as_nanos() as u64)
+    }
+}
+impl Default for Clock {
+    fn default() -> Self {
+        Clock::new()
+    }
+}
+
+/// The real processing step: the configured synthetic cost (spinning, as a heavy rule set
+/// would), measured with the clock so the tenant is charged what it actually took.
+pub struct SpinWork {
+    clock: Clock,
+    work_ns: u64,
+    work_ps_per_byte: u64,
+}
+impl Work for SpinWork {
+    fn process(&mut self, _tenant: TenantIdx, frame: &mut Frame) -> u64 {
+        let start = self.clock.now();
+        let target = self.work_ns + self.work_ps_per_byte * frame.len() as u64 / 1000;
+        if target > 0 {
+            while (self.clock.now() - start).as_nanos() < target {
+                std::hint::spin_loop();
+            }
+        }
+        (self.clock.now() - start).as_nanos()
+    }
+}
+
+/// A request from the control API, applied by the loop between batches.
+pub enum Command {
+    /// Replace the configuration (tenants, VMs, hosts); ports are opened/closed to match.
+    Reconfigure(Box<Config>, mpsc::Sender<anyhow::Result<()>>),
+}
+
+/// Shared with the API thread: the latest snapshot and the current config.
+#[derive(Default)]
+pub struct Shared {
+    pub snapshot: Mutex<Option<(Snapshot, Vec<(String, PortStats)>)>>,
+    pub config: Mutex<Option<Config>>,
+}
+
+pub struct Switch {
+    cfg: Config,
+    engine: Engine,
+    ports: Vec<Box<dyn Port>>,
+    pool: FramePool,
+    clock: Clock,
+    work: SpinWork,
+    stop: Arc<AtomicBool>,
+    shared: Arc<Shared>,
+    commands: Option<mpsc::Receiver<Command>>,
+}
+
+/// Opens a port with the backend the config names, with an error that says what to fix.
+pub fn open_port(ifname: &str, backend: BackendKind, field: &str) -> anyhow::Result<Box<dyn Port>> {
+    let port: Box<dyn Port> = match backend {
+        BackendKind::AfPacket => Box::new(
+            AfPacketPort::open(ifname, AfPacketOptions::default())
+                .with_context(|| format!("{field}: cannot open '{ifname}'"))?,
+        ),
+        BackendKind::Tap => Box::new(
+            TapPort::open(ifname)
+                .with_context(|| format!("{field}: cannot open TAP '{ifname}'"))?,
+        ),
+    };
+    Ok(port)
+}
+
+impl Switch {
+    /// Opens every port of the config and builds the engines. Prints the backend of each port.
+    pub fn open(cfg: Config) -> anyhow::Result<Switch> {
+        let clock = Clock::new();
+        let engine = Engine::new(&cfg, clock.now())?;
+        let mut ports = vec![open_port(
+            &cfg.uplink.ifname,
+            cfg.uplink.backend,
+            "uplink.ifname",
+        )?];
+        for (i, vm) in cfg.vms.iter().enumerate() {
+            if let Some(p) = vm.port.as_ref().filter(|_| vm.host == cfg.switch.host_id) {
+                ports.push(open_port(
+                    &p.ifname,
+                    p.backend,
+                    &format!("vms[{i}].port.ifname"),
+                )?);
+            }
+        }
+        Ok(Self::with_ports(cfg, engine, ports, clock))
+    }
+
+    /// Builds a switch over already opened ports (port 0 the uplink, then local VMs in config
+    /// order): the in-memory ports of tests use this.
+    pub fn with_ports(
+        cfg: Config,
+        engine: Engine,
+        ports: Vec<Box<dyn Port>>,
+        clock: Clock,
+    ) -> Switch {
+        let work = SpinWork {
+            clock,
+            work_ns: cfg.ingress.work_ns,
+            work_ps_per_byte: cfg.ingress.work_ps_per_byte,
+        };
+        Switch {
+            pool: FramePool::new(cfg.switch.frame_pool),
+            engine,
+            ports,
+            clock,
+            work,
+            stop: Arc::new(AtomicBool::new(false)),
+            shared: Arc::new(Shared::default()),
+            commands: None,
+            cfg,
+        }
+    }
+
+    pub fn describe_ports(&self) -> Vec<String> {
+        self.ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("port {i} {}: {}", p.name(), p.backend()))
+            .collect()
+    }
+
+    /// Set to true to make [`Switch::run`] return.
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        self.stop.clone()
+    }
+    pub fn shared(&self) -> Arc<Shared> {
+        self.shared.clone()
+    }
+    pub fn command_channel(&mut self) -> mpsc::Sender<Command> {
+        let (tx, rx) = mpsc::channel();
+        self.commands = Some(rx);
+        tx
+    }
+
+    /// Runs until the stop flag is set. Port errors other than would-block end the run.
+    pub fn run(&mut self) -> anyhow::Result<()> {
+        let batch = self.cfg.switch.batch;
+        let spin = Duration::from_micros(self.cfg.switch.spin_us);
+        let mut rx: Vec<Frame> = Vec::with_capacity(batch);
+        let mut last_work = self.clock.now();
+        let mut next_publish = last_work;
+        let mut fds = Vec::new();
+        *self.shared.config.lock().unwrap() = Some(self.cfg.clone());
+        while !self.stop.load(Ordering::Relaxed) {
+            let now = self.clock.now();
+            let mut busy = 0;
+            for p in 0..self.ports.len() {
+                if !self.engine.rx_ready(p, batch) {
+                    continue;
+                }
+                let n = self.ports[p]
+                    .recv_batch(&mut self.pool, &mut rx, batch)
+                    .with_context(|| format!("receive on {}", self.ports[p].name()))?;
+                if n > 0 {
+                    self.engine.on_frames(now, p, &mut rx, &mut self.pool);
+                    busy += n;
+                }
+            }
+            busy += self.engine.poll(now, batch, &mut self.work, &mut self.pool);
+            self.transmit()?;
+            if busy > 0 {
+                last_work = now;
+            } else if now - last_work >= spin {
+                let until = self
+                    .engine
+                    .poll_at()
+                    .map(|t| t - now)
+                    .unwrap_or(Duration::from_millis(5));
+                let timeout = until.min(Duration::from_millis(5));
+                fds.clear();
+                fds.extend(self.ports.iter().filter_map(|p| p.raw_fd()));
+                wait_readable(&fds, std::time::Duration::from_nanos(timeout.as_nanos()))?;
+            }
+            if now >= next_publish {
+                next_publish = now + Duration::from_millis(100);
+                self.publish();
+                self.apply_commands();
+            }
+        }
+        self.publish();
+        Ok(())
+    }
+
+    fn transmit(&mut self) -> anyhow::Result<()> {
+        let limit = self.cfg.switch.batch * 4;
+        for p in 0..self.ports.len() {
+            let q = self.engine.tx_queue(p);
+            if q.is_empty() {
+                continue;
+            }
+            self.ports[p]
+                .send_batch(q, &mut self.pool)
+                .with_context(|| format!("send on {}", self.ports[p].name()))?;
+            // A port that cannot keep up must not make memory grow: drop its oldest excess.
+            let q = self.engine.tx_queue(p);
+            if q.len() > limit {
+                let excess = q.len() - limit;
+                for f in q.drain(..excess) {
+                    self.pool.put(f);
+                }
+                for _ in 0..excess {
+                    self.engine.counters.drops.add(DropReason::NoBuffer);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn publish(&mut self) {
+        let ports = self
+            .ports
+            .iter()
+            .map(|p| (p.name().to_string(), p.stats()))
+            .collect();
+        *self.shared.snapshot.lock().unwrap() = Some((self.engine.snapshot(), ports));
+    }
+
+    fn apply_commands(&mut self) {
+        let Some(rx) = self.commands.take() else {
+            return;
+        };
+        while let Ok(cmd) = rx.try_recv() {
+            match cmd {
+                Command::Reconfigure(cfg, reply) => {
+                    let result = self.reconfigure(*cfg);
+                    let _ = reply.send(result);
+                }
+            }
+        }
+        self.commands = Some(rx);
+    }
+
+    /// Rebuilds the engines for a new config, keeping ports that stay and opening new ones.
+    /// Frames queued in the old engines are released; counters of VMs that stay carry over.
+    fn reconfigure(&mut self, cfg: Config) -> anyhow::Result<()> {
+        cfg.validate()?;
+        if cfg.uplink.ifname != self.cfg.uplink.ifname
+            || cfg.switch.host_id != self.cfg.switch.host_id
+        {
+            anyhow::bail!("uplink and host_id cannot change live; restart the switch");
+        }
+        let mut old: Vec<Option<Box<dyn Port>>> = std::mem::take(&mut self.ports)
+            .into_iter()
+            .map(Some)
+            .collect();
+        let mut ports: Vec<Box<dyn Port>> = vec![old[0].take().expect("uplink")];
+        for (i, vm) in cfg.vms.iter().enumerate() {
+            if let Some(p) = vm.port.as_ref().filter(|_| vm.host == cfg.switch.host_id) {
+                let reuse = old
+                    .iter_mut()
+                    .position(|o| o.as_ref().is_some_and(|o| o.name() == p.ifname));
+                match reuse {
+                    Some(j) => ports.push(old[j].take().expect("present")),
+                    None => match open_port(&p.ifname, p.backend, &format!("vms[{i}].port.ifname"))
+                    {
+                        Ok(port) => ports.push(port),
+                        Err(e) => {
+                            // Put everything back as it was.
+                            let mut restored: Vec<Box<dyn Port>> = Vec::new();
+                            let mut rest = ports.into_iter();
+                            restored.push(rest.next().expect("uplink"));
+                            let mut rest: Vec<Box<dyn Port>> = rest.collect();
+                            for o in old.into_iter().skip(1) {
+                                match o {
+                                    Some(p) => restored.push(p),
+                                    None => restored.push(rest.remove(0)),
+                                }
+                            }
+                            self.ports = restored;
+                            return Err(e);
+                        }
+                    },
+                }
+            }
+        }
+        let mut engine = Engine::new(&cfg, self.clock.now())?;
+        for (i, vm) in engine.dir.vms.iter().enumerate() {
+            if let Some(j) = self.engine.dir.vms.iter().position(|o| o.name == vm.name) {
+                engine.vm_counters[i] = self.engine.vm_counters[j].clone();
+            }
+        }
+        engine.counters = self.engine.counters.clone();
+        let mut old_engine = std::mem::replace(&mut self.engine, engine);
+        for p in 0..old_engine.dir.port_count() {
+            for f in old_engine.tx_queue(p).drain(..) {
+                self.pool.put(f);
+            }
+        }
+        drop(old_engine);
+        self.ports = ports;
+        *self.shared.config.lock().unwrap() = Some(cfg.clone());
+        self.cfg = cfg;
+        Ok(())
+    }
+
+    pub fn port_index(&self, name: &str) -> Option<PortIdx> {
+        self.ports.iter().position(|p| p.name() == name)
+    }
+}

@@ -1,0 +1,116 @@
+//! Counters the engines keep: per VM, per tenant and per drop reason.
+//! Plain integers updated in the hot path; the API thread reads snapshots.
+
+use serde::Serialize;
+
+/// Why a frame was dropped. Every drop has exactly one reason.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DropReason {
+    /// Unparseable frame (truncated, bad lengths, garbage Geneve).
+    Malformed,
+    /// A tenant port sent with a MAC/IP that is not its own.
+    Spoofed,
+    /// No VM with that destination in the sender's tenant.
+    UnknownDestination,
+    /// Overlay frame with a VNI no tenant owns.
+    UnknownVni,
+    /// Broadcast/multicast other than ARP (not forwarded between tenants' VMs).
+    Multicast,
+    /// Non-overlay frame on the uplink.
+    NotOverlay,
+    /// Overlay frame from an underlay address that is no known host.
+    UnknownHost,
+    /// Frame would not fit the underlay MTU after encapsulation.
+    TooBig,
+    /// The VM's egress queue was full (only when the port could not be backpressured).
+    EgressQueueFull,
+    /// A shaped class's or rate-limited destination's queue was full.
+    ShapedQueueFull,
+    /// The destination VM's ingress queue was full.
+    IngressQueueFull,
+    /// The tenant had exhausted its processing-CPU quota (Iron: dropped before any work).
+    CpuThrottled,
+    /// No free frame buffer (pool exhausted).
+    NoBuffer,
+}
+
+impl DropReason {
+    pub const ALL: [DropReason; 13] = [
+        DropReason::Malformed,
+        DropReason::Spoofed,
+        DropReason::UnknownDestination,
+        DropReason::UnknownVni,
+        DropReason::Multicast,
+        DropReason::NotOverlay,
+        DropReason::UnknownHost,
+        DropReason::TooBig,
+        DropReason::EgressQueueFull,
+        DropReason::ShapedQueueFull,
+        DropReason::IngressQueueFull,
+        DropReason::CpuThrottled,
+        DropReason::NoBuffer,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropReason::Malformed => "malformed",
+            DropReason::Spoofed => "spoofed",
+            DropReason::UnknownDestination => "unknown_destination",
+            DropReason::UnknownVni => "unknown_vni",
+            DropReason::Multicast => "multicast",
+            DropReason::NotOverlay => "not_overlay",
+            DropReason::UnknownHost => "unknown_host",
+            DropReason::TooBig => "too_big",
+            DropReason::EgressQueueFull => "egress_queue_full",
+            DropReason::ShapedQueueFull => "shaped_queue_full",
+            DropReason::IngressQueueFull => "ingress_queue_full",
+            DropReason::CpuThrottled => "cpu_throttled",
+            DropReason::NoBuffer => "no_buffer",
+        }
+    }
+}
+
+/// Drop counters indexed by reason.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Drops([u64; DropReason::ALL.len()]);
+
+impl Drops {
+    pub fn add(&mut self, r: DropReason) {
+        self.0[r as usize] += 1;
+    }
+    pub fn get(&self, r: DropReason) -> u64 {
+        self.0[r as usize]
+    }
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+    pub fn iter(&self) -> impl Iterator<Item = (DropReason, u64)> + '_ {
+        DropReason::ALL.iter().map(|&r| (r, self.get(r)))
+    }
+}
+
+/// Counters of one VM (as seen by this host's switch).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct VmCounters {
+    /// Frames/bytes the VM sent into the switch.
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    /// Frames/bytes delivered to the VM.
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    /// Drops of frames from or to this VM, by reason.
+    pub drops: Drops,
+    /// Ingress processing cost charged for this VM, ns.
+    pub cost_ns: u64,
+}
+
+/// Switch-wide counters for frames not attributable to a VM.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SwitchCounters {
+    pub uplink_rx_packets: u64,
+    pub uplink_tx_packets: u64,
+    pub feedback_sent: u64,
+    pub feedback_received: u64,
+    pub arp_replies: u64,
+    pub drops: Drops,
+}
