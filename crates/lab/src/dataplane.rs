@@ -20,15 +20,10 @@ pub type DataplaneFactory = Arc<dyn Fn(&HostView) -> Box<dyn Dataplane> + Send +
 /// Name of the bridge [`LinuxBridge`] creates in each host namespace.
 pub const HOST_BRIDGE: &str = "br0";
 
-/// First VLAN id of the bridge dataplane; tenant `t` uses `VLAN_BASE + t`.
-pub const VLAN_BASE: usize = 100;
-
 /// The baseline: a Linux bridge in the host namespace enslaving the VM ports and the
-/// uplink. Tenants are separated by VLANs: the bridge filters VLANs, each VM port is an
-/// untagged access port of its tenant's VLAN (100 + tenant index) and the uplink is a
-/// trunk carrying the tenant VLANs of the host tagged; the fabric bridge passes tagged
-/// frames as they are. No isolation mechanism beyond that: this is what picnic is compared
-/// against.
+/// uplink, so all VMs of all tenants share one flat L2 and are told apart by address only.
+/// Tenants are not separated: the kernels we run on have neither bridge VLAN filtering nor
+/// 802.1Q devices (DESIGN.md 7), and the baseline needs none to show the isolation gap.
 #[derive(Debug, Default)]
 pub struct LinuxBridge;
 
@@ -41,39 +36,10 @@ impl LinuxBridge {
 
 impl Dataplane for LinuxBridge {
     fn setup(&mut self, host: &HostView) -> Result<()> {
-        let ns = &host.ns;
-        netns::add_bridge(ns, HOST_BRIDGE, true)?;
-        netns::enslave(ns, &host.uplink, HOST_BRIDGE)?;
-        let mut vlans: Vec<usize> = host
-            .vms
-            .iter()
-            .map(|v| VLAN_BASE + v.tenant_index)
-            .collect();
-        vlans.sort_unstable();
-        vlans.dedup();
-        for vlan in vlans {
-            netns::bridge(
-                ns,
-                &["vlan", "add", "dev", &host.uplink, "vid", &vlan.to_string()],
-            )?;
-        }
+        netns::add_bridge(&host.ns, HOST_BRIDGE)?;
+        netns::enslave(&host.ns, &host.uplink, HOST_BRIDGE)?;
         for vm in &host.vms {
-            let vid = (VLAN_BASE + vm.tenant_index).to_string();
-            netns::enslave(ns, &vm.host_port, HOST_BRIDGE)?;
-            netns::bridge(ns, &["vlan", "del", "dev", &vm.host_port, "vid", "1"])?;
-            netns::bridge(
-                ns,
-                &[
-                    "vlan",
-                    "add",
-                    "dev",
-                    &vm.host_port,
-                    "vid",
-                    &vid,
-                    "pvid",
-                    "untagged",
-                ],
-            )?;
+            netns::enslave(&host.ns, &vm.host_port, HOST_BRIDGE)?;
         }
         Ok(())
     }

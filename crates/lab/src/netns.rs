@@ -251,14 +251,23 @@ pub fn add_veth(ns_a: &str, a: &str, ns_b: &str, b: &str) -> Result<()> {
 pub fn configure_link(ns: &str, dev: &str, mac: &str, mtu: u32) -> Result<()> {
     ip(
         ns,
-        &["link", "set", dev, "address", mac, "mtu", &mtu.to_string()],
+        &[
+            "link",
+            "set",
+            "dev",
+            dev,
+            "address",
+            mac,
+            "mtu",
+            &mtu.to_string(),
+        ],
     )?;
     link_up(ns, dev)
 }
 
 /// Brings a link up.
 pub fn link_up(ns: &str, dev: &str) -> Result<()> {
-    ip(ns, &["link", "set", dev, "up"]).map(drop)
+    ip(ns, &["link", "set", "dev", dev, "up"]).map(drop)
 }
 
 /// Adds an address in CIDR notation (`198.18.1.1/16`) to a link.
@@ -266,21 +275,19 @@ pub fn add_address(ns: &str, dev: &str, cidr: &str) -> Result<()> {
     ip(ns, &["addr", "add", cidr, "dev", dev]).map(drop)
 }
 
-/// Creates a bridge (optionally VLAN-filtering, STP off) and brings it up.
-pub fn add_bridge(ns: &str, name: &str, vlan_filtering: bool) -> Result<()> {
-    let vf = if vlan_filtering { "1" } else { "0" };
+/// Creates a bridge with STP off (ports forward at once) and brings it up.
+pub fn add_bridge(ns: &str, name: &str) -> Result<()> {
     ip(
         ns,
         &[
             "link",
             "add",
+            "name",
             name,
             "type",
             "bridge",
             "stp_state",
             "0",
-            "vlan_filtering",
-            vf,
         ],
     )?;
     link_up(ns, name)
@@ -288,7 +295,7 @@ pub fn add_bridge(ns: &str, name: &str, vlan_filtering: bool) -> Result<()> {
 
 /// Enslaves `dev` to bridge `br`.
 pub fn enslave(ns: &str, dev: &str, br: &str) -> Result<()> {
-    ip(ns, &["link", "set", dev, "master", br]).map(drop)
+    ip(ns, &["link", "set", "dev", dev, "master", br]).map(drop)
 }
 
 /// Shapes the egress of `dev` to `rate_mbps` with HTB: a root htb, one class at

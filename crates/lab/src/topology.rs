@@ -3,7 +3,7 @@
 //! Layout (DESIGN.md 5):
 //!
 //! ```text
-//!  VM ns  [eth0] --veth-- [v-VM] host ns [up] --veth-- [p-HOST] fabric ns: bridge br0
+//!  VM ns  [eth0] --veth-- [v-VM] host ns [uplink] --veth-- [p-HOST] fabric ns: bridge br0
 //! ```
 //!
 //! The fabric port `p-HOST` is the host's access link. Its egress, the direction toward
@@ -15,7 +15,7 @@
 //! What joins a host's VM ports to its uplink is the [`crate::dataplane::Dataplane`]
 //! (a Linux bridge, or `picnic switch`). Addresses: VM `i` of tenant `t` (both from 0) is
 //! 198.18.(t+1).(i+1)/16, so all VMs share one flat L2 (tenants are separated by the
-//! dataplane); host `h` has the underlay address 198.19.0.(h+1)/16, to be used by a
+//! dataplane, if it does); host `h` has the underlay address 198.19.0.(h+1)/16, to be used by a
 //! dataplane that encapsulates. MACs are deterministic (see [`vm_mac`] and friends).
 
 use crate::netns::{self, Testbed};
@@ -27,7 +27,7 @@ use std::net::Ipv4Addr;
 /// Name of the fabric bridge.
 pub const FABRIC_BRIDGE: &str = "br0";
 /// Name of the uplink inside every host namespace.
-pub const UPLINK: &str = "up";
+pub const UPLINK: &str = "uplink";
 /// Name of the interface inside every VM namespace.
 pub const VM_DEV: &str = "eth0";
 /// Prefix length of the VM and underlay networks.
@@ -40,7 +40,7 @@ pub struct VmView {
     pub name: String,
     /// Tenant name.
     pub tenant: String,
-    /// Index of the tenant in the scenario (0-based); the bridge dataplane's VLAN is 100 + it.
+    /// Index of the tenant in the scenario (0-based).
     pub tenant_index: usize,
     /// Host name.
     pub host: String,
@@ -153,7 +153,7 @@ impl Topology {
     pub fn build(scenario: &Scenario, testbed: &mut Testbed) -> Result<Topology> {
         let topo = Topology::plan(scenario, testbed);
         let fabric = testbed.add_namespace("fabric")?;
-        netns::add_bridge(&fabric, FABRIC_BRIDGE, false)?;
+        netns::add_bridge(&fabric, FABRIC_BRIDGE)?;
         let queue_bytes =
             scenario.access_link_mbps * 1_000_000 / 8 * scenario.access_queue_ms / 1000;
         for host in &topo.hosts {
