@@ -493,3 +493,165 @@ fn write(dir: &Path, name: &str, text: &str) -> Result<()> {
     let path = dir.join(name);
     std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SCENARIO: &str = r#"
+name = "t"
+duration_ms = 1000
+hosts = ["h1"]
+victim = "v"
+pass = ["victim_p99_ratio <= 1.5", "victim_loss <= 0", "x.throughput_mbps >= 100"]
+
+[[tenants]]
+name = "v"
+latency_p99_us = 500
+vms = [{ name = "a", host = "h1" }, { name = "b", host = "h1" }]
+
+[[tenants]]
+name = "x"
+min_mbps = 100
+vms = [{ name = "c", host = "h1" }, { name = "d", host = "h1" }]
+
+[[workloads]]
+name = "probe"
+kind = "rpc"
+from = "a"
+to = "b"
+
+[[workloads]]
+name = "flood"
+kind = "udp_flood"
+from = "c"
+to = "d"
+"#;
+
+    fn probe(latency_us: u64, sent: u64, received: u64) -> WorkloadResult {
+        let mut h = Histogram::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+        for _ in 0..received {
+            h.record(latency_us * 1000).unwrap();
+        }
+        WorkloadResult {
+            name: "probe".into(),
+            tenant: "v".into(),
+            kind: WorkloadKind::Rpc,
+            sent,
+            received,
+            received_bytes: received * 64,
+            active_ns: 1_000_000_000,
+            latency: Some(h),
+            series: vec![0; 10],
+        }
+    }
+
+    fn flood(bytes: u64) -> WorkloadResult {
+        WorkloadResult {
+            name: "flood".into(),
+            tenant: "x".into(),
+            kind: WorkloadKind::UdpFlood,
+            sent: 1000,
+            received: 900,
+            received_bytes: bytes,
+            active_ns: 1_000_000_000,
+            latency: None,
+            series: vec![bytes / 2, bytes / 2],
+        }
+    }
+
+    fn modes(s: &Scenario) -> Vec<ModeReport> {
+        let attacked = ModeReport::new(
+            s,
+            "bridge",
+            true,
+            vec![vec![probe(300, 1000, 1000), flood(25_000_000)]],
+        )
+        .unwrap();
+        let alone =
+            ModeReport::new(s, "victim-alone", false, vec![vec![probe(100, 1000, 1000)]]).unwrap();
+        vec![attacked, alone]
+    }
+
+    #[test]
+    fn checks_parse_and_hold() {
+        let c = Check::parse("victim_p99_ratio <= 1.5").unwrap();
+        assert!(c.holds(1.5) && !c.holds(1.6));
+        assert!(Check::parse("victim_p99_ratio =< 1.5").is_err());
+        assert!(Check::parse("victim_p99_ratio <= x").is_err());
+        assert!(Check::parse("nonsense <= 1").is_err());
+        assert!(Check::parse("t1.p99_us < 80").is_ok());
+    }
+
+    #[test]
+    fn summary_has_the_documented_shape_and_verdict() {
+        let s = Scenario::parse(SCENARIO).unwrap();
+        let reports = modes(&s);
+        let summary = Summary::new(&s, &reports, None).unwrap();
+        let json: serde_json::Value = serde_json::to_value(&summary).unwrap();
+        for mode in ["bridge", "victim-alone"] {
+            let v = &json["modes"][mode]["v"];
+            for key in [
+                "throughput_bps",
+                "p50_us",
+                "p99_us",
+                "p999_us",
+                "loss",
+                "slo_met",
+            ] {
+                assert!(v.get(key).is_some(), "{mode}.v.{key} missing");
+            }
+        }
+        let x = &json["modes"]["bridge"]["x"];
+        assert_eq!(x["throughput_bps"], 200e6);
+        assert!((x["loss"].as_f64().unwrap() - 0.1).abs() < 1e-9);
+        assert_eq!(x["slo_met"], true); // greedy flood reached its 100 Mb/s guarantee
+        assert_eq!(json["modes"]["bridge"]["v"]["slo_met"], true); // 300 us <= 500 us
+        let ratio = json["ratios"]["bridge"]["victim_p99_ratio"]
+            .as_f64()
+            .unwrap();
+        assert!((ratio - 3.0).abs() < 0.01, "{ratio}");
+        let checks = json["checks"].as_array().unwrap();
+        assert_eq!(checks.len(), 3);
+        for c in checks {
+            for key in ["name", "value", "bound", "pass"] {
+                assert!(c.get(key).is_some(), "check key {key} missing");
+            }
+        }
+        assert_eq!(checks[0]["pass"], false);
+        assert_eq!(checks[1]["pass"], true);
+        assert_eq!(checks[2]["pass"], true);
+        assert_eq!(json["pass"], false);
+        let table = summary.table();
+        assert!(
+            table.contains("victim-alone") && table.contains("3.00x"),
+            "{table}"
+        );
+        assert!(table.contains("overall: FAIL"));
+    }
+
+    #[test]
+    fn a_check_without_a_value_fails() {
+        let s = Scenario::parse(SCENARIO).unwrap();
+        let only_attacked = &modes(&s)[..1];
+        let summary = Summary::new(&s, only_attacked, None).unwrap();
+        assert_eq!(summary.checks[0].value, None);
+        assert!(!summary.checks[0].pass && !summary.pass);
+    }
+
+    #[test]
+    fn outputs_are_written() {
+        let s = Scenario::parse(SCENARIO).unwrap();
+        let reports = modes(&s);
+        let summary = Summary::new(&s, &reports, Some("bridge")).unwrap();
+        let dir = std::env::temp_dir().join(format!("picnic-lab-report-{}", std::process::id()));
+        write_outputs(&dir, &summary, &reports).unwrap();
+        let ts = std::fs::read_to_string(dir.join("timeseries.csv")).unwrap();
+        assert!(ts.starts_with("mode,repeat,tenant,t_ms,mbps\n"));
+        assert!(ts.contains("bridge,0,x,0,10000.000"), "{ts}");
+        let lat = std::fs::read_to_string(dir.join("latency.csv")).unwrap();
+        assert!(lat.lines().any(|l| l.starts_with("victim-alone,v,0.5,")));
+        assert!(dir.join("summary.json").exists());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

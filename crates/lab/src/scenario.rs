@@ -284,7 +284,13 @@ impl Scenario {
             }
         }
         for (i, p) in self.pass.iter().enumerate() {
-            crate::report::Check::parse(p).with_context(|| format!("field `pass[{i}]`"))?;
+            let check =
+                crate::report::Check::parse(p).with_context(|| format!("field `pass[{i}]`"))?;
+            if let Some((tenant, _)) = check.metric.split_once('.') {
+                if !tenants.contains(tenant) {
+                    bail!("field `pass[{i}]`: no tenant named {tenant:?}");
+                }
+            }
         }
         Ok(())
     }
@@ -380,4 +386,148 @@ fn check_name(name: &str) -> Result<()> {
         bail!("{name:?}: names are 1 to {MAX_NAME_LEN} characters of a-z, 0-9 and _");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+name = "t"
+duration_ms = 1000
+hosts = ["h1", "h2"]
+victim = "v"
+pass = ["victim_p99_ratio <= 1.5", "v.loss <= 0"]
+
+[[tenants]]
+name = "v"
+min_mbps = 10
+vms = [{ name = "a", host = "h1" }, { name = "b", host = "h2" }]
+
+[[tenants]]
+name = "x"
+vms = [{ name = "c", host = "h1" }, { name = "d", host = "h2" }]
+
+[[workloads]]
+name = "probe"
+kind = "rpc"
+from = "a"
+to = "b"
+"#;
+
+    fn err(text: &str) -> String {
+        format!("{:#}", Scenario::parse(text).unwrap_err())
+    }
+
+    fn with_workload(extra: &str) -> String {
+        format!("{BASE}\n[[workloads]]\n{extra}")
+    }
+
+    #[test]
+    fn shipped_scenarios_parse() {
+        for file in ["ingress-flood.toml", "bursty-udp.toml"] {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../scenarios")
+                .join(file);
+            let s = Scenario::load(&path).unwrap();
+            assert!(s.workloads.len() >= 2, "{file}");
+        }
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let s = Scenario::parse(BASE).unwrap();
+        assert_eq!(s.access_link_mbps, 1000);
+        assert_eq!(s.workloads[0].stop_ms(&s), 1000);
+        assert_eq!(s.workloads[0].size(), DEFAULT_SIZE);
+        assert_eq!(s.tenant_of("d").unwrap().name, "x");
+    }
+
+    #[test]
+    fn unknown_fields_are_named() {
+        let e = err(&BASE.replace("duration_ms = 1000", "duration_ms = 1000\nspeed = 3"));
+        assert!(e.contains("speed"), "{e}");
+        let e = err(&with_workload(
+            "name = \"w\"\nkind = \"udp_flood\"\nfrom = \"c\"\nto = \"d\"\nrate = 5",
+        ));
+        assert!(e.contains("rate"), "{e}");
+        let e = err(&with_workload(
+            "name = \"w\"\nkind = \"tornado\"\nfrom = \"c\"\nto = \"d\"",
+        ));
+        assert!(e.contains("tornado"), "{e}");
+    }
+
+    #[test]
+    fn validation_errors_name_the_field() {
+        let cases = [
+            (
+                BASE.replace("victim = \"v\"", "victim = \"nobody\""),
+                "`victim`",
+            ),
+            (
+                BASE.replace(
+                    "{ name = \"b\", host = \"h2\" }",
+                    "{ name = \"b\", host = \"h9\" }",
+                ),
+                "`tenants[0].vms[1].host`",
+            ),
+            (
+                BASE.replace("duration_ms = 1000", "duration_ms = 0"),
+                "`duration_ms`",
+            ),
+            (BASE.replace("\"h2\"]", "\"H 2\"]"), "`hosts[1]`"),
+            (
+                BASE.replace("\"v.loss <= 0\"", "\"v.loss ~ 0\""),
+                "`pass[1]`",
+            ),
+            (
+                BASE.replace("\"v.loss <= 0\"", "\"w.loss <= 0\""),
+                "`pass[1]`",
+            ),
+            (
+                BASE.replace("\"v.loss <= 0\"", "\"speed <= 0\""),
+                "`pass[1]`",
+            ),
+            (
+                with_workload("name = \"w\"\nkind = \"rpc\"\nfrom = \"a\"\nto = \"d\""),
+                "`workloads[1].to`",
+            ),
+            (
+                with_workload("name = \"w\"\nkind = \"udp_flood\"\nfrom = \"zz\"\nto = \"d\""),
+                "`workloads[1].from`",
+            ),
+            (
+                with_workload(
+                    "name = \"w\"\nkind = \"udp_flood\"\nfrom = \"c\"\nto = \"d\"\nflows = 2",
+                ),
+                "`workloads[1].flows`",
+            ),
+            (
+                with_workload(
+                    "name = \"w\"\nkind = \"on_off\"\nfrom = \"c\"\nto = \"d\"\non_ms = 5",
+                ),
+                "`workloads[1].off_ms`",
+            ),
+            (
+                with_workload(
+                    "name = \"w\"\nkind = \"udp_flood\"\nfrom = \"c\"\nto = \"d\"\nstop_ms = 2000",
+                ),
+                "`workloads[1].stop_ms`",
+            ),
+            (
+                with_workload(
+                    "name = \"w\"\nkind = \"udp_flood\"\nfrom = \"c\"\nto = \"d\"\nsize = 9000",
+                ),
+                "`workloads[1].size`",
+            ),
+            (
+                with_workload("name = \"probe\"\nkind = \"udp_flood\"\nfrom = \"c\"\nto = \"d\""),
+                "`workloads[1].name`",
+            ),
+        ];
+        for (text, field) in cases {
+            let e = err(&text);
+            assert!(e.contains(field), "expected {field} in: {e}");
+        }
+    }
 }
