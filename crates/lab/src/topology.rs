@@ -133,7 +133,7 @@ impl Topology {
                     ns: testbed.ns_name(&format!("h-{host}")),
                     uplink: UPLINK.into(),
                     uplink_mac: uplink_mac(h),
-                    underlay_ip: Ipv4Addr::new(198, 19, (h + 1 >> 8) as u8, (h + 1) as u8),
+                    underlay_ip: Ipv4Addr::new(198, 19, ((h + 1) >> 8) as u8, (h + 1) as u8),
                     fabric_port: format!("p-{host}"),
                     access_link_mbps: scenario.access_link_mbps,
                     mtu: scenario.mtu,

@@ -313,6 +313,94 @@ fn nth_send_time(start: Instant, n: u64, rate: u64) -> Instant {
     start + Duration::from_nanos((n as u128 * 1_000_000_000 / rate as u128) as u64)
 }
 
+/// Datagrams per sendmmsg/recvmmsg call.
+const BATCH: usize = 32;
+
+/// Preallocated buffers and headers for sendmmsg/recvmmsg on a connected UDP socket, so a
+/// flood costs one syscall per [`BATCH`] datagrams and no allocation.
+struct MmsgBatch {
+    bufs: Vec<Vec<u8>>,
+    iovs: Vec<libc::iovec>,
+    hdrs: Vec<libc::mmsghdr>,
+}
+
+// SAFETY: the raw pointers only point into the batch's own heap buffers.
+unsafe impl Send for MmsgBatch {}
+
+impl MmsgBatch {
+    /// `BATCH` buffers of `len` bytes; the headers point into them (the heap buffers never
+    /// move or resize, so the pointers stay valid when the struct moves).
+    fn new(len: usize) -> MmsgBatch {
+        let mut bufs: Vec<Vec<u8>> = (0..BATCH).map(|_| vec![0u8; len]).collect();
+        let mut iovs: Vec<libc::iovec> = bufs
+            .iter_mut()
+            .map(|b| libc::iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: b.len(),
+            })
+            .collect();
+        let hdrs = iovs
+            .iter_mut()
+            .map(|iov| {
+                // SAFETY: an all-zero msghdr is valid (no name, no control data).
+                let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
+                h.msg_hdr.msg_iov = iov;
+                h.msg_hdr.msg_iovlen = 1;
+                h
+            })
+            .collect();
+        MmsgBatch { bufs, iovs, hdrs }
+    }
+
+    /// Sends the first `n` buffers; returns how many left.
+    fn send(&mut self, sock: &UdpSocket, n: usize) -> std::io::Result<usize> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: hdrs[..n] point at live iovecs and buffers owned by self.
+        let rc = unsafe {
+            libc::sendmmsg(
+                sock.as_raw_fd(),
+                self.hdrs.as_mut_ptr(),
+                n.min(BATCH) as u32,
+                0,
+            )
+        };
+        if rc < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(rc as usize)
+    }
+
+    /// Receives up to [`BATCH`] datagrams (blocking for the first, up to the socket's read
+    /// timeout); returns their lengths through `lens`.
+    fn recv(&mut self, sock: &UdpSocket, lens: &mut [usize; BATCH]) -> std::io::Result<usize> {
+        use std::os::fd::AsRawFd;
+        for (h, iov) in self.hdrs.iter_mut().zip(&self.iovs) {
+            h.msg_len = 0;
+            h.msg_hdr.msg_iov = iov as *const libc::iovec as *mut libc::iovec;
+        }
+        // SAFETY: as in send; the kernel writes at most iov_len bytes per buffer.
+        let rc = unsafe {
+            libc::recvmmsg(
+                sock.as_raw_fd(),
+                self.hdrs.as_mut_ptr(),
+                BATCH as u32,
+                libc::MSG_WAITFORONE,
+                std::ptr::null_mut(),
+            )
+        };
+        if rc < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        for (len, h) in lens.iter_mut().zip(&self.hdrs).take(rc as usize) {
+            *len = h.msg_len as usize;
+        }
+        Ok(rc as usize)
+    }
+}
+
+/// UDP flood: datagrams of `size` bytes carrying a sequence number, sent in sendmmsg
+/// batches, paced at `rate` (the batch is what is due by the clock, spinning between) or
+/// unlimited, optionally gated ON/OFF.
 fn udp_flood(
     ep: &Endpoints,
     size: usize,
@@ -322,13 +410,13 @@ fn udp_flood(
 ) -> Result<SenderSide> {
     let sock = UdpSocket::bind("0.0.0.0:0")?;
     sock.connect(ep.to).context("connecting the flood socket")?;
-    let mut buf = vec![0u8; size];
+    let mut batch = MmsgBatch::new(size);
     let mut sent = 0u64;
-    let mut n = 0u64; // packets scheduled (paced mode)
+    let mut scheduled = 0u64; // packets due so far (paced mode)
     sleep_until(w.start);
     let mut phase_start = w.start;
     loop {
-        let mut now = Instant::now();
+        let now = Instant::now();
         if now >= w.stop {
             break;
         }
@@ -343,22 +431,30 @@ fn udp_flood(
                 continue;
             }
         }
-        if let Some(rate) = rate {
-            let due = nth_send_time(w.start, n, rate);
-            if due >= w.stop {
-                break;
+        let n = match rate {
+            None => BATCH,
+            Some(rate) => {
+                let due = nth_send_time(w.start, scheduled, rate);
+                if due >= w.stop {
+                    break;
+                }
+                if due > now {
+                    sleep_until(due);
+                }
+                let elapsed = Instant::now().saturating_duration_since(w.start).as_nanos();
+                let due_total = (elapsed * rate as u128 / 1_000_000_000) as u64 + 1;
+                (due_total.saturating_sub(scheduled) as usize).clamp(1, BATCH)
             }
-            if due > now {
-                sleep_until(due);
-                now = Instant::now();
-            }
-            n += 1;
-            let _ = now;
+        };
+        for (i, buf) in batch.bufs.iter_mut().take(n).enumerate() {
+            buf[..8].copy_from_slice(&(sent + i as u64).to_be_bytes());
         }
-        buf[..8].copy_from_slice(&sent.to_be_bytes());
-        match sock.send(&buf) {
-            Ok(_) => sent += 1,
-            // A full queue (ENOBUFS) or an ICMP error: the packet did not leave; go on.
+        match batch.send(&sock, n) {
+            Ok(k) => {
+                sent += k as u64;
+                scheduled += n as u64;
+            }
+            // A full queue (ENOBUFS) or an ICMP error: nothing left; try again.
             Err(_) => std::thread::yield_now(),
         }
     }
@@ -368,20 +464,23 @@ fn udp_flood(
     })
 }
 
+/// UDP sink: counts datagrams and bytes per bin, with recvmmsg batches.
 fn udp_sink(sock: &UdpSocket, w: Window) -> Result<ReceiverSide> {
     let mut out = ReceiverSide {
         series: vec![0; w.bins],
         ..Default::default()
     };
-    let mut buf = vec![0u8; 65536];
+    let mut batch = MmsgBatch::new(65536);
+    let mut lens = [0usize; BATCH];
     while Instant::now() < w.deadline() {
-        match sock.recv(&mut buf) {
-            Ok(len) => {
+        match batch.recv(sock, &mut lens) {
+            Ok(k) => {
                 let now = Instant::now();
-                out.received += 1;
-                out.bytes += len as u64;
+                let bytes: usize = lens[..k].iter().sum();
+                out.received += k as u64;
+                out.bytes += bytes as u64;
                 if let Some(b) = out.series.get_mut(w.bin(now)) {
-                    *b += len as u64;
+                    *b += bytes as u64;
                 }
             }
             Err(e) if is_timeout(&e) => {}
