@@ -123,12 +123,11 @@ pub fn list_namespaces() -> Result<Vec<String>> {
 pub fn cleanup_stale() -> Result<Vec<String>> {
     let mut removed = Vec::new();
     for ns in list_namespaces()? {
-        let Some(rest) = ns.strip_prefix(PREFIX) else {
+        let Some(pid) = creator_pid(&ns) else {
             continue;
         };
-        let pid = rest.split(['x', '-']).next().unwrap_or("");
         let ours = pid == std::process::id().to_string();
-        let alive = !pid.is_empty() && std::path::Path::new(&format!("/proc/{pid}")).exists();
+        let alive = std::path::Path::new(&format!("/proc/{pid}")).exists();
         // Gone creator: a crashed run. Our own pid but unregistered: a leaked earlier testbed.
         if !alive || (ours && !is_live(&ns)) {
             cmd("ip", &["netns", "del", &ns])?;
@@ -136,6 +135,18 @@ pub fn cleanup_stale() -> Result<Vec<String>> {
         }
     }
     Ok(removed)
+}
+
+/// The creating pid of a namespace named by a [`Testbed`] (`pn-<pid>x<counter>-<role>`);
+/// None for any other name, so namespaces of other tools are never touched.
+pub fn creator_pid(ns: &str) -> Option<&str> {
+    let (id, _role) = ns.strip_prefix(PREFIX)?.split_once('-')?;
+    let (pid, counter) = id.split_once('x')?;
+    (is_number(pid) && is_number(counter)).then_some(pid)
+}
+
+fn is_number(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())
 }
 
 fn is_live(ns: &str) -> bool {
@@ -402,4 +413,18 @@ pub fn spawn_in_netns<T: Send + 'static>(
         ns: ns.to_owned(),
         handle,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_testbed_names_are_claimed() {
+        assert_eq!(creator_pid("pn-1234x0-fabric"), Some("1234"));
+        assert_eq!(creator_pid("pn-1234x12-v-a_b"), Some("1234"));
+        assert_eq!(creator_pid("pn-t-30640-0-44a7100"), None);
+        assert_eq!(creator_pid("pn-12x-fabric"), None);
+        assert_eq!(creator_pid("other-1234x0-fabric"), None);
+    }
 }
