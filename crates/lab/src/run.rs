@@ -1,0 +1,227 @@
+//! Running a scenario in several modes and reporting it side by side.
+
+use crate::dataplane::{Dataplane, DataplaneFactory, LinuxBridge};
+use crate::netns::{self, Testbed};
+use crate::report::{self, ModeReport, Summary};
+use crate::scenario::{Scenario, WorkloadKind};
+use crate::topology::{HostView, Topology};
+use crate::workload::{self, WorkloadResult};
+use anyhow::{Context, Result};
+use std::path::{Path, PathBuf};
+
+/// One way of running a scenario: a dataplane in every host, with or without attackers.
+#[derive(Clone)]
+pub struct Mode {
+    /// Name shown in the table and used as key in summary.json.
+    pub name: String,
+    /// False runs only the victim tenant's workloads (the "victim alone" baseline).
+    pub attackers: bool,
+    /// Makes the dataplane of each host.
+    pub dataplane: DataplaneFactory,
+}
+
+impl Mode {
+    /// A mode with any dataplane (the lead adds `picnic` and `picnic-noiso` this way).
+    pub fn new(name: &str, attackers: bool, dataplane: DataplaneFactory) -> Mode {
+        Mode {
+            name: name.to_owned(),
+            attackers,
+            dataplane,
+        }
+    }
+
+    /// (c) A Linux bridge per host, all workloads.
+    pub fn bridge() -> Mode {
+        Mode::new("bridge", true, LinuxBridge::factory())
+    }
+
+    /// (d) The victim alone over Linux bridges.
+    pub fn victim_alone() -> Mode {
+        Mode::new("victim-alone", false, LinuxBridge::factory())
+    }
+}
+
+/// Options of [`run_scenario`].
+#[derive(Clone)]
+pub struct RunOptions {
+    /// Modes in run order.
+    pub modes: Vec<Mode>,
+    /// Directory for summary.json and the CSVs.
+    pub out: Option<PathBuf>,
+    /// Repetitions of each mode (results are merged).
+    pub repeat: u32,
+    /// Mode whose checks decide the verdict (default: the first mode with attackers).
+    pub judge: Option<String>,
+    /// Print progress lines to stderr.
+    pub progress: bool,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            modes: vec![Mode::bridge(), Mode::victim_alone()],
+            out: None,
+            repeat: 1,
+            judge: None,
+            progress: true,
+        }
+    }
+}
+
+/// What a run produced.
+pub struct Outcome {
+    /// The summary (also written to `out/summary.json`).
+    pub summary: Summary,
+    /// Per-mode results.
+    pub modes: Vec<ModeReport>,
+    /// The side-by-side table.
+    pub table: String,
+}
+
+impl Outcome {
+    /// Whether every pass mark held.
+    pub fn pass(&self) -> bool {
+        self.summary.pass
+    }
+}
+
+/// Exit code for the CLI: 0 all pass marks held, 1 some failed, 2 the run failed.
+pub fn exit_code(result: &Result<Outcome>) -> i32 {
+    match result {
+        Ok(o) if o.pass() => 0,
+        Ok(_) => 1,
+        Err(_) => 2,
+    }
+}
+
+/// Tools a scenario needs, checked before anything is built.
+pub fn required_tools(scenario: &Scenario) -> Vec<&'static str> {
+    let mut tools = vec!["ip", "tc", "bridge"];
+    if scenario
+        .workloads
+        .iter()
+        .any(|w| w.kind == WorkloadKind::Iperf3)
+    {
+        tools.push("iperf3");
+    }
+    tools
+}
+
+/// Loads the scenario at `path`, runs it in every mode of `opts` (each `repeat` times, a
+/// fresh testbed each time), prints the table and writes the outputs.
+pub fn run_scenario(path: &Path, opts: &RunOptions) -> Result<Outcome> {
+    let scenario = Scenario::load(path)?;
+    netns::preflight(&required_tools(&scenario))?;
+    let say = |msg: String| {
+        if opts.progress {
+            eprintln!("[lab {}] {msg}", scenario.name);
+        }
+    };
+    let mut reports = Vec::new();
+    for mode in &opts.modes {
+        let mut reps = Vec::new();
+        for rep in 0..opts.repeat.max(1) {
+            say(format!(
+                "mode {} run {}/{}",
+                mode.name,
+                rep + 1,
+                opts.repeat.max(1)
+            ));
+            let results =
+                run_mode(&scenario, mode, &say).with_context(|| format!("mode {}", mode.name))?;
+            for r in &results {
+                say(format!(
+                    "  {:<12} {:>9.1} Mb/s  loss {:.3}%{}",
+                    r.name,
+                    r.throughput_bps() / 1e6,
+                    r.loss() * 100.0,
+                    r.latency
+                        .as_ref()
+                        .filter(|h| !h.is_empty())
+                        .map(|h| format!("  p99 {:.1} us", h.value_at_quantile(0.99) as f64 / 1e3))
+                        .unwrap_or_default()
+                ));
+            }
+            reps.push(results);
+        }
+        reports.push(ModeReport::new(
+            &scenario,
+            &mode.name,
+            mode.attackers,
+            reps,
+        )?);
+    }
+    let summary = Summary::new(&scenario, &reports, opts.judge.as_deref())?;
+    let table = summary.table();
+    if opts.progress {
+        eprintln!("{table}");
+    }
+    if let Some(dir) = &opts.out {
+        report::write_outputs(dir, &summary, &reports)?;
+        say(format!("wrote {}", dir.join("summary.json").display()));
+    }
+    Ok(Outcome {
+        summary,
+        modes: reports,
+        table,
+    })
+}
+
+/// Dataplanes of a testbed; torn down (before the namespaces go) when dropped.
+struct Dataplanes(Vec<(HostView, Box<dyn Dataplane>)>);
+
+impl Drop for Dataplanes {
+    fn drop(&mut self) {
+        for (host, dp) in &mut self.0 {
+            if let Err(e) = dp.teardown(host) {
+                eprintln!("picnic lab: dataplane teardown on {}: {e:#}", host.name);
+            }
+        }
+    }
+}
+
+/// Builds a testbed, sets up `mode`'s dataplane on every host, runs the workloads (all, or
+/// the victim's only) and tears everything down.
+pub fn run_mode(
+    scenario: &Scenario,
+    mode: &Mode,
+    say: &dyn Fn(String),
+) -> Result<Vec<WorkloadResult>> {
+    let mut testbed = Testbed::new()?;
+    let vm_count: usize = scenario.tenants.iter().map(|t| t.vms.len()).sum();
+    say(format!(
+        "  building testbed {}: {} hosts, {} VMs, access links {} Mb/s",
+        testbed.run_id(),
+        scenario.hosts.len(),
+        vm_count,
+        scenario.access_link_mbps
+    ));
+    let topo = Topology::build(scenario, &mut testbed)?;
+    let mut dataplanes = Dataplanes(Vec::new());
+    for host in &topo.hosts {
+        let mut dp = (mode.dataplane)(host);
+        dp.setup(host)
+            .with_context(|| format!("dataplane setup on host {}", host.name))?;
+        dataplanes.0.push((host.clone(), dp));
+    }
+    let workloads: Vec<_> = scenario
+        .workloads
+        .iter()
+        .filter(|w| {
+            mode.attackers
+                || scenario
+                    .tenant_of(&w.from)
+                    .is_some_and(|t| t.name == scenario.victim)
+        })
+        .collect();
+    say(format!(
+        "  running {} workloads for {} ms",
+        workloads.len(),
+        scenario.duration_ms
+    ));
+    let results = workload::run_all(scenario, &topo, &workloads)?;
+    drop(dataplanes);
+    testbed.teardown()?;
+    say("  torn down".into());
+    Ok(results)
+}

@@ -1,0 +1,533 @@
+//! The scenario file: hosts, tenants with VMs and SLOs, workloads, victim and pass marks.
+//! Every field is documented in docs/scenarios.md. Parsing rejects unknown fields and
+//! validation names the field that is wrong.
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::Deserialize;
+use std::collections::BTreeSet;
+use std::path::Path;
+
+/// Longest host or VM name: interface names built from it (`p-NAME`, `v-NAME`) must fit
+/// the kernel's 15 characters.
+pub const MAX_NAME_LEN: usize = 12;
+
+/// A whole scenario file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// Short name, used in reports.
+    pub name: String,
+    /// One line saying what the scenario shows.
+    #[serde(default)]
+    pub description: String,
+    /// Length of a run in milliseconds; workloads stop at the latest here.
+    pub duration_ms: u64,
+    /// Rate of every host's access link (the shaped fabric port toward the host), Mb/s.
+    #[serde(default = "default_access_link_mbps")]
+    pub access_link_mbps: u64,
+    /// Queue of the access link, in milliseconds at its rate (bounds the delay it can add).
+    #[serde(default = "default_access_queue_ms")]
+    pub access_queue_ms: u64,
+    /// MTU of every link.
+    #[serde(default = "default_mtu")]
+    pub mtu: u32,
+    /// Host names.
+    pub hosts: Vec<String>,
+    /// Tenants with their VMs and SLOs.
+    pub tenants: Vec<Tenant>,
+    /// Traffic to run.
+    pub workloads: Vec<Workload>,
+    /// The tenant whose numbers are compared against its run alone (ratios, pass marks).
+    pub victim: String,
+    /// Pass marks: `"METRIC OP NUMBER"`, e.g. `"victim_p99_ratio <= 1.5"`.
+    #[serde(default)]
+    pub pass: Vec<String>,
+}
+
+/// A tenant: its VMs and its SLO.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tenant {
+    /// Tenant name.
+    pub name: String,
+    /// Guaranteed bandwidth, Mb/s (the weight of EyeQ's receiver allocation).
+    #[serde(default)]
+    pub min_mbps: u64,
+    /// Bandwidth cap, Mb/s; 0 means the access link.
+    #[serde(default)]
+    pub max_mbps: u64,
+    /// SLO: p99 request latency bound in microseconds.
+    pub latency_p99_us: Option<f64>,
+    /// SLO: largest tolerated loss fraction (0.0 to 1.0).
+    pub loss_max: Option<f64>,
+    /// The tenant's VMs.
+    pub vms: Vec<Vm>,
+}
+
+/// A VM (or container) of a tenant.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Vm {
+    /// VM name, unique in the scenario.
+    pub name: String,
+    /// The host it runs on.
+    pub host: String,
+}
+
+/// What kind of traffic a workload sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkloadKind {
+    /// UDP datagrams of `size` bytes at `rate_pps` (or as fast as possible).
+    UdpFlood,
+    /// A UDP flood switched on for `on_ms` and off for `off_ms`, repeatedly.
+    OnOff,
+    /// `flows` TCP connections sending as fast as they can; measures goodput.
+    TcpBulk,
+    /// Request/response at `rate_pps` with per-request latency (the victim probe).
+    Rpc,
+    /// iperf3 TCP with `flows` parallel streams (needs the iperf3 package).
+    Iperf3,
+}
+
+/// Transport of an RPC probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Protocol {
+    /// One UDP datagram per request and response.
+    #[default]
+    Udp,
+    /// One TCP connection, one outstanding request at a time.
+    Tcp,
+}
+
+/// One traffic source between two VMs.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Workload {
+    /// Workload name, unique in the scenario.
+    pub name: String,
+    /// Kind of traffic.
+    pub kind: WorkloadKind,
+    /// Sending VM.
+    pub from: String,
+    /// Receiving VM (same tenant as `from`).
+    pub to: String,
+    /// Start offset from the beginning of the run, ms.
+    #[serde(default)]
+    pub start_ms: u64,
+    /// Stop offset, ms; defaults to the scenario's duration.
+    pub stop_ms: Option<u64>,
+    /// UDP payload / RPC request and response size in bytes.
+    pub size: Option<usize>,
+    /// Packets (or requests) per second; absent means unlimited for floods.
+    pub rate_pps: Option<u64>,
+    /// Parallel TCP connections (tcp_bulk, iperf3).
+    pub flows: Option<u32>,
+    /// ON period of an on_off workload, ms.
+    pub on_ms: Option<u64>,
+    /// OFF period of an on_off workload, ms.
+    pub off_ms: Option<u64>,
+    /// RPC transport.
+    pub protocol: Option<Protocol>,
+    /// RPC timeout in ms after which a request counts as lost (default 100).
+    pub timeout_ms: Option<u64>,
+}
+
+fn default_access_link_mbps() -> u64 {
+    1000
+}
+fn default_access_queue_ms() -> u64 {
+    10
+}
+fn default_mtu() -> u32 {
+    1500
+}
+
+/// Default UDP payload size.
+pub const DEFAULT_SIZE: usize = 64;
+/// Default RPC rate, requests per second.
+pub const DEFAULT_RPC_RATE: u64 = 1000;
+/// Default RPC timeout, ms.
+pub const DEFAULT_TIMEOUT_MS: u64 = 100;
+
+impl Workload {
+    /// Stop offset in ms (explicit or the scenario's duration).
+    pub fn stop_ms(&self, scenario: &Scenario) -> u64 {
+        self.stop_ms.unwrap_or(scenario.duration_ms)
+    }
+    /// Payload size in bytes.
+    pub fn size(&self) -> usize {
+        self.size.unwrap_or(DEFAULT_SIZE)
+    }
+    /// Number of parallel flows.
+    pub fn flows(&self) -> u32 {
+        self.flows.unwrap_or(1)
+    }
+}
+
+impl Scenario {
+    /// Reads, parses and validates a scenario file.
+    pub fn load(path: &Path) -> Result<Scenario> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading scenario {}", path.display()))?;
+        Scenario::parse(&text).with_context(|| format!("scenario {}", path.display()))
+    }
+
+    /// Parses and validates scenario text.
+    pub fn parse(text: &str) -> Result<Scenario> {
+        let scenario: Scenario = toml::from_str(text).map_err(|e| anyhow!("{e}"))?;
+        scenario.validate()?;
+        Ok(scenario)
+    }
+
+    /// The tenant owning VM `vm`.
+    pub fn tenant_of(&self, vm: &str) -> Option<&Tenant> {
+        self.tenants
+            .iter()
+            .find(|t| t.vms.iter().any(|v| v.name == vm))
+    }
+
+    /// Checks cross-references and ranges; the error names the offending field.
+    pub fn validate(&self) -> Result<()> {
+        if self.name.trim().is_empty() {
+            bail!("field `name`: must not be empty");
+        }
+        if self.duration_ms == 0 || self.duration_ms > 600_000 {
+            bail!("field `duration_ms`: must be between 1 and 600000");
+        }
+        if self.access_link_mbps == 0 || self.access_link_mbps > 100_000 {
+            bail!("field `access_link_mbps`: must be between 1 and 100000");
+        }
+        if self.access_queue_ms == 0 || self.access_queue_ms > 1000 {
+            bail!("field `access_queue_ms`: must be between 1 and 1000");
+        }
+        if !(576..=9000).contains(&self.mtu) {
+            bail!("field `mtu`: must be between 576 and 9000");
+        }
+        if self.hosts.is_empty() || self.hosts.len() > 250 {
+            bail!("field `hosts`: needs 1 to 250 hosts");
+        }
+        let mut hosts = BTreeSet::new();
+        for (i, h) in self.hosts.iter().enumerate() {
+            check_name(h).with_context(|| format!("field `hosts[{i}]`"))?;
+            if !hosts.insert(h.as_str()) {
+                bail!("field `hosts[{i}]`: duplicate host {h:?}");
+            }
+        }
+        if self.tenants.is_empty() || self.tenants.len() > 250 {
+            bail!("field `tenants`: needs 1 to 250 tenants");
+        }
+        let mut tenants = BTreeSet::new();
+        let mut vms = BTreeSet::new();
+        for (t, tenant) in self.tenants.iter().enumerate() {
+            let at = |field: &str| format!("field `tenants[{t}].{field}`");
+            if tenant.name.trim().is_empty() || !tenants.insert(tenant.name.as_str()) {
+                bail!(
+                    "{}: empty or duplicate tenant {:?}",
+                    at("name"),
+                    tenant.name
+                );
+            }
+            if tenant.max_mbps != 0 && tenant.max_mbps < tenant.min_mbps {
+                bail!("{}: smaller than min_mbps", at("max_mbps"));
+            }
+            if tenant.min_mbps > self.access_link_mbps {
+                bail!("{}: larger than access_link_mbps", at("min_mbps"));
+            }
+            if let Some(l) = tenant.latency_p99_us {
+                if !(l > 0.0 && l.is_finite()) {
+                    bail!("{}: must be a positive number", at("latency_p99_us"));
+                }
+            }
+            if let Some(l) = tenant.loss_max {
+                if !(0.0..=1.0).contains(&l) {
+                    bail!("{}: must be between 0 and 1", at("loss_max"));
+                }
+            }
+            if tenant.vms.is_empty() || tenant.vms.len() > 250 {
+                bail!("{}: needs 1 to 250 VMs", at("vms"));
+            }
+            for (v, vm) in tenant.vms.iter().enumerate() {
+                check_name(&vm.name).with_context(|| at(&format!("vms[{v}].name")))?;
+                if !vms.insert(vm.name.as_str()) {
+                    bail!(
+                        "{}: duplicate VM {:?}",
+                        at(&format!("vms[{v}].name")),
+                        vm.name
+                    );
+                }
+                if !hosts.contains(vm.host.as_str()) {
+                    bail!(
+                        "{}: no host named {:?} in `hosts`",
+                        at(&format!("vms[{v}].host")),
+                        vm.host
+                    );
+                }
+            }
+        }
+        if !tenants.contains(self.victim.as_str()) {
+            bail!("field `victim`: no tenant named {:?}", self.victim);
+        }
+        if self.workloads.is_empty() {
+            bail!("field `workloads`: needs at least one workload");
+        }
+        let mut names = BTreeSet::new();
+        for (w, wl) in self.workloads.iter().enumerate() {
+            self.validate_workload(wl)
+                .map_err(|e| anyhow!("field `workloads[{w}].{e}"))?;
+            if !names.insert(wl.name.as_str()) {
+                bail!(
+                    "field `workloads[{w}].name`: duplicate workload {:?}",
+                    wl.name
+                );
+            }
+        }
+        for (i, p) in self.pass.iter().enumerate() {
+            let check =
+                crate::report::Check::parse(p).with_context(|| format!("field `pass[{i}]`"))?;
+            if let Some((tenant, _)) = check.metric.split_once('.') {
+                if !tenants.contains(tenant) {
+                    bail!("field `pass[{i}]`: no tenant named {tenant:?}");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Validates one workload; errors start with the field name (without the prefix).
+    fn validate_workload(&self, wl: &Workload) -> Result<()> {
+        use WorkloadKind::*;
+        if wl.name.trim().is_empty() {
+            bail!("name`: must not be empty");
+        }
+        let from = self
+            .tenant_of(&wl.from)
+            .ok_or_else(|| anyhow!("from`: no VM named {:?}", wl.from))?;
+        let to = self
+            .tenant_of(&wl.to)
+            .ok_or_else(|| anyhow!("to`: no VM named {:?}", wl.to))?;
+        if from.name != to.name {
+            bail!(
+                "to`: VM {:?} belongs to tenant {:?}, not to {:?} like `from`",
+                wl.to,
+                to.name,
+                from.name
+            );
+        }
+        if wl.from == wl.to {
+            bail!("to`: same VM as `from`");
+        }
+        let stop = wl.stop_ms(self);
+        if stop > self.duration_ms {
+            bail!("stop_ms`: after the scenario's duration_ms");
+        }
+        if wl.start_ms >= stop {
+            bail!("start_ms`: must be before stop_ms");
+        }
+        let allowed: &[&str] = match wl.kind {
+            UdpFlood => &["size", "rate_pps"],
+            OnOff => &["size", "rate_pps", "on_ms", "off_ms"],
+            TcpBulk | Iperf3 => &["flows"],
+            Rpc => &["size", "rate_pps", "protocol", "timeout_ms"],
+        };
+        let given = [
+            ("size", wl.size.is_some()),
+            ("rate_pps", wl.rate_pps.is_some()),
+            ("flows", wl.flows.is_some()),
+            ("on_ms", wl.on_ms.is_some()),
+            ("off_ms", wl.off_ms.is_some()),
+            ("protocol", wl.protocol.is_some()),
+            ("timeout_ms", wl.timeout_ms.is_some()),
+        ];
+        for (field, present) in given {
+            if present && !allowed.contains(&field) {
+                bail!("{field}`: not a parameter of kind {:?}", wl.kind);
+            }
+        }
+        if let Some(size) = wl.size {
+            let min = if wl.kind == Rpc { 16 } else { 8 };
+            if size < min || size > self.mtu as usize - 28 {
+                bail!("size`: must be between {min} and mtu - 28");
+            }
+        }
+        if wl.rate_pps == Some(0) || wl.rate_pps > Some(10_000_000) {
+            bail!("rate_pps`: must be between 1 and 10000000");
+        }
+        if wl.kind == Rpc
+            && (stop - wl.start_ms) * wl.rate_pps.unwrap_or(DEFAULT_RPC_RATE) > 10_000_000_000
+        {
+            bail!("rate_pps`: more than 10 million requests in one run");
+        }
+        if wl.flows == Some(0) || wl.flows > Some(128) {
+            bail!("flows`: must be between 1 and 128");
+        }
+        if wl.kind == OnOff {
+            for (field, v) in [("on_ms", wl.on_ms), ("off_ms", wl.off_ms)] {
+                if v.unwrap_or(0) == 0 {
+                    bail!("{field}`: required for on_off and must be > 0");
+                }
+            }
+        }
+        if wl.timeout_ms == Some(0) || wl.timeout_ms > Some(10_000) {
+            bail!("timeout_ms`: must be between 1 and 10000");
+        }
+        Ok(())
+    }
+}
+
+fn check_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if !ok {
+        bail!("{name:?}: names are 1 to {MAX_NAME_LEN} characters of a-z, 0-9 and _");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+name = "t"
+duration_ms = 1000
+hosts = ["h1", "h2"]
+victim = "v"
+pass = ["victim_p99_ratio <= 1.5", "v.loss <= 0"]
+
+[[tenants]]
+name = "v"
+min_mbps = 10
+vms = [{ name = "a", host = "h1" }, { name = "b", host = "h2" }]
+
+[[tenants]]
+name = "x"
+vms = [{ name = "c", host = "h1" }, { name = "d", host = "h2" }]
+
+[[workloads]]
+name = "probe"
+kind = "rpc"
+from = "a"
+to = "b"
+"#;
+
+    fn err(text: &str) -> String {
+        format!("{:#}", Scenario::parse(text).unwrap_err())
+    }
+
+    fn with_workload(extra: &str) -> String {
+        format!("{BASE}\n[[workloads]]\n{extra}")
+    }
+
+    #[test]
+    fn shipped_scenarios_parse() {
+        for file in ["ingress-flood.toml", "bursty-udp.toml"] {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../scenarios")
+                .join(file);
+            let s = Scenario::load(&path).unwrap();
+            assert!(s.workloads.len() >= 2, "{file}");
+        }
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let s = Scenario::parse(BASE).unwrap();
+        assert_eq!(s.access_link_mbps, 1000);
+        assert_eq!(s.workloads[0].stop_ms(&s), 1000);
+        assert_eq!(s.workloads[0].size(), DEFAULT_SIZE);
+        assert_eq!(s.tenant_of("d").unwrap().name, "x");
+    }
+
+    #[test]
+    fn unknown_fields_are_named() {
+        let e = err(&BASE.replace("duration_ms = 1000", "duration_ms = 1000\nspeed = 3"));
+        assert!(e.contains("speed"), "{e}");
+        let e = err(&with_workload(
+            "name = \"w\"\nkind = \"udp_flood\"\nfrom = \"c\"\nto = \"d\"\nrate = 5",
+        ));
+        assert!(e.contains("rate"), "{e}");
+        let e = err(&with_workload(
+            "name = \"w\"\nkind = \"tornado\"\nfrom = \"c\"\nto = \"d\"",
+        ));
+        assert!(e.contains("tornado"), "{e}");
+    }
+
+    #[test]
+    fn validation_errors_name_the_field() {
+        let cases = [
+            (
+                BASE.replace("victim = \"v\"", "victim = \"nobody\""),
+                "`victim`",
+            ),
+            (
+                BASE.replace(
+                    "{ name = \"b\", host = \"h2\" }",
+                    "{ name = \"b\", host = \"h9\" }",
+                ),
+                "`tenants[0].vms[1].host`",
+            ),
+            (
+                BASE.replace("duration_ms = 1000", "duration_ms = 0"),
+                "`duration_ms`",
+            ),
+            (BASE.replace("\"h2\"]", "\"H 2\"]"), "`hosts[1]`"),
+            (
+                BASE.replace("\"v.loss <= 0\"", "\"v.loss ~ 0\""),
+                "`pass[1]`",
+            ),
+            (
+                BASE.replace("\"v.loss <= 0\"", "\"w.loss <= 0\""),
+                "`pass[1]`",
+            ),
+            (
+                BASE.replace("\"v.loss <= 0\"", "\"speed <= 0\""),
+                "`pass[1]`",
+            ),
+            (
+                with_workload("name = \"w\"\nkind = \"rpc\"\nfrom = \"a\"\nto = \"d\""),
+                "`workloads[1].to`",
+            ),
+            (
+                with_workload("name = \"w\"\nkind = \"udp_flood\"\nfrom = \"zz\"\nto = \"d\""),
+                "`workloads[1].from`",
+            ),
+            (
+                with_workload(
+                    "name = \"w\"\nkind = \"udp_flood\"\nfrom = \"c\"\nto = \"d\"\nflows = 2",
+                ),
+                "`workloads[1].flows`",
+            ),
+            (
+                with_workload(
+                    "name = \"w\"\nkind = \"on_off\"\nfrom = \"c\"\nto = \"d\"\non_ms = 5",
+                ),
+                "`workloads[1].off_ms`",
+            ),
+            (
+                with_workload(
+                    "name = \"w\"\nkind = \"udp_flood\"\nfrom = \"c\"\nto = \"d\"\nstop_ms = 2000",
+                ),
+                "`workloads[1].stop_ms`",
+            ),
+            (
+                with_workload(
+                    "name = \"w\"\nkind = \"udp_flood\"\nfrom = \"c\"\nto = \"d\"\nsize = 9000",
+                ),
+                "`workloads[1].size`",
+            ),
+            (
+                with_workload("name = \"probe\"\nkind = \"udp_flood\"\nfrom = \"c\"\nto = \"d\""),
+                "`workloads[1].name`",
+            ),
+        ];
+        for (text, field) in cases {
+            let e = err(&text);
+            assert!(e.contains(field), "expected {field} in: {e}");
+        }
+    }
+}

@@ -1,0 +1,901 @@
+//! Traffic workloads run inside VM namespaces: UDP flood, ON/OFF bursts, bulk TCP, an RPC
+//! latency probe (UDP or TCP) and iperf3. Every workload is bounded by its stop time (and so
+//! by a count); every receiver also stops at a deadline. Results are data: counters, a rate
+//! time series in [`BIN_MS`] bins and, for RPC, an HDR histogram of request latencies.
+
+use crate::netns;
+use crate::scenario::{self, Protocol, Scenario, Workload, WorkloadKind};
+use crate::topology::Topology;
+use anyhow::{anyhow, bail, Context, Result};
+use hdrhistogram::Histogram;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Width of a time-series bin, ms.
+pub const BIN_MS: u64 = 10;
+/// How long receivers keep listening after the sender's stop time.
+pub const GRACE: Duration = Duration::from_millis(200);
+/// First port used by workloads; workload `i` uses `BASE_PORT + i`.
+pub const BASE_PORT: u16 = 20000;
+/// Poll interval of receive loops (read timeouts), so deadlines are noticed.
+const POLL: Duration = Duration::from_millis(20);
+/// Highest latency the histograms record, ns (60 s).
+const MAX_LATENCY_NS: u64 = 60_000_000_000;
+
+/// The measured outcome of one workload.
+#[derive(Debug, Clone)]
+pub struct WorkloadResult {
+    /// Workload name.
+    pub name: String,
+    /// Tenant of its VMs.
+    pub tenant: String,
+    /// Kind of traffic.
+    pub kind: WorkloadKind,
+    /// Packets (datagrams, requests) the sender got out of its socket.
+    pub sent: u64,
+    /// Packets (or responses) that arrived in time.
+    pub received: u64,
+    /// Application payload bytes that arrived (responses for RPC).
+    pub received_bytes: u64,
+    /// Length of the sending period, ns.
+    pub active_ns: u64,
+    /// Request latencies in ns (RPC only).
+    pub latency: Option<Histogram<u64>>,
+    /// Payload bytes received per [`BIN_MS`] bin since the start of the run.
+    pub series: Vec<u64>,
+}
+
+impl WorkloadResult {
+    /// Application goodput over the sending period, bits/s.
+    pub fn throughput_bps(&self) -> f64 {
+        if self.active_ns == 0 {
+            return 0.0;
+        }
+        self.received_bytes as f64 * 8.0 * 1e9 / self.active_ns as f64
+    }
+
+    /// Lost fraction: packets (or requests) sent that did not arrive (in time). TCP: 0.
+    pub fn loss(&self) -> f64 {
+        if self.sent == 0 {
+            return 0.0;
+        }
+        self.sent.saturating_sub(self.received) as f64 / self.sent as f64
+    }
+}
+
+/// Where a workload runs, resolved from the topology.
+#[derive(Debug, Clone)]
+struct Endpoints {
+    from_ns: String,
+    to_ns: String,
+    to: SocketAddrV4,
+}
+
+/// Offsets of a workload relative to the run's epoch `t0`.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    t0: Instant,
+    start: Instant,
+    stop: Instant,
+    bins: usize,
+}
+
+impl Window {
+    fn deadline(&self) -> Instant {
+        self.stop + GRACE
+    }
+    fn bin(&self, now: Instant) -> usize {
+        (now.saturating_duration_since(self.t0).as_millis() as u64 / BIN_MS) as usize
+    }
+}
+
+/// Runs `workloads` (all from `scenario`) over `topo` and returns their results in the
+/// same order. Receivers start first; once all are listening the run's epoch is set 50 ms
+/// ahead and the senders start at their offsets from it.
+pub fn run_all(
+    scenario: &Scenario,
+    topo: &Topology,
+    workloads: &[&Workload],
+) -> Result<Vec<WorkloadResult>> {
+    let bins = ((scenario.duration_ms + GRACE.as_millis() as u64) / BIN_MS + 1) as usize;
+    let mut servers = Vec::new();
+    for wl in workloads {
+        let index = scenario
+            .workloads
+            .iter()
+            .position(|w| w.name == wl.name)
+            .ok_or_else(|| anyhow!("workload {} is not in the scenario", wl.name))?;
+        let ep = endpoints(topo, wl, BASE_PORT + index as u16)?;
+        let (t0_tx, t0_rx) = mpsc::channel::<Instant>();
+        let (ready_tx, ready_rx) = mpsc::channel::<()>();
+        let wl_owned = (*wl).clone();
+        let stop_ms = wl.stop_ms(scenario);
+        let ep2 = ep.clone();
+        let server = netns::spawn_in_netns(&ep.to_ns, move || {
+            serve(&wl_owned, &ep2, stop_ms, bins, ready_tx, t0_rx)
+        })?;
+        servers.push((ep, server, ready_rx, t0_tx));
+    }
+    for (i, (_, _, ready, _)) in servers.iter().enumerate() {
+        if ready.recv_timeout(Duration::from_secs(5)).is_err() {
+            bail!("receiver of workload {} did not start", workloads[i].name);
+        }
+    }
+    let t0 = Instant::now() + Duration::from_millis(50);
+    let mut clients = Vec::new();
+    for (wl, (ep, server, _, t0_tx)) in workloads.iter().zip(servers) {
+        let _ = t0_tx.send(t0);
+        let window = Window {
+            t0,
+            start: t0 + Duration::from_millis(wl.start_ms),
+            stop: t0 + Duration::from_millis(wl.stop_ms(scenario)),
+            bins,
+        };
+        let wl_owned = (*wl).clone();
+        let ep2 = ep.clone();
+        let client = netns::spawn_in_netns(&ep.from_ns, move || send(&wl_owned, &ep2, window))?;
+        clients.push((server, client, window));
+    }
+    let mut results = Vec::new();
+    for (wl, (server, client, window)) in workloads.iter().zip(clients) {
+        let sent = client
+            .join()?
+            .with_context(|| format!("sender of workload {}", wl.name))?;
+        let recv = server
+            .join()?
+            .with_context(|| format!("receiver of workload {}", wl.name))?;
+        let tenant = scenario
+            .tenant_of(&wl.from)
+            .map(|t| t.name.clone())
+            .unwrap_or_default();
+        results.push(merge(wl, tenant, sent, recv, window));
+    }
+    Ok(results)
+}
+
+fn endpoints(topo: &Topology, wl: &Workload, port: u16) -> Result<Endpoints> {
+    let from = topo
+        .vm(&wl.from)
+        .ok_or_else(|| anyhow!("no VM {} in the topology", wl.from))?;
+    let to = topo
+        .vm(&wl.to)
+        .ok_or_else(|| anyhow!("no VM {} in the topology", wl.to))?;
+    Ok(Endpoints {
+        from_ns: from.ns.clone(),
+        to_ns: to.ns.clone(),
+        to: SocketAddrV4::new(to.ip, port),
+    })
+}
+
+/// What the sending side measured.
+#[derive(Default)]
+struct SenderSide {
+    sent: u64,
+    /// RPC and iperf3 measure at the client: filled there.
+    received: Option<ReceiverSide>,
+    latency: Option<Histogram<u64>>,
+}
+
+/// What the receiving side measured.
+#[derive(Default)]
+struct ReceiverSide {
+    received: u64,
+    bytes: u64,
+    series: Vec<u64>,
+}
+
+fn merge(
+    wl: &Workload,
+    tenant: String,
+    sent: SenderSide,
+    recv: ReceiverSide,
+    window: Window,
+) -> WorkloadResult {
+    let recv = sent.received.unwrap_or(recv);
+    WorkloadResult {
+        name: wl.name.clone(),
+        tenant,
+        kind: wl.kind,
+        sent: sent.sent,
+        received: recv.received,
+        received_bytes: recv.bytes,
+        active_ns: (window.stop - window.start).as_nanos() as u64,
+        latency: sent.latency,
+        series: recv.series,
+    }
+}
+
+/// Receiver side of a workload, run inside the receiving VM's namespace.
+fn serve(
+    wl: &Workload,
+    ep: &Endpoints,
+    stop_ms: u64,
+    bins: usize,
+    ready: mpsc::Sender<()>,
+    t0: mpsc::Receiver<Instant>,
+) -> Result<ReceiverSide> {
+    let bind = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, ep.to.port());
+    let wait_t0 = |ready: mpsc::Sender<()>| -> Result<Window> {
+        let _ = ready.send(());
+        let t0 = t0.recv().map_err(|_| anyhow!("run aborted"))?;
+        Ok(Window {
+            t0,
+            start: t0,
+            stop: t0 + Duration::from_millis(stop_ms),
+            bins,
+        })
+    };
+    match wl.kind {
+        WorkloadKind::UdpFlood | WorkloadKind::OnOff => {
+            let sock = UdpSocket::bind(bind).context("binding the UDP sink")?;
+            sock.set_read_timeout(Some(POLL))?;
+            udp_sink(&sock, wait_t0(ready)?)
+        }
+        WorkloadKind::Rpc => match wl.protocol.unwrap_or_default() {
+            Protocol::Udp => {
+                let sock = UdpSocket::bind(bind).context("binding the RPC server")?;
+                sock.set_read_timeout(Some(POLL))?;
+                udp_echo(&sock, wait_t0(ready)?)
+            }
+            Protocol::Tcp => {
+                let listener = TcpListener::bind(bind).context("binding the RPC server")?;
+                tcp_echo(&listener, wl.size(), wait_t0(ready)?)
+            }
+        },
+        WorkloadKind::TcpBulk => {
+            let listener = TcpListener::bind(bind).context("binding the TCP sink")?;
+            tcp_sink(&listener, wl.flows(), wait_t0(ready)?)
+        }
+        WorkloadKind::Iperf3 => {
+            let mut child = netns::exec_in(&ep.to_ns, "iperf3")
+                .args(["-s", "-1", "-p", &ep.to.port().to_string()])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .context("starting the iperf3 server (Debian package iperf3)")?;
+            std::thread::sleep(Duration::from_millis(300));
+            let window = wait_t0(ready);
+            if let Ok(w) = window {
+                sleep_until(w.deadline() + Duration::from_secs(1));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            window.map(|_| ReceiverSide::default())
+        }
+    }
+}
+
+/// Sender side of a workload, run inside the sending VM's namespace.
+fn send(wl: &Workload, ep: &Endpoints, w: Window) -> Result<SenderSide> {
+    match wl.kind {
+        WorkloadKind::UdpFlood => udp_flood(ep, wl.size(), wl.rate_pps, None, w),
+        WorkloadKind::OnOff => {
+            let on = Duration::from_millis(wl.on_ms.unwrap_or(1));
+            let off = Duration::from_millis(wl.off_ms.unwrap_or(1));
+            udp_flood(ep, wl.size(), wl.rate_pps, Some((on, off)), w)
+        }
+        WorkloadKind::TcpBulk => tcp_bulk(ep, wl.flows(), w),
+        WorkloadKind::Rpc => {
+            let rate = wl.rate_pps.unwrap_or(scenario::DEFAULT_RPC_RATE);
+            let timeout =
+                Duration::from_millis(wl.timeout_ms.unwrap_or(scenario::DEFAULT_TIMEOUT_MS));
+            match wl.protocol.unwrap_or_default() {
+                Protocol::Udp => rpc_udp(ep, wl.size(), rate, timeout, w),
+                Protocol::Tcp => rpc_tcp(ep, wl.size(), rate, timeout, w),
+            }
+        }
+        WorkloadKind::Iperf3 => iperf3_client(ep, wl.flows(), w),
+    }
+}
+
+/// Sleeps most of the way to `t` (timers here wake 0.1 to 1 ms late, DESIGN.md 7), then
+/// spins on the monotonic clock for the rest.
+fn sleep_until(t: Instant) {
+    const SPIN: Duration = Duration::from_micros(200);
+    loop {
+        let now = Instant::now();
+        if now >= t {
+            return;
+        }
+        let left = t - now;
+        if left > SPIN {
+            std::thread::sleep(left - SPIN);
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// The send time of packet `n` at `rate` per second from `start`, exact in integers.
+fn nth_send_time(start: Instant, n: u64, rate: u64) -> Instant {
+    start + Duration::from_nanos((n as u128 * 1_000_000_000 / rate as u128) as u64)
+}
+
+/// Datagrams per sendmmsg/recvmmsg call.
+const BATCH: usize = 32;
+
+/// Preallocated buffers and headers for sendmmsg/recvmmsg on a connected UDP socket, so a
+/// flood costs one syscall per [`BATCH`] datagrams and no allocation.
+struct MmsgBatch {
+    bufs: Vec<Vec<u8>>,
+    iovs: Vec<libc::iovec>,
+    hdrs: Vec<libc::mmsghdr>,
+}
+
+// SAFETY: the raw pointers only point into the batch's own heap buffers.
+unsafe impl Send for MmsgBatch {}
+
+impl MmsgBatch {
+    /// `BATCH` buffers of `len` bytes; the headers point into them (the heap buffers never
+    /// move or resize, so the pointers stay valid when the struct moves).
+    fn new(len: usize) -> MmsgBatch {
+        let mut bufs: Vec<Vec<u8>> = (0..BATCH).map(|_| vec![0u8; len]).collect();
+        let mut iovs: Vec<libc::iovec> = bufs
+            .iter_mut()
+            .map(|b| libc::iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: b.len(),
+            })
+            .collect();
+        let hdrs = iovs
+            .iter_mut()
+            .map(|iov| {
+                // SAFETY: an all-zero msghdr is valid (no name, no control data).
+                let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
+                h.msg_hdr.msg_iov = iov;
+                h.msg_hdr.msg_iovlen = 1;
+                h
+            })
+            .collect();
+        MmsgBatch { bufs, iovs, hdrs }
+    }
+
+    /// Sends the first `n` buffers; returns how many left.
+    fn send(&mut self, sock: &UdpSocket, n: usize) -> std::io::Result<usize> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: hdrs[..n] point at live iovecs and buffers owned by self.
+        let rc = unsafe {
+            libc::sendmmsg(
+                sock.as_raw_fd(),
+                self.hdrs.as_mut_ptr(),
+                n.min(BATCH) as u32,
+                0,
+            )
+        };
+        if rc < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(rc as usize)
+    }
+
+    /// Receives up to [`BATCH`] datagrams (blocking for the first, up to the socket's read
+    /// timeout); returns their lengths through `lens`.
+    fn recv(&mut self, sock: &UdpSocket, lens: &mut [usize; BATCH]) -> std::io::Result<usize> {
+        use std::os::fd::AsRawFd;
+        for (h, iov) in self.hdrs.iter_mut().zip(&self.iovs) {
+            h.msg_len = 0;
+            h.msg_hdr.msg_iov = iov as *const libc::iovec as *mut libc::iovec;
+        }
+        // SAFETY: as in send; the kernel writes at most iov_len bytes per buffer.
+        let rc = unsafe {
+            libc::recvmmsg(
+                sock.as_raw_fd(),
+                self.hdrs.as_mut_ptr(),
+                BATCH as u32,
+                libc::MSG_WAITFORONE,
+                std::ptr::null_mut(),
+            )
+        };
+        if rc < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        for (len, h) in lens.iter_mut().zip(&self.hdrs).take(rc as usize) {
+            *len = h.msg_len as usize;
+        }
+        Ok(rc as usize)
+    }
+}
+
+/// UDP flood: datagrams of `size` bytes carrying a sequence number, sent in sendmmsg
+/// batches, paced at `rate` (the batch is what is due by the clock, spinning between) or
+/// unlimited, optionally gated ON/OFF.
+fn udp_flood(
+    ep: &Endpoints,
+    size: usize,
+    rate: Option<u64>,
+    on_off: Option<(Duration, Duration)>,
+    w: Window,
+) -> Result<SenderSide> {
+    let sock = UdpSocket::bind("0.0.0.0:0")?;
+    sock.connect(ep.to).context("connecting the flood socket")?;
+    let mut batch = MmsgBatch::new(size);
+    let mut sent = 0u64;
+    let mut scheduled = 0u64; // packets due so far (paced mode)
+    sleep_until(w.start);
+    let mut phase_start = w.start;
+    loop {
+        let now = Instant::now();
+        if now >= w.stop {
+            break;
+        }
+        if let Some((on, off)) = on_off {
+            // EyeQ 2.2's bursty neighbour: ON at full rate, then silent.
+            let period = on + off;
+            while now >= phase_start + period {
+                phase_start += period;
+            }
+            if now >= phase_start + on {
+                sleep_until((phase_start + period).min(w.stop));
+                continue;
+            }
+        }
+        let n = match rate {
+            None => BATCH,
+            Some(rate) => {
+                let due = nth_send_time(w.start, scheduled, rate);
+                if due >= w.stop {
+                    break;
+                }
+                if due > now {
+                    sleep_until(due);
+                }
+                let elapsed = Instant::now().saturating_duration_since(w.start).as_nanos();
+                let due_total = (elapsed * rate as u128 / 1_000_000_000) as u64 + 1;
+                (due_total.saturating_sub(scheduled) as usize).clamp(1, BATCH)
+            }
+        };
+        for (i, buf) in batch.bufs.iter_mut().take(n).enumerate() {
+            buf[..8].copy_from_slice(&(sent + i as u64).to_be_bytes());
+        }
+        match batch.send(&sock, n) {
+            Ok(k) => {
+                sent += k as u64;
+                scheduled += n as u64;
+            }
+            // A full queue (ENOBUFS) or an ICMP error: nothing left; try again.
+            Err(_) => std::thread::yield_now(),
+        }
+    }
+    Ok(SenderSide {
+        sent,
+        ..Default::default()
+    })
+}
+
+/// UDP sink: counts datagrams and bytes per bin, with recvmmsg batches.
+fn udp_sink(sock: &UdpSocket, w: Window) -> Result<ReceiverSide> {
+    let mut out = ReceiverSide {
+        series: vec![0; w.bins],
+        ..Default::default()
+    };
+    let mut batch = MmsgBatch::new(65536);
+    let mut lens = [0usize; BATCH];
+    while Instant::now() < w.deadline() {
+        match batch.recv(sock, &mut lens) {
+            Ok(k) => {
+                let now = Instant::now();
+                let bytes: usize = lens[..k].iter().sum();
+                out.received += k as u64;
+                out.bytes += bytes as u64;
+                if let Some(b) = out.series.get_mut(w.bin(now)) {
+                    *b += bytes as u64;
+                }
+            }
+            Err(e) if is_timeout(&e) => {}
+            Err(e) => return Err(e).context("receiving"),
+        }
+    }
+    Ok(out)
+}
+
+fn is_timeout(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+    )
+}
+
+fn udp_echo(sock: &UdpSocket, w: Window) -> Result<ReceiverSide> {
+    let mut buf = vec![0u8; 65536];
+    while Instant::now() < w.deadline() {
+        match sock.recv_from(&mut buf) {
+            Ok((len, peer)) => {
+                let _ = sock.send_to(&buf[..len], peer);
+            }
+            Err(e) if is_timeout(&e) => {}
+            Err(e) => return Err(e).context("RPC server receiving"),
+        }
+    }
+    Ok(ReceiverSide::default())
+}
+
+/// Request header: sequence number and send time (ns since the run's epoch).
+fn encode_request(buf: &mut [u8], seq: u64, sent_ns: u64) {
+    buf[..8].copy_from_slice(&seq.to_be_bytes());
+    buf[8..16].copy_from_slice(&sent_ns.to_be_bytes());
+}
+
+fn decode_request(buf: &[u8]) -> Option<(u64, u64)> {
+    let seq = u64::from_be_bytes(buf.get(..8)?.try_into().ok()?);
+    let sent = u64::from_be_bytes(buf.get(8..16)?.try_into().ok()?);
+    Some((seq, sent))
+}
+
+fn new_histogram() -> Result<Histogram<u64>> {
+    Histogram::new_with_bounds(1, MAX_LATENCY_NS, 3).map_err(|e| anyhow!("histogram: {e}"))
+}
+
+/// Collects responses of a probe: latency per request, answered once and in time.
+struct ProbeBook {
+    answered: Vec<bool>,
+    hist: Histogram<u64>,
+    received: ReceiverSide,
+    timeout_ns: u64,
+}
+
+impl ProbeBook {
+    fn new(requests: usize, bins: usize, timeout: Duration) -> Result<ProbeBook> {
+        Ok(ProbeBook {
+            answered: vec![false; requests],
+            hist: new_histogram()?,
+            received: ReceiverSide {
+                series: vec![0; bins],
+                ..Default::default()
+            },
+            timeout_ns: timeout.as_nanos() as u64,
+        })
+    }
+
+    fn on_response(&mut self, w: &Window, frame: &[u8], now: Instant) {
+        let Some((seq, sent_ns)) = decode_request(frame) else {
+            return;
+        };
+        let now_ns = now.saturating_duration_since(w.t0).as_nanos() as u64;
+        let latency = now_ns.saturating_sub(sent_ns);
+        let Some(done) = self.answered.get_mut(seq as usize) else {
+            return;
+        };
+        if *done || latency > self.timeout_ns {
+            return; // duplicate, or too late: the request counts as lost
+        }
+        *done = true;
+        let _ = self.hist.record(latency.clamp(1, MAX_LATENCY_NS));
+        self.received.received += 1;
+        self.received.bytes += frame.len() as u64;
+        if let Some(b) = self.received.series.get_mut(w.bin(now)) {
+            *b += frame.len() as u64;
+        }
+    }
+}
+
+fn request_count(rate: u64, w: &Window) -> usize {
+    ((w.stop - w.start).as_nanos() * rate as u128 / 1_000_000_000 + 1) as usize
+}
+
+/// UDP RPC client: requests at a fixed rate from one thread, responses on another.
+fn rpc_udp(
+    ep: &Endpoints,
+    size: usize,
+    rate: u64,
+    timeout: Duration,
+    w: Window,
+) -> Result<SenderSide> {
+    let sock = UdpSocket::bind("0.0.0.0:0")?;
+    sock.connect(ep.to).context("connecting the RPC socket")?;
+    sock.set_read_timeout(Some(POLL))?;
+    let rx_sock = sock.try_clone()?;
+    let count = request_count(rate, &w);
+    let mut book = ProbeBook::new(count, w.bins, timeout)?;
+    let rx_deadline = w.stop + timeout;
+    let receiver = std::thread::spawn(move || -> Result<ProbeBook> {
+        let mut buf = vec![0u8; 65536];
+        while Instant::now() < rx_deadline {
+            match rx_sock.recv(&mut buf) {
+                Ok(len) => book.on_response(&w, &buf[..len], Instant::now()),
+                Err(e) if is_timeout(&e) => {}
+                // ECONNREFUSED from an ICMP error: the request is lost, keep going.
+                Err(e) if e.kind() == ErrorKind::ConnectionRefused => {}
+                Err(e) => return Err(e).context("RPC client receiving"),
+            }
+        }
+        Ok(book)
+    });
+    let mut buf = vec![0u8; size];
+    let mut sent = 0u64;
+    for n in 0..count as u64 {
+        let due = nth_send_time(w.start, n, rate);
+        if due >= w.stop {
+            break;
+        }
+        sleep_until(due);
+        let now_ns = Instant::now().saturating_duration_since(w.t0).as_nanos() as u64;
+        encode_request(&mut buf, n, now_ns);
+        if sock.send(&buf).is_ok() {
+            sent += 1;
+        }
+    }
+    let book = receiver
+        .join()
+        .map_err(|_| anyhow!("RPC receiver panicked"))??;
+    Ok(SenderSide {
+        sent,
+        received: Some(book.received),
+        latency: Some(book.hist),
+    })
+}
+
+/// TCP RPC server: echoes fixed-size frames on one connection.
+fn tcp_echo(listener: &TcpListener, size: usize, w: Window) -> Result<ReceiverSide> {
+    let Some(mut conn) = accept_until(listener, w.deadline())? else {
+        return Ok(ReceiverSide::default());
+    };
+    conn.set_nodelay(true)?;
+    conn.set_read_timeout(Some(POLL))?;
+    let mut buf = vec![0u8; size];
+    let mut filled = 0;
+    while Instant::now() < w.deadline() {
+        match conn.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(len) => {
+                filled += len;
+                if filled == size {
+                    conn.write_all(&buf)?;
+                    filled = 0;
+                }
+            }
+            Err(e) if is_timeout(&e) => {}
+            Err(e) => return Err(e).context("RPC server reading"),
+        }
+    }
+    Ok(ReceiverSide::default())
+}
+
+fn accept_until(listener: &TcpListener, deadline: Instant) -> Result<Option<TcpStream>> {
+    listener.set_nonblocking(true)?;
+    while Instant::now() < deadline {
+        match listener.accept() {
+            Ok((conn, _)) => {
+                conn.set_nonblocking(false)?;
+                return Ok(Some(conn));
+            }
+            Err(e) if is_timeout(&e) => std::thread::sleep(Duration::from_millis(1)),
+            Err(e) => return Err(e).context("accepting"),
+        }
+    }
+    Ok(None)
+}
+
+/// TCP RPC client: one outstanding request; a request not answered within the timeout
+/// counts as lost and its late response is skipped. Ticks missed while waiting are skipped,
+/// not sent in a burst.
+fn rpc_tcp(
+    ep: &Endpoints,
+    size: usize,
+    rate: u64,
+    timeout: Duration,
+    w: Window,
+) -> Result<SenderSide> {
+    let mut conn = TcpStream::connect_timeout(&ep.to.into(), Duration::from_secs(2))
+        .context("connecting the RPC client")?;
+    conn.set_nodelay(true)?;
+    let count = request_count(rate, &w);
+    let mut book = ProbeBook::new(count, w.bins, timeout)?;
+    let mut req = vec![0u8; size];
+    let mut rx = vec![0u8; size];
+    let mut filled = 0;
+    let mut sent = 0u64;
+    let mut n = 0u64;
+    loop {
+        let due = nth_send_time(w.start, n, rate);
+        if due >= w.stop || n as usize >= count {
+            break;
+        }
+        sleep_until(due);
+        let sent_at = Instant::now();
+        encode_request(
+            &mut req,
+            n,
+            sent_at.saturating_duration_since(w.t0).as_nanos() as u64,
+        );
+        conn.write_all(&req).context("RPC client sending")?;
+        sent += 1;
+        let give_up = sent_at + timeout;
+        // Read frames until this request's response arrives or the timeout passes.
+        'wait: while Instant::now() < give_up {
+            conn.set_read_timeout(Some(
+                (give_up - Instant::now()).max(Duration::from_micros(100)),
+            ))?;
+            match conn.read(&mut rx[filled..]) {
+                Ok(0) => bail!("RPC server closed the connection"),
+                Ok(len) => {
+                    filled += len;
+                    if filled == size {
+                        filled = 0;
+                        book.on_response(&w, &rx, Instant::now());
+                        if decode_request(&rx).map(|(s, _)| s) == Some(n) {
+                            break 'wait;
+                        }
+                    }
+                }
+                Err(e) if is_timeout(&e) => {}
+                Err(e) => return Err(e).context("RPC client receiving"),
+            }
+        }
+        n += 1;
+        while nth_send_time(w.start, n, rate) < Instant::now() {
+            n += 1;
+        }
+    }
+    Ok(SenderSide {
+        sent,
+        received: Some(book.received),
+        latency: Some(book.hist),
+    })
+}
+
+/// TCP sink: accepts up to `flows` connections and counts what they deliver.
+fn tcp_sink(listener: &TcpListener, flows: u32, w: Window) -> Result<ReceiverSide> {
+    let mut readers = Vec::new();
+    for _ in 0..flows {
+        let Some(mut conn) = accept_until(listener, w.deadline())? else {
+            break;
+        };
+        conn.set_read_timeout(Some(POLL))?;
+        readers.push(std::thread::spawn(move || -> ReceiverSide {
+            let mut out = ReceiverSide {
+                series: vec![0; w.bins],
+                ..Default::default()
+            };
+            let mut buf = vec![0u8; 1 << 16];
+            while Instant::now() < w.deadline() {
+                match conn.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(len) => {
+                        let now = Instant::now();
+                        if now <= w.stop {
+                            out.bytes += len as u64;
+                        }
+                        if let Some(b) = out.series.get_mut(w.bin(now)) {
+                            *b += len as u64;
+                        }
+                    }
+                    Err(e) if is_timeout(&e) => {}
+                    Err(_) => break,
+                }
+            }
+            out
+        }));
+    }
+    let mut total = ReceiverSide {
+        series: vec![0; w.bins],
+        ..Default::default()
+    };
+    for r in readers {
+        let part = r.join().map_err(|_| anyhow!("TCP reader panicked"))?;
+        total.bytes += part.bytes;
+        for (t, p) in total.series.iter_mut().zip(&part.series) {
+            *t += p;
+        }
+    }
+    Ok(total)
+}
+
+/// Bulk TCP client: `flows` connections writing as fast as they can until the stop time.
+fn tcp_bulk(ep: &Endpoints, flows: u32, w: Window) -> Result<SenderSide> {
+    sleep_until(w.start);
+    let mut writers = Vec::new();
+    for _ in 0..flows {
+        let mut conn = TcpStream::connect_timeout(&ep.to.into(), Duration::from_secs(2))
+            .context("connecting a bulk TCP flow")?;
+        conn.set_write_timeout(Some(POLL))?;
+        writers.push(std::thread::spawn(move || {
+            let buf = vec![0x5au8; 1 << 16];
+            while Instant::now() < w.stop {
+                match conn.write(&buf) {
+                    Ok(_) => {}
+                    Err(e) if is_timeout(&e) => {}
+                    Err(_) => break,
+                }
+            }
+            let _ = conn.shutdown(std::net::Shutdown::Both);
+        }));
+    }
+    for wr in writers {
+        wr.join().map_err(|_| anyhow!("TCP writer panicked"))?;
+    }
+    Ok(SenderSide::default())
+}
+
+/// iperf3 client with `flows` streams; its JSON report gives bytes received and a 100 ms
+/// interval series (spread evenly over the 10 ms bins).
+fn iperf3_client(ep: &Endpoints, flows: u32, w: Window) -> Result<SenderSide> {
+    sleep_until(w.start);
+    let secs = (w.stop - w.start).as_secs_f64().max(0.1);
+    let out = netns::exec_in(&ep.from_ns, "iperf3")
+        .args([
+            "-c",
+            &ep.to.ip().to_string(),
+            "-p",
+            &ep.to.port().to_string(),
+            "-t",
+            &format!("{secs:.1}"),
+            "-P",
+            &flows.to_string(),
+            "-i",
+            "0.1",
+            "-J",
+        ])
+        .output()
+        .context("running iperf3 (Debian package iperf3)")?;
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| {
+        anyhow!(
+            "iperf3 output is not JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    if let Some(err) = json.get("error").and_then(|e| e.as_str()) {
+        bail!("iperf3: {err}");
+    }
+    let bytes = json["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0);
+    let mut series = vec![0u64; w.bins];
+    let offset = (w.start - w.t0).as_millis() as u64;
+    for iv in json["intervals"].as_array().into_iter().flatten() {
+        let start_ms = (iv["sum"]["start"].as_f64().unwrap_or(0.0) * 1000.0) as u64 + offset;
+        let end_ms = (iv["sum"]["end"].as_f64().unwrap_or(0.0) * 1000.0) as u64 + offset;
+        let b = iv["sum"]["bytes"].as_u64().unwrap_or(0);
+        let (first, last) = ((start_ms / BIN_MS) as usize, (end_ms / BIN_MS) as usize);
+        let n = (last.saturating_sub(first)).max(1) as u64;
+        for bin in series.iter_mut().skip(first).take(n as usize) {
+            *bin += b / n;
+        }
+    }
+    Ok(SenderSide {
+        sent: 0,
+        received: Some(ReceiverSide {
+            received: 0,
+            bytes,
+            series,
+        }),
+        latency: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn send_times_are_exact() {
+        let t = Instant::now();
+        assert_eq!(nth_send_time(t, 3, 1000) - t, Duration::from_millis(3));
+        assert_eq!(
+            nth_send_time(t, 1, 3) - t,
+            Duration::from_nanos(333_333_333)
+        );
+    }
+
+    #[test]
+    fn probe_counts_late_and_duplicate_responses_as_lost() {
+        let t0 = Instant::now();
+        let w = Window {
+            t0,
+            start: t0,
+            stop: t0 + Duration::from_secs(1),
+            bins: 200,
+        };
+        let mut book = ProbeBook::new(3, w.bins, Duration::from_millis(10)).unwrap();
+        let mut frame = [0u8; 16];
+        encode_request(&mut frame, 0, 0);
+        book.on_response(&w, &frame, t0 + Duration::from_micros(50));
+        book.on_response(&w, &frame, t0 + Duration::from_micros(60));
+        encode_request(&mut frame, 1, 0);
+        book.on_response(&w, &frame, t0 + Duration::from_millis(20));
+        encode_request(&mut frame, 7, 0);
+        book.on_response(&w, &frame, t0 + Duration::from_micros(50));
+        assert_eq!(book.received.received, 1);
+        assert_eq!(book.hist.len(), 1);
+        assert!((49_000..=51_000).contains(&book.hist.value_at_quantile(0.5)));
+    }
+}
