@@ -1,3 +1,37 @@
+//! The one `picnic` binary.
+
+use clap::{Parser, Subcommand};
+
+mod lab_cmd;
+mod switch_cmd;
+
+#[derive(Parser)]
+#[command(name = "picnic", version, about = "A predictable virtualized NIC: a userspace virtual switch that keeps each tenant within its SLO")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one host's dataplane from a TOML config.
+    Switch(switch_cmd::SwitchArgs),
+    /// Prove isolation on this machine with real traffic in network namespaces.
+    #[command(subcommand)]
+    Lab(lab_cmd::LabCommand),
+}
+
 fn main() {
-    println!("picnic");
+    let cli = Cli::parse();
+    let code = match cli.command {
+        Command::Switch(args) => match switch_cmd::run(args) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("picnic switch: error: {e:#}");
+                2
+            }
+        },
+        Command::Lab(cmd) => lab_cmd::run(cmd),
+    };
+    std::process::exit(code);
 }

@@ -1,7 +1,8 @@
 //! What runs in each host namespace and joins the VM ports to the uplink.
 
 use crate::netns;
-use crate::topology::HostView;
+use crate::scenario::Scenario;
+use crate::topology::{HostView, Topology};
 use anyhow::Result;
 use std::sync::Arc;
 
@@ -15,7 +16,10 @@ pub trait Dataplane: Send {
 }
 
 /// Makes a fresh dataplane for a host; a mode of a run holds one.
-pub type DataplaneFactory = Arc<dyn Fn(&HostView) -> Box<dyn Dataplane> + Send + Sync>;
+/// It sees the whole scenario and topology, since an overlay dataplane needs to know every
+/// host and VM.
+pub type DataplaneFactory =
+    Arc<dyn Fn(&Scenario, &Topology, &HostView) -> Box<dyn Dataplane> + Send + Sync>;
 
 /// Name of the bridge [`LinuxBridge`] creates in each host namespace.
 pub const HOST_BRIDGE: &str = "br0";
@@ -30,7 +34,7 @@ pub struct LinuxBridge;
 impl LinuxBridge {
     /// A factory making a [`LinuxBridge`] for every host.
     pub fn factory() -> DataplaneFactory {
-        Arc::new(|_| Box::new(LinuxBridge))
+        Arc::new(|_, _, _| Box::new(LinuxBridge))
     }
 }
 

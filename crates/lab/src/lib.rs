@@ -8,6 +8,7 @@
 
 pub mod dataplane;
 pub mod netns;
+pub mod picnic;
 pub mod report;
 pub mod run;
 pub mod scenario;
@@ -15,6 +16,6 @@ pub mod topology;
 pub mod workload;
 
 pub use dataplane::{Dataplane, DataplaneFactory, LinuxBridge};
-pub use run::{exit_code, run_scenario, Mode, Outcome, RunOptions};
+pub use run::{exit_code, run_loaded, run_scenario, Mode, Outcome, RunOptions};
 pub use scenario::Scenario;
 pub use topology::{HostView, Topology, VmView};

@@ -1,6 +1,7 @@
 //! Running a scenario in several modes and reporting it side by side.
 
 use crate::dataplane::{Dataplane, DataplaneFactory, LinuxBridge};
+use crate::picnic::PicnicSwitch;
 use crate::netns::{self, Testbed};
 use crate::report::{self, ModeReport, Summary};
 use crate::scenario::{Scenario, WorkloadKind};
@@ -35,6 +36,16 @@ impl Mode {
         Mode::new("bridge", true, LinuxBridge::factory())
     }
 
+    /// (a) picnic switches with every isolation mechanism on.
+    pub fn picnic() -> Mode {
+        Mode::new("picnic", true, PicnicSwitch::factory(true))
+    }
+
+    /// (b) picnic switches with isolation off (forwarding and policy only).
+    pub fn picnic_off() -> Mode {
+        Mode::new("picnic-off", true, PicnicSwitch::factory(false))
+    }
+
     /// (d) The victim alone over Linux bridges.
     pub fn victim_alone() -> Mode {
         Mode::new("victim-alone", false, LinuxBridge::factory())
@@ -59,7 +70,7 @@ pub struct RunOptions {
 impl Default for RunOptions {
     fn default() -> Self {
         RunOptions {
-            modes: vec![Mode::bridge(), Mode::victim_alone()],
+            modes: vec![Mode::picnic(), Mode::picnic_off(), Mode::bridge(), Mode::victim_alone()],
             out: None,
             repeat: 1,
             judge: None,
@@ -110,7 +121,11 @@ pub fn required_tools(scenario: &Scenario) -> Vec<&'static str> {
 /// Loads the scenario at `path`, runs it in every mode of `opts` (each `repeat` times, a
 /// fresh testbed each time), prints the table and writes the outputs.
 pub fn run_scenario(path: &Path, opts: &RunOptions) -> Result<Outcome> {
-    let scenario = Scenario::load(path)?;
+    run_loaded(&Scenario::load(path)?, opts)
+}
+
+/// Runs an already loaded scenario; see [`run_scenario`].
+pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> Result<Outcome> {
     netns::preflight(&required_tools(&scenario))?;
     let say = |msg: String| {
         if opts.progress {
@@ -199,7 +214,7 @@ pub fn run_mode(
     let topo = Topology::build(scenario, &mut testbed)?;
     let mut dataplanes = Dataplanes(Vec::new());
     for host in &topo.hosts {
-        let mut dp = (mode.dataplane)(host);
+        let mut dp = (mode.dataplane)(scenario, &topo, host);
         dp.setup(host)
             .with_context(|| format!("dataplane setup on host {}", host.name))?;
         dataplanes.0.push((host.clone(), dp));

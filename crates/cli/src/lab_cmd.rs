@@ -1,0 +1,105 @@
+//! `picnic lab`: build a testbed of hosts and tenants in namespaces, run a scenario in every
+//! mode side by side, report.
+
+use std::path::PathBuf;
+
+use picnic_lab::{run_loaded, Mode, RunOptions, Scenario};
+
+#[derive(clap::Subcommand)]
+pub enum LabCommand {
+    /// Run one scenario file in every mode (picnic, picnic with isolation off, Linux bridge,
+    /// victim alone) and print the side-by-side table. Exit 0 pass, 1 fail, 2 error.
+    Run(RunArgs),
+    /// The main job: the ingress-flood and bursty-udp scenarios shipped with picnic.
+    Demo(DemoArgs),
+}
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// Scenario TOML (see docs/scenarios.md; examples in scenarios/).
+    pub scenario: PathBuf,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+#[derive(clap::Args)]
+pub struct DemoArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+#[derive(clap::Args)]
+pub struct CommonArgs {
+    /// Write summary.json and CSV time series here.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Run every mode this many times and report min/median/max.
+    #[arg(long, default_value_t = 1)]
+    pub repeat: u32,
+    /// Only these modes (comma-separated: picnic, picnic-off, bridge, victim-alone).
+    #[arg(long, value_delimiter = ',')]
+    pub modes: Vec<String>,
+}
+
+const DEMO: [(&str, &str); 2] = [
+    ("ingress-flood", include_str!("../../../scenarios/ingress-flood.toml")),
+    ("bursty-udp", include_str!("../../../scenarios/bursty-udp.toml")),
+];
+
+fn options(common: &CommonArgs, out: Option<PathBuf>) -> anyhow::Result<RunOptions> {
+    let mut modes = Vec::new();
+    let wanted: Vec<&str> = if common.modes.is_empty() { vec!["picnic", "picnic-off", "bridge", "victim-alone"] } else { common.modes.iter().map(|s| s.as_str()).collect() };
+    for m in wanted {
+        modes.push(match m {
+            "picnic" => Mode::picnic(),
+            "picnic-off" => Mode::picnic_off(),
+            "bridge" => Mode::bridge(),
+            "victim-alone" => Mode::victim_alone(),
+            other => anyhow::bail!("--modes: unknown mode '{other}' (picnic, picnic-off, bridge, victim-alone)"),
+        });
+    }
+    Ok(RunOptions { modes, out, repeat: common.repeat, judge: Some("picnic".into()).filter(|_| common.modes.is_empty() || common.modes.iter().any(|m| m == "picnic")), progress: true })
+}
+
+/// Runs the command; returns the process exit code.
+pub fn run(cmd: LabCommand) -> i32 {
+    let result = match cmd {
+        LabCommand::Run(args) => Scenario::load(&args.scenario).and_then(|s| {
+            let opts = options(&args.common, args.common.out.clone())?;
+            run_loaded(&s, &opts)
+        }),
+        LabCommand::Demo(args) => {
+            let mut all_pass = true;
+            let mut last = None;
+            for (name, text) in DEMO {
+                let out = args.common.out.as_ref().map(|d| d.join(name));
+                let r = Scenario::parse(text).and_then(|s| {
+                    let opts = options(&args.common, out)?;
+                    run_loaded(&s, &opts)
+                });
+                match r {
+                    Ok(o) => {
+                        all_pass &= o.pass();
+                        last = Some(Ok(o));
+                    }
+                    Err(e) => {
+                        last = Some(Err(e));
+                        break;
+                    }
+                }
+            }
+            match last {
+                Some(Ok(mut o)) => {
+                    o.summary.pass = all_pass;
+                    Ok(o)
+                }
+                Some(Err(e)) => Err(e),
+                None => unreachable!("the demo has scenarios"),
+            }
+        }
+    };
+    if let Err(e) = &result {
+        eprintln!("picnic lab: error: {e:#}");
+    }
+    picnic_lab::exit_code(&result)
+}

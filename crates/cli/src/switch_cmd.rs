@@ -1,0 +1,47 @@
+//! `picnic switch`: run one host's dataplane.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+
+use anyhow::Context;
+use picnic_switch::config::Config;
+use picnic_switch::runner::Switch;
+
+#[derive(clap::Args)]
+pub struct SwitchArgs {
+    /// The host's TOML config (see docs/switch.md and examples/host1.toml).
+    #[arg(long, short)]
+    pub config: PathBuf,
+    /// Only validate the config and exit.
+    #[arg(long)]
+    pub check: bool,
+}
+
+pub fn run(args: SwitchArgs) -> anyhow::Result<()> {
+    let cfg = Config::load(&args.config)?;
+    if args.check {
+        println!("{}: ok ({} tenants, {} VMs, {} hosts)", args.config.display(), cfg.tenants.len(), cfg.vms.len(), cfg.hosts.len());
+        return Ok(());
+    }
+    if unsafe { libc::geteuid() } != 0 {
+        anyhow::bail!("picnic switch opens raw packet sockets and TAP devices: run it as root (or with CAP_NET_RAW and CAP_NET_ADMIN)");
+    }
+    let api = cfg.switch.api.clone();
+    let mut switch = Switch::open(cfg).context("starting the switch")?;
+    for line in switch.describe_ports() {
+        eprintln!("picnic switch: {line}");
+    }
+    let stop = switch.stop_flag();
+    signal_hook::flag::register(signal_hook::consts::SIGINT, stop.clone())?;
+    signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone())?;
+    if let Some(addr) = api {
+        let commands = switch.command_channel();
+        picnic_switch::api::spawn(&addr, switch.shared(), commands)?;
+        eprintln!("picnic switch: API on http://{addr} (/stats, /metrics, /config)");
+    }
+    eprintln!("picnic switch: running (Ctrl-C to stop)");
+    switch.run()?;
+    let _ = stop.load(Ordering::Relaxed);
+    eprintln!("picnic switch: stopped, ports released");
+    Ok(())
+}

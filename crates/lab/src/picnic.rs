@@ -1,0 +1,141 @@
+//! The picnic dataplane: one `picnic switch` per host namespace, configured from the
+//! topology (every host and VM, tenants as VNIs, guarantees from the scenario), run on a
+//! thread that entered the host's namespace so its sockets live there.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+
+use anyhow::{anyhow, Context, Result};
+use picnic_switch::config::{
+    Config, EgressSection, HostEntry, IngressSection, Isolation, PortEntry, SwitchSection, TenantEntry, UplinkSection, VmEntry,
+};
+use picnic_switch::runner::Switch;
+use picnic_wire::overlay::ENCAP_OVERHEAD;
+
+use crate::dataplane::{Dataplane, DataplaneFactory};
+use crate::netns::{self, NsThread};
+use crate::scenario::Scenario;
+use crate::topology::{HostView, Topology};
+
+/// VNI of the scenario's tenant number `t`.
+pub fn vni_of(t: usize) -> u32 {
+    100 + t as u32
+}
+
+/// The switch config of `host` in `topo`, with every isolation mechanism on or off.
+pub fn switch_config(scenario: &Scenario, topo: &Topology, host: &HostView, isolated: bool) -> Result<Config> {
+    let hosts = topo
+        .hosts
+        .iter()
+        .map(|h| Ok(HostEntry { id: h.index as u32 + 1, underlay_ip: h.underlay_ip, mac: h.uplink_mac.parse().map_err(|e| anyhow!("{e}"))? }))
+        .collect::<Result<Vec<_>>>()?;
+    let tenants = scenario
+        .tenants
+        .iter()
+        .enumerate()
+        .map(|(t, tenant)| TenantEntry { name: tenant.name.clone(), vni: vni_of(t), cpu_quota: None })
+        .collect();
+    let mut vms = Vec::new();
+    for h in &topo.hosts {
+        for vm in &h.vms {
+            let tenant = &scenario.tenants[vm.tenant_index];
+            vms.push(VmEntry {
+                name: vm.name.clone(),
+                id: vms.len() as u32 + 1,
+                tenant: vm.tenant.clone(),
+                host: h.index as u32 + 1,
+                mac: vm.mac.parse().map_err(|e| anyhow!("{e}"))?,
+                ip: vm.ip,
+                min_mbps: tenant.min_mbps.max(1),
+                max_mbps: (tenant.max_mbps > 0).then_some(tenant.max_mbps),
+                port: (h.index == host.index).then(|| PortEntry { ifname: vm.host_port.clone(), backend: Default::default() }),
+                shaped: Vec::new(),
+            });
+        }
+    }
+    let cfg = Config {
+        switch: SwitchSection { host_id: host.index as u32 + 1, api: None, frame_pool: 16384, batch: 64, spin_us: 50 },
+        uplink: UplinkSection {
+            ifname: host.uplink.clone(),
+            backend: Default::default(),
+            mtu: host.mtu as usize,
+            capacity_mbps: Some(host.access_link_mbps),
+        },
+        isolation: if isolated { Isolation::default() } else { Isolation::off() },
+        ingress: IngressSection { capacity_mbps: host.access_link_mbps, ..Default::default() },
+        egress: EgressSection::default(),
+        hosts,
+        tenants,
+        vms,
+    };
+    cfg.validate().with_context(|| format!("generated switch config for host {}", host.name))?;
+    Ok(cfg)
+}
+
+/// A picnic switch per host.
+pub struct PicnicSwitch {
+    isolated: bool,
+    config: Config,
+    running: Option<(Arc<AtomicBool>, NsThread<Result<()>>)>,
+}
+
+impl PicnicSwitch {
+    /// A factory making a switch for every host, isolation on or off.
+    pub fn factory(isolated: bool) -> DataplaneFactory {
+        Arc::new(move |scenario, topo, host| match switch_config(scenario, topo, host, isolated) {
+            Ok(config) => Box::new(PicnicSwitch { isolated, config, running: None }),
+            Err(e) => Box::new(Failed(format!("{e:#}"))),
+        })
+    }
+}
+
+impl Dataplane for PicnicSwitch {
+    fn setup(&mut self, host: &HostView) -> Result<()> {
+        // The overlay adds its headers: tenants get a smaller MTU so TCP never black-holes,
+        // and their checksums must be complete (AF_PACKET forwards frames as they are).
+        let tenant_mtu = (host.mtu as usize - ENCAP_OVERHEAD).to_string();
+        for vm in &host.vms {
+            netns::ip(&vm.ns, &["link", "set", &vm.dev, "mtu", &tenant_mtu])?;
+            netns::tx_offload_off(&vm.ns, &vm.dev)?;
+        }
+        let config = self.config.clone();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let thread = netns::spawn_in_netns(&host.ns, move || -> Result<()> {
+            let mut switch = match Switch::open(config) {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(format!("{e:#}")));
+                    return Err(e);
+                }
+            };
+            let _ = ready_tx.send(Ok(switch.stop_flag()));
+            switch.run()
+        })?;
+        let mode = if self.isolated { "isolated" } else { "unisolated" };
+        match ready_rx.recv() {
+            Ok(Ok(stop)) => self.running = Some((stop, thread)),
+            Ok(Err(e)) => return Err(anyhow!("picnic switch on {} ({mode}): {e}", host.name)),
+            Err(_) => return Err(anyhow!("picnic switch thread on {} exited during start", host.name)),
+        }
+        Ok(())
+    }
+
+    fn teardown(&mut self, host: &HostView) -> Result<()> {
+        if let Some((stop, thread)) = self.running.take() {
+            stop.store(true, Ordering::Relaxed);
+            thread.join()?.with_context(|| format!("picnic switch on {}", host.name))?;
+        }
+        Ok(())
+    }
+}
+
+/// A dataplane whose config could not be made; fails at setup with the reason.
+struct Failed(String);
+impl Dataplane for Failed {
+    fn setup(&mut self, _host: &HostView) -> Result<()> {
+        Err(anyhow!("{}", self.0))
+    }
+    fn teardown(&mut self, _host: &HostView) -> Result<()> {
+        Ok(())
+    }
+}
