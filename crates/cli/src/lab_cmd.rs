@@ -42,23 +42,42 @@ pub struct CommonArgs {
 }
 
 const DEMO: [(&str, &str); 2] = [
-    ("ingress-flood", include_str!("../../../scenarios/ingress-flood.toml")),
-    ("bursty-udp", include_str!("../../../scenarios/bursty-udp.toml")),
+    (
+        "ingress-flood",
+        include_str!("../../../scenarios/ingress-flood.toml"),
+    ),
+    (
+        "bursty-udp",
+        include_str!("../../../scenarios/bursty-udp.toml"),
+    ),
 ];
 
 fn options(common: &CommonArgs, out: Option<PathBuf>) -> anyhow::Result<RunOptions> {
     let mut modes = Vec::new();
-    let wanted: Vec<&str> = if common.modes.is_empty() { vec!["picnic", "picnic-off", "bridge", "victim-alone"] } else { common.modes.iter().map(|s| s.as_str()).collect() };
+    let wanted: Vec<&str> = if common.modes.is_empty() {
+        vec!["picnic", "picnic-off", "bridge", "victim-alone"]
+    } else {
+        common.modes.iter().map(|s| s.as_str()).collect()
+    };
     for m in wanted {
         modes.push(match m {
             "picnic" => Mode::picnic(),
             "picnic-off" => Mode::picnic_off(),
             "bridge" => Mode::bridge(),
             "victim-alone" => Mode::victim_alone(),
-            other => anyhow::bail!("--modes: unknown mode '{other}' (picnic, picnic-off, bridge, victim-alone)"),
+            other => anyhow::bail!(
+                "--modes: unknown mode '{other}' (picnic, picnic-off, bridge, victim-alone)"
+            ),
         });
     }
-    Ok(RunOptions { modes, out, repeat: common.repeat, judge: Some("picnic".into()).filter(|_| common.modes.is_empty() || common.modes.iter().any(|m| m == "picnic")), progress: true })
+    Ok(RunOptions {
+        modes,
+        out,
+        repeat: common.repeat,
+        judge: Some("picnic".into())
+            .filter(|_| common.modes.is_empty() || common.modes.iter().any(|m| m == "picnic")),
+        progress: true,
+    })
 }
 
 /// Runs the command; returns the process exit code.

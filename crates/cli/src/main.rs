@@ -6,7 +6,11 @@ mod lab_cmd;
 mod switch_cmd;
 
 #[derive(Parser)]
-#[command(name = "picnic", version, about = "A predictable virtualized NIC: a userspace virtual switch that keeps each tenant within its SLO")]
+#[command(
+    name = "picnic",
+    version,
+    about = "A predictable virtualized NIC: a userspace virtual switch that keeps each tenant within its SLO"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -20,7 +20,13 @@ pub struct SwitchArgs {
 pub fn run(args: SwitchArgs) -> anyhow::Result<()> {
     let cfg = Config::load(&args.config)?;
     if args.check {
-        println!("{}: ok ({} tenants, {} VMs, {} hosts)", args.config.display(), cfg.tenants.len(), cfg.vms.len(), cfg.hosts.len());
+        println!(
+            "{}: ok ({} tenants, {} VMs, {} hosts)",
+            args.config.display(),
+            cfg.tenants.len(),
+            cfg.vms.len(),
+            cfg.hosts.len()
+        );
         return Ok(());
     }
     if unsafe { libc::geteuid() } != 0 {

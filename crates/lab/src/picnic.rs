@@ -7,9 +7,11 @@ use std::sync::{mpsc, Arc};
 
 use anyhow::{anyhow, Context, Result};
 use picnic_switch::config::{
-    Config, EgressSection, HostEntry, IngressSection, Isolation, PortEntry, SwitchSection, TenantEntry, UplinkSection, VmEntry,
+    Config, EgressSection, HostEntry, IngressSection, Isolation, PortEntry, SwitchSection,
+    TenantEntry, UplinkSection, VmEntry,
 };
-use picnic_switch::runner::Switch;
+use picnic_switch::engine::Snapshot;
+use picnic_switch::runner::{Shared, Switch};
 use picnic_wire::overlay::ENCAP_OVERHEAD;
 
 use crate::dataplane::{Dataplane, DataplaneFactory};
@@ -23,17 +25,32 @@ pub fn vni_of(t: usize) -> u32 {
 }
 
 /// The switch config of `host` in `topo`, with every isolation mechanism on or off.
-pub fn switch_config(scenario: &Scenario, topo: &Topology, host: &HostView, isolated: bool) -> Result<Config> {
+pub fn switch_config(
+    scenario: &Scenario,
+    topo: &Topology,
+    host: &HostView,
+    isolated: bool,
+) -> Result<Config> {
     let hosts = topo
         .hosts
         .iter()
-        .map(|h| Ok(HostEntry { id: h.index as u32 + 1, underlay_ip: h.underlay_ip, mac: h.uplink_mac.parse().map_err(|e| anyhow!("{e}"))? }))
+        .map(|h| {
+            Ok(HostEntry {
+                id: h.index as u32 + 1,
+                underlay_ip: h.underlay_ip,
+                mac: h.uplink_mac.parse().map_err(|e| anyhow!("{e}"))?,
+            })
+        })
         .collect::<Result<Vec<_>>>()?;
     let tenants = scenario
         .tenants
         .iter()
         .enumerate()
-        .map(|(t, tenant)| TenantEntry { name: tenant.name.clone(), vni: vni_of(t), cpu_quota: None })
+        .map(|(t, tenant)| TenantEntry {
+            name: tenant.name.clone(),
+            vni: vni_of(t),
+            cpu_quota: None,
+        })
         .collect();
     let mut vms = Vec::new();
     for h in &topo.hosts {
@@ -48,27 +65,45 @@ pub fn switch_config(scenario: &Scenario, topo: &Topology, host: &HostView, isol
                 ip: vm.ip,
                 min_mbps: tenant.min_mbps.max(1),
                 max_mbps: (tenant.max_mbps > 0).then_some(tenant.max_mbps),
-                port: (h.index == host.index).then(|| PortEntry { ifname: vm.host_port.clone(), backend: Default::default() }),
+                port: (h.index == host.index).then(|| PortEntry {
+                    ifname: vm.host_port.clone(),
+                    backend: Default::default(),
+                }),
                 shaped: Vec::new(),
             });
         }
     }
     let cfg = Config {
-        switch: SwitchSection { host_id: host.index as u32 + 1, api: None, frame_pool: 16384, batch: 64, spin_us: 50 },
+        switch: SwitchSection {
+            host_id: host.index as u32 + 1,
+            api: None,
+            frame_pool: 16384,
+            batch: 64,
+            spin_us: 50,
+            realtime_priority: Some(10),
+        },
         uplink: UplinkSection {
             ifname: host.uplink.clone(),
             backend: Default::default(),
             mtu: host.mtu as usize,
             capacity_mbps: Some(host.access_link_mbps),
         },
-        isolation: if isolated { Isolation::default() } else { Isolation::off() },
-        ingress: IngressSection { capacity_mbps: host.access_link_mbps, ..Default::default() },
+        isolation: if isolated {
+            Isolation::default()
+        } else {
+            Isolation::off()
+        },
+        ingress: IngressSection {
+            capacity_mbps: host.access_link_mbps,
+            ..Default::default()
+        },
         egress: EgressSection::default(),
         hosts,
         tenants,
         vms,
     };
-    cfg.validate().with_context(|| format!("generated switch config for host {}", host.name))?;
+    cfg.validate()
+        .with_context(|| format!("generated switch config for host {}", host.name))?;
     Ok(cfg)
 }
 
@@ -76,16 +111,22 @@ pub fn switch_config(scenario: &Scenario, topo: &Topology, host: &HostView, isol
 pub struct PicnicSwitch {
     isolated: bool,
     config: Config,
-    running: Option<(Arc<AtomicBool>, NsThread<Result<()>>)>,
+    running: Option<(Arc<AtomicBool>, NsThread<Result<()>>, Arc<Shared>)>,
 }
 
 impl PicnicSwitch {
     /// A factory making a switch for every host, isolation on or off.
     pub fn factory(isolated: bool) -> DataplaneFactory {
-        Arc::new(move |scenario, topo, host| match switch_config(scenario, topo, host, isolated) {
-            Ok(config) => Box::new(PicnicSwitch { isolated, config, running: None }),
-            Err(e) => Box::new(Failed(format!("{e:#}"))),
-        })
+        Arc::new(
+            move |scenario, topo, host| match switch_config(scenario, topo, host, isolated) {
+                Ok(config) => Box::new(PicnicSwitch {
+                    isolated,
+                    config,
+                    running: None,
+                }),
+                Err(e) => Box::new(Failed(format!("{e:#}"))),
+            },
+        )
     }
 }
 
@@ -108,22 +149,38 @@ impl Dataplane for PicnicSwitch {
                     return Err(e);
                 }
             };
-            let _ = ready_tx.send(Ok(switch.stop_flag()));
+            let _ = ready_tx.send(Ok((switch.stop_flag(), switch.shared())));
             switch.run()
         })?;
-        let mode = if self.isolated { "isolated" } else { "unisolated" };
+        let mode = if self.isolated {
+            "isolated"
+        } else {
+            "unisolated"
+        };
         match ready_rx.recv() {
-            Ok(Ok(stop)) => self.running = Some((stop, thread)),
+            Ok(Ok((stop, shared))) => self.running = Some((stop, thread, shared)),
             Ok(Err(e)) => return Err(anyhow!("picnic switch on {} ({mode}): {e}", host.name)),
-            Err(_) => return Err(anyhow!("picnic switch thread on {} exited during start", host.name)),
+            Err(_) => {
+                return Err(anyhow!(
+                    "picnic switch thread on {} exited during start",
+                    host.name
+                ))
+            }
         }
         Ok(())
     }
 
     fn teardown(&mut self, host: &HostView) -> Result<()> {
-        if let Some((stop, thread)) = self.running.take() {
+        if let Some((stop, thread, shared)) = self.running.take() {
             stop.store(true, Ordering::Relaxed);
-            thread.join()?.with_context(|| format!("picnic switch on {}", host.name))?;
+            thread
+                .join()?
+                .with_context(|| format!("picnic switch on {}", host.name))?;
+            if let Some((snap, _)) = shared.snapshot.lock().unwrap().as_ref() {
+                for line in summary_lines(snap) {
+                    eprintln!("[picnic {}] {line}", host.name);
+                }
+            }
         }
         Ok(())
     }
@@ -138,4 +195,41 @@ impl Dataplane for Failed {
     fn teardown(&mut self, _host: &HostView) -> Result<()> {
         Ok(())
     }
+}
+
+/// One line per VM and one for the switch: what it forwarded and dropped, and why.
+fn summary_lines(snap: &Snapshot) -> Vec<String> {
+    let drops = |d: &picnic_switch::stats::Drops| {
+        d.iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(r, n)| format!("{}={n}", r.as_str()))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let mut lines: Vec<String> = snap
+        .vms
+        .iter()
+        .map(|v| {
+            format!(
+                "{:<10} tx {:>8} rx {:>8} cost {:>6.1} ms advertised {:>8.1} Mb/s limits {:?} drops [{}]",
+                v.name,
+                v.counters.tx_packets,
+                v.counters.rx_packets,
+                v.counters.cost_ns as f64 / 1e6,
+                v.advertised_bps.unwrap_or(0) as f64 / 1e6,
+                v.applied_limits.iter().map(|(d, r)| (*d, r / 1_000_000)).collect::<Vec<_>>(),
+                drops(&v.counters.drops)
+            )
+        })
+        .collect();
+    let s = &snap.switch;
+    lines.push(format!(
+        "switch     uplink rx {} tx {} feedback sent {} received {} drops [{}]",
+        s.uplink_rx_packets,
+        s.uplink_tx_packets,
+        s.feedback_sent,
+        s.feedback_received,
+        drops(&s.drops)
+    ));
+    lines
 }

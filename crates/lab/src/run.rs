@@ -1,8 +1,8 @@
 //! Running a scenario in several modes and reporting it side by side.
 
 use crate::dataplane::{Dataplane, DataplaneFactory, LinuxBridge};
-use crate::picnic::PicnicSwitch;
 use crate::netns::{self, Testbed};
+use crate::picnic::PicnicSwitch;
 use crate::report::{self, ModeReport, Summary};
 use crate::scenario::{Scenario, WorkloadKind};
 use crate::topology::{HostView, Topology};
@@ -70,7 +70,12 @@ pub struct RunOptions {
 impl Default for RunOptions {
     fn default() -> Self {
         RunOptions {
-            modes: vec![Mode::picnic(), Mode::picnic_off(), Mode::bridge(), Mode::victim_alone()],
+            modes: vec![
+                Mode::picnic(),
+                Mode::picnic_off(),
+                Mode::bridge(),
+                Mode::victim_alone(),
+            ],
             out: None,
             repeat: 1,
             judge: None,

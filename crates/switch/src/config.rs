@@ -111,6 +111,11 @@ pub struct SwitchSection {
     /// How long the loop spins for work before blocking on the ports' descriptors.
     #[serde(default = "default_spin_us")]
     pub spin_us: u64,
+    /// Run the dataplane thread under SCHED_FIFO at this priority (1-99), as a kernel
+    /// datapath runs in softirq ahead of tenant threads. On a host whose tenants share the
+    /// switch's cores this keeps the switch from being queued behind them. None: normal.
+    #[serde(default)]
+    pub realtime_priority: Option<u8>,
 }
 fn default_pool() -> usize {
     16384
@@ -344,6 +349,13 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.switch.frame_pool < 256 {
             return Err(err("switch.frame_pool", "must be at least 256 frames"));
+        }
+        if self
+            .switch
+            .realtime_priority
+            .is_some_and(|p| !(1..=99).contains(&p))
+        {
+            return Err(err("switch.realtime_priority", "must be in 1..=99"));
         }
         if self.switch.batch == 0 || self.switch.batch > 1024 {
             return Err(err("switch.batch", "must be in 1..=1024"));

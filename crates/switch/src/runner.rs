@@ -175,6 +175,18 @@ impl Switch {
         let mut next_publish = last_work;
         let mut fds = Vec::new();
         *self.shared.config.lock().unwrap() = Some(self.cfg.clone());
+        if let Some(prio) = self.cfg.switch.realtime_priority {
+            let param = libc::sched_param {
+                sched_priority: prio as i32,
+            };
+            // SAFETY: plain syscall on the calling thread with a valid parameter struct.
+            if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
+                eprintln!(
+                    "picnic switch: warning: switch.realtime_priority {prio}: {} (running at normal priority)",
+                    std::io::Error::last_os_error()
+                );
+            }
+        }
         while !self.stop.load(Ordering::Relaxed) {
             let now = self.clock.now();
             let mut busy = 0;

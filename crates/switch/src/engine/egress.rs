@@ -258,7 +258,10 @@ impl Engine {
             return self.drop_frame(pool, frame, Some(vm), DropReason::TooBig);
         }
         let item = (frame, w, entropy_source_port(summary.flow_hash()));
+        // Limiters and the pacer count bytes on the wire, encapsulation included, the unit
+        // the receiver meters its access link in.
         let len = item.0.len() as u64;
+        let wire_len = len + self.encap_len;
         let eg = &mut self.egress;
         let key = match self.dir.vms[vm]
             .shaped
@@ -290,9 +293,9 @@ impl Engine {
             // path; the rest waits in the class's own queue (PicNIC 2.1, EyeQ 3.3).
             let in_profile = matches!(key, ShapeKey::Destination(_))
                 && shaper.is_empty()
-                && shaper.bucket_mut().try_consume(now, len);
+                && shaper.bucket_mut().try_consume(now, wire_len);
             if !in_profile {
-                return match shaper.enqueue(item, len) {
+                return match shaper.enqueue(item, wire_len) {
                     Ok(()) => (),
                     Err(item) => {
                         self.drop_frame(pool, item.0, Some(vm), DropReason::ShapedQueueFull)
@@ -365,6 +368,7 @@ impl Engine {
         pool: &mut FramePool,
     ) -> usize {
         let mut picked = std::mem::take(&mut self.egress.scratch);
+        let encap_len = self.encap_len;
         let eg = &mut self.egress;
         for shaper in eg.shapers.values_mut() {
             while picked.len() < budget {
@@ -372,7 +376,7 @@ impl Engine {
                     break;
                 };
                 if let Some(p) = eg.pacer.as_mut() {
-                    p.force_consume(now, item.0.len() as u64);
+                    p.force_consume(now, item.0.len() as u64 + encap_len);
                 }
                 picked.push(item);
             }
@@ -383,7 +387,7 @@ impl Engine {
             }
             let Some(d) = eg.wfq.dequeue(now) else { break };
             if let Some(p) = eg.pacer.as_mut() {
-                p.force_consume(now, d.len_bytes as u64);
+                p.force_consume(now, d.len_bytes as u64 + encap_len);
             }
             picked.push(d.item);
         }

@@ -248,17 +248,19 @@ impl Engine {
         else {
             return self.drop_frame(pool, frame, None, DropReason::UnknownDestination);
         };
+        let wire_len = frame.len() as u64;
         frame.strip_front(inner_offset);
-        self.to_local_vm(now, w, frame, Some(source), pool);
+        self.to_local_vm(now, w, frame, Some((source, wire_len)), pool);
     }
 
-    /// Queues a frame for local VM `w`; `source` is the sending host for remote frames.
+    /// Queues a frame for local VM `w`; `source` is the sending host and the frame's length on
+    /// the wire (encapsulated) for remote frames.
     pub(super) fn to_local_vm(
         &mut self,
         now: Instant,
         w: VmIdx,
         frame: Frame,
-        source: Option<u32>,
+        source: Option<(u32, u64)>,
         pool: &mut FramePool,
     ) {
         let tenant = self.dir.vms[w].tenant;
@@ -268,8 +270,9 @@ impl Engine {
             }
         }
         let len = frame.len() as u64;
-        if let Some(source) = source {
-            self.meter_and_feedback(now, w, source, len, pool);
+        // EyeQ meters what the access link carries: encapsulated bytes.
+        if let Some((source, wire_len)) = source {
+            self.meter_and_feedback(now, w, source, wire_len, pool);
         }
         let q = self.ingress.queue_of[w].expect("every local VM has an ingress queue");
         if let Err(rejected) = self.ingress.wfq.enqueue(now, q, (frame, w), len as u32) {
@@ -332,7 +335,7 @@ impl Engine {
                 let _ = iron.charge(now, account, Duration::from_nanos(cost));
             }
             let per_byte = &mut self.ingress.ns_per_byte_fp[w];
-            let sample = (cost << 16) / len.max(1);
+            let sample = (cost << 16) / (len + self.encap_len);
             *per_byte = if *per_byte == 0 {
                 sample
             } else {

@@ -47,6 +47,8 @@ pub struct Engine {
     pub isolation: Isolation,
     host_id: u32,
     uplink_mtu: usize,
+    /// Bytes of outer headers a tenant frame gets on the wire (without a feedback option).
+    encap_len: u64,
     egress: Egress,
     ingress: Ingress,
     /// Per-tenant processing-CPU accounts (Iron); `iron_index[t]` is the tenant's account.
@@ -96,6 +98,7 @@ impl Engine {
             dir,
             isolation: cfg.isolation.clone(),
             host_id: cfg.switch.host_id,
+            encap_len: encap_headers_len(&GeneveRepr::ethernet(1)) as u64,
             uplink_mtu: cfg.uplink.mtu,
             egress,
             ingress,

@@ -10,7 +10,7 @@ mod afpacket;
 mod memory;
 mod tap;
 
-pub use afpacket::{AfPacketOptions, AfPacketPort};
+pub use afpacket::{AfPacketOptions, AfPacketPort, RingVersion};
 pub use memory::{MemoryPort, MemoryPortHandle};
 pub use tap::TapPort;
 
