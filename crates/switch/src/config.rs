@@ -534,6 +534,12 @@ ip = "198.18.0.2"
 "#;
 
     #[test]
+    fn shipped_example_is_valid() {
+        let c = Config::parse(include_str!("../../../examples/host1.toml")).unwrap();
+        assert_eq!(c.vms.iter().filter(|v| v.port.is_some()).count(), 2);
+    }
+
+    #[test]
     fn example_parses() {
         let c = Config::parse(EXAMPLE).unwrap();
         assert_eq!(c.vms.len(), 2);
