@@ -4,6 +4,10 @@
 //! two-thread prototype ([`real`]), the adaptive wait control of §4.1 ([`control`])
 //! and the `picnic model` command line ([`cli`]).
 
+pub mod cli;
 pub mod control;
+pub mod figures;
 pub mod model;
+pub mod real;
 pub mod sim;
+pub use cli::{run_cli, ModelArgs};
