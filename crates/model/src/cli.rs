@@ -64,7 +64,17 @@ pub struct ParamFlags {
 
 impl From<ParamFlags> for Params {
     fn from(f: ParamFlags) -> Params {
-        Params { l: f.l, wp: f.wp, wc: f.wc, kp: f.kp, kc: f.kc, np: f.np, nc: f.nc, sp: f.sp, sc: f.sc }
+        Params {
+            l: f.l,
+            wp: f.wp,
+            wc: f.wc,
+            kp: f.kp,
+            kc: f.kc,
+            np: f.np,
+            nc: f.nc,
+            sp: f.sp,
+            sc: f.sc,
+        }
     }
 }
 
@@ -208,7 +218,9 @@ pub fn run_cli(args: ModelArgs) -> anyhow::Result<()> {
             let strategy = match a.strategy {
                 StrategyArg::Notify => Strategy::Notify,
                 StrategyArg::Poll => Strategy::Poll,
-                StrategyArg::Adaptive => Strategy::Adaptive { max_sleep: Duration::from_nanos(a.max_sleep) },
+                StrategyArg::Adaptive => Strategy::Adaptive {
+                    max_sleep: Duration::from_nanos(a.max_sleep),
+                },
             };
             let cfg = SimConfig {
                 params: a.params.into(),
@@ -234,7 +246,14 @@ pub fn run_cli(args: ModelArgs) -> anyhow::Result<()> {
                 StrategyArg::Notify => RealStrategy::Notify,
                 StrategyArg::Poll => RealStrategy::Poll,
                 StrategyArg::Adaptive => RealStrategy::Adaptive {
-                    params: figures::measured_params(a.l, a.wp as f64, a.wc as f64, a.kp, a.kc, &sync),
+                    params: figures::measured_params(
+                        a.l,
+                        a.wp as f64,
+                        a.wc as f64,
+                        a.kp,
+                        a.kc,
+                        &sync,
+                    ),
                     max_sleep: Duration::from_micros(500),
                 },
             };
@@ -250,21 +269,29 @@ pub fn run_cli(args: ModelArgs) -> anyhow::Result<()> {
             };
             let r = run_real(&cfg)?;
             let params = figures::measured_params(a.l, a.wp as f64, a.wc as f64, a.kp, a.kc, &sync);
-            let model = predict(&params, matches!(a.strategy, StrategyArg::Poll)).map_err(anyhow::Error::msg)?;
+            let model = predict(&params, matches!(a.strategy, StrategyArg::Poll))
+                .map_err(anyhow::Error::msg)?;
             if a.json {
                 let v = serde_json::json!({ "sync": sync, "real": r, "model": model });
                 println!("{v}");
             } else {
-                println!("N (eventfd write waking a thread) = {:.0} ns, S (wake-up latency) = {:.0} ns", sync.notify, sync.wake);
+                println!(
+                    "N (eventfd write waking a thread) = {:.0} ns, S (start-up after it) = {:.0} ns, wake latency = {:.0} ns",
+                    sync.notify, sync.wake, sync.wake_latency
+                );
                 println!(
                     "real: {} msgs  T = {:.1} ns/msg  E = {:.1} ns/msg  notifications P->C {} C->P {}",
                     r.messages, r.t_per_msg, r.e_per_msg, r.producer_notifies, r.consumer_notifies
                 );
-                println!("model ({}): T = {:.1} ns/msg  E = {:.1} ns/msg", model.regime, model.t_per_msg, model.e_per_msg);
+                println!(
+                    "model with measured N, S ({}, no control): T = {:.1} ns/msg  E = {:.1} ns/msg",
+                    model.regime, model.t_per_msg, model.e_per_msg
+                );
             }
         }
         ModelCommand::Figures(a) => {
-            std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+            std::fs::create_dir_all(&a.out)
+                .with_context(|| format!("creating {}", a.out.display()))?;
             figures::write_figures(&FigureSetup {
                 out: a.out,
                 l: a.l,
