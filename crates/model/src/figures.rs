@@ -310,7 +310,12 @@ fn plot(path: &Path, font: bool, panels: &[Panel]) -> anyhow::Result<()> {
         root.split_evenly((panels.len(), 1)).iter().zip(panels)
     {
         let xmax = series.iter().flatten().map(|p| p.0).fold(0.0, f64::max) * 1.05;
-        let ymax = series.iter().flatten().map(|p| p.1).fold(0.0, f64::max) * 1.1;
+        // Clip at twice the 90th percentile so a few preempted runs (shared
+        // machine) do not flatten the rest; the CSVs keep every value.
+        let mut ys: Vec<f64> = series.iter().flatten().map(|p| p.1).collect();
+        ys.sort_by(f64::total_cmp);
+        let p90 = ys.get(ys.len() * 9 / 10).copied().unwrap_or(1.0);
+        let ymax = ys.last().copied().unwrap_or(1.0).min(2.0 * p90) * 1.1;
         let mut builder = ChartBuilder::on(area);
         builder.margin(15);
         if font {
@@ -338,16 +343,15 @@ fn plot(path: &Path, font: bool, panels: &[Panel]) -> anyhow::Result<()> {
         for (k, (pts, name)) in series.iter().zip(names.iter()).enumerate() {
             let color = colors[k % colors.len()];
             let width = if k < 3 { 2 } else { 1 };
-            let drawn = chart.draw_series(LineSeries::new(
-                pts.iter().copied(),
-                color.stroke_width(width),
-            ))?;
+            let clipped = pts.iter().map(|&(x, y)| (x, y.min(ymax)));
+            let drawn =
+                chart.draw_series(LineSeries::new(clipped.clone(), color.stroke_width(width)))?;
             if font {
                 drawn.label(*name).legend(move |(x, y)| {
                     PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2))
                 });
             }
-            chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
+            chart.draw_series(clipped.map(|p| Circle::new(p, 3, color.filled())))?;
         }
         if font {
             chart
