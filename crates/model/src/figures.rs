@@ -41,7 +41,8 @@ pub fn measured_params(l: u32, wp: f64, wc: f64, kp: u32, kc: u32, sync: &SyncCo
 }
 
 /// Model parameters from the notification sweep: per side, the median over the
-/// runs (with at least 10 notifications) of the mean N and S seen in the run;
+/// runs where that side notified for at least 1% of the messages (rare
+/// notifications come from preemption, not from the regime) of the mean N and S seen in the run;
 /// the ping-pong measurement `fallback` where a side never notified.
 fn pooled_sync(setup: &FigureSetup, runs: &[RealResult], fallback: &SyncCosts) -> Params {
     let median = |pick: &dyn Fn(&RealResult) -> Option<f64>, default: f64| {
@@ -49,8 +50,8 @@ fn pooled_sync(setup: &FigureSetup, runs: &[RealResult], fallback: &SyncCosts) -
         v.sort_by(f64::total_cmp);
         v.get(v.len() / 2).copied().unwrap_or(default)
     };
-    let by_producer = |r: &RealResult| r.producer_notifies >= 10;
-    let by_consumer = |r: &RealResult| r.consumer_notifies >= 10;
+    let by_producer = |r: &RealResult| r.producer_notifies * 100 >= r.messages;
+    let by_consumer = |r: &RealResult| r.consumer_notifies * 100 >= r.messages;
     Params {
         l: setup.l,
         wp: setup.wc as f64,
