@@ -1,0 +1,13 @@
+//! Producer/consumer speed mismatches after Rizzo, Garzarella, Lettieri, Maffione,
+//! "A Study of Speed Mismatches Between Communicating Virtual Machines" (ANCS 2016):
+//! the closed-form model ([`model`]), an event-driven simulator ([`sim`]), a real
+//! two-thread prototype ([`real`]), the adaptive wait control of §4.1 ([`control`])
+//! and the `picnic model` command line ([`cli`]).
+
+pub mod cli;
+pub mod control;
+pub mod figures;
+pub mod model;
+pub mod real;
+pub mod sim;
+pub use cli::{run_cli, ModelArgs};
