@@ -36,7 +36,8 @@ pub struct CommonArgs {
     /// Run every mode this many times and report min/median/max.
     #[arg(long, default_value_t = 1)]
     pub repeat: u32,
-    /// Only these modes (comma-separated: picnic, picnic-off, bridge, victim-alone).
+    /// Only these modes (comma-separated: picnic, picnic-off, bridge, picnic-alone,
+    /// victim-alone). Ratios compare each mode with the victim alone on the same dataplane.
     #[arg(long, value_delimiter = ',')]
     pub modes: Vec<String>,
 }
@@ -55,7 +56,13 @@ const DEMO: [(&str, &str); 2] = [
 fn options(common: &CommonArgs, out: Option<PathBuf>) -> anyhow::Result<RunOptions> {
     let mut modes = Vec::new();
     let wanted: Vec<&str> = if common.modes.is_empty() {
-        vec!["picnic", "picnic-off", "bridge", "victim-alone"]
+        vec![
+            "picnic",
+            "picnic-off",
+            "bridge",
+            "picnic-alone",
+            "victim-alone",
+        ]
     } else {
         common.modes.iter().map(|s| s.as_str()).collect()
     };
@@ -64,9 +71,10 @@ fn options(common: &CommonArgs, out: Option<PathBuf>) -> anyhow::Result<RunOptio
             "picnic" => Mode::picnic(),
             "picnic-off" => Mode::picnic_off(),
             "bridge" => Mode::bridge(),
+            "picnic-alone" => Mode::picnic_alone(),
             "victim-alone" => Mode::victim_alone(),
             other => anyhow::bail!(
-                "--modes: unknown mode '{other}' (picnic, picnic-off, bridge, victim-alone)"
+                "--modes: unknown mode '{other}' (picnic, picnic-off, bridge, picnic-alone, victim-alone)"
             ),
         });
     }

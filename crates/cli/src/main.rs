@@ -23,6 +23,8 @@ enum Command {
     /// Prove isolation on this machine with real traffic in network namespaces.
     #[command(subcommand)]
     Lab(lab_cmd::LabCommand),
+    /// Closed-form models next to simulation and measurement (Rizzo et al. speed mismatch).
+    Model(picnic_model::ModelArgs),
 }
 
 fn main() {
@@ -36,6 +38,13 @@ fn main() {
             }
         },
         Command::Lab(cmd) => lab_cmd::run(cmd),
+        Command::Model(args) => match picnic_model::run_cli(args) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("picnic model: error: {e:#}");
+                2
+            }
+        },
     };
     std::process::exit(code);
 }

@@ -289,13 +289,20 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
 }
 
 impl Summary {
-    /// Builds the summary: ratios for every attacked mode against the first mode without
-    /// attackers, checks on `judge` (default: the first attacked mode).
+    /// Builds the summary: ratios for every attacked mode against the victim alone on the
+    /// same dataplane (`picnic` and `picnic-off` against `picnic-alone`), or against the first
+    /// mode without attackers when there is no such mode; checks on `judge` (default: the
+    /// first attacked mode).
     pub fn new(scenario: &Scenario, modes: &[ModeReport], judge: Option<&str>) -> Result<Summary> {
-        let alone = modes.iter().find(|m| !m.attackers);
         let victim = &scenario.victim;
         let mut ratios = BTreeMap::new();
         for m in modes.iter().filter(|m| m.attackers) {
+            let family = m.name.split('-').next().unwrap_or_default();
+            let same_dataplane = format!("{family}-alone");
+            let alone = modes
+                .iter()
+                .find(|a| !a.attackers && a.name == same_dataplane)
+                .or_else(|| modes.iter().find(|a| !a.attackers));
             let (Some(v), Some(a)) = (
                 m.tenants.get(victim),
                 alone.and_then(|a| a.tenants.get(victim)),

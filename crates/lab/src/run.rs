@@ -46,6 +46,11 @@ impl Mode {
         Mode::new("picnic-off", true, PicnicSwitch::factory(false))
     }
 
+    /// (d) The victim alone through picnic switches: its no-attack value on picnic.
+    pub fn picnic_alone() -> Mode {
+        Mode::new("picnic-alone", false, PicnicSwitch::factory(true))
+    }
+
     /// (d) The victim alone over Linux bridges.
     pub fn victim_alone() -> Mode {
         Mode::new("victim-alone", false, LinuxBridge::factory())
@@ -74,6 +79,7 @@ impl Default for RunOptions {
                 Mode::picnic(),
                 Mode::picnic_off(),
                 Mode::bridge(),
+                Mode::picnic_alone(),
                 Mode::victim_alone(),
             ],
             out: None,

@@ -96,8 +96,13 @@ impl Ingress {
                 min_rate: cfg.egress.min_rate_mbps * 1_000_000 / 8,
                 ..Default::default()
             };
+            // A meter window must hold several frames or y_i is mostly noise (EyeQ's 200 us
+            // suits 10 Gb/s): at least ten full-size frames at the link's rate, at most 5 ms.
+            let capacity = cfg.ingress.capacity_mbps * 1_000_000 / 8;
+            let window_ns = (10 * 1514 * 1_000_000_000 / capacity.max(1)).clamp(200_000, 5_000_000);
             let link_cfg = ReceiverConfig {
-                capacity: cfg.ingress.capacity_mbps * 1_000_000 / 8,
+                capacity,
+                window: Duration::from_nanos(window_ns),
                 ..base
             };
             // CPU: capacity one core (ns/s); feedback sampled every ~20 us of processing.
