@@ -80,7 +80,7 @@ pub fn switch_config(
             frame_pool: 16384,
             batch: 64,
             spin_us: 50,
-            realtime_priority: Some(10),
+            nice: Some(-10),
         },
         uplink: UplinkSection {
             ifname: host.uplink.clone(),
@@ -176,7 +176,8 @@ impl Dataplane for PicnicSwitch {
             thread
                 .join()?
                 .with_context(|| format!("picnic switch on {}", host.name))?;
-            if let Some((snap, _)) = shared.snapshot.lock().unwrap().as_ref() {
+            if let Some(published) = shared.snapshot.lock().unwrap().as_ref() {
+                let snap = &published.switch;
                 for line in summary_lines(snap) {
                     eprintln!("[picnic {}] {line}", host.name);
                 }

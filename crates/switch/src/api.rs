@@ -89,10 +89,7 @@ fn handle(
     };
     match (method, path.as_slice()) {
         (Method::Get, ["stats"]) => match shared.snapshot.lock().unwrap().as_ref() {
-            Some((snap, ports)) => json(
-                200,
-                serde_json::json!({ "switch": snap, "ports": ports.iter().map(|(n, s)| serde_json::json!({"name": n, "stats": format!("{s:?}")})).collect::<Vec<_>>() }),
-            ),
+            Some(published) => json(200, published),
             None => error(503, "no statistics yet"),
         },
         (Method::Get, ["metrics"]) => (200, "text/plain; version=0.0.4", metrics(shared)),
@@ -202,6 +199,11 @@ struct TenantLabels {
     tenant: String,
 }
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PortRegimeLabels {
+    port: String,
+    regime: String,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: String,
 }
@@ -209,9 +211,10 @@ struct ReasonLabels {
 /// Renders the latest snapshot in the Prometheus text format.
 fn metrics(shared: &Shared) -> String {
     let guard = shared.snapshot.lock().unwrap();
-    let Some((snap, _)) = guard.as_ref() else {
+    let Some(published) = guard.as_ref() else {
         return String::new();
     };
+    let snap = &published.switch;
     let mut reg = Registry::with_prefix("picnic");
     let counter = |reg: &mut Registry, name: &str, help: &str| {
         let f = Family::<VmLabels, Counter>::default();
@@ -315,6 +318,22 @@ fn metrics(shared: &Shared) -> String {
                 reason: reason.as_str().into(),
             })
             .inc_by(n);
+    }
+    let regimes = Family::<PortRegimeLabels, Gauge>::default();
+    reg.register(
+        "port_wait_regime",
+        "Rizzo et al. regime of each receive ring (1 for the current one)",
+        regimes.clone(),
+    );
+    for port in &published.ports {
+        if let Some(regime) = &port.wait_regime {
+            regimes
+                .get_or_create(&PortRegimeLabels {
+                    port: port.name.clone(),
+                    regime: regime.clone(),
+                })
+                .set(1);
+        }
     }
     let mut out = String::new();
     let _ = encode(&mut out, &reg);

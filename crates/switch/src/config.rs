@@ -111,11 +111,12 @@ pub struct SwitchSection {
     /// How long the loop spins for work before blocking on the ports' descriptors.
     #[serde(default = "default_spin_us")]
     pub spin_us: u64,
-    /// Run the dataplane thread under SCHED_FIFO at this priority (1-99), as a kernel
-    /// datapath runs in softirq ahead of tenant threads. On a host whose tenants share the
-    /// switch's cores this keeps the switch from being queued behind them. None: normal.
+    /// Nice value of the dataplane thread (-20..=19). On a host whose tenants share the
+    /// switch's cores, a negative value keeps the switch ahead of them as a kernel datapath in
+    /// softirq would be, without SCHED_FIFO's throttling cliff (an RT thread that polls hard
+    /// is stopped for the rest of the 1 s RT period once it has used 95% of it). None: inherit.
     #[serde(default)]
-    pub realtime_priority: Option<u8>,
+    pub nice: Option<i8>,
 }
 fn default_pool() -> usize {
     16384
@@ -350,12 +351,8 @@ impl Config {
         if self.switch.frame_pool < 256 {
             return Err(err("switch.frame_pool", "must be at least 256 frames"));
         }
-        if self
-            .switch
-            .realtime_priority
-            .is_some_and(|p| !(1..=99).contains(&p))
-        {
-            return Err(err("switch.realtime_priority", "must be in 1..=99"));
+        if self.switch.nice.is_some_and(|n| !(-20..=19).contains(&n)) {
+            return Err(err("switch.nice", "must be in -20..=19"));
         }
         if self.switch.batch == 0 || self.switch.batch > 1024 {
             return Err(err("switch.batch", "must be in 1..=1024"));

@@ -2,9 +2,11 @@
 //!
 //! One thread polls every port in turn (a VM port only when its egress queue has room:
 //! backpressure), hands frames to the engines, runs the schedulers and sends what they
-//! produced. When there is nothing to do it spins for `spin_us`, then blocks on the ports'
-//! descriptors until the engines' next deadline (several switches share 2 cores in the lab,
-//! so an idle switch must not burn a core; DESIGN.md section 7: sleeps overshoot by ~100 us).
+//! produced. When there is nothing to do it asks each port's adaptive wait (Rizzo et al.
+//! 4.1, `picnic_model::control`) whether to spin or to block: a port whose producer delivers
+//! frames faster than a notification costs is polled (spin, at most `spin_us`), otherwise the
+//! loop blocks on the ports' descriptors until the engines' next deadline. Several switches
+//! share 2 cores in the lab, so an idle switch must not burn a core (DESIGN.md section 7).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -19,6 +21,8 @@ use crate::engine::{Engine, Snapshot, Work};
 use crate::frame::{Frame, FramePool};
 use crate::port::{wait_readable, AfPacketOptions, AfPacketPort, Port, PortStats, TapPort};
 use crate::stats::DropReason;
+use picnic_model::control::{AdaptiveWait, Role, WaitConfig, WaitDecision};
+use picnic_model::model::Params;
 
 /// Monotonic nanoseconds since the switch started, as the engines' `now`.
 #[derive(Clone, Copy)]
@@ -63,10 +67,29 @@ pub enum Command {
     Reconfigure(Box<Config>, mpsc::Sender<anyhow::Result<()>>),
 }
 
+/// A port as the API shows it: counters and the wait regime its receive ring is in.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PortView {
+    pub name: String,
+    pub backend: String,
+    pub stats: PortStats,
+    /// Rizzo et al. Table 1 regime of this ring under notification (None until estimated).
+    pub wait_regime: Option<String>,
+    /// Estimated time between frames from the ring's producer, ns.
+    pub producer_period_ns: Option<u64>,
+}
+
+/// What the run loop publishes every 100 ms.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Published {
+    pub switch: Snapshot,
+    pub ports: Vec<PortView>,
+}
+
 /// Shared with the API thread: the latest snapshot and the current config.
 #[derive(Default)]
 pub struct Shared {
-    pub snapshot: Mutex<Option<(Snapshot, Vec<(String, PortStats)>)>>,
+    pub snapshot: Mutex<Option<Published>>,
     pub config: Mutex<Option<Config>>,
 }
 
@@ -80,6 +103,34 @@ pub struct Switch {
     stop: Arc<AtomicBool>,
     shared: Arc<Shared>,
     commands: Option<mpsc::Receiver<Command>>,
+    /// Per port: the adaptive wait of its receive ring and frames read from it so far.
+    waits: Vec<(AdaptiveWait, u64)>,
+}
+
+/// Receive ring slots, the queue length L of the Rizzo model.
+const RING_SLOTS: u32 = 2048;
+
+/// The adaptive wait of one receive ring: the switch is its consumer. N and S are the
+/// notification and wake-up costs measured on the lab machines (`picnic model measure`:
+/// N 1.6-7.3 us, S 2.8-3.7 us); W_P and W_C start as guesses and are estimated as frames flow.
+fn ring_wait(max_sleep: Duration) -> AdaptiveWait {
+    let params = Params {
+        l: RING_SLOTS,
+        wp: 10_000.0,
+        wc: 1_000.0,
+        kp: 1,
+        kc: 1,
+        np: 3_000.0,
+        nc: 3_000.0,
+        sp: 3_500.0,
+        sc: 3_500.0,
+    };
+    AdaptiveWait::new(WaitConfig {
+        role: Role::Consumer,
+        params,
+        max_sleep,
+    })
+    .expect("valid model parameters")
 }
 
 /// Opens a port with the backend the config names, with an error that says what to fix.
@@ -141,6 +192,7 @@ impl Switch {
             stop: Arc::new(AtomicBool::new(false)),
             shared: Arc::new(Shared::default()),
             commands: None,
+            waits: Vec::new(),
             cfg,
         }
     }
@@ -171,24 +223,39 @@ impl Switch {
         let batch = self.cfg.switch.batch;
         let spin = Duration::from_micros(self.cfg.switch.spin_us);
         let mut rx: Vec<Frame> = Vec::with_capacity(batch);
-        let mut last_work = self.clock.now();
-        let mut next_publish = last_work;
+        let mut next_publish = self.clock.now();
         let mut fds = Vec::new();
+        let mut spin_until: Option<Instant> = None;
         *self.shared.config.lock().unwrap() = Some(self.cfg.clone());
-        if let Some(prio) = self.cfg.switch.realtime_priority {
-            let param = libc::sched_param {
-                sched_priority: prio as i32,
-            };
-            // SAFETY: plain syscall on the calling thread with a valid parameter struct.
-            if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
+        if let Some(nice) = self.cfg.switch.nice {
+            // SAFETY: plain syscalls on the calling thread (setpriority with a thread id applies
+            // to that thread on Linux).
+            let ok = unsafe {
+                libc::setpriority(
+                    libc::PRIO_PROCESS,
+                    libc::gettid() as libc::id_t,
+                    nice as libc::c_int,
+                )
+            } == 0;
+            if !ok {
                 eprintln!(
-                    "picnic switch: warning: switch.realtime_priority {prio}: {} (running at normal priority)",
+                    "picnic switch: warning: switch.nice {nice}: {} (running at the inherited priority)",
                     std::io::Error::last_os_error()
                 );
             }
         }
         while !self.stop.load(Ordering::Relaxed) {
             let now = self.clock.now();
+            if now >= next_publish {
+                next_publish = now + Duration::from_millis(100);
+                self.publish();
+                self.apply_commands();
+            }
+            if self.waits.len() != self.ports.len() {
+                self.waits = (0..self.ports.len())
+                    .map(|_| (ring_wait(spin), 0))
+                    .collect();
+            }
             let mut busy = 0;
             for p in 0..self.ports.len() {
                 if !self.engine.rx_ready(p, batch) {
@@ -200,28 +267,50 @@ impl Switch {
                 if n > 0 {
                     self.engine.on_frames(now, p, &mut rx, &mut self.pool);
                     busy += n;
+                    let (wait, seen) = &mut self.waits[p];
+                    *seen += n as u64;
+                    wait.observe(now, *seen);
                 }
             }
             busy += self.engine.poll(now, batch, &mut self.work, &mut self.pool);
             self.transmit()?;
             if busy > 0 {
-                last_work = now;
-            } else if now - last_work >= spin {
-                let until = self
-                    .engine
-                    .poll_at()
-                    .map(|t| t - now)
-                    .unwrap_or(Duration::from_millis(5));
-                let timeout = until.min(Duration::from_millis(5));
-                fds.clear();
-                fds.extend(self.ports.iter().filter_map(|p| p.raw_fd()));
-                wait_readable(&fds, std::time::Duration::from_nanos(timeout.as_nanos()))?;
+                let took = self.clock.now() - now;
+                for (wait, _) in &mut self.waits {
+                    wait.record_own_work(busy as u32, took);
+                }
+                spin_until = None;
+                continue;
             }
-            if now >= next_publish {
-                next_publish = now + Duration::from_millis(100);
-                self.publish();
-                self.apply_commands();
+            if spin_until.is_some_and(|t| now < t) {
+                std::hint::spin_loop();
+                continue;
             }
+            // Idle: spin while some ring's producer is faster than a notification costs
+            // (Rizzo et al. 3.2.1), otherwise block until a frame arrives or the engines'
+            // next deadline.
+            let spin_to = self
+                .waits
+                .iter_mut()
+                .filter_map(|(w, _)| match w.decide(now, RING_SLOTS) {
+                    WaitDecision::Spin { until } => Some(until.min(now + spin)),
+                    WaitDecision::SlowDown { .. } | WaitDecision::Block => None,
+                })
+                .max();
+            if spin_until.is_none() && spin_to.is_some_and(|t| t > now) {
+                spin_until = spin_to;
+                continue;
+            }
+            spin_until = None;
+            let until = self
+                .engine
+                .poll_at()
+                .map(|t| t - now)
+                .unwrap_or(Duration::from_millis(5));
+            let timeout = until.min(Duration::from_millis(5));
+            fds.clear();
+            fds.extend(self.ports.iter().filter_map(|p| p.raw_fd()));
+            wait_readable(&fds, std::time::Duration::from_nanos(timeout.as_nanos()))?;
         }
         self.publish();
         Ok(())
@@ -256,9 +345,22 @@ impl Switch {
         let ports = self
             .ports
             .iter()
-            .map(|p| (p.name().to_string(), p.stats()))
+            .enumerate()
+            .map(|(i, p)| {
+                let wait = self.waits.get(i).map(|(w, _)| w);
+                PortView {
+                    name: p.name().to_string(),
+                    backend: p.backend().to_string(),
+                    stats: p.stats(),
+                    wait_regime: wait.and_then(|w| w.regime()).map(|r| r.to_string()),
+                    producer_period_ns: wait.and_then(|w| w.peer_period()).map(|d| d.as_nanos()),
+                }
+            })
             .collect();
-        *self.shared.snapshot.lock().unwrap() = Some((self.engine.snapshot(), ports));
+        *self.shared.snapshot.lock().unwrap() = Some(Published {
+            switch: self.engine.snapshot(),
+            ports,
+        });
     }
 
     fn apply_commands(&mut self) {

@@ -417,6 +417,14 @@ fn uncongested_small_packet_flow_is_not_slowed_by_feedback() {
     assert_eq!(delivered, 4000, "nothing held back or lost");
     let snap = h1.engine.snapshot();
     let a1 = snap.vms.iter().find(|v| v.name == "a1").unwrap();
-    let limit = a1.applied_limits.iter().find(|(d, _)| *d == 3).map(|(_, r)| *r).unwrap();
-    assert!(limit >= 500_000_000, "limit {limit} b/s must leave the flow unconstrained");
+    let limit = a1
+        .applied_limits
+        .iter()
+        .find(|(d, _)| *d == 3)
+        .map(|(_, r)| *r)
+        .unwrap();
+    assert!(
+        limit >= 500_000_000,
+        "limit {limit} b/s must leave the flow unconstrained"
+    );
 }

@@ -44,7 +44,7 @@ impl fmt::Display for Backend {
 }
 
 /// Counters of one port since it was opened.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct PortStats {
     /// Frames handed to the switch by `recv_batch`.
     pub rx_frames: u64,
