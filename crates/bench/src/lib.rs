@@ -118,7 +118,6 @@ pub fn run_cli(args: BenchArgs) -> Result<()> {
     if kinds.iter().any(|k| matches!(k, DutKind::Ovs | DutKind::OvsAfxdp)) {
         dut::ensure_ovs()?;
     }
-    traffic::epoch();
     let started = Instant::now();
     println!(
         "picnic bench: {} devices x sizes {:?} x flows {:?} x {} run(s), {} ms windows; generator on CPU 0, device on CPU {}",

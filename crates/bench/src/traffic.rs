@@ -4,7 +4,8 @@
 //! statistics, thread and process CPU time) the bench reads around a measurement window.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -15,19 +16,20 @@ use picnic_wire::overlay::ENCAP_OVERHEAD;
 
 /// Bytes of Ethernet + IPv4 + UDP headers in front of the generator's payload.
 const HEADERS: usize = 14 + 20 + 8;
-/// Marks a timestamped payload: the next 8 bytes are the send time (ns since [`epoch`]).
+/// Marks a timestamped payload: the next 8 bytes are the send time (CLOCK_REALTIME ns).
 const MAGIC: u64 = 0x7069_636e_6963_4253; // "picnicBS"
 /// Frames per sendmmsg call of the generator.
 const GEN_BATCH: usize = 32;
 
-/// The instant all timestamps of this process count from (threads share it).
-pub fn epoch() -> Instant {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    *EPOCH.get_or_init(Instant::now)
-}
-
-fn now_ns() -> u64 {
-    epoch().elapsed().as_nanos() as u64
+/// CLOCK_REALTIME in ns: the clock of the kernel's receive timestamps.
+fn realtime_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// What the generator sends: frames of `size` bytes on the wire (FCS included, RFC 2544
@@ -146,7 +148,7 @@ pub fn generate(ifname: &str, offered: Offered, ctl: Arc<GenControl>) -> Result<
             if stamp {
                 let d = f.data_mut();
                 d[HEADERS..HEADERS + 8].copy_from_slice(&MAGIC.to_be_bytes());
-                d[HEADERS + 8..HEADERS + 16].copy_from_slice(&now_ns().to_be_bytes());
+                d[HEADERS + 8..HEADERS + 16].copy_from_slice(&realtime_ns().to_be_bytes());
             }
             out.push(f);
         }
@@ -161,29 +163,121 @@ pub fn generate(ifname: &str, offered: Offered, ctl: Arc<GenControl>) -> Result<
 }
 
 /// Reads frames on `ifname` until `stop` and records the one-way delay of every frame that
-/// carries the generator's timestamp, tunnelled (picnic's Geneve) or not.
+/// carries the generator's timestamp, tunnelled (picnic's Geneve) or not. The arrival time is
+/// the kernel's receive timestamp (`SO_TIMESTAMPNS`, taken when the device under test hands
+/// the frame to the sink's veth), so the delay does not include the wait for this thread to
+/// be scheduled on the 2 shared cores.
 pub fn latency_sink(ifname: &str, stop: Arc<AtomicBool>) -> Result<Histogram<u64>> {
     let mut hist = Histogram::<u64>::new_with_bounds(1, 10_000_000_000, 3)
         .map_err(|e| anyhow!("histogram: {e}"))?;
-    let mut port = AfPacketPort::open(ifname, AfPacketOptions::default())
-        .with_context(|| format!("latency sink on {ifname}"))?;
-    let mut pool = FramePool::new(512);
-    let mut rx: Vec<Frame> = Vec::with_capacity(256);
-    let fd = port.raw_fd().into_iter().collect::<Vec<_>>();
+    let sock = TimestampSocket::open(ifname).with_context(|| format!("latency sink on {ifname}"))?;
+    let mut buf = [0u8; 2048];
+    let fd = [sock.fd.as_raw_fd()];
     while !stop.load(Ordering::Relaxed) {
-        if port.recv_batch(&mut pool, &mut rx, 256)? == 0 {
-            wait_readable(&fd, Duration::from_millis(2))?;
-            continue;
-        }
-        let now = now_ns();
-        for f in rx.drain(..) {
-            if let Some(sent) = timestamp_of(f.data()) {
-                let _ = hist.record(now.saturating_sub(sent).max(1));
+        match sock.recv(&mut buf)? {
+            Some((len, arrived)) => {
+                if let Some(sent) = timestamp_of(&buf[..len]) {
+                    let _ = hist.record(arrived.saturating_sub(sent).max(1));
+                }
             }
-            pool.put(f);
+            None => {
+                wait_readable(&fd, Duration::from_millis(2))?;
+            }
         }
     }
     Ok(hist)
+}
+
+/// A plain AF_PACKET socket bound to one interface with kernel receive timestamps.
+struct TimestampSocket {
+    fd: OwnedFd,
+}
+
+impl TimestampSocket {
+    fn open(ifname: &str) -> Result<TimestampSocket> {
+        let name = std::ffi::CString::new(ifname)?;
+        // SAFETY: plain syscalls with valid arguments; the fd is owned right after creation.
+        unsafe {
+            let raw = libc::socket(
+                libc::AF_PACKET,
+                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                (libc::ETH_P_ALL as u16).to_be() as i32,
+            );
+            if raw < 0 {
+                bail!("socket(AF_PACKET): {}", std::io::Error::last_os_error());
+            }
+            let fd = OwnedFd::from_raw_fd(raw);
+            let index = libc::if_nametoindex(name.as_ptr());
+            if index == 0 {
+                bail!("interface {ifname} not found");
+            }
+            let one: libc::c_int = 1;
+            let rcvbuf: libc::c_int = 16 << 20;
+            for (opt, val) in [(libc::SO_TIMESTAMPNS, &one), (libc::SO_RCVBUFFORCE, &rcvbuf)] {
+                if libc::setsockopt(
+                    raw,
+                    libc::SOL_SOCKET,
+                    opt,
+                    (val as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                ) != 0
+                {
+                    bail!("setsockopt: {}", std::io::Error::last_os_error());
+                }
+            }
+            let mut sll: libc::sockaddr_ll = std::mem::zeroed();
+            sll.sll_family = libc::AF_PACKET as u16;
+            sll.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
+            sll.sll_ifindex = index as i32;
+            if libc::bind(
+                raw,
+                (&sll as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            ) != 0
+            {
+                bail!("bind to {ifname}: {}", std::io::Error::last_os_error());
+            }
+            Ok(TimestampSocket { fd })
+        }
+    }
+
+    /// One frame and its kernel arrival time (CLOCK_REALTIME ns); None when nothing is
+    /// pending.
+    fn recv(&self, buf: &mut [u8]) -> Result<Option<(usize, u64)>> {
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let mut control = [0u64; 16];
+        // SAFETY: msghdr is plain data; every pointer set below outlives the call.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&control);
+        // SAFETY: the socket is valid and msg points at live buffers of the stated sizes.
+        let n = unsafe { libc::recvmsg(self.fd.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT) };
+        if n < 0 {
+            let err = std::io::Error::last_os_error();
+            return match err.kind() {
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => Ok(None),
+                _ => Err(err.into()),
+            };
+        }
+        let mut arrived = None;
+        // SAFETY: walking the control messages the kernel wrote into `control`.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
+                    let ts = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::timespec);
+                    arrived = Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64);
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
+            }
+        }
+        Ok(Some((n as usize, arrived.unwrap_or_else(realtime_ns))))
+    }
 }
 
 /// The send timestamp in a generator frame, plain or behind picnic's outer headers.
