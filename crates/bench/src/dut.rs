@@ -170,7 +170,12 @@ impl Dut {
                 netns::bridge(
                     ns,
                     &[
-                        "fdb", "add", &Mac(REMOTE_MAC).to_string(), "dev", UPLINK_DEV, "master",
+                        "fdb",
+                        "add",
+                        &Mac(REMOTE_MAC).to_string(),
+                        "dev",
+                        UPLINK_DEV,
+                        "master",
                         "static",
                     ],
                 )?;

@@ -93,10 +93,11 @@ pub fn run_cli(args: BenchArgs) -> Result<()> {
     netns::preflight(&["ip", "tc", "bridge", "ethtool", "taskset"])?;
     let settings = Settings {
         runs: args.runs.unwrap_or(if args.quick { 1 } else { 3 }).max(1),
-        window: Duration::from_millis(
-            args.window_ms
-                .unwrap_or(if args.quick { 800 } else { 1500 }),
-        ),
+        window: Duration::from_millis(args.window_ms.unwrap_or(if args.quick {
+            800
+        } else {
+            1500
+        })),
         warmup: Duration::from_millis(if args.quick { 200 } else { 300 }),
         latency_window: Duration::from_millis(if args.quick { 400 } else { 700 }),
     };
@@ -115,7 +116,10 @@ pub fn run_cli(args: BenchArgs) -> Result<()> {
     if kinds.is_empty() {
         bail!("--only: no such device (raw, picnic, picnic_off, ovs_afxdp, ovs, bridge)");
     }
-    if kinds.iter().any(|k| matches!(k, DutKind::Ovs | DutKind::OvsAfxdp)) {
+    if kinds
+        .iter()
+        .any(|k| matches!(k, DutKind::Ovs | DutKind::OvsAfxdp))
+    {
         dut::ensure_ovs()?;
     }
     let started = Instant::now();
@@ -265,7 +269,8 @@ fn measure_with(
         / forwarded;
 
     // Latency at half the measured maximum: every frame carries its send time.
-    ctl.rate_pps.store((pps / 2.0).max(1.0) as u64, Ordering::Relaxed);
+    ctl.rate_pps
+        .store((pps / 2.0).max(1.0) as u64, Ordering::Relaxed);
     ctl.stamp.store(true, Ordering::Relaxed);
     std::thread::sleep(Duration::from_millis(100));
     let stop = Arc::new(AtomicBool::new(false));

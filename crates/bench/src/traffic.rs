@@ -3,8 +3,8 @@
 //! latency sink reading timestamped frames from an AF_PACKET ring, and the counters (link
 //! statistics, thread and process CPU time) the bench reads around a measurement window.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -55,7 +55,7 @@ impl Offered {
 
     /// One template frame per flow: Ethernet, IPv4 (checksummed), UDP (checksum 0, allowed
     /// on IPv4), zero payload.
-    fn templates(&self) -> Vec<Vec<u8>> {
+    pub fn templates(&self) -> Vec<Vec<u8>> {
         let len = self.written_len();
         (0..self.flows)
             .map(|f| {
@@ -117,7 +117,8 @@ pub fn generate(ifname: &str, offered: Offered, ctl: Arc<GenControl>) -> Result<
         tx_batch: GEN_BATCH,
         ..Default::default()
     };
-    let mut port = AfPacketPort::open(ifname, opts).with_context(|| format!("generator on {ifname}"))?;
+    let mut port =
+        AfPacketPort::open(ifname, opts).with_context(|| format!("generator on {ifname}"))?;
     let mut pool = FramePool::new(4 * GEN_BATCH);
     let templates = offered.templates();
     let mut out: Vec<Frame> = Vec::with_capacity(GEN_BATCH);
@@ -131,7 +132,8 @@ pub fn generate(ifname: &str, offered: Offered, ctl: Arc<GenControl>) -> Result<
         }
         let mut want = GEN_BATCH - out.len();
         if rate > 0 {
-            let due = (paced_from.0.elapsed().as_nanos() as u64).saturating_mul(rate) / 1_000_000_000;
+            let due =
+                (paced_from.0.elapsed().as_nanos() as u64).saturating_mul(rate) / 1_000_000_000;
             let owed = (paced_from.1 + due).saturating_sub(sent_total + out.len() as u64);
             // Small bursts at a paced rate, so the latency phase does not queue behind them.
             want = want.min(owed as usize).min(4);
@@ -170,7 +172,8 @@ pub fn generate(ifname: &str, offered: Offered, ctl: Arc<GenControl>) -> Result<
 pub fn latency_sink(ifname: &str, stop: Arc<AtomicBool>) -> Result<Histogram<u64>> {
     let mut hist = Histogram::<u64>::new_with_bounds(1, 10_000_000_000, 3)
         .map_err(|e| anyhow!("histogram: {e}"))?;
-    let sock = TimestampSocket::open(ifname).with_context(|| format!("latency sink on {ifname}"))?;
+    let sock =
+        TimestampSocket::open(ifname).with_context(|| format!("latency sink on {ifname}"))?;
     let mut buf = [0u8; 2048];
     let fd = [sock.fd.as_raw_fd()];
     while !stop.load(Ordering::Relaxed) {
@@ -213,7 +216,10 @@ impl TimestampSocket {
             }
             let one: libc::c_int = 1;
             let rcvbuf: libc::c_int = 16 << 20;
-            for (opt, val) in [(libc::SO_TIMESTAMPNS, &one), (libc::SO_RCVBUFFORCE, &rcvbuf)] {
+            for (opt, val) in [
+                (libc::SO_TIMESTAMPNS, &one),
+                (libc::SO_RCVBUFFORCE, &rcvbuf),
+            ] {
                 if libc::setsockopt(
                     raw,
                     libc::SOL_SOCKET,
@@ -282,13 +288,17 @@ impl TimestampSocket {
 
 /// The send timestamp in a generator frame, plain or behind picnic's outer headers.
 fn timestamp_of(frame: &[u8]) -> Option<u64> {
-    [HEADERS, HEADERS + ENCAP_OVERHEAD - 20, HEADERS + ENCAP_OVERHEAD]
-        .into_iter()
-        .find_map(|at| {
-            let magic = u64::from_be_bytes(frame.get(at..at + 8)?.try_into().ok()?);
-            let sent = u64::from_be_bytes(frame.get(at + 8..at + 16)?.try_into().ok()?);
-            (magic == MAGIC).then_some(sent)
-        })
+    [
+        HEADERS,
+        HEADERS + ENCAP_OVERHEAD - 20,
+        HEADERS + ENCAP_OVERHEAD,
+    ]
+    .into_iter()
+    .find_map(|at| {
+        let magic = u64::from_be_bytes(frame.get(at..at + 8)?.try_into().ok()?);
+        let sent = u64::from_be_bytes(frame.get(at + 8..at + 16)?.try_into().ok()?);
+        (magic == MAGIC).then_some(sent)
+    })
 }
 
 /// The calling thread's kernel id.
