@@ -156,7 +156,7 @@ impl Dut {
     /// Starts `kind` on `bed`.
     pub fn start(kind: DutKind, bed: &Bed) -> Result<Dut> {
         match kind {
-            DutKind::Raw => spawn_thread(bed, |stop, tid| raw_forwarder(stop, tid)),
+            DutKind::Raw => spawn_thread(bed, raw_forwarder),
             DutKind::PicnicOn | DutKind::PicnicOff => {
                 let cfg = picnic_config(kind == DutKind::PicnicOn)?;
                 spawn_thread(bed, move |stop, tid| run_picnic(cfg, stop, tid))
@@ -430,6 +430,19 @@ impl Ovs {
             ns: ns.to_owned(),
             dir,
         };
+        match ovs.configure(afxdp) {
+            Ok(()) => Ok(ovs),
+            Err(e) => {
+                // Never leave daemons behind a failed start.
+                let _ = ovs.stop();
+                Err(e)
+            }
+        }
+    }
+
+    /// Starts both daemons and sets up the bridge, ports, meter and flow.
+    fn configure(&self, afxdp: bool) -> Result<()> {
+        let ovs = self;
         let d = ovs.dir.display().to_string();
         let schema = "/usr/share/openvswitch/vswitch.ovsschema";
         ovs.run("ovsdb-tool", &["create", &format!("{d}/conf.db"), schema])?;
@@ -491,7 +504,7 @@ impl Ovs {
         ])?;
         // Wait until the ports are up in the datapath.
         std::thread::sleep(Duration::from_millis(500));
-        Ok(ovs)
+        Ok(())
     }
 
     fn run(&self, program: &str, args: &[&str]) -> Result<String> {

@@ -106,7 +106,7 @@ pub fn run_cli(args: BenchArgs) -> Result<()> {
             bail!("--sizes: {s} is not a frame size in 64..=1518");
         }
     }
-    if args.flows.iter().any(|&f| f == 0) {
+    if args.flows.contains(&0) {
         bail!("--flows: counts must be at least 1");
     }
     let kinds: Vec<DutKind> = DutKind::ALL

@@ -419,6 +419,6 @@ mod tests {
         tunnelled.extend_from_slice(&f);
         assert_eq!(timestamp_of(&tunnelled), Some(1234));
         assert_eq!(timestamp_of(&f[..HEADERS + 4]), None);
-        assert_eq!(timestamp_of(&vec![0u8; 200]), None);
+        assert_eq!(timestamp_of(&[0u8; 200]), None);
     }
 }
