@@ -292,7 +292,7 @@ pub fn picnic_config(isolated: bool) -> Result<Config> {
             frame_pool: 16384,
             batch: 64,
             spin_us: 50,
-            realtime_priority: None,
+            nice: None,
         },
         uplink: UplinkSection {
             ifname: UPLINK_DEV.into(),
@@ -379,10 +379,12 @@ fn run_picnic(cfg: Config, stop: Arc<AtomicBool>, tid: Arc<AtomicU64>) -> Result
     result?;
     let snap = shared.snapshot.lock().map_err(|_| anyhow!("poisoned"))?;
     Ok(match snap.as_ref() {
-        Some((s, _)) => format!(
+        Some(published) => format!(
             "picnic: uplink tx {} drops {:?}",
-            s.switch.uplink_tx_packets,
-            s.vms
+            published.switch.switch.uplink_tx_packets,
+            published
+                .switch
+                .vms
                 .iter()
                 .flat_map(|v| v.counters.drops.iter())
                 .filter(|(_, n)| *n > 0)

@@ -25,6 +25,8 @@ enum Command {
     Lab(lab_cmd::LabCommand),
     /// Closed-form models next to simulation and measurement (Rizzo et al. speed mismatch).
     Model(picnic_model::ModelArgs),
+    /// Forwarding benchmark: picnic against the raw AF_PACKET limit, a Linux bridge and OVS.
+    Bench(picnic_bench::BenchArgs),
 }
 
 fn main() {
@@ -38,6 +40,13 @@ fn main() {
             }
         },
         Command::Lab(cmd) => lab_cmd::run(cmd),
+        Command::Bench(args) => match picnic_bench::run_cli(args) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("picnic bench: error: {e:#}");
+                2
+            }
+        },
         Command::Model(args) => match picnic_model::run_cli(args) {
             Ok(()) => 0,
             Err(e) => {
