@@ -60,6 +60,9 @@ pub struct Tenant {
     pub latency_p99_us: Option<f64>,
     /// SLO: largest tolerated loss fraction (0.0 to 1.0).
     pub loss_max: Option<f64>,
+    /// CPU quota of the tenant's workload threads, in cores (e.g. 0.5): they run in a
+    /// cgroup with this CFS quota (see [`crate::cgroup`]); none leaves them unconfined.
+    pub cpu_cores: Option<f64>,
     /// The tenant's VMs.
     pub vms: Vec<Vm>,
 }
@@ -88,6 +91,9 @@ pub enum WorkloadKind {
     Rpc,
     /// iperf3 TCP with `flows` parallel streams (needs the iperf3 package).
     Iperf3,
+    /// `flows` TCP connections each sending exactly `bytes` and closing; records when the
+    /// last byte arrived (the completion time of a shuffle, EyeQ 5.3).
+    Transfer,
 }
 
 /// Transport of an RPC probe.
@@ -132,6 +138,14 @@ pub struct Workload {
     pub protocol: Option<Protocol>,
     /// RPC timeout in ms after which a request counts as lost (default 100).
     pub timeout_ms: Option<u64>,
+    /// Bytes each connection of a `transfer` sends.
+    pub bytes: Option<u64>,
+    /// Shape this workload's packets (sender to receiver) to this rate in its own egress
+    /// class of the picnic switch, Mb/s (PicNIC 2.1); see [`crate::shaped`].
+    pub shaped_mbps: Option<f64>,
+    /// Whether the workload is part of the attack, left out of victim-alone modes.
+    /// Default: true unless it belongs to the victim tenant.
+    pub attack: Option<bool>,
 }
 
 fn default_access_link_mbps() -> u64 {
@@ -164,6 +178,24 @@ impl Workload {
     pub fn flows(&self) -> u32 {
         self.flows.unwrap_or(1)
     }
+    /// The UDP or TCP port its receiver listens on: [`crate::workload::BASE_PORT`] plus
+    /// the workload's index in `scenario.workloads`.
+    pub fn port(&self, scenario: &Scenario) -> Option<u16> {
+        let index = scenario
+            .workloads
+            .iter()
+            .position(|w| w.name == self.name)?;
+        Some(crate::workload::BASE_PORT + index as u16)
+    }
+    /// IP protocol number of its packets (6 TCP, 17 UDP).
+    pub fn ip_protocol(&self) -> u8 {
+        use WorkloadKind::*;
+        match self.kind {
+            UdpFlood | OnOff => 17,
+            Rpc if self.protocol.unwrap_or_default() == Protocol::Udp => 17,
+            Rpc | TcpBulk | Iperf3 | Transfer => 6,
+        }
+    }
 }
 
 impl Scenario {
@@ -186,6 +218,15 @@ impl Scenario {
         self.tenants
             .iter()
             .find(|t| t.vms.iter().any(|v| v.name == vm))
+    }
+
+    /// Whether workload `w` is part of the attack (left out when the victim runs alone):
+    /// its `attack` field, or else whether it belongs to a tenant other than the victim.
+    pub fn is_attack(&self, w: &Workload) -> bool {
+        w.attack.unwrap_or_else(|| {
+            self.tenant_of(&w.from)
+                .is_none_or(|t| t.name != self.victim)
+        })
     }
 
     /// Checks cross-references and ranges; the error names the offending field.
@@ -243,6 +284,11 @@ impl Scenario {
             if let Some(l) = tenant.loss_max {
                 if !(0.0..=1.0).contains(&l) {
                     bail!("{}: must be between 0 and 1", at("loss_max"));
+                }
+            }
+            if let Some(c) = tenant.cpu_cores {
+                if !(0.01..=1024.0).contains(&c) {
+                    bail!("{}: must be between 0.01 and 1024 cores", at("cpu_cores"));
                 }
             }
             if tenant.vms.is_empty() || tenant.vms.len() > 250 {
@@ -330,6 +376,7 @@ impl Scenario {
             OnOff => &["size", "rate_pps", "on_ms", "off_ms"],
             TcpBulk | Iperf3 => &["flows"],
             Rpc => &["size", "rate_pps", "protocol", "timeout_ms"],
+            Transfer => &["flows", "bytes"],
         };
         let given = [
             ("size", wl.size.is_some()),
@@ -339,6 +386,7 @@ impl Scenario {
             ("off_ms", wl.off_ms.is_some()),
             ("protocol", wl.protocol.is_some()),
             ("timeout_ms", wl.timeout_ms.is_some()),
+            ("bytes", wl.bytes.is_some()),
         ];
         for (field, present) in given {
             if present && !allowed.contains(&field) {
@@ -371,6 +419,14 @@ impl Scenario {
         }
         if wl.timeout_ms == Some(0) || wl.timeout_ms > Some(10_000) {
             bail!("timeout_ms`: must be between 1 and 10000");
+        }
+        if wl.kind == Transfer && !(1..=1 << 40).contains(&wl.bytes.unwrap_or(0)) {
+            bail!("bytes`: required for transfer, 1 to 2^40");
+        }
+        if let Some(r) = wl.shaped_mbps {
+            if !(r > 0.0 && r <= self.access_link_mbps as f64) {
+                bail!("shaped_mbps`: must be > 0 and at most access_link_mbps");
+            }
         }
         Ok(())
     }
