@@ -481,7 +481,13 @@ to = "b"
 
     #[test]
     fn shipped_scenarios_parse() {
-        for file in ["ingress-flood.toml", "bursty-udp.toml"] {
+        for file in [
+            "ingress-flood.toml",
+            "bursty-udp.toml",
+            "egress-shaped.toml",
+            "incast.toml",
+            "shuffle-priority.toml",
+        ] {
             let path = Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../../scenarios")
                 .join(file);
