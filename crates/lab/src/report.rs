@@ -120,9 +120,8 @@ impl ModeReport {
             .map(|rep| tenant_metrics(scenario, rep))
             .collect::<Result<Vec<_>>>()?;
         let mut tenants = BTreeMap::new();
-        for tenant in &scenario.tenants {
-            let reps: Vec<&TenantMetrics> =
-                per_rep.iter().filter_map(|r| r.get(&tenant.name)).collect();
+        for (group, tenant) in scenario.report_groups() {
+            let reps: Vec<&TenantMetrics> = per_rep.iter().filter_map(|r| r.get(&group)).collect();
             if reps.is_empty() {
                 continue;
             }
@@ -133,16 +132,16 @@ impl ModeReport {
             };
             let greedy = merged
                 .iter()
-                .any(|w| w.tenant == tenant.name && is_greedy(scenario, w));
+                .any(|w| w.tenant == group && is_greedy(scenario, w));
             m.slo_met = slo_met(tenant, &m, greedy);
-            tenants.insert(tenant.name.clone(), m);
+            tenants.insert(group, m);
         }
         let mut latency = BTreeMap::new();
-        for tenant in &scenario.tenants {
+        for (group, _) in scenario.report_groups() {
             let mut hist: Option<Histogram<u64>> = None;
             for h in merged
                 .iter()
-                .filter(|w| w.tenant == tenant.name)
+                .filter(|w| w.tenant == group)
                 .filter_map(|w| w.latency.as_ref())
             {
                 match hist.as_mut() {
@@ -153,7 +152,7 @@ impl ModeReport {
                 }
             }
             if let Some(h) = hist.filter(|h| !h.is_empty()) {
-                latency.insert(tenant.name.clone(), h);
+                latency.insert(group, h);
             }
         }
         let mut metrics = BTreeMap::new();
@@ -184,9 +183,8 @@ fn tenant_metrics(
     results: &[WorkloadResult],
 ) -> Result<BTreeMap<String, TenantMetrics>> {
     let mut out = BTreeMap::new();
-    for tenant in &scenario.tenants {
-        let mine: Vec<&WorkloadResult> =
-            results.iter().filter(|w| w.tenant == tenant.name).collect();
+    for (group, _) in scenario.report_groups() {
+        let mine: Vec<&WorkloadResult> = results.iter().filter(|w| w.tenant == group).collect();
         if mine.is_empty() {
             continue;
         }
@@ -207,7 +205,7 @@ fn tenant_metrics(
         let sent: u64 = mine.iter().map(|w| w.sent).sum();
         let lost: u64 = mine.iter().map(|w| w.sent.saturating_sub(w.received)).sum();
         out.insert(
-            tenant.name.clone(),
+            group,
             TenantMetrics {
                 throughput_bps: mine.iter().map(|w| w.throughput_bps()).sum(),
                 p50_us: q(0.5),

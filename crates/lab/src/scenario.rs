@@ -229,6 +229,36 @@ impl Scenario {
         })
     }
 
+    /// The report row workload `w` counts in: its tenant's name, except for the victim's
+    /// own attack workloads (`attack = true`), which count in `VICTIM/attack` so the
+    /// victim's figures stay those of the traffic the attack must not disturb.
+    pub fn report_group(&self, w: &Workload) -> String {
+        let tenant = self.tenant_of(&w.from).map_or("", |t| t.name.as_str());
+        if tenant == self.victim && self.is_attack(w) {
+            format!("{tenant}/attack")
+        } else {
+            tenant.to_owned()
+        }
+    }
+
+    /// Report rows in order, each with the tenant whose SLO applies: every tenant, and
+    /// after the victim its `VICTIM/attack` group when it has attack workloads.
+    pub fn report_groups(&self) -> Vec<(String, &Tenant)> {
+        let mut rows = Vec::new();
+        for t in &self.tenants {
+            rows.push((t.name.clone(), t));
+            if t.name == self.victim
+                && self.workloads.iter().any(|w| {
+                    self.report_group(w) != t.name
+                        && self.tenant_of(&w.from).is_some_and(|o| o.name == t.name)
+                })
+            {
+                rows.push((format!("{}/attack", t.name), t));
+            }
+        }
+        rows
+    }
+
     /// Checks cross-references and ranges; the error names the offending field.
     pub fn validate(&self) -> Result<()> {
         if self.name.trim().is_empty() {

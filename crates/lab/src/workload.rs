@@ -30,7 +30,8 @@ const MAX_LATENCY_NS: u64 = 60_000_000_000;
 pub struct WorkloadResult {
     /// Workload name.
     pub name: String,
-    /// Tenant of its VMs.
+    /// Tenant of its VMs, or the victim's attack group (see
+    /// [`Scenario::report_group`]): the row of the report it counts in.
     pub tenant: String,
     /// Kind of traffic.
     pub kind: WorkloadKind,
@@ -176,11 +177,7 @@ pub fn run_placed(
         let recv = server
             .join()?
             .with_context(|| format!("receiver of workload {}", wl.name))?;
-        let tenant = scenario
-            .tenant_of(&wl.from)
-            .map(|t| t.name.clone())
-            .unwrap_or_default();
-        results.push(merge(wl, tenant, sent, recv, window));
+        results.push(merge(wl, scenario.report_group(wl), sent, recv, window));
     }
     Ok(results)
 }
