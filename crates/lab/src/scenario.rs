@@ -622,4 +622,58 @@ to = "b"
             assert!(e.contains(field), "expected {field} in: {e}");
         }
     }
+
+    #[test]
+    fn attack_flags_and_report_groups() {
+        let text = with_workload(
+            "name = \"side\"\nkind = \"udp_flood\"\nfrom = \"a\"\nto = \"b\"\nattack = true\nshaped_mbps = 10",
+        );
+        let text = format!(
+            "{text}\n[[workloads]]\nname = \"x1\"\nkind = \"tcp_bulk\"\nfrom = \"c\"\nto = \"d\""
+        );
+        let s = Scenario::parse(&text).unwrap();
+        let [probe, side, x1] = &s.workloads[..] else {
+            panic!("three workloads");
+        };
+        assert!(!s.is_attack(probe) && s.is_attack(side) && s.is_attack(x1));
+        assert_eq!(s.report_group(probe), "v");
+        assert_eq!(s.report_group(side), "v/attack");
+        assert_eq!(s.report_group(x1), "x");
+        let rows: Vec<String> = s.report_groups().into_iter().map(|r| r.0).collect();
+        assert_eq!(rows, ["v", "v/attack", "x"]);
+        assert_eq!(side.ip_protocol(), 17);
+        assert_eq!(x1.ip_protocol(), 6);
+        assert_eq!(x1.port(&s), Some(crate::workload::BASE_PORT + 2));
+    }
+
+    #[test]
+    fn transfers_cpu_quotas_and_shaping_are_validated() {
+        let transfer = "name = \"t\"\nkind = \"transfer\"\nfrom = \"c\"\nto = \"d\"";
+        assert!(Scenario::parse(&with_workload(&format!(
+            "{transfer}\nbytes = 1000\nflows = 2"
+        )))
+        .is_ok());
+        let cases = [
+            (with_workload(transfer), "`workloads[1].bytes`"),
+            (
+                with_workload(&format!("{transfer}\nbytes = 10\nsize = 64")),
+                "`workloads[1].size`",
+            ),
+            (
+                with_workload(&format!("{transfer}\nbytes = 10\nshaped_mbps = 0")),
+                "`workloads[1].shaped_mbps`",
+            ),
+            (
+                BASE.replace("min_mbps = 10", "min_mbps = 10\ncpu_cores = 0"),
+                "`tenants[0].cpu_cores`",
+            ),
+        ];
+        for (text, field) in cases {
+            let e = err(&text);
+            assert!(e.contains(field), "expected {field} in: {e}");
+        }
+        let s = Scenario::parse(&BASE.replace("min_mbps = 10", "min_mbps = 10\ncpu_cores = 0.5"))
+            .unwrap();
+        assert_eq!(s.tenants[0].cpu_cores, Some(0.5));
+    }
 }
