@@ -320,7 +320,7 @@ fn scenario_metric(key: &str, scenario: &Scenario, rep: &[WorkloadResult]) -> Op
     }
 }
 
-/// Tenants running a greedy workload, with their guarantees as weights (EyeQ 3.2:
+/// Tenants running an open-ended greedy workload, with their guarantees as weights (EyeQ 3.2:
 /// C_i = B_i * C / sum B_j). Needs two or more, each with `min_mbps` > 0.
 fn competitors<'a>(scenario: &'a Scenario, rep: &[WorkloadResult]) -> Option<Vec<(&'a str, f64)>> {
     let list: Vec<(&str, f64)> = scenario
@@ -330,7 +330,7 @@ fn competitors<'a>(scenario: &'a Scenario, rep: &[WorkloadResult]) -> Option<Vec
             t.min_mbps > 0
                 && rep
                     .iter()
-                    .any(|w| w.tenant == t.name && is_greedy(scenario, w))
+                    .any(|w| w.tenant == t.name && is_open_greedy(scenario, w))
         })
         .map(|t| (t.name.as_str(), t.min_mbps as f64))
         .collect();
@@ -345,7 +345,7 @@ pub fn share_error(scenario: &Scenario, rep: &[WorkloadResult]) -> Option<f64> {
         .iter()
         .map(|(t, _)| {
             rep.iter()
-                .filter(|w| w.tenant == *t && is_greedy(scenario, w))
+                .filter(|w| w.tenant == *t && is_open_greedy(scenario, w))
                 .map(|w| w.throughput_bps())
                 .sum()
         })
@@ -378,7 +378,7 @@ pub fn convergence_ms(scenario: &Scenario, rep: &[WorkloadResult]) -> Option<f64
         .iter()
         .filter(|w| {
             rep.iter()
-                .any(|r| r.name == w.name && is_greedy(scenario, r))
+                .any(|r| r.name == w.name && is_open_greedy(scenario, r))
         })
         .collect();
     let start = greedy.iter().map(|w| w.start_ms).max()?;
@@ -393,7 +393,7 @@ pub fn convergence_ms(scenario: &Scenario, rep: &[WorkloadResult]) -> Option<f64
             let mut acc = vec![0u64; last];
             for w in rep
                 .iter()
-                .filter(|w| w.tenant == *t && is_greedy(scenario, w))
+                .filter(|w| w.tenant == *t && is_open_greedy(scenario, w))
             {
                 for (a, b) in acc.iter_mut().zip(&w.series) {
                     *a += b;
@@ -438,6 +438,12 @@ pub fn completion_order(scenario: &Scenario, rep: &[WorkloadResult]) -> Option<f
         .iter()
         .all(|a| done.iter().all(|b| a.0 <= b.0 || a.1 <= b.1));
     Some(if ordered { 1.0 } else { 0.0 })
+}
+
+/// A greedy workload that runs for its whole window (not a fixed-size transfer): the
+/// competitors of [`share_error`] and [`convergence_ms`].
+fn is_open_greedy(scenario: &Scenario, w: &WorkloadResult) -> bool {
+    w.kind != WorkloadKind::Transfer && is_greedy(scenario, w)
 }
 
 /// A workload that takes all the bandwidth it can get (so a shortfall is the network's).
@@ -1157,10 +1163,19 @@ to = "b2"
             transfer("wa", "a", a, Some(600)),
             transfer("wb", "b", b, Some(900)),
         ];
-        let err = share_error(&s, &rep).unwrap();
+        // Shares and convergence look at open-ended greedy workloads, not transfers.
+        assert_eq!(share_error(&s, &rep), None);
+        let bulk: Vec<WorkloadResult> = rep
+            .iter()
+            .map(|r| WorkloadResult {
+                kind: WorkloadKind::TcpBulk,
+                ..r.clone()
+            })
+            .collect();
+        let err = share_error(&s, &bulk).unwrap();
         // a: 155000, b: 85000 of 240000; b's share 1/3 = 80000: error 5000 / 80000.
         assert!((err - 0.0625).abs() < 1e-9, "{err}");
-        let conv = convergence_ms(&s, &rep).unwrap();
+        let conv = convergence_ms(&s, &bulk).unwrap();
         // The 50 ms average is within 20% from bin 28 on (mostly the new split).
         assert!((250.0..=300.0).contains(&conv), "{conv}");
         assert_eq!(completion_order(&s, &rep), Some(1.0));
