@@ -6,12 +6,15 @@
 //! per host running a [`dataplane`], a namespace per VM. [`workload`] drives real traffic
 //! between VMs and [`run`] runs a scenario in several modes, reported by [`report`].
 
+pub mod cgroup;
 pub mod dataplane;
 pub mod netns;
 pub mod picnic;
+pub mod plot;
 pub mod report;
 pub mod run;
 pub mod scenario;
+pub mod shaped;
 pub mod topology;
 pub mod workload;
 

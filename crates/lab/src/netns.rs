@@ -191,6 +191,16 @@ impl Testbed {
         })
     }
 
+    /// A testbed that creates nothing (no cleanup, no Ctrl-C handler), for planning a
+    /// topology as data in tests.
+    #[cfg(test)]
+    pub(crate) fn unbuilt(run_id: &str) -> Testbed {
+        Testbed {
+            run_id: run_id.to_owned(),
+            namespaces: Vec::new(),
+        }
+    }
+
     /// The run id that every namespace name of this testbed contains.
     pub fn run_id(&self) -> &str {
         &self.run_id

@@ -69,7 +69,7 @@ pub fn switch_config(
                     ifname: vm.host_port.clone(),
                     backend: Default::default(),
                 }),
-                shaped: Vec::new(),
+                shaped: crate::shaped::shaped_classes(scenario, topo, &vm.name),
             });
         }
     }

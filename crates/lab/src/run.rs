@@ -1,5 +1,6 @@
 //! Running a scenario in several modes and reporting it side by side.
 
+use crate::cgroup::Placement;
 use crate::dataplane::{Dataplane, DataplaneFactory, LinuxBridge};
 use crate::netns::{self, Testbed};
 use crate::picnic::PicnicSwitch;
@@ -184,7 +185,13 @@ pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> Result<Outcome> {
     }
     if let Some(dir) = &opts.out {
         report::write_outputs(dir, &summary, &reports)?;
-        say(format!("wrote {}", dir.join("summary.json").display()));
+        let plots = crate::plot::write_plots(dir, scenario, &reports)?;
+        say(format!(
+            "wrote {} and {} plots (.svg) in {}",
+            dir.join("summary.json").display(),
+            plots.len(),
+            dir.display()
+        ));
     }
     Ok(Outcome {
         summary,
@@ -233,19 +240,27 @@ pub fn run_mode(
     let workloads: Vec<_> = scenario
         .workloads
         .iter()
-        .filter(|w| {
-            mode.attackers
-                || scenario
-                    .tenant_of(&w.from)
-                    .is_some_and(|t| t.name == scenario.victim)
-        })
+        .filter(|w| mode.attackers || !scenario.is_attack(w))
         .collect();
+    let placement = Placement::create(scenario, testbed.run_id())?;
+    for t in scenario
+        .tenants
+        .iter()
+        .filter(|t| placement.group(&t.name).is_some())
+    {
+        say(format!(
+            "  tenant {} limited to {} cores (cgroup)",
+            t.name,
+            t.cpu_cores.unwrap_or_default()
+        ));
+    }
     say(format!(
         "  running {} workloads for {} ms",
         workloads.len(),
         scenario.duration_ms
     ));
-    let results = workload::run_all(scenario, &topo, &workloads)?;
+    let results = workload::run_placed(scenario, &topo, &workloads, &placement)?;
+    drop(placement);
     drop(dataplanes);
     testbed.teardown()?;
     say("  torn down".into());

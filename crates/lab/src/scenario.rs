@@ -60,6 +60,9 @@ pub struct Tenant {
     pub latency_p99_us: Option<f64>,
     /// SLO: largest tolerated loss fraction (0.0 to 1.0).
     pub loss_max: Option<f64>,
+    /// CPU quota of the tenant's workload threads, in cores (e.g. 0.5): they run in a
+    /// cgroup with this CFS quota (see [`crate::cgroup`]); none leaves them unconfined.
+    pub cpu_cores: Option<f64>,
     /// The tenant's VMs.
     pub vms: Vec<Vm>,
 }
@@ -88,6 +91,9 @@ pub enum WorkloadKind {
     Rpc,
     /// iperf3 TCP with `flows` parallel streams (needs the iperf3 package).
     Iperf3,
+    /// `flows` TCP connections each sending exactly `bytes` and closing; records when the
+    /// last byte arrived (the completion time of a shuffle, EyeQ 5.3).
+    Transfer,
 }
 
 /// Transport of an RPC probe.
@@ -132,6 +138,14 @@ pub struct Workload {
     pub protocol: Option<Protocol>,
     /// RPC timeout in ms after which a request counts as lost (default 100).
     pub timeout_ms: Option<u64>,
+    /// Bytes each connection of a `transfer` sends.
+    pub bytes: Option<u64>,
+    /// Shape this workload's packets (sender to receiver) to this rate in its own egress
+    /// class of the picnic switch, Mb/s (PicNIC 2.1); see [`crate::shaped`].
+    pub shaped_mbps: Option<f64>,
+    /// Whether the workload is part of the attack, left out of victim-alone modes.
+    /// Default: true unless it belongs to the victim tenant.
+    pub attack: Option<bool>,
 }
 
 fn default_access_link_mbps() -> u64 {
@@ -164,6 +178,24 @@ impl Workload {
     pub fn flows(&self) -> u32 {
         self.flows.unwrap_or(1)
     }
+    /// The UDP or TCP port its receiver listens on: [`crate::workload::BASE_PORT`] plus
+    /// the workload's index in `scenario.workloads`.
+    pub fn port(&self, scenario: &Scenario) -> Option<u16> {
+        let index = scenario
+            .workloads
+            .iter()
+            .position(|w| w.name == self.name)?;
+        Some(crate::workload::BASE_PORT + index as u16)
+    }
+    /// IP protocol number of its packets (6 TCP, 17 UDP).
+    pub fn ip_protocol(&self) -> u8 {
+        use WorkloadKind::*;
+        match self.kind {
+            UdpFlood | OnOff => 17,
+            Rpc if self.protocol.unwrap_or_default() == Protocol::Udp => 17,
+            Rpc | TcpBulk | Iperf3 | Transfer => 6,
+        }
+    }
 }
 
 impl Scenario {
@@ -186,6 +218,45 @@ impl Scenario {
         self.tenants
             .iter()
             .find(|t| t.vms.iter().any(|v| v.name == vm))
+    }
+
+    /// Whether workload `w` is part of the attack (left out when the victim runs alone):
+    /// its `attack` field, or else whether it belongs to a tenant other than the victim.
+    pub fn is_attack(&self, w: &Workload) -> bool {
+        w.attack.unwrap_or_else(|| {
+            self.tenant_of(&w.from)
+                .is_none_or(|t| t.name != self.victim)
+        })
+    }
+
+    /// The report row workload `w` counts in: its tenant's name, except for the victim's
+    /// own attack workloads (`attack = true`), which count in `VICTIM/attack` so the
+    /// victim's figures stay those of the traffic the attack must not disturb.
+    pub fn report_group(&self, w: &Workload) -> String {
+        let tenant = self.tenant_of(&w.from).map_or("", |t| t.name.as_str());
+        if tenant == self.victim && self.is_attack(w) {
+            format!("{tenant}/attack")
+        } else {
+            tenant.to_owned()
+        }
+    }
+
+    /// Report rows in order, each with the tenant whose SLO applies: every tenant, and
+    /// after the victim its `VICTIM/attack` group when it has attack workloads.
+    pub fn report_groups(&self) -> Vec<(String, &Tenant)> {
+        let mut rows = Vec::new();
+        for t in &self.tenants {
+            rows.push((t.name.clone(), t));
+            if t.name == self.victim
+                && self.workloads.iter().any(|w| {
+                    self.report_group(w) != t.name
+                        && self.tenant_of(&w.from).is_some_and(|o| o.name == t.name)
+                })
+            {
+                rows.push((format!("{}/attack", t.name), t));
+            }
+        }
+        rows
     }
 
     /// Checks cross-references and ranges; the error names the offending field.
@@ -243,6 +314,11 @@ impl Scenario {
             if let Some(l) = tenant.loss_max {
                 if !(0.0..=1.0).contains(&l) {
                     bail!("{}: must be between 0 and 1", at("loss_max"));
+                }
+            }
+            if let Some(c) = tenant.cpu_cores {
+                if !(0.01..=1024.0).contains(&c) {
+                    bail!("{}: must be between 0.01 and 1024 cores", at("cpu_cores"));
                 }
             }
             if tenant.vms.is_empty() || tenant.vms.len() > 250 {
@@ -330,6 +406,7 @@ impl Scenario {
             OnOff => &["size", "rate_pps", "on_ms", "off_ms"],
             TcpBulk | Iperf3 => &["flows"],
             Rpc => &["size", "rate_pps", "protocol", "timeout_ms"],
+            Transfer => &["flows", "bytes"],
         };
         let given = [
             ("size", wl.size.is_some()),
@@ -339,6 +416,7 @@ impl Scenario {
             ("off_ms", wl.off_ms.is_some()),
             ("protocol", wl.protocol.is_some()),
             ("timeout_ms", wl.timeout_ms.is_some()),
+            ("bytes", wl.bytes.is_some()),
         ];
         for (field, present) in given {
             if present && !allowed.contains(&field) {
@@ -371,6 +449,14 @@ impl Scenario {
         }
         if wl.timeout_ms == Some(0) || wl.timeout_ms > Some(10_000) {
             bail!("timeout_ms`: must be between 1 and 10000");
+        }
+        if wl.kind == Transfer && !(1..=1 << 40).contains(&wl.bytes.unwrap_or(0)) {
+            bail!("bytes`: required for transfer, 1 to 2^40");
+        }
+        if let Some(r) = wl.shaped_mbps {
+            if !(r > 0.0 && r <= self.access_link_mbps as f64) {
+                bail!("shaped_mbps`: must be > 0 and at most access_link_mbps");
+            }
         }
         Ok(())
     }
@@ -425,7 +511,13 @@ to = "b"
 
     #[test]
     fn shipped_scenarios_parse() {
-        for file in ["ingress-flood.toml", "bursty-udp.toml"] {
+        for file in [
+            "ingress-flood.toml",
+            "bursty-udp.toml",
+            "egress-shaped.toml",
+            "incast.toml",
+            "shuffle-priority.toml",
+        ] {
             let path = Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../../scenarios")
                 .join(file);
@@ -529,5 +621,59 @@ to = "b"
             let e = err(&text);
             assert!(e.contains(field), "expected {field} in: {e}");
         }
+    }
+
+    #[test]
+    fn attack_flags_and_report_groups() {
+        let text = with_workload(
+            "name = \"side\"\nkind = \"udp_flood\"\nfrom = \"a\"\nto = \"b\"\nattack = true\nshaped_mbps = 10",
+        );
+        let text = format!(
+            "{text}\n[[workloads]]\nname = \"x1\"\nkind = \"tcp_bulk\"\nfrom = \"c\"\nto = \"d\""
+        );
+        let s = Scenario::parse(&text).unwrap();
+        let [probe, side, x1] = &s.workloads[..] else {
+            panic!("three workloads");
+        };
+        assert!(!s.is_attack(probe) && s.is_attack(side) && s.is_attack(x1));
+        assert_eq!(s.report_group(probe), "v");
+        assert_eq!(s.report_group(side), "v/attack");
+        assert_eq!(s.report_group(x1), "x");
+        let rows: Vec<String> = s.report_groups().into_iter().map(|r| r.0).collect();
+        assert_eq!(rows, ["v", "v/attack", "x"]);
+        assert_eq!(side.ip_protocol(), 17);
+        assert_eq!(x1.ip_protocol(), 6);
+        assert_eq!(x1.port(&s), Some(crate::workload::BASE_PORT + 2));
+    }
+
+    #[test]
+    fn transfers_cpu_quotas_and_shaping_are_validated() {
+        let transfer = "name = \"t\"\nkind = \"transfer\"\nfrom = \"c\"\nto = \"d\"";
+        assert!(Scenario::parse(&with_workload(&format!(
+            "{transfer}\nbytes = 1000\nflows = 2"
+        )))
+        .is_ok());
+        let cases = [
+            (with_workload(transfer), "`workloads[1].bytes`"),
+            (
+                with_workload(&format!("{transfer}\nbytes = 10\nsize = 64")),
+                "`workloads[1].size`",
+            ),
+            (
+                with_workload(&format!("{transfer}\nbytes = 10\nshaped_mbps = 0")),
+                "`workloads[1].shaped_mbps`",
+            ),
+            (
+                BASE.replace("min_mbps = 10", "min_mbps = 10\ncpu_cores = 0"),
+                "`tenants[0].cpu_cores`",
+            ),
+        ];
+        for (text, field) in cases {
+            let e = err(&text);
+            assert!(e.contains(field), "expected {field} in: {e}");
+        }
+        let s = Scenario::parse(&BASE.replace("min_mbps = 10", "min_mbps = 10\ncpu_cores = 0.5"))
+            .unwrap();
+        assert_eq!(s.tenants[0].cpu_cores, Some(0.5));
     }
 }

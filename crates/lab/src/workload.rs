@@ -3,6 +3,7 @@
 //! by a count); every receiver also stops at a deadline. Results are data: counters, a rate
 //! time series in [`BIN_MS`] bins and, for RPC, an HDR histogram of request latencies.
 
+use crate::cgroup::Placement;
 use crate::netns;
 use crate::scenario::{self, Protocol, Scenario, Workload, WorkloadKind};
 use crate::topology::Topology;
@@ -29,7 +30,8 @@ const MAX_LATENCY_NS: u64 = 60_000_000_000;
 pub struct WorkloadResult {
     /// Workload name.
     pub name: String,
-    /// Tenant of its VMs.
+    /// Tenant of its VMs, or the victim's attack group (see
+    /// [`Scenario::report_group`]): the row of the report it counts in.
     pub tenant: String,
     /// Kind of traffic.
     pub kind: WorkloadKind,
@@ -45,6 +47,8 @@ pub struct WorkloadResult {
     pub latency: Option<Histogram<u64>>,
     /// Payload bytes received per [`BIN_MS`] bin since the start of the run.
     pub series: Vec<u64>,
+    /// For a `transfer` that delivered every byte: ns from its start to the last byte.
+    pub completion_ns: Option<u64>,
 }
 
 impl WorkloadResult {
@@ -99,6 +103,23 @@ pub fn run_all(
     topo: &Topology,
     workloads: &[&Workload],
 ) -> Result<Vec<WorkloadResult>> {
+    run_placed(scenario, topo, workloads, &Placement::none())
+}
+
+/// [`run_all`] with every workload thread (sender and receiver side) first entering its
+/// tenant's cgroup of `placement`, if the tenant has one.
+pub fn run_placed(
+    scenario: &Scenario,
+    topo: &Topology,
+    workloads: &[&Workload],
+    placement: &Placement,
+) -> Result<Vec<WorkloadResult>> {
+    let group_of = |wl: &Workload| {
+        scenario
+            .tenant_of(&wl.from)
+            .and_then(|t| placement.group(&t.name))
+            .cloned()
+    };
     let bins = ((scenario.duration_ms + GRACE.as_millis() as u64) / BIN_MS + 1) as usize;
     let mut servers = Vec::new();
     for wl in workloads {
@@ -113,7 +134,11 @@ pub fn run_all(
         let wl_owned = (*wl).clone();
         let stop_ms = wl.stop_ms(scenario);
         let ep2 = ep.clone();
+        let group = group_of(wl);
         let server = netns::spawn_in_netns(&ep.to_ns, move || {
+            if let Some(g) = group {
+                g.enter()?;
+            }
             serve(&wl_owned, &ep2, stop_ms, bins, ready_tx, t0_rx)
         })?;
         servers.push((ep, server, ready_rx, t0_tx));
@@ -135,7 +160,13 @@ pub fn run_all(
         };
         let wl_owned = (*wl).clone();
         let ep2 = ep.clone();
-        let client = netns::spawn_in_netns(&ep.from_ns, move || send(&wl_owned, &ep2, window))?;
+        let group = group_of(wl);
+        let client = netns::spawn_in_netns(&ep.from_ns, move || {
+            if let Some(g) = group {
+                g.enter()?;
+            }
+            send(&wl_owned, &ep2, window)
+        })?;
         clients.push((server, client, window));
     }
     let mut results = Vec::new();
@@ -146,11 +177,7 @@ pub fn run_all(
         let recv = server
             .join()?
             .with_context(|| format!("receiver of workload {}", wl.name))?;
-        let tenant = scenario
-            .tenant_of(&wl.from)
-            .map(|t| t.name.clone())
-            .unwrap_or_default();
-        results.push(merge(wl, tenant, sent, recv, window));
+        results.push(merge(wl, scenario.report_group(wl), sent, recv, window));
     }
     Ok(results)
 }
@@ -184,6 +211,8 @@ struct ReceiverSide {
     received: u64,
     bytes: u64,
     series: Vec<u64>,
+    /// When the last expected byte arrived (transfers that completed).
+    done_at: Option<Instant>,
 }
 
 fn merge(
@@ -194,6 +223,9 @@ fn merge(
     window: Window,
 ) -> WorkloadResult {
     let recv = sent.received.unwrap_or(recv);
+    let completion_ns = recv
+        .done_at
+        .map(|t| t.saturating_duration_since(window.start).as_nanos() as u64);
     WorkloadResult {
         name: wl.name.clone(),
         tenant,
@@ -201,9 +233,13 @@ fn merge(
         sent: sent.sent,
         received: recv.received,
         received_bytes: recv.bytes,
-        active_ns: (window.stop - window.start).as_nanos() as u64,
+        // A completed transfer was active until its last byte, not until its stop time.
+        active_ns: completion_ns
+            .unwrap_or((window.stop - window.start).as_nanos() as u64)
+            .max(1),
         latency: sent.latency,
         series: recv.series,
+        completion_ns,
     }
 }
 
@@ -246,7 +282,12 @@ fn serve(
         },
         WorkloadKind::TcpBulk => {
             let listener = TcpListener::bind(bind).context("binding the TCP sink")?;
-            tcp_sink(&listener, wl.flows(), wait_t0(ready)?)
+            tcp_sink(&listener, wl.flows(), None, wait_t0(ready)?)
+        }
+        WorkloadKind::Transfer => {
+            let listener = TcpListener::bind(bind).context("binding the transfer sink")?;
+            let expected = wl.bytes.unwrap_or(0) * wl.flows() as u64;
+            tcp_sink(&listener, wl.flows(), Some(expected), wait_t0(ready)?)
         }
         WorkloadKind::Iperf3 => {
             let mut child = netns::exec_in(&ep.to_ns, "iperf3")
@@ -276,7 +317,8 @@ fn send(wl: &Workload, ep: &Endpoints, w: Window) -> Result<SenderSide> {
             let off = Duration::from_millis(wl.off_ms.unwrap_or(1));
             udp_flood(ep, wl.size(), wl.rate_pps, Some((on, off)), w)
         }
-        WorkloadKind::TcpBulk => tcp_bulk(ep, wl.flows(), w),
+        WorkloadKind::TcpBulk => tcp_bulk(ep, wl.flows(), None, w),
+        WorkloadKind::Transfer => tcp_bulk(ep, wl.flows(), wl.bytes, w),
         WorkloadKind::Rpc => {
             let rate = wl.rate_pps.unwrap_or(scenario::DEFAULT_RPC_RATE);
             let timeout =
@@ -735,8 +777,15 @@ fn rpc_tcp(
     })
 }
 
-/// TCP sink: accepts up to `flows` connections and counts what they deliver.
-fn tcp_sink(listener: &TcpListener, flows: u32, w: Window) -> Result<ReceiverSide> {
+/// TCP sink: accepts up to `flows` connections and counts what they deliver: until the
+/// stop time, or with `expected` (a transfer) all bytes until the deadline, noting when
+/// the `expected`-th byte arrived.
+fn tcp_sink(
+    listener: &TcpListener,
+    flows: u32,
+    expected: Option<u64>,
+    w: Window,
+) -> Result<ReceiverSide> {
     let mut readers = Vec::new();
     for _ in 0..flows {
         let Some(mut conn) = accept_until(listener, w.deadline())? else {
@@ -754,8 +803,9 @@ fn tcp_sink(listener: &TcpListener, flows: u32, w: Window) -> Result<ReceiverSid
                     Ok(0) => break,
                     Ok(len) => {
                         let now = Instant::now();
-                        if now <= w.stop {
+                        if now <= w.stop || expected.is_some() {
                             out.bytes += len as u64;
+                            out.done_at = Some(now);
                         }
                         if let Some(b) = out.series.get_mut(w.bin(now)) {
                             *b += len as u64;
@@ -775,15 +825,20 @@ fn tcp_sink(listener: &TcpListener, flows: u32, w: Window) -> Result<ReceiverSid
     for r in readers {
         let part = r.join().map_err(|_| anyhow!("TCP reader panicked"))?;
         total.bytes += part.bytes;
+        total.done_at = total.done_at.max(part.done_at);
         for (t, p) in total.series.iter_mut().zip(&part.series) {
             *t += p;
         }
     }
+    if expected.is_none_or(|e| total.bytes < e) {
+        total.done_at = None;
+    }
     Ok(total)
 }
 
-/// Bulk TCP client: `flows` connections writing as fast as they can until the stop time.
-fn tcp_bulk(ep: &Endpoints, flows: u32, w: Window) -> Result<SenderSide> {
+/// Bulk TCP client: `flows` connections writing as fast as they can until the stop time,
+/// or each exactly `bytes` (a transfer) and then closing.
+fn tcp_bulk(ep: &Endpoints, flows: u32, bytes: Option<u64>, w: Window) -> Result<SenderSide> {
     sleep_until(w.start);
     let mut writers = Vec::new();
     for _ in 0..flows {
@@ -792,9 +847,11 @@ fn tcp_bulk(ep: &Endpoints, flows: u32, w: Window) -> Result<SenderSide> {
         conn.set_write_timeout(Some(POLL))?;
         writers.push(std::thread::spawn(move || {
             let buf = vec![0x5au8; 1 << 16];
-            while Instant::now() < w.stop {
-                match conn.write(&buf) {
-                    Ok(_) => {}
+            let mut left = bytes.unwrap_or(u64::MAX);
+            while left > 0 && Instant::now() < w.stop {
+                let chunk = &buf[..buf.len().min(left.try_into().unwrap_or(usize::MAX))];
+                match conn.write(chunk) {
+                    Ok(n) => left -= n as u64,
                     Err(e) if is_timeout(&e) => {}
                     Err(_) => break,
                 }
@@ -857,6 +914,7 @@ fn iperf3_client(ep: &Endpoints, flows: u32, w: Window) -> Result<SenderSide> {
             received: 0,
             bytes,
             series,
+            done_at: None,
         }),
         latency: None,
     })
