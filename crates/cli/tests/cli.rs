@@ -31,6 +31,15 @@ fn check_switch(name: &str, text: &str) -> (Option<i32>, String, String) {
 }
 
 /// `picnic switch --config <path> --check`: (exit code, stdout, stderr).
+fn check_switch_path(path: &str) -> (Option<i32>, String, String) {
+    let out = picnic(&["switch", "--config", path, "--check"]);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// `text` with `from` replaced by `to` (which must occur).
 fn edit(text: &str, from: &str, to: &str) -> String {
     assert!(
