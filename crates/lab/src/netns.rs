@@ -296,7 +296,8 @@ pub fn add_address(ns: &str, dev: &str, cidr: &str) -> Result<()> {
     ip(ns, &["addr", "add", cidr, "dev", dev]).map(drop)
 }
 
-/// Creates a bridge with STP off (ports forward at once) and brings it up.
+/// Creates a bridge with STP off (ports forward at once) and multicast snooping off (the
+/// bridge then sends no IGMP reports of its own onto its ports), and brings it up.
 pub fn add_bridge(ns: &str, name: &str) -> Result<()> {
     ip(
         ns,
@@ -308,6 +309,8 @@ pub fn add_bridge(ns: &str, name: &str) -> Result<()> {
             "type",
             "bridge",
             "stp_state",
+            "0",
+            "mcast_snooping",
             "0",
         ],
     )?;

@@ -111,7 +111,9 @@ pub fn switch_config(
 pub struct PicnicSwitch {
     isolated: bool,
     config: Config,
-    running: Option<(Arc<AtomicBool>, NsThread<Result<()>>, Arc<Shared>)>,
+    running: Option<(Arc<AtomicBool>, NsThread<Result<()>>)>,
+    /// What the switch publishes; kept after teardown, holding its final counters.
+    shared: Option<Arc<Shared>>,
 }
 
 impl PicnicSwitch {
@@ -119,14 +121,34 @@ impl PicnicSwitch {
     pub fn factory(isolated: bool) -> DataplaneFactory {
         Arc::new(
             move |scenario, topo, host| match switch_config(scenario, topo, host, isolated) {
-                Ok(config) => Box::new(PicnicSwitch {
-                    isolated,
-                    config,
-                    running: None,
-                }),
+                Ok(config) => Box::new(PicnicSwitch::new(config, isolated)),
                 Err(e) => Box::new(Failed(format!("{e:#}"))),
             },
         )
+    }
+
+    /// A switch running `config` (usually [`switch_config`]'s, possibly adjusted, e.g. with
+    /// shaped classes); `isolated` only labels its errors.
+    pub fn new(config: Config, isolated: bool) -> PicnicSwitch {
+        PicnicSwitch {
+            isolated,
+            config,
+            running: None,
+            shared: None,
+        }
+    }
+
+    /// The config the switch runs.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The latest counters the switch published (every 100 ms while it runs; after
+    /// teardown, its final ones). None before setup or before its first publication.
+    pub fn snapshot(&self) -> Option<Snapshot> {
+        let shared = self.shared.as_ref()?;
+        let latest = shared.snapshot.lock().ok()?;
+        latest.as_ref().map(|published| published.switch.clone())
     }
 }
 
@@ -158,7 +180,10 @@ impl Dataplane for PicnicSwitch {
             "unisolated"
         };
         match ready_rx.recv() {
-            Ok(Ok((stop, shared))) => self.running = Some((stop, thread, shared)),
+            Ok(Ok((stop, shared))) => {
+                self.running = Some((stop, thread));
+                self.shared = Some(shared);
+            }
             Ok(Err(e)) => return Err(anyhow!("picnic switch on {} ({mode}): {e}", host.name)),
             Err(_) => {
                 return Err(anyhow!(
@@ -171,14 +196,13 @@ impl Dataplane for PicnicSwitch {
     }
 
     fn teardown(&mut self, host: &HostView) -> Result<()> {
-        if let Some((stop, thread, shared)) = self.running.take() {
+        if let Some((stop, thread)) = self.running.take() {
             stop.store(true, Ordering::Relaxed);
             thread
                 .join()?
                 .with_context(|| format!("picnic switch on {}", host.name))?;
-            if let Some(published) = shared.snapshot.lock().unwrap().as_ref() {
-                let snap = &published.switch;
-                for line in summary_lines(snap) {
+            if let Some(snap) = self.snapshot() {
+                for line in summary_lines(&snap) {
                     eprintln!("[picnic {}] {line}", host.name);
                 }
             }
