@@ -37,6 +37,8 @@ pub struct Meta {
     pub seq: u64,
     /// When the original was sent, ns (echoed by ACKs and responses).
     pub sent_ns: u64,
+    /// An ACK's selective acknowledgement: the data segment that triggered it.
+    pub sack: u64,
 }
 
 /// Transport of a frame.
@@ -126,7 +128,8 @@ pub fn build(
     p[6..8].fill(0);
     p[8..16].copy_from_slice(&meta.seq.to_le_bytes());
     p[16..24].copy_from_slice(&meta.sent_ns.to_le_bytes());
-    p[24..].fill(0);
+    p[24..32].copy_from_slice(&meta.sack.to_le_bytes());
+    p[32..].fill(0);
     frame.set_len(total);
     true
 }
@@ -156,6 +159,7 @@ pub fn parse(frame: &[u8]) -> Option<(Meta, bool)> {
         ece: p[5] != 0,
         seq: u64::from_le_bytes(p[8..16].try_into().ok()?),
         sent_ns: u64::from_le_bytes(p[16..24].try_into().ok()?),
+        sack: u64::from_le_bytes(p[24..32].try_into().ok()?),
     };
     Some((meta, ip[1] & 3 == 3))
 }
@@ -264,6 +268,7 @@ mod tests {
                 ece: true,
                 seq: 1 << 40,
                 sent_ns: 123,
+                sack: 9,
             };
             assert!(build(&mut f, a, b, proto, (1, 2), 10, true, &meta));
             assert_eq!(

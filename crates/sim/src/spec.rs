@@ -130,6 +130,10 @@ pub struct SimSection {
     pub ecn_threshold_kb: Option<u64>,
     /// Host NIC transmit queue, frames.
     pub nic_queue_frames: usize,
+    /// Rate of a host's NIC toward the fabric, Mb/s. The lab shapes only the fabric's port
+    /// toward each host (`access_link_mbps`); the host-to-fabric side is a fast veth, so
+    /// by default the congestion point is the receiver's access link, as in the lab.
+    pub nic_mbps: u64,
     /// Frame buffers per host (one pool for the whole simulated deployment).
     pub frames_per_host: usize,
     /// Packets/s of a flood without `rate_pps` (the lab's floods go as fast as a CPU can).
@@ -161,6 +165,7 @@ impl Default for SimSection {
             switch_buffer_kb: 4096,
             ecn_threshold_kb: None,
             nic_queue_frames: 256,
+            nic_mbps: 10_000,
             frames_per_host: 512,
             flood_pps: 100_000,
             cost: CostModel::default(),
@@ -223,8 +228,9 @@ impl Spec {
         if !(0.0..1.0).contains(&s.cost.variance) {
             bail!("field `sim.cost.variance`: must be in [0, 1)");
         }
-        if s.frames_per_host < 16 || s.nic_queue_frames == 0 || s.flood_pps == 0 {
-            bail!("fields `sim.frames_per_host` (>= 16), `sim.nic_queue_frames`, `sim.flood_pps` (> 0)");
+        if s.frames_per_host < 16 || s.nic_queue_frames == 0 || s.flood_pps == 0 || s.nic_mbps == 0
+        {
+            bail!("fields `sim.frames_per_host` (>= 16), `sim.nic_queue_frames`, `sim.flood_pps`, `sim.nic_mbps` (> 0)");
         }
         if s.modes.is_empty() {
             bail!("field `sim.modes`: needs at least one mode");

@@ -30,6 +30,10 @@ pub struct TcpSender {
     total: Option<u64>,
     dupacks: u32,
     recovering: Option<u64>,
+    /// Segments above `snd_una` the receiver reported holding (SACK, RFC 6675 in spirit).
+    sacked: BTreeSet<u64>,
+    /// Next candidate hole to retransmit during recovery.
+    rtx_next: u64,
     srtt: Option<u64>,
     rttvar: u64,
     rto: u64,
@@ -60,6 +64,8 @@ impl TcpSender {
             total,
             dupacks: 0,
             recovering: None,
+            sacked: BTreeSet::new(),
+            rtx_next: 0,
             srtt: None,
             rttvar: 0,
             rto: min_rto.max(1_000_000),
@@ -101,9 +107,21 @@ impl TcpSender {
         }
     }
 
-    /// An ACK of every segment below `ack`, echoing the send time `echo_ns` of the segment
-    /// that triggered it and ECN-echo `ece`. Returns a segment to retransmit now, if any.
-    pub fn on_ack(&mut self, now: Nanos, ack: u64, ece: bool, echo_ns: Nanos) -> Option<u64> {
+    /// An ACK of every segment below `ack` that also reports holding segment `sack` (the one
+    /// that triggered it), echoing its send time `echo_ns` and ECN-echo `ece`. Returns a
+    /// segment to retransmit now, if any: during recovery every ACK clocks out the next hole
+    /// (SACK-based loss recovery, so a window with many losses recovers in about one RTT).
+    pub fn on_ack(
+        &mut self,
+        now: Nanos,
+        ack: u64,
+        sack: u64,
+        ece: bool,
+        echo_ns: Nanos,
+    ) -> Option<u64> {
+        if sack >= ack && sack < self.high_seq {
+            self.sacked.insert(sack);
+        }
         if echo_ns <= now {
             self.rtt_sample(now - echo_ns);
         }
@@ -113,6 +131,7 @@ impl TcpSender {
         if ack > self.snd_una {
             let newly = ack - self.snd_una;
             self.snd_una = ack;
+            self.sacked = self.sacked.split_off(&ack);
             self.next_seq = self.next_seq.max(ack);
             self.dupacks = 0;
             self.rto_deadline = (self.snd_una < self.high_seq).then_some(now + self.rto);
@@ -124,9 +143,10 @@ impl TcpSender {
                 Some(_) => {
                     // NewReno partial ACK: retransmit the next hole, deflate the window.
                     self.cwnd = (self.cwnd - newly as f64 + 1.0).max(1.0);
-                    return Some(self.snd_una);
+                    return self.next_hole();
                 }
-                None if self.cwnd < self.ssthresh => self.cwnd += newly as f64,
+                // Appropriate byte counting, L = 2 (RFC 3465).
+                None if self.cwnd < self.ssthresh => self.cwnd += newly.min(2) as f64,
                 None => self.cwnd += newly as f64 / self.cwnd,
             }
             None
@@ -134,11 +154,13 @@ impl TcpSender {
             self.dupacks += 1;
             if self.recovering.is_some() {
                 self.cwnd += 1.0;
+                return self.next_hole();
             } else if self.dupacks == 3 {
                 self.ssthresh = (self.flight() as f64 / 2.0).max(2.0);
                 self.cwnd = self.ssthresh + 3.0;
                 self.recovering = Some(self.high_seq);
-                return Some(self.snd_una);
+                self.rtx_next = self.snd_una;
+                return self.next_hole();
             }
             None
         } else {
@@ -158,9 +180,22 @@ impl TcpSender {
         self.recovering = None;
         self.dupacks = 0;
         self.next_seq = self.snd_una;
+        self.sacked.clear();
         self.rto = (self.rto * 2).min(MAX_RTO);
         self.rto_deadline = None;
         true
+    }
+
+    /// The lowest segment from `rtx_next` not reported held, below the highest sent.
+    fn next_hole(&mut self) -> Option<u64> {
+        let mut seq = self.rtx_next.max(self.snd_una);
+        while seq < self.high_seq && self.sacked.contains(&seq) {
+            seq += 1;
+        }
+        (seq < self.high_seq && seq < self.sacked.last().map_or(seq + 1, |&l| l)).then(|| {
+            self.rtx_next = seq + 1;
+            seq
+        })
     }
 
     fn flight(&self) -> u64 {
@@ -241,19 +276,19 @@ mod tests {
         }
         assert_eq!(sent.len(), 10);
         for q in 0..10 {
-            assert_eq!(s.on_ack(100, q + 1, false, 0), None);
+            assert_eq!(s.on_ack(100, q + 1, q, false, 0), None);
         }
         assert_eq!(s.cwnd, 20.0);
         while let Some(q) = s.next_to_send() {
             s.on_sent(200, q);
         }
         // Segment 10 lost: three duplicate ACKs of 10 trigger its fast retransmit.
-        assert_eq!(s.on_ack(300, 10, false, 200), None);
-        assert_eq!(s.on_ack(300, 10, false, 200), None);
-        assert_eq!(s.on_ack(300, 10, false, 200), Some(10));
+        assert_eq!(s.on_ack(300, 10, 11, false, 200), None);
+        assert_eq!(s.on_ack(300, 10, 12, false, 200), None);
+        assert_eq!(s.on_ack(300, 10, 13, false, 200), Some(10));
         assert_eq!(s.cwnd, 10.0 + 3.0);
         // The retransmission fills the hole: recovery ends at ssthresh.
-        assert_eq!(s.on_ack(400, 30, false, 300), None);
+        assert_eq!(s.on_ack(400, 30, 10, false, 300), None);
         assert_eq!(s.cwnd, 10.0);
     }
 
@@ -267,7 +302,7 @@ mod tests {
         assert!(s.on_timeout(s.rto_deadline.unwrap()));
         assert_eq!((s.cwnd, s.next_seq), (1.0, 0));
         assert!(!s.done());
-        assert_eq!(s.on_ack(2_000_000, 5, false, 1_500_000), None);
+        assert_eq!(s.on_ack(2_000_000, 5, 0, false, 1_500_000), None);
         assert!(s.done());
     }
 
@@ -280,7 +315,7 @@ mod tests {
             s.on_sent(0, q);
         }
         // alpha starts at 1: the first marked window halves.
-        s.on_ack(10, 1, true, 0);
+        s.on_ack(10, 1, 0, true, 0);
         assert!((s.cwnd - 50.0).abs() < 1.0, "{}", s.cwnd);
     }
 

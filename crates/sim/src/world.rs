@@ -215,6 +215,10 @@ pub struct RunStats {
     pub pool_exhausted: u64,
     /// ECN marks set by fabric switches.
     pub ecn_marks: u64,
+    /// TCP model segments sent again, and retransmission timeouts, over all connections.
+    pub tcp_retransmits: u64,
+    /// See `tcp_retransmits`.
+    pub tcp_timeouts: u64,
     /// Queue occupancy seen by arriving packets per link class: (quantile, KB).
     pub queue_kb: std::collections::BTreeMap<String, Vec<(f64, f64)>>,
     /// Completed flows: (tag, bytes, completion time us); written to flows.csv.
@@ -745,6 +749,8 @@ impl World {
             app_blocked: self.net.app_blocked,
             pool_exhausted: self.net.pool_exhausted,
             ecn_marks: self.net.ecn_marks,
+            tcp_retransmits: self.tcp_apps().map(|t| t.sender.retransmits).sum(),
+            tcp_timeouts: self.tcp_apps().map(|t| t.sender.timeouts).sum(),
             queue_kb,
             flows: self.flows.clone(),
             unfinished_flows: unfinished,
@@ -756,6 +762,13 @@ impl World {
                 .filter(|(_, s)| s.iter().any(|&b| b > 0))
                 .collect(),
         }
+    }
+
+    fn tcp_apps(&self) -> impl Iterator<Item = &TcpApp> {
+        self.apps.iter().filter_map(|a| match a {
+            App::Tcp(t) => Some(&**t),
+            _ => None,
+        })
     }
 
     fn after_poll(&mut self, now: Nanos) {
@@ -816,6 +829,7 @@ impl World {
                     ece: false,
                     seq: u.seq,
                     sent_ns: now,
+                    sack: 0,
                 };
                 if self.net.vm_send(
                     now,
@@ -843,6 +857,7 @@ impl World {
                     ece: false,
                     seq: c.seq,
                     sent_ns: now,
+                    sack: 0,
                 };
                 if self.net.vm_send(
                     now,
@@ -918,6 +933,7 @@ impl World {
                 ece: false,
                 seq,
                 sent_ns: now,
+                sack: 0,
             };
             if !self.net.vm_send(
                 now,
@@ -988,6 +1004,7 @@ impl World {
                     ece: d.ce,
                     seq: ack,
                     sent_ns: d.meta.sent_ns,
+                    sack: d.meta.seq,
                 };
                 let ports = (5001, 40000 + (a % 20000) as u16);
                 let (src, dst, mss) = (t.dst, t.src.addr, t.mss as u64);
@@ -1001,13 +1018,17 @@ impl World {
             }
             (App::Tcp(t), Kind::Ack) => {
                 let _ = d.len;
-                if let Some(seq) = t.sender.on_ack(now, d.meta.seq, d.meta.ece, d.meta.sent_ns) {
+                if let Some(seq) =
+                    t.sender
+                        .on_ack(now, d.meta.seq, d.meta.sack, d.meta.ece, d.meta.sent_ns)
+                {
                     let meta = Meta {
                         app: a,
                         kind: Kind::Data,
                         ece: false,
                         seq,
                         sent_ns: now,
+                        sack: 0,
                     };
                     let ect = self.cc == crate::spec::CongestionControl::Dctcp;
                     let ports = (40000 + (a % 20000) as u16, 5001);
@@ -1077,6 +1098,7 @@ impl TcpApp {
 fn build_fabric(spec: &Spec, hosts: u32, access_bps: u64, queue_bytes: u64) -> Fabric {
     let sim = &spec.sim;
     let delay = sim.link_delay_ns;
+    let nic_bps = sim.nic_mbps * 1_000_000;
     let buffer = (sim.switch_buffer_kb > 0).then_some(sim.switch_buffer_kb * 1000);
     let mut f = Fabric {
         links: Vec::new(),
@@ -1121,7 +1143,7 @@ fn build_fabric(spec: &Spec, hosts: u32, access_bps: u64, queue_bytes: u64) -> F
                 used: 0,
             });
             for h in 0..hosts {
-                let up = link(&mut f, access_bps, To::Switch(0), LinkClass::HostUp, None);
+                let up = link(&mut f, nic_bps, To::Switch(0), LinkClass::HostUp, None);
                 let down = link(&mut f, access_bps, To::Host(h), LinkClass::Edge, Some(0));
                 f.host_up.push(up);
                 f.host_down.push(down);
@@ -1148,7 +1170,7 @@ fn build_fabric(spec: &Spec, hosts: u32, access_bps: u64, queue_bytes: u64) -> F
             }
             for h in 0..hosts {
                 let l = h / f.hosts_per_leaf;
-                let up = link(&mut f, access_bps, To::Switch(l), LinkClass::HostUp, None);
+                let up = link(&mut f, nic_bps, To::Switch(l), LinkClass::HostUp, None);
                 let down = link(&mut f, access_bps, To::Host(h), LinkClass::Edge, Some(l));
                 f.host_up.push(up);
                 f.host_down.push(down);
