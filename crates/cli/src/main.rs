@@ -25,6 +25,8 @@ enum Command {
     Lab(lab_cmd::LabCommand),
     /// Closed-form models next to simulation and measurement (Rizzo et al. speed mismatch).
     Model(picnic_model::ModelArgs),
+    /// Discrete-event simulation of a lab scenario at any scale, on the same engine code.
+    Sim(picnic_sim::SimArgs),
     /// Forwarding benchmark: picnic against the raw AF_PACKET limit, a Linux bridge and OVS.
     Bench(picnic_bench::BenchArgs),
 }
@@ -40,6 +42,13 @@ fn main() {
             }
         },
         Command::Lab(cmd) => lab_cmd::run(cmd),
+        Command::Sim(args) => match picnic_sim::run_cli(args) {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("picnic sim: error: {e:#}");
+                2
+            }
+        },
         Command::Bench(args) => match picnic_bench::run_cli(args) {
             Ok(()) => 0,
             Err(e) => {

@@ -97,6 +97,16 @@ pub struct Topology {
 impl Topology {
     /// Computes names, MACs and addresses for `scenario` under `testbed`'s run id (pure).
     pub fn plan(scenario: &Scenario, testbed: &Testbed) -> Topology {
+        Topology::plan_with(scenario, testbed.run_id(), &|role| testbed.ns_name(role))
+    }
+
+    /// Computes the same plan without a testbed (nothing is created; namespace names are
+    /// `sim-RUN-ROLE`): for the simulator, which needs the addresses and switch configs only.
+    pub fn plan_detached(scenario: &Scenario, run_id: &str) -> Topology {
+        Topology::plan_with(scenario, run_id, &|role| format!("sim-{run_id}-{role}"))
+    }
+
+    fn plan_with(scenario: &Scenario, run_id: &str, ns_name: &dyn Fn(&str) -> String) -> Topology {
         let hosts = scenario
             .hosts
             .iter()
@@ -119,7 +129,7 @@ impl Topology {
                         tenant: tenant.name.clone(),
                         tenant_index: t,
                         host: host.clone(),
-                        ns: testbed.ns_name(&format!("v-{}", vm.name)),
+                        ns: ns_name(&format!("v-{}", vm.name)),
                         dev: VM_DEV.into(),
                         mac: vm_mac(t, i),
                         ip: vm_ip(t, i),
@@ -130,7 +140,7 @@ impl Topology {
                 HostView {
                     name: host.clone(),
                     index: h,
-                    ns: testbed.ns_name(&format!("h-{host}")),
+                    ns: ns_name(&format!("h-{host}")),
                     uplink: UPLINK.into(),
                     uplink_mac: uplink_mac(h),
                     underlay_ip: Ipv4Addr::new(198, 19, ((h + 1) >> 8) as u8, (h + 1) as u8),
@@ -142,8 +152,8 @@ impl Topology {
             })
             .collect();
         Topology {
-            run_id: testbed.run_id().to_owned(),
-            fabric_ns: testbed.ns_name("fabric"),
+            run_id: run_id.to_owned(),
+            fabric_ns: ns_name("fabric"),
             hosts,
         }
     }

@@ -1,0 +1,331 @@
+//! A window-based TCP model counting in segments: slow start, congestion avoidance, NewReno
+//! fast retransmit and recovery (RFC 6582), retransmission timeout with backoff (RFC 6298),
+//! and DCTCP's ECN reaction (Alizadeh et al., section 3: alpha <- (1-g) alpha + g F per
+//! window, cwnd <- cwnd (1 - alpha/2) once per window of marks). Sans-I/O: the application
+//! sends what [`TcpSender::next_to_send`] allows and feeds ACKs and timeouts back.
+
+use crate::event::Nanos;
+use crate::spec::CongestionControl;
+use std::collections::BTreeSet;
+
+/// DCTCP's EWMA gain g.
+const DCTCP_G: f64 = 1.0 / 16.0;
+/// Initial congestion window, segments (RFC 6928).
+const INITIAL_CWND: f64 = 10.0;
+/// Largest RTO, ns.
+const MAX_RTO: Nanos = 1_000_000_000;
+
+/// The sending side of one connection.
+#[derive(Debug, Clone)]
+pub struct TcpSender {
+    cc: CongestionControl,
+    /// Congestion window, segments.
+    pub cwnd: f64,
+    ssthresh: f64,
+    /// Oldest unacknowledged segment.
+    pub snd_una: u64,
+    /// Next segment to send.
+    pub next_seq: u64,
+    high_seq: u64,
+    total: Option<u64>,
+    dupacks: u32,
+    recovering: Option<u64>,
+    /// Segments above `snd_una` the receiver reported holding (SACK, RFC 6675 in spirit).
+    sacked: BTreeSet<u64>,
+    /// Next candidate hole to retransmit during recovery.
+    rtx_next: u64,
+    srtt: Option<u64>,
+    rttvar: u64,
+    rto: u64,
+    min_rto: u64,
+    /// When the retransmission timer fires, if armed.
+    pub rto_deadline: Option<Nanos>,
+    alpha: f64,
+    window_end: u64,
+    acked_in_window: u64,
+    marked_in_window: u64,
+    cwr_until: u64,
+    /// Segments sent again (fast retransmit or timeout).
+    pub retransmits: u64,
+    /// Timeouts taken.
+    pub timeouts: u64,
+}
+
+impl TcpSender {
+    /// A sender of `total` segments (None: unlimited) with minimum RTO `min_rto` ns.
+    pub fn new(cc: CongestionControl, total: Option<u64>, min_rto: Nanos) -> TcpSender {
+        TcpSender {
+            cc,
+            cwnd: INITIAL_CWND,
+            ssthresh: f64::MAX,
+            snd_una: 0,
+            next_seq: 0,
+            high_seq: 0,
+            total,
+            dupacks: 0,
+            recovering: None,
+            sacked: BTreeSet::new(),
+            rtx_next: 0,
+            srtt: None,
+            rttvar: 0,
+            rto: min_rto.max(1_000_000),
+            min_rto,
+            rto_deadline: None,
+            alpha: 1.0,
+            window_end: 0,
+            acked_in_window: 0,
+            marked_in_window: 0,
+            cwr_until: 0,
+            retransmits: 0,
+            timeouts: 0,
+        }
+    }
+
+    /// Whether every segment was acknowledged (never for an unlimited sender).
+    pub fn done(&self) -> bool {
+        self.total.is_some_and(|t| self.snd_una >= t)
+    }
+
+    /// The segment the window allows next, if any.
+    pub fn next_to_send(&self) -> Option<u64> {
+        let in_window = (self.next_seq - self.snd_una) < self.cwnd.max(1.0) as u64;
+        let has_data = self.total.is_none_or(|t| self.next_seq < t);
+        (in_window && has_data).then_some(self.next_seq)
+    }
+
+    /// Records that segment `seq` went out at `now`.
+    pub fn on_sent(&mut self, now: Nanos, seq: u64) {
+        if seq == self.next_seq {
+            self.next_seq += 1;
+        }
+        if seq < self.high_seq {
+            self.retransmits += 1;
+        }
+        self.high_seq = self.high_seq.max(seq + 1);
+        if self.rto_deadline.is_none() {
+            self.rto_deadline = Some(now + self.rto);
+        }
+    }
+
+    /// An ACK of every segment below `ack` that also reports holding segment `sack` (the one
+    /// that triggered it), echoing its send time `echo_ns` and ECN-echo `ece`. Returns a
+    /// segment to retransmit now, if any: during recovery every ACK clocks out the next hole
+    /// (SACK-based loss recovery, so a window with many losses recovers in about one RTT).
+    pub fn on_ack(
+        &mut self,
+        now: Nanos,
+        ack: u64,
+        sack: u64,
+        ece: bool,
+        echo_ns: Nanos,
+    ) -> Option<u64> {
+        if sack >= ack && sack < self.high_seq {
+            self.sacked.insert(sack);
+        }
+        if echo_ns <= now {
+            self.rtt_sample(now - echo_ns);
+        }
+        if self.cc == CongestionControl::Dctcp {
+            self.dctcp(ack, ece);
+        }
+        if ack > self.snd_una {
+            let newly = ack - self.snd_una;
+            self.snd_una = ack;
+            self.sacked = self.sacked.split_off(&ack);
+            self.next_seq = self.next_seq.max(ack);
+            self.dupacks = 0;
+            self.rto_deadline = (self.snd_una < self.high_seq).then_some(now + self.rto);
+            match self.recovering {
+                Some(recover) if ack >= recover => {
+                    self.cwnd = self.ssthresh;
+                    self.recovering = None;
+                }
+                Some(_) => {
+                    // NewReno partial ACK: retransmit the next hole, deflate the window.
+                    self.cwnd = (self.cwnd - newly as f64 + 1.0).max(1.0);
+                    return self.next_hole();
+                }
+                // Appropriate byte counting, L = 2 (RFC 3465).
+                None if self.cwnd < self.ssthresh => self.cwnd += newly.min(2) as f64,
+                None => self.cwnd += newly as f64 / self.cwnd,
+            }
+            None
+        } else if ack == self.snd_una && self.snd_una < self.high_seq {
+            self.dupacks += 1;
+            if self.recovering.is_some() {
+                self.cwnd += 1.0;
+                return self.next_hole();
+            } else if self.dupacks == 3 {
+                self.ssthresh = (self.flight() as f64 / 2.0).max(2.0);
+                self.cwnd = self.ssthresh + 3.0;
+                self.recovering = Some(self.high_seq);
+                self.rtx_next = self.snd_una;
+                return self.next_hole();
+            }
+            None
+        } else {
+            None
+        }
+    }
+
+    /// Fires the retransmission timer if due at `now`: go back to the oldest unacknowledged
+    /// segment with a window of one. Returns whether it fired.
+    pub fn on_timeout(&mut self, now: Nanos) -> bool {
+        if self.rto_deadline.is_none_or(|d| d > now) {
+            return false;
+        }
+        self.timeouts += 1;
+        self.ssthresh = (self.flight() as f64 / 2.0).max(2.0);
+        self.cwnd = 1.0;
+        self.recovering = None;
+        self.dupacks = 0;
+        self.next_seq = self.snd_una;
+        self.sacked.clear();
+        self.rto = (self.rto * 2).min(MAX_RTO);
+        self.rto_deadline = None;
+        true
+    }
+
+    /// The lowest segment from `rtx_next` not reported held, below the highest sent.
+    fn next_hole(&mut self) -> Option<u64> {
+        let mut seq = self.rtx_next.max(self.snd_una);
+        while seq < self.high_seq && self.sacked.contains(&seq) {
+            seq += 1;
+        }
+        (seq < self.high_seq && seq < self.sacked.last().map_or(seq + 1, |&l| l)).then(|| {
+            self.rtx_next = seq + 1;
+            seq
+        })
+    }
+
+    fn flight(&self) -> u64 {
+        self.high_seq - self.snd_una
+    }
+
+    fn rtt_sample(&mut self, rtt: u64) {
+        // RFC 6298 section 2.
+        match self.srtt {
+            None => {
+                self.srtt = Some(rtt);
+                self.rttvar = rtt / 2;
+            }
+            Some(s) => {
+                self.rttvar = (3 * self.rttvar + s.abs_diff(rtt)) / 4;
+                self.srtt = Some((7 * s + rtt) / 8);
+            }
+        }
+        let s = self.srtt.unwrap_or(rtt);
+        self.rto = (s + 4 * self.rttvar).clamp(self.min_rto, MAX_RTO);
+    }
+
+    fn dctcp(&mut self, ack: u64, ece: bool) {
+        self.acked_in_window += 1;
+        if ece {
+            self.marked_in_window += 1;
+            if ack >= self.cwr_until {
+                self.cwnd = (self.cwnd * (1.0 - self.alpha / 2.0)).max(1.0);
+                self.ssthresh = self.cwnd;
+                self.cwr_until = self.high_seq;
+            }
+        }
+        if ack >= self.window_end {
+            let f = self.marked_in_window as f64 / self.acked_in_window.max(1) as f64;
+            self.alpha = (1.0 - DCTCP_G) * self.alpha + DCTCP_G * f;
+            self.acked_in_window = 0;
+            self.marked_in_window = 0;
+            self.window_end = self.high_seq.max(ack + 1);
+        }
+    }
+}
+
+/// The receiving side: cumulative ACKs over an out-of-order set.
+#[derive(Debug, Clone, Default)]
+pub struct TcpReceiver {
+    /// Next in-order segment expected.
+    pub rcv_next: u64,
+    out_of_order: BTreeSet<u64>,
+}
+
+impl TcpReceiver {
+    /// Takes segment `seq`; returns the cumulative ACK and how many segments became in order.
+    pub fn on_data(&mut self, seq: u64) -> (u64, u64) {
+        let before = self.rcv_next;
+        if seq == self.rcv_next {
+            self.rcv_next += 1;
+            while self.out_of_order.remove(&self.rcv_next) {
+                self.rcv_next += 1;
+            }
+        } else if seq > self.rcv_next {
+            self.out_of_order.insert(seq);
+        }
+        (self.rcv_next, self.rcv_next - before)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slow_start_doubles_per_round_then_three_dupacks_halve() {
+        let mut s = TcpSender::new(CongestionControl::NewReno, None, 1_000_000);
+        let mut sent = Vec::new();
+        while let Some(q) = s.next_to_send() {
+            s.on_sent(0, q);
+            sent.push(q);
+        }
+        assert_eq!(sent.len(), 10);
+        for q in 0..10 {
+            assert_eq!(s.on_ack(100, q + 1, q, false, 0), None);
+        }
+        assert_eq!(s.cwnd, 20.0);
+        while let Some(q) = s.next_to_send() {
+            s.on_sent(200, q);
+        }
+        // Segment 10 lost: three duplicate ACKs of 10 trigger its fast retransmit.
+        assert_eq!(s.on_ack(300, 10, 11, false, 200), None);
+        assert_eq!(s.on_ack(300, 10, 12, false, 200), None);
+        assert_eq!(s.on_ack(300, 10, 13, false, 200), Some(10));
+        assert_eq!(s.cwnd, 10.0 + 3.0);
+        // The retransmission fills the hole: recovery ends at ssthresh.
+        assert_eq!(s.on_ack(400, 30, 10, false, 300), None);
+        assert_eq!(s.cwnd, 10.0);
+    }
+
+    #[test]
+    fn timeout_goes_back_to_one_segment() {
+        let mut s = TcpSender::new(CongestionControl::NewReno, Some(5), 1_000_000);
+        while let Some(q) = s.next_to_send() {
+            s.on_sent(0, q);
+        }
+        assert!(!s.on_timeout(10));
+        assert!(s.on_timeout(s.rto_deadline.unwrap()));
+        assert_eq!((s.cwnd, s.next_seq), (1.0, 0));
+        assert!(!s.done());
+        assert_eq!(s.on_ack(2_000_000, 5, 0, false, 1_500_000), None);
+        assert!(s.done());
+    }
+
+    #[test]
+    fn dctcp_cuts_in_proportion_to_marks() {
+        let mut s = TcpSender::new(CongestionControl::Dctcp, None, 1_000_000);
+        s.cwnd = 100.0;
+        s.ssthresh = 50.0;
+        while let Some(q) = s.next_to_send() {
+            s.on_sent(0, q);
+        }
+        // alpha starts at 1: the first marked window halves.
+        s.on_ack(10, 1, 0, true, 0);
+        assert!((s.cwnd - 50.0).abs() < 1.0, "{}", s.cwnd);
+    }
+
+    #[test]
+    fn receiver_acks_cumulatively() {
+        let mut r = TcpReceiver::default();
+        assert_eq!(r.on_data(0), (1, 1));
+        assert_eq!(r.on_data(2), (1, 0));
+        assert_eq!(r.on_data(3), (1, 0));
+        assert_eq!(r.on_data(1), (4, 3));
+        assert_eq!(r.on_data(1), (4, 0));
+    }
+}
