@@ -26,7 +26,7 @@ pub enum ModelCommand {
     Sim(SimArgs),
     /// Run the real two-thread prototype on this machine.
     Measure(MeasureArgs),
-    /// Write fig4.png / fig5.png and their CSVs (model, simulation, real system).
+    /// Write fig4.svg / fig5.svg and their CSVs (model, simulation, real system).
     Figures(FiguresArgs),
 }
 
@@ -178,7 +178,7 @@ pub struct MeasureArgs {
 /// `picnic model figures`.
 #[derive(clap::Args, Debug)]
 pub struct FiguresArgs {
-    /// Output directory for fig4.png, fig4.csv, fig5.png, fig5.csv.
+    /// Output directory for fig4.svg, fig4.csv, fig5.svg, fig5.csv.
     #[arg(long)]
     pub out: PathBuf,
     /// Queue length L used in both figures.

@@ -79,10 +79,6 @@ pub fn write_figures(setup: &FigureSetup) -> anyhow::Result<()> {
     eprintln!("[model] measuring N and S (eventfd) ...");
     let sync = measure_sync_costs(300)?;
     eprintln!("[model] N = {:.0} ns, S = {:.0} ns", sync.notify, sync.wake);
-    let font = load_font();
-    if !font {
-        eprintln!("[model] no TrueType font found: plots are drawn without text, see the CSVs");
-    }
     let wps = sweep(setup.wc);
     // Median (by T) of three runs: the machine is shared, single runs are noisy.
     let real = |wp: u64, strategy: RealStrategy| -> anyhow::Result<RealResult> {
@@ -189,8 +185,7 @@ pub fn write_figures(setup: &FigureSetup) -> anyhow::Result<()> {
         "polling bound T_GP",
     ];
     plot(
-        &setup.out.join("fig4.png"),
-        font,
+        &setup.out.join("fig4.svg"),
         &[(&title4, "T (us/msg)", &fig4, &names4)],
     )?;
 
@@ -262,15 +257,14 @@ pub fn write_figures(setup: &FigureSetup) -> anyhow::Result<()> {
     );
     let title_b = "Fig. 5b: CPU cost per message (P + C) vs W_P".to_string();
     plot(
-        &setup.out.join("fig5.png"),
-        font,
+        &setup.out.join("fig5.svg"),
         &[
             (&title_a, "T (us/msg)", &t5, &names5),
             (&title_b, "E (us/msg)", &e5, &names5),
         ],
     )?;
     eprintln!(
-        "[model] wrote fig4/fig5 .png/.csv to {} in {:.1}s",
+        "[model] wrote fig4/fig5 .svg/.csv to {} in {:.1}s",
         setup.out.display(),
         started.elapsed().as_secs_f64()
     );
@@ -281,30 +275,12 @@ fn write(path: &Path, text: &str) -> anyhow::Result<()> {
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
-/// Registers a system TrueType font for plotters' ab_glyph text; false if none.
-fn load_font() -> bool {
-    const CANDIDATES: [&str; 3] = [
-        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-        "/usr/share/fonts/TTF/DejaVuSans.ttf",
-        "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
-    ];
-    CANDIDATES.iter().any(|path| match std::fs::read(path) {
-        // The font lives as long as the process (plotters wants 'static bytes).
-        Ok(bytes) => plotters::style::register_font(
-            "sans-serif",
-            FontStyle::Normal,
-            Box::leak(bytes.into_boxed_slice()),
-        )
-        .is_ok(),
-        Err(_) => false,
-    })
-}
-
 type Panel<'a> = (&'a str, &'a str, &'a [Vec<(f64, f64)>], &'a [&'a str]);
 
 /// Draws one or more panels stacked vertically; series 0..3 solid, 3.. thinner.
-fn plot(path: &Path, font: bool, panels: &[Panel]) -> anyhow::Result<()> {
-    let root = BitMapBackend::new(path, (1000, 560 * panels.len() as u32)).into_drawing_area();
+fn plot(path: &Path, panels: &[Panel]) -> anyhow::Result<()> {
+    // SVG: text needs no font files, so the figures draw on any machine.
+    let root = SVGBackend::new(path, (1000, 560 * panels.len() as u32)).into_drawing_area();
     root.fill(&WHITE)?;
     let colors = [RED, BLUE, BLACK, MAGENTA, CYAN, GREEN];
     for (area, (title, ylabel, series, names)) in
@@ -319,48 +295,32 @@ fn plot(path: &Path, font: bool, panels: &[Panel]) -> anyhow::Result<()> {
         let ymax = ys.last().copied().unwrap_or(1.0).min(2.0 * p90) * 1.1;
         let mut builder = ChartBuilder::on(area);
         builder.margin(15);
-        if font {
-            builder
-                .caption(*title, ("sans-serif", 22))
-                .x_label_area_size(45)
-                .y_label_area_size(60);
-        }
+        builder
+            .caption(*title, ("sans-serif", 22))
+            .x_label_area_size(45)
+            .y_label_area_size(60);
         let mut chart = builder.build_cartesian_2d(0.0..xmax.max(1e-3), 0.0..ymax.max(1e-3))?;
-        if font {
-            chart
-                .configure_mesh()
-                .x_desc("W_P (us)")
-                .y_desc(*ylabel)
-                .draw()?;
-        } else {
-            chart
-                .configure_mesh()
-                .disable_x_mesh()
-                .disable_y_mesh()
-                .x_labels(0)
-                .y_labels(0)
-                .draw()?;
-        }
+        chart
+            .configure_mesh()
+            .x_desc("W_P (us)")
+            .y_desc(*ylabel)
+            .draw()?;
         for (k, (pts, name)) in series.iter().zip(names.iter()).enumerate() {
             let color = colors[k % colors.len()];
             let width = if k < 3 { 2 } else { 1 };
             let clipped = pts.iter().map(|&(x, y)| (x, y.min(ymax)));
             let drawn =
                 chart.draw_series(LineSeries::new(clipped.clone(), color.stroke_width(width)))?;
-            if font {
-                drawn.label(*name).legend(move |(x, y)| {
-                    PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2))
-                });
-            }
+            drawn.label(*name).legend(move |(x, y)| {
+                PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2))
+            });
             chart.draw_series(clipped.map(|p| Circle::new(p, 3, color.filled())))?;
         }
-        if font {
-            chart
-                .configure_series_labels()
-                .background_style(WHITE.mix(0.8))
-                .border_style(BLACK)
-                .draw()?;
-        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
     }
     root.present()
         .with_context(|| format!("writing {}", path.display()))?;

@@ -357,7 +357,7 @@ impl World {
             let mut locs = std::collections::HashMap::new();
             for hv in &topo.hosts {
                 let mut cfg = switch_config(sc, &topo, hv, isolated)?;
-                cfg.switch.realtime_priority = None;
+                cfg.switch.nice = None;
                 let engine = Engine::new(&cfg, Instant::ZERO)
                     .with_context(|| format!("engine of host {}", hv.name))?;
                 let g = hv.index as u32 * replicas + r;
@@ -447,6 +447,7 @@ impl World {
                     Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds")
                 }),
                 series: vec![0; bins],
+                completion_ns: None,
             };
         for r in 0..replicas {
             let locs = &vm_locs[r as usize];
@@ -511,7 +512,7 @@ impl World {
                             seq: 0,
                         }));
                     }
-                    WorkloadKind::TcpBulk | WorkloadKind::Iperf3 => {
+                    WorkloadKind::TcpBulk | WorkloadKind::Iperf3 | WorkloadKind::Transfer => {
                         results[r as usize].push(result(
                             &wl.name,
                             &tenant,
@@ -519,6 +520,9 @@ impl World {
                             stop - start,
                             false,
                         ));
+                        // A transfer sends a fixed number of bytes per flow; bulk runs to stop.
+                        let segments = (wl.kind == WorkloadKind::Transfer)
+                            .then(|| wl.bytes.unwrap_or(0).div_ceil(mss as u64).max(1));
                         for _ in 0..wl.flows() {
                             apps.push(App::Tcp(Box::new(TcpApp::new(
                                 src,
@@ -526,7 +530,7 @@ impl World {
                                 r,
                                 res,
                                 sim.cc,
-                                None,
+                                segments,
                                 sim.min_rto_us * 1000,
                                 mss,
                                 start,

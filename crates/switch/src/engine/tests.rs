@@ -428,3 +428,32 @@ fn uncongested_small_packet_flow_is_not_slowed_by_feedback() {
         "limit {limit} b/s must leave the flow unconstrained"
     );
 }
+
+#[test]
+fn a_light_flow_is_not_held_back_beside_a_congesting_neighbour() {
+    // b1 floods b2 through host 2's 100 Mb/s access link; a1 sends one small frame per ms to
+    // a2 on the same receiving host. a1's frames must all arrive, promptly.
+    let (mut h1, mut h2) = (Host::new(1, 100), Host::new(2, 100));
+    let mut now = Instant::ZERO;
+    let bulk = udp(B1, B2, IP_B1, IP_B2, 7, 1400);
+    let probe = udp(A1, A2, IP_A1, IP_A2, 9, 64);
+    let (mut sent, mut got) = (0, 0);
+    for step in 0..3000u32 {
+        now += Duration::from_micros(100);
+        for _ in 0..4 {
+            h1.inject(now, h1.port_of("b1"), &bulk);
+        }
+        if step % 10 == 0 {
+            h1.inject(now, h1.port_of("a1"), &probe);
+            sent += 1;
+        }
+        h1.poll(now);
+        carry(&mut h1, &mut h2, now);
+        h2.poll(now);
+        carry(&mut h2, &mut h1, now);
+        got += h2.take(h2.port_of("a2")).len();
+        h2.take(h2.port_of("b2"));
+    }
+    assert_eq!(h1.drops("a1", DropReason::ShapedQueueFull), 0);
+    assert!(got >= sent - 1, "probe frames delivered {got} of {sent}");
+}
