@@ -541,6 +541,99 @@ proptest! {
     }
 }
 
+/// One arbitrary observation: (kind 0..4, step in ns, value, whether `value` is used unreduced).
+type Op = (u8, u64, u64, bool);
+
+/// The SLO the arbitrary-observation tests judge: every bound set.
+fn every_bound() -> Slo {
+    Slo {
+        min_bps: 10_000_000,
+        max_bps: Some(20_000_000),
+        latency_us: Some(100),
+        max_loss: Some(0.01),
+        ..Slo::default()
+    }
+}
+
+/// Feeds `ops` to `m` from t = 0, each at the previous timestamp plus its step (minus it when
+/// the step is a multiple of 7, as timestamps from several cores go back).
+/// Returns the last timestamp used and the latest one, which is how far the monitor's windows
+/// have moved: observations older than the current window count in it.
+fn replay(m: &mut SloMonitor, ops: &[Op]) -> (Instant, Instant) {
+    let (mut now, mut latest) = (Instant::ZERO, Instant::ZERO);
+    for &(op, step_ns, value, huge) in ops {
+        let step = Duration::from_nanos(step_ns);
+        now = if step_ns % 7 == 0 {
+            now - step
+        } else {
+            now + step
+        };
+        latest = latest.max(now);
+        let value = if huge { value } else { value % 100_000 };
+        match op {
+            0 => m.record_offered(now, value),
+            1 => m.record_delivered(now, value % 64, value),
+            2 => m.record_lost(now, value),
+            _ => m.record_latency(now, value),
+        }
+    }
+    (now, latest)
+}
+
+/// The case proptest shrank `arbitrary_observations_keep_violations_well_formed` to (kept in
+/// slo.proptest-regressions). Timestamps climb to exactly 900 ms, moving the current window
+/// to [900, 1000), then go back; a packet lost "at" 386 ms therefore counts in [900, 1000),
+/// which with nothing delivered breaks `max_loss`. That window is judged at 1000 ms and the
+/// first idle one ends at 1100 ms, after the last timestamp (98.8 ms) plus 1 s: idleness is
+/// measured from the latest timestamp seen, not the last one given.
+#[test]
+fn arbitrary_observations_regression_a_stale_loss_counts_in_the_latest_window() {
+    let ops: [Op; 11] = [
+        (0, 178596797, 0, false),
+        (0, 28064843, 0, false),
+        (0, 131235884, 0, false),
+        (0, 286622013, 0, false),
+        (0, 154079221, 0, false),
+        (0, 121401242, 0, false),
+        (0, 65582188, 0, false),
+        (0, 46338817, 0, false),
+        (0, 197985382, 0, false),
+        (2, 203933681, 1, false),
+        (0, 287332745, 15422490523282, false),
+    ];
+    let mut m = monitor(every_bound());
+    let (last, latest) = replay(&mut m, &ops);
+    assert_eq!(
+        (last, latest),
+        (Instant::from_nanos(98_827_187), at_ms(900))
+    );
+    assert_eq!(m.poll_at(), Some(at_ms(1_000)));
+
+    let a_second_after_the_last = last + Duration::from_secs(1);
+    assert!(violated(ViolationKind::Loss)(
+        m.state(a_second_after_the_last)
+    ));
+    let open: Vec<_> = m.open_violations().cloned().collect();
+    assert_eq!(open.len(), 1);
+    assert_eq!(
+        (open[0].kind, open[0].started_at, open[0].worst_value),
+        (ViolationKind::Loss, at_ms(900), 1.0)
+    );
+
+    assert_eq!(
+        m.state(at_ms(1_100)),
+        SloState::Met,
+        "[1000, 1100) was idle"
+    );
+    assert_eq!(m.poll_at(), None);
+    let s = m.summary(latest + Duration::from_secs(1));
+    assert_eq!((s.windows, s.violated_windows), (19, 1));
+    assert_eq!((s.lost_packets, s.offered_bytes), (1, 23_282));
+    let v = &s.violations[0];
+    assert_eq!((v.started_at, v.ended_at), (at_ms(900), Some(at_ms(1_000))));
+    assert!(!s.slo_met);
+}
+
 proptest! {
     /// Arbitrary observations (huge values, out-of-order and far-apart timestamps) never panic,
     /// and each kind's violations stay ordered, disjoint and on window boundaries.
@@ -548,28 +641,15 @@ proptest! {
     fn arbitrary_observations_keep_violations_well_formed(
         ops in proptest::collection::vec((0u8..4, 0u64..300_000_000, any::<u64>(), any::<bool>()), 1..200)
     ) {
-        let mut m = monitor(Slo {
-            min_bps: 10_000_000,
-            max_bps: Some(20_000_000),
-            latency_us: Some(100),
-            max_loss: Some(0.01),
-            ..Slo::default()
-        });
-        let mut now = Instant::ZERO;
-        for (op, step_ns, value, huge) in ops {
-            // Mostly forward steps; sometimes a step back, as timestamps from several cores are.
-            now = if step_ns % 7 == 0 { now - Duration::from_nanos(step_ns) } else { now + Duration::from_nanos(step_ns) };
-            let value = if huge { value } else { value % 100_000 };
-            match op {
-                0 => m.record_offered(now, value),
-                1 => m.record_delivered(now, value % 64, value),
-                2 => m.record_lost(now, value),
-                _ => m.record_latency(now, value),
-            }
-        }
-        let end = now + Duration::from_secs(1);
+        let mut m = monitor(every_bound());
+        let (_, latest) = replay(&mut m, &ops);
+        // A second after the latest timestamp (not the last one: a stale timestamp counts in
+        // the current window, which the latest one chose), at least one idle window has ended.
+        let end = latest + Duration::from_secs(1);
         let s = m.summary(end);
         prop_assert_eq!(m.state(end), SloState::Met, "an idle window closes everything");
+        prop_assert_eq!(s.windows, end.as_nanos() / (100 * MS), "every ended window is counted");
+        prop_assert!(s.violated_windows <= s.windows);
         for kind in ViolationKind::ALL {
             let mut last_end = Instant::ZERO;
             for v in s.violations.iter().filter(|v| v.kind == kind) {
