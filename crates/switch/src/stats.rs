@@ -70,9 +70,20 @@ impl DropReason {
     }
 }
 
-/// Drop counters indexed by reason.
-#[derive(Clone, Debug, Default, Serialize)]
+/// Drop counters indexed by reason; serialized as `{"reason": count}` for the nonzero ones.
+#[derive(Clone, Debug, Default)]
 pub struct Drops([u64; DropReason::ALL.len()]);
+
+impl Serialize for Drops {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(None)?;
+        for (reason, n) in self.iter().filter(|(_, n)| *n > 0) {
+            map.serialize_entry(reason.as_str(), &n)?;
+        }
+        map.end()
+    }
+}
 
 impl Drops {
     pub fn add(&mut self, r: DropReason) {

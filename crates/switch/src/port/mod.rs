@@ -36,7 +36,7 @@ pub enum Backend {
 impl fmt::Display for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Backend::AfPacket => "af_packet (TPACKET_V3 rx ring, sendmmsg qdisc-bypass tx)",
+            Backend::AfPacket => "af_packet (mmap rx ring, sendmmsg qdisc-bypass tx)",
             Backend::Tap => "tap (/dev/net/tun IFF_TAP|IFF_NO_PI, read/write per frame)",
             Backend::Memory => "memory (in-process bounded queues)",
         })
@@ -216,7 +216,7 @@ mod tests {
 
     #[test]
     fn backend_display_names_the_mechanism() {
-        assert!(Backend::AfPacket.to_string().contains("TPACKET_V3"));
+        assert!(Backend::AfPacket.to_string().contains("sendmmsg"));
         assert!(Backend::Tap.to_string().starts_with("tap"));
         assert!(Backend::Memory.to_string().starts_with("memory"));
     }
