@@ -80,7 +80,7 @@ pub fn switch_config(
             frame_pool: 16384,
             batch: 64,
             spin_us: 50,
-            nice: Some(-10),
+            nice: Some(scenario.picnic.nice),
         },
         uplink: UplinkSection {
             ifname: host.uplink.clone(),
@@ -95,6 +95,7 @@ pub fn switch_config(
         },
         ingress: IngressSection {
             capacity_mbps: host.access_link_mbps,
+            work_ns: scenario.picnic.work_ns,
             ..Default::default()
         },
         egress: EgressSection::default(),

@@ -42,6 +42,29 @@ pub struct Scenario {
     /// Pass marks: `"METRIC OP NUMBER"`, e.g. `"victim_p99_ratio <= 1.5"`.
     #[serde(default)]
     pub pass: Vec<String>,
+    /// Settings of the picnic switches in the picnic modes.
+    #[serde(default)]
+    pub picnic: PicnicSettings,
+}
+
+/// How the lab runs its picnic switches.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PicnicSettings {
+    /// Synthetic processing cost per frame in the ingress engine, ns: makes the engine the
+    /// bottleneck as a heavy rule set would (PicNIC's variable capacity).
+    pub work_ns: u64,
+    /// Nice value of the switch threads (they share the cores with the tenants here).
+    pub nice: i8,
+}
+
+impl Default for PicnicSettings {
+    fn default() -> Self {
+        PicnicSettings {
+            work_ns: 0,
+            nice: -10,
+        }
+    }
 }
 
 /// A tenant: its VMs and its SLO.
@@ -261,6 +284,12 @@ impl Scenario {
 
     /// Checks cross-references and ranges; the error names the offending field.
     pub fn validate(&self) -> Result<()> {
+        if self.picnic.work_ns > 1_000_000 {
+            bail!("field `picnic.work_ns`: at most 1000000 ns per frame");
+        }
+        if !(-20..=19).contains(&self.picnic.nice) {
+            bail!("field `picnic.nice`: must be in -20..=19");
+        }
         if self.name.trim().is_empty() {
             bail!("field `name`: must not be empty");
         }

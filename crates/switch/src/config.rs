@@ -203,9 +203,8 @@ pub struct IngressSection {
     pub work_ns: u64,
     /// Extra synthetic cost per byte in ns/1000 (e.g. 500 = 0.5 ns per byte).
     pub work_ps_per_byte: u64,
-    /// Processing CPU the ingress engine may spend per second, as a fraction of a core:
-    /// the capacity its CPU-fair WFQ shares (PicNIC: capacity in cost units/s).
-    pub cpu_share: f64,
+    /// Processing per poll of the ingress engine before the loop reads its ports again, us.
+    pub poll_budget_us: u64,
 }
 impl Default for IngressSection {
     fn default() -> Self {
@@ -215,7 +214,7 @@ impl Default for IngressSection {
             queue_packets: 256,
             work_ns: 0,
             work_ps_per_byte: 0,
-            cpu_share: 1.0,
+            poll_budget_us: 100,
         }
     }
 }
@@ -362,9 +361,6 @@ impl Config {
         }
         if self.ingress.capacity_mbps == 0 {
             return Err(err("ingress.capacity_mbps", "must be > 0"));
-        }
-        if !(self.ingress.cpu_share > 0.0 && self.ingress.cpu_share <= 64.0) {
-            return Err(err("ingress.cpu_share", "must be > 0 (fraction of a core)"));
         }
         if self.ingress.queue_packets == 0 {
             return Err(err("ingress.queue_packets", "must be > 0"));
