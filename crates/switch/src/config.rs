@@ -69,6 +69,9 @@ pub enum BackendKind {
     /// AF_PACKET with a TPACKET_V3 receive ring and sendmmsg (portable; veth or NIC).
     #[default]
     AfPacket,
+    /// AF_XDP in copy mode with an XDP redirect program (faster on veths and NICs; needs
+    /// root and an interface without another XDP program).
+    AfXdp,
     /// A TAP device (VMs: QEMU and Firecracker attach to these).
     Tap,
 }
