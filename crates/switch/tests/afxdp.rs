@@ -234,3 +234,75 @@ fn af_xdp_frames_cross_a_veth_intact_both_ways_native() {
     }
     frames_cross_both_ways(XdpMode::Auto, XdpMode::Native, "pnxa", "pnxb");
 }
+
+#[test]
+fn af_xdp_frames_cross_a_veth_intact_both_ways_generic() {
+    if !is_root() {
+        return;
+    }
+    frames_cross_both_ways(XdpMode::Generic, XdpMode::Generic, "pnxc", "pnxd");
+}
+
+#[test]
+fn af_xdp_refuses_a_second_port_on_the_interface_and_reopens_after_drop() {
+    if !is_root() {
+        return;
+    }
+    let ns = Netns::new();
+    ns.veth_pair("pnxe", "pnxf");
+    ns.enter(|| {
+        let first = AfXdpPort::open("pnxe", AfXdpOptions::default()).unwrap();
+        let err = AfXdpPort::open("pnxe", AfXdpOptions::default()).unwrap_err();
+        let text = err.to_string();
+        println!("second port on pnxe: {text}");
+        assert!(text.contains("af_xdp port 'pnxe'"), "{text}");
+        assert!(text.contains("af_packet"), "suggests the fallback: {text}");
+        drop(first);
+        AfXdpPort::open("pnxe", AfXdpOptions::default()).expect("free again after drop");
+    });
+}
+
+/// A burst far larger than the kernel's per-call transmit budget (32) and the rings goes out
+/// whole: `send_batch` keeps what the TX ring cannot take and a later call sends it.
+#[test]
+fn af_xdp_sends_bursts_larger_than_its_rings() {
+    if !is_root() {
+        return;
+    }
+    let ns = Netns::new();
+    ns.veth_pair("pnxg", "pnxh");
+    ns.enter(|| {
+        let opts = AfXdpOptions {
+            frames: 256,
+            ..Default::default()
+        };
+        let mut tx = AfXdpPort::open("pnxg", opts).unwrap();
+        let mut rx = AfXdpPort::open("pnxh", AfXdpOptions::default()).unwrap();
+        let mut pool = FramePool::new(4096);
+        let mut burst: Vec<Frame> = (0..600u32)
+            .map(|seq| {
+                let mut f = pool.get().unwrap();
+                assert!(f.fill_from(&test_frame(seq, 64)));
+                f
+            })
+            .collect();
+        let mut got = Vec::new();
+        let end = Instant::now() + Duration::from_secs(5);
+        while !burst.is_empty() {
+            let sent = tx.send_batch(&mut burst, &mut pool).unwrap();
+            assert!(sent <= 128, "at most the TX chunks ({sent})");
+            rx.recv_batch(&mut pool, &mut got, usize::MAX).unwrap();
+            assert!(Instant::now() < end, "{} frames never sent", burst.len());
+        }
+        collect(&mut rx, &mut pool, &mut got, Duration::from_secs(3), |g| {
+            g.iter().filter(|f| is_test_frame(f)).count() >= 600
+        });
+        let seqs: Vec<u32> = got
+            .iter()
+            .filter(|f| is_test_frame(f))
+            .map(seq_of)
+            .collect();
+        assert_eq!(seqs, (0..600).collect::<Vec<_>>());
+        assert_eq!(tx.stats().tx_frames, 600);
+    });
+}

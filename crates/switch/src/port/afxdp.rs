@@ -50,6 +50,8 @@ const MAX_FRAMES: u32 = 1 << 16;
 /// Frames the kernel transmits per `sendto` in copy mode unless told otherwise
 /// (`TX_BATCH_SIZE` in net/xdp/xsk.c).
 const KERNEL_TX_BATCH: u32 = 32;
+/// How long `open` retries binding to a queue that is still being released.
+const BIND_BUSY_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
 /// Socket option raising that budget (Linux >= 6.17; older kernels keep 32).
 const XDP_MAX_TX_SKB_BUDGET: libc::c_int = 9;
 
@@ -681,16 +683,27 @@ impl AfXdpPort {
         addr.sxdp_flags = libc::XDP_COPY;
         addr.sxdp_ifindex = index;
         addr.sxdp_queue_id = 0;
-        // SAFETY: `addr` is a live sockaddr_xdp and the length passed is its size.
-        let ret = unsafe {
-            libc::bind(
-                sock,
-                (&addr as *const libc::sockaddr_xdp).cast(),
-                size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
-            )
-        };
-        if ret < 0 {
+        // A socket closed just before (a restarted switch) frees its queue from a kernel work
+        // item, shortly after close(2): retry a busy queue for up to BIND_BUSY_RETRY.
+        let started = std::time::Instant::now();
+        loop {
+            // SAFETY: `addr` is a live sockaddr_xdp and the length passed is its size.
+            let ret = unsafe {
+                libc::bind(
+                    sock,
+                    (&addr as *const libc::sockaddr_xdp).cast(),
+                    size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
+                )
+            };
+            if ret == 0 {
+                break;
+            }
             let err = io::Error::last_os_error();
+            let busy = err.raw_os_error() == Some(libc::EBUSY);
+            if busy && started.elapsed() < BIND_BUSY_RETRY {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                continue;
+            }
             let hint = match err.raw_os_error() {
                 Some(libc::EBUSY) => {
                     " (queue 0 already has an AF_XDP socket: another switch or OVS afxdp port?)"
