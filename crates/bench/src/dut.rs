@@ -18,11 +18,13 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use picnic_lab::netns::{self, NsThread, Testbed};
 use picnic_switch::config::{
-    Config, EgressSection, HostEntry, IngressSection, Isolation, Mac, PortEntry, SwitchSection,
-    TenantEntry, UplinkSection, VmEntry,
+    BackendKind, Config, EgressSection, HostEntry, IngressSection, Isolation, Mac, PortEntry,
+    SwitchSection, TenantEntry, UplinkSection, VmEntry,
 };
 use picnic_switch::frame::{Frame, FramePool};
-use picnic_switch::port::{wait_readable, AfPacketOptions, AfPacketPort, Port};
+use picnic_switch::port::{
+    wait_readable, AfPacketOptions, AfPacketPort, AfXdpOptions, AfXdpPort, Port,
+};
 use picnic_switch::runner::Switch;
 
 use crate::traffic::{cpu_ns, gettid, pin_current_thread};
@@ -90,8 +92,12 @@ impl Bed {
 pub enum DutKind {
     /// AF_PACKET receive ring -> sendmmsg, no logic: the limit of this backend.
     Raw,
+    /// AF_XDP RX ring -> AF_XDP TX ring (copy mode), no logic: the limit of that backend.
+    RawXdp,
     /// picnic's switch with every isolation mechanism on.
     PicnicOn,
+    /// picnic's switch with every isolation mechanism on, AF_XDP ports.
+    PicnicXdp,
     /// picnic's switch with isolation off (anti-spoofing and tenant separation stay).
     PicnicOff,
     /// A Linux bridge, with an HTB class on the uplink as its QoS setting.
@@ -104,9 +110,11 @@ pub enum DutKind {
 
 impl DutKind {
     /// All devices, in report order.
-    pub const ALL: [DutKind; 6] = [
+    pub const ALL: [DutKind; 8] = [
         DutKind::Raw,
+        DutKind::RawXdp,
         DutKind::PicnicOn,
+        DutKind::PicnicXdp,
         DutKind::PicnicOff,
         DutKind::OvsAfxdp,
         DutKind::Ovs,
@@ -117,6 +125,8 @@ impl DutKind {
     pub fn key(self) -> &'static str {
         match self {
             DutKind::Raw => "raw",
+            DutKind::RawXdp => "raw_xdp",
+            DutKind::PicnicXdp => "picnic_xdp",
             DutKind::PicnicOn => "picnic",
             DutKind::PicnicOff => "picnic_off",
             DutKind::Bridge => "bridge",
@@ -129,6 +139,8 @@ impl DutKind {
     pub fn describe(self) -> &'static str {
         match self {
             DutKind::Raw => "raw AF_PACKET forwarder (no logic)",
+            DutKind::RawXdp => "raw AF_XDP forwarder (no logic)",
+            DutKind::PicnicXdp => "picnic switch, isolation on, AF_XDP",
             DutKind::PicnicOn => "picnic switch, isolation on",
             DutKind::PicnicOff => "picnic switch, isolation off",
             DutKind::Bridge => "Linux bridge + HTB class",
@@ -156,9 +168,16 @@ impl Dut {
     /// Starts `kind` on `bed`.
     pub fn start(kind: DutKind, bed: &Bed) -> Result<Dut> {
         match kind {
-            DutKind::Raw => spawn_thread(bed, raw_forwarder),
-            DutKind::PicnicOn | DutKind::PicnicOff => {
-                let cfg = picnic_config(kind == DutKind::PicnicOn)?;
+            DutKind::Raw => spawn_thread(bed, |stop, tid| raw_forwarder(false, stop, tid)),
+            DutKind::RawXdp => spawn_thread(bed, |stop, tid| raw_forwarder(true, stop, tid)),
+            DutKind::PicnicOn | DutKind::PicnicOff | DutKind::PicnicXdp => {
+                let mut cfg = picnic_config(kind != DutKind::PicnicOff)?;
+                if kind == DutKind::PicnicXdp {
+                    cfg.uplink.backend = BackendKind::AfXdp;
+                    for port in cfg.vms.iter_mut().filter_map(|v| v.port.as_mut()) {
+                        port.backend = BackendKind::AfXdp;
+                    }
+                }
                 spawn_thread(bed, move |stop, tid| run_picnic(cfg, stop, tid))
             }
             DutKind::Bridge => {
@@ -249,12 +268,20 @@ fn spawn_thread(
     bail!("forwarding thread did not start within 5 s")
 }
 
-/// The raw limit: `t0` -> `u0` through AF_PACKET rings and sendmmsg, no logic, in the
-/// switch's process model (one thread, spin 50 us then block on the descriptors).
-fn raw_forwarder(stop: Arc<AtomicBool>, tid: Arc<AtomicU64>) -> Result<String> {
+/// The raw limit: `t0` -> `u0` through AF_PACKET rings and sendmmsg (or AF_XDP sockets with
+/// `xdp`), no logic, in the switch's process model (one thread, spin 50 us then block on the
+/// descriptors).
+fn raw_forwarder(xdp: bool, stop: Arc<AtomicBool>, tid: Arc<AtomicU64>) -> Result<String> {
     pin_current_thread(DUT_CPU)?;
-    let mut rx_port = AfPacketPort::open(TENANT_DEV, AfPacketOptions::default())?;
-    let mut tx_port = AfPacketPort::open(UPLINK_DEV, AfPacketOptions::default())?;
+    let open = |dev: &str| -> Result<Box<dyn Port>> {
+        Ok(if xdp {
+            Box::new(AfXdpPort::open(dev, AfXdpOptions::default())?)
+        } else {
+            Box::new(AfPacketPort::open(dev, AfPacketOptions::default())?)
+        })
+    };
+    let mut rx_port = open(TENANT_DEV)?;
+    let mut tx_port = open(UPLINK_DEV)?;
     let mut pool = FramePool::new(16384);
     let mut q: Vec<Frame> = Vec::with_capacity(1024);
     let fds: Vec<_> = rx_port.raw_fd().into_iter().collect();
