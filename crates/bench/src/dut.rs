@@ -428,6 +428,8 @@ fn run_picnic(cfg: Config, stop: Arc<AtomicBool>, tid: Arc<AtomicU64>) -> Result
 pub struct Ovs {
     ns: String,
     dir: PathBuf,
+    /// ovs-vswitchd, run as a child rather than detached: see [`Ovs::configure`].
+    vswitchd: Option<std::process::Child>,
 }
 
 /// Debian package providing OVS.
@@ -455,9 +457,10 @@ impl Ovs {
         let dir = std::env::temp_dir().join(format!("{ns}-ovs"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
-        let ovs = Ovs {
+        let mut ovs = Ovs {
             ns: ns.to_owned(),
             dir,
+            vswitchd: None,
         };
         match ovs.configure(afxdp) {
             Ok(()) => Ok(ovs),
@@ -470,12 +473,17 @@ impl Ovs {
     }
 
     /// Starts both daemons and sets up the bridge, ports, meter and flow.
-    fn configure(&self, afxdp: bool) -> Result<()> {
-        let ovs = self;
-        let d = ovs.dir.display().to_string();
+    ///
+    /// ovs-vswitchd is not `--detach`ed: a detached daemon starts a new session, hence (with
+    /// the kernel's scheduler autogroups, on by default) its own CPU-share group, and on a
+    /// shared machine it would get a full group's share of its CPU where picnic's and the raw
+    /// forwarder's threads share the bench process's group with the generator. As a child it
+    /// competes for CPU exactly as they do.
+    fn configure(&mut self, afxdp: bool) -> Result<()> {
+        let d = self.dir.display().to_string();
         let schema = "/usr/share/openvswitch/vswitch.ovsschema";
-        ovs.run("ovsdb-tool", &["create", &format!("{d}/conf.db"), schema])?;
-        ovs.run(
+        self.run("ovsdb-tool", &["create", &format!("{d}/conf.db"), schema])?;
+        self.run(
             "ovsdb-server",
             &[
                 &format!("{d}/conf.db"),
@@ -486,17 +494,9 @@ impl Ovs {
                 "--detach",
             ],
         )?;
-        ovs.vsctl(&["--no-wait", "init"])?;
-        ovs.run(
-            "ovs-vswitchd",
-            &[
-                &format!("unix:{d}/db.sock"),
-                &format!("--pidfile={d}/ovs-vswitchd.pid"),
-                &format!("--log-file={d}/ovs-vswitchd.log"),
-                &format!("--unixctl={d}/ovs-vswitchd.ctl"),
-                "--detach",
-            ],
-        )?;
+        self.vsctl(&["--no-wait", "init"])?;
+        self.start_vswitchd()?;
+        let ovs = &*self;
         // Same CPU as the other devices under test (all its threads).
         let pid = ovs.vswitchd_pid()?.to_string();
         let _ = netns::cmd("taskset", &["-a", "-p", "-c", &DUT_CPU.to_string(), &pid]);
@@ -534,6 +534,43 @@ impl Ovs {
         // Wait until the ports are up in the datapath.
         std::thread::sleep(Duration::from_millis(500));
         Ok(())
+    }
+
+    /// Starts ovs-vswitchd as a child process and waits until it wrote its pid file.
+    fn start_vswitchd(&mut self) -> Result<()> {
+        let d = self.dir.display().to_string();
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.ns, "ovs-vswitchd"])
+            .args([
+                format!("unix:{d}/db.sock"),
+                format!("--pidfile={d}/ovs-vswitchd.pid"),
+                format!("--log-file={d}/ovs-vswitchd.log"),
+                format!("--unixctl={d}/ovs-vswitchd.ctl"),
+            ])
+            .env("OVS_RUNDIR", &d)
+            .env("OVS_DBDIR", &d)
+            .env("OVS_LOGDIR", &d)
+            .env("OVS_SYSCONFDIR", &d)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("running ovs-vswitchd")?;
+        self.vswitchd = Some(child);
+        for _ in 0..500 {
+            if self.vswitchd_pid().is_ok() {
+                return Ok(());
+            }
+            if let Some(status) = self
+                .vswitchd
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                bail!("ovs-vswitchd exited at start ({status}); see {d}/ovs-vswitchd.log");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        bail!("ovs-vswitchd wrote no pid file within 5 s; see {d}/ovs-vswitchd.log")
     }
 
     fn run(&self, program: &str, args: &[&str]) -> Result<String> {
@@ -585,12 +622,27 @@ impl Ovs {
     }
 
     /// Stops both daemons (SIGTERM to the pids they wrote) and removes the directory.
-    fn stop(self) -> Result<String> {
+    fn stop(mut self) -> Result<String> {
         let summary = self
             .ofctl(&["dump-flows", "br0"])
             .map(|s| format!("ovs flows: {}", s.lines().last().unwrap_or("").trim()))
             .unwrap_or_default();
-        for daemon in ["ovs-vswitchd", "ovsdb-server"] {
+        if let Some(mut child) = self.vswitchd.take() {
+            if let Ok(pid) = self.pid("ovs-vswitchd") {
+                // SAFETY: kill with the pid of our child; no memory involved.
+                unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+            }
+            for _ in 0..100 {
+                if matches!(child.try_wait(), Ok(Some(_))) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // Reaps it; kills it first if SIGTERM did not end it.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for daemon in ["ovsdb-server"] {
             if let Ok(pid) = self.pid(daemon) {
                 // SAFETY: kill with a pid the daemon we started wrote; no memory involved.
                 unsafe { libc::kill(pid as i32, libc::SIGTERM) };
