@@ -547,6 +547,17 @@ ip = "198.18.0.2"
         assert_eq!(c.this_host().underlay_ip, Ipv4Addr::new(198, 19, 0, 1));
     }
 
+    #[test]
+    fn af_xdp_backend_parses() {
+        let text = EXAMPLE.replace(
+            "port = { ifname = \"a1\" }",
+            "port = { ifname = \"a1\", backend = \"af_xdp\" }",
+        );
+        let c = Config::parse(&text).unwrap();
+        let port = c.vms[0].port.as_ref().unwrap();
+        assert_eq!(port.backend, BackendKind::AfXdp);
+    }
+
     fn expect_field(text: &str, field: &str) {
         let e = Config::parse(text).unwrap_err().to_string();
         assert!(e.contains(field), "error '{e}' should name '{field}'");
