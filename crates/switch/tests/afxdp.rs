@@ -306,3 +306,19 @@ fn af_xdp_sends_bursts_larger_than_its_rings() {
         assert_eq!(tx.stats().tx_frames, 600);
     });
 }
+
+#[test]
+fn af_xdp_refuses_an_mtu_too_large_for_its_frames() {
+    if !is_root() {
+        return;
+    }
+    let ns = Netns::new();
+    ns.veth_pair("pnxi", "pnxj");
+    ns.ip("link set pnxi mtu 4000");
+    ns.enter(|| {
+        let err = AfXdpPort::open("pnxi", AfXdpOptions::default()).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+        assert!(err.to_string().contains("MTU 4000"), "{err}");
+        AfXdpPort::open("pnxj", AfXdpOptions::default()).expect("MTU 1500 is fine");
+    });
+}

@@ -27,8 +27,9 @@
 //! - Promiscuous: an AF_PACKET socket that receives nothing holds a `PACKET_MR_PROMISC`
 //!   membership for the port's lifetime (a NIC's MAC filter would otherwise hide frames for
 //!   the VMs' MACs; veths deliver everything anyway).
-//! - Frames longer than a chunk minus the kernel's 256 B XDP headroom (1792 B) are dropped by
-//!   the kernel and counted in [`PortStats::rx_dropped`], like a full RX ring.
+//! - Frames longer than a chunk minus the kernel's 256 B XDP headroom (1792 B) would be
+//!   dropped by the kernel (counted in [`PortStats::rx_dropped`], like a full RX ring), so
+//!   `open` refuses an interface whose MTU exceeds 1774.
 //! - Needs CAP_NET_RAW, CAP_BPF and CAP_NET_ADMIN (root), and an interface without another XDP
 //!   program. On failure the error says what was tried; `backend = "af_packet"` is the
 //!   portable fallback.
@@ -50,6 +51,9 @@ const MAX_FRAMES: u32 = 1 << 16;
 /// Frames the kernel transmits per `sendto` in copy mode unless told otherwise
 /// (`TX_BATCH_SIZE` in net/xdp/xsk.c).
 const KERNEL_TX_BATCH: u32 = 32;
+/// Largest MTU whose frames (plus Ethernet and a VLAN tag) fit a chunk after the 256 B the
+/// kernel keeps in front of received data in copy mode (XDP_PACKET_HEADROOM).
+const MAX_MTU: i32 = (CHUNK_SIZE - 256 - 18) as i32;
 /// How long `open` retries binding to a queue that is still being released.
 const BIND_BUSY_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
 /// Socket option raising that budget (Linux >= 6.17; older kernels keep 32).
@@ -550,6 +554,23 @@ fn get_opt<T>(fd: RawFd, level: libc::c_int, opt: libc::c_int) -> io::Result<T> 
     Ok(unsafe { value.assume_init() })
 }
 
+/// The MTU of interface `name`, asked through socket `fd`.
+fn interface_mtu(fd: RawFd, name: &std::ffi::CStr) -> io::Result<i32> {
+    // SAFETY: ifreq is a plain C struct for which all-zero bytes are a valid value.
+    let mut req: libc::ifreq = unsafe { MaybeUninit::zeroed().assume_init() };
+    for (dst, &src) in req.ifr_name.iter_mut().zip(name.to_bytes()) {
+        *dst = src as libc::c_char;
+    }
+    // SAFETY: `req` is a live ifreq with a NUL-terminated name (checked shorter than
+    // IFNAMSIZ); SIOCGIFMTU writes only its MTU field.
+    let ret = unsafe { libc::ioctl(fd, libc::SIOCGIFMTU, &mut req) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: SIOCGIFMTU filled the union's MTU member.
+    Ok(unsafe { req.ifr_ifru.ifru_mtu })
+}
+
 /// An AF_PACKET socket that receives nothing (protocol 0) and keeps interface `index`
 /// promiscuous while it is open.
 fn promiscuous_holder(index: u32) -> io::Result<OwnedFd> {
@@ -589,6 +610,27 @@ impl AfXdpPort {
             return Err(io::Error::new(
                 io::ErrorKind::NotFound,
                 format!("interface '{ifname}' not found: create it or fix the port's ifname"),
+            ));
+        }
+
+        let promisc = promiscuous_holder(index).map_err(|e| {
+            if is_permission(&e) {
+                io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    ctx("needs CAP_NET_RAW, CAP_BPF and CAP_NET_ADMIN: run as root"),
+                )
+            } else {
+                os_error(e, ctx("PACKET_ADD_MEMBERSHIP promiscuous"))
+            }
+        })?;
+        let mtu = interface_mtu(promisc.as_raw_fd(), &cname)
+            .map_err(|e| os_error(e, ctx("SIOCGIFMTU")))?;
+        if mtu > MAX_MTU {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                ctx(&format!(
+                    "MTU {mtu} is too large for AF_XDP copy mode's {CHUNK_SIZE} B frames (at most {MAX_MTU}){fallback}"
+                )),
             ));
         }
 
@@ -742,8 +784,6 @@ impl AfXdpPort {
             };
             bpf_err(&format!("attaching the XDP program in {tried} mode{hint}"))(e)
         })?;
-        let promisc = promiscuous_holder(index)
-            .map_err(|e| os_error(e, ctx("PACKET_ADD_MEMBERSHIP promiscuous")))?;
 
         Ok(AfXdpPort {
             name: ifname.to_owned(),
