@@ -284,7 +284,6 @@ fn create_xskmap(xsk: RawFd) -> io::Result<OwnedFd> {
 fn load_program(map: RawFd) -> io::Result<OwnedFd> {
     let insns = redirect_program(map);
     let license = c"Dual MIT/GPL";
-    let mut log = vec![0u8; 0];
     let mut attr = ProgLoadAttr {
         prog_type: BPF_PROG_TYPE_XDP,
         insn_cnt: insns.len() as u32,
@@ -303,7 +302,7 @@ fn load_program(map: RawFd) -> io::Result<OwnedFd> {
         Ok(fd) => Ok(fd),
         Err(err) if err.raw_os_error() == Some(libc::EINVAL) => {
             // Load again with the verifier log on, to say why.
-            log.resize(16 << 10, 0);
+            let mut log = vec![0u8; 16 << 10];
             attr.log_level = 1;
             attr.log_size = log.len() as u32;
             attr.log_buf = log.as_mut_ptr() as u64;
