@@ -18,11 +18,13 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use picnic_lab::netns::{self, NsThread, Testbed};
 use picnic_switch::config::{
-    Config, EgressSection, HostEntry, IngressSection, Isolation, Mac, PortEntry, SwitchSection,
-    TenantEntry, UplinkSection, VmEntry,
+    BackendKind, Config, EgressSection, HostEntry, IngressSection, Isolation, Mac, PortEntry,
+    SwitchSection, TenantEntry, UplinkSection, VmEntry,
 };
 use picnic_switch::frame::{Frame, FramePool};
-use picnic_switch::port::{wait_readable, AfPacketOptions, AfPacketPort, Port};
+use picnic_switch::port::{
+    wait_readable, AfPacketOptions, AfPacketPort, AfXdpOptions, AfXdpPort, Port,
+};
 use picnic_switch::runner::Switch;
 
 use crate::traffic::{cpu_ns, gettid, pin_current_thread};
@@ -90,8 +92,12 @@ impl Bed {
 pub enum DutKind {
     /// AF_PACKET receive ring -> sendmmsg, no logic: the limit of this backend.
     Raw,
+    /// AF_XDP RX ring -> AF_XDP TX ring (copy mode), no logic: the limit of that backend.
+    RawXdp,
     /// picnic's switch with every isolation mechanism on.
     PicnicOn,
+    /// picnic's switch with every isolation mechanism on, AF_XDP ports.
+    PicnicXdp,
     /// picnic's switch with isolation off (anti-spoofing and tenant separation stay).
     PicnicOff,
     /// A Linux bridge, with an HTB class on the uplink as its QoS setting.
@@ -104,9 +110,11 @@ pub enum DutKind {
 
 impl DutKind {
     /// All devices, in report order.
-    pub const ALL: [DutKind; 6] = [
+    pub const ALL: [DutKind; 8] = [
         DutKind::Raw,
+        DutKind::RawXdp,
         DutKind::PicnicOn,
+        DutKind::PicnicXdp,
         DutKind::PicnicOff,
         DutKind::OvsAfxdp,
         DutKind::Ovs,
@@ -117,6 +125,8 @@ impl DutKind {
     pub fn key(self) -> &'static str {
         match self {
             DutKind::Raw => "raw",
+            DutKind::RawXdp => "raw_xdp",
+            DutKind::PicnicXdp => "picnic_xdp",
             DutKind::PicnicOn => "picnic",
             DutKind::PicnicOff => "picnic_off",
             DutKind::Bridge => "bridge",
@@ -129,6 +139,8 @@ impl DutKind {
     pub fn describe(self) -> &'static str {
         match self {
             DutKind::Raw => "raw AF_PACKET forwarder (no logic)",
+            DutKind::RawXdp => "raw AF_XDP forwarder (no logic)",
+            DutKind::PicnicXdp => "picnic switch, isolation on, AF_XDP",
             DutKind::PicnicOn => "picnic switch, isolation on",
             DutKind::PicnicOff => "picnic switch, isolation off",
             DutKind::Bridge => "Linux bridge + HTB class",
@@ -156,9 +168,16 @@ impl Dut {
     /// Starts `kind` on `bed`.
     pub fn start(kind: DutKind, bed: &Bed) -> Result<Dut> {
         match kind {
-            DutKind::Raw => spawn_thread(bed, raw_forwarder),
-            DutKind::PicnicOn | DutKind::PicnicOff => {
-                let cfg = picnic_config(kind == DutKind::PicnicOn)?;
+            DutKind::Raw => spawn_thread(bed, |stop, tid| raw_forwarder(false, stop, tid)),
+            DutKind::RawXdp => spawn_thread(bed, |stop, tid| raw_forwarder(true, stop, tid)),
+            DutKind::PicnicOn | DutKind::PicnicOff | DutKind::PicnicXdp => {
+                let mut cfg = picnic_config(kind != DutKind::PicnicOff)?;
+                if kind == DutKind::PicnicXdp {
+                    cfg.uplink.backend = BackendKind::AfXdp;
+                    for port in cfg.vms.iter_mut().filter_map(|v| v.port.as_mut()) {
+                        port.backend = BackendKind::AfXdp;
+                    }
+                }
                 spawn_thread(bed, move |stop, tid| run_picnic(cfg, stop, tid))
             }
             DutKind::Bridge => {
@@ -249,12 +268,20 @@ fn spawn_thread(
     bail!("forwarding thread did not start within 5 s")
 }
 
-/// The raw limit: `t0` -> `u0` through AF_PACKET rings and sendmmsg, no logic, in the
-/// switch's process model (one thread, spin 50 us then block on the descriptors).
-fn raw_forwarder(stop: Arc<AtomicBool>, tid: Arc<AtomicU64>) -> Result<String> {
+/// The raw limit: `t0` -> `u0` through AF_PACKET rings and sendmmsg (or AF_XDP sockets with
+/// `xdp`), no logic, in the switch's process model (one thread, spin 50 us then block on the
+/// descriptors).
+fn raw_forwarder(xdp: bool, stop: Arc<AtomicBool>, tid: Arc<AtomicU64>) -> Result<String> {
     pin_current_thread(DUT_CPU)?;
-    let mut rx_port = AfPacketPort::open(TENANT_DEV, AfPacketOptions::default())?;
-    let mut tx_port = AfPacketPort::open(UPLINK_DEV, AfPacketOptions::default())?;
+    let open = |dev: &str| -> Result<Box<dyn Port>> {
+        Ok(if xdp {
+            Box::new(AfXdpPort::open(dev, AfXdpOptions::default())?)
+        } else {
+            Box::new(AfPacketPort::open(dev, AfPacketOptions::default())?)
+        })
+    };
+    let mut rx_port = open(TENANT_DEV)?;
+    let mut tx_port = open(UPLINK_DEV)?;
     let mut pool = FramePool::new(16384);
     let mut q: Vec<Frame> = Vec::with_capacity(1024);
     let fds: Vec<_> = rx_port.raw_fd().into_iter().collect();
@@ -401,6 +428,8 @@ fn run_picnic(cfg: Config, stop: Arc<AtomicBool>, tid: Arc<AtomicU64>) -> Result
 pub struct Ovs {
     ns: String,
     dir: PathBuf,
+    /// ovs-vswitchd, run as a child rather than detached: see [`Ovs::configure`].
+    vswitchd: Option<std::process::Child>,
 }
 
 /// Debian package providing OVS.
@@ -428,9 +457,10 @@ impl Ovs {
         let dir = std::env::temp_dir().join(format!("{ns}-ovs"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
-        let ovs = Ovs {
+        let mut ovs = Ovs {
             ns: ns.to_owned(),
             dir,
+            vswitchd: None,
         };
         match ovs.configure(afxdp) {
             Ok(()) => Ok(ovs),
@@ -443,12 +473,17 @@ impl Ovs {
     }
 
     /// Starts both daemons and sets up the bridge, ports, meter and flow.
-    fn configure(&self, afxdp: bool) -> Result<()> {
-        let ovs = self;
-        let d = ovs.dir.display().to_string();
+    ///
+    /// ovs-vswitchd is not `--detach`ed: a detached daemon starts a new session, hence (with
+    /// the kernel's scheduler autogroups, on by default) its own CPU-share group, and on a
+    /// shared machine it would get a full group's share of its CPU where picnic's and the raw
+    /// forwarder's threads share the bench process's group with the generator. As a child it
+    /// competes for CPU exactly as they do.
+    fn configure(&mut self, afxdp: bool) -> Result<()> {
+        let d = self.dir.display().to_string();
         let schema = "/usr/share/openvswitch/vswitch.ovsschema";
-        ovs.run("ovsdb-tool", &["create", &format!("{d}/conf.db"), schema])?;
-        ovs.run(
+        self.run("ovsdb-tool", &["create", &format!("{d}/conf.db"), schema])?;
+        self.run(
             "ovsdb-server",
             &[
                 &format!("{d}/conf.db"),
@@ -459,17 +494,9 @@ impl Ovs {
                 "--detach",
             ],
         )?;
-        ovs.vsctl(&["--no-wait", "init"])?;
-        ovs.run(
-            "ovs-vswitchd",
-            &[
-                &format!("unix:{d}/db.sock"),
-                &format!("--pidfile={d}/ovs-vswitchd.pid"),
-                &format!("--log-file={d}/ovs-vswitchd.log"),
-                &format!("--unixctl={d}/ovs-vswitchd.ctl"),
-                "--detach",
-            ],
-        )?;
+        self.vsctl(&["--no-wait", "init"])?;
+        self.start_vswitchd()?;
+        let ovs = &*self;
         // Same CPU as the other devices under test (all its threads).
         let pid = ovs.vswitchd_pid()?.to_string();
         let _ = netns::cmd("taskset", &["-a", "-p", "-c", &DUT_CPU.to_string(), &pid]);
@@ -507,6 +534,43 @@ impl Ovs {
         // Wait until the ports are up in the datapath.
         std::thread::sleep(Duration::from_millis(500));
         Ok(())
+    }
+
+    /// Starts ovs-vswitchd as a child process and waits until it wrote its pid file.
+    fn start_vswitchd(&mut self) -> Result<()> {
+        let d = self.dir.display().to_string();
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.ns, "ovs-vswitchd"])
+            .args([
+                format!("unix:{d}/db.sock"),
+                format!("--pidfile={d}/ovs-vswitchd.pid"),
+                format!("--log-file={d}/ovs-vswitchd.log"),
+                format!("--unixctl={d}/ovs-vswitchd.ctl"),
+            ])
+            .env("OVS_RUNDIR", &d)
+            .env("OVS_DBDIR", &d)
+            .env("OVS_LOGDIR", &d)
+            .env("OVS_SYSCONFDIR", &d)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("running ovs-vswitchd")?;
+        self.vswitchd = Some(child);
+        for _ in 0..500 {
+            if self.vswitchd_pid().is_ok() {
+                return Ok(());
+            }
+            if let Some(status) = self
+                .vswitchd
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                bail!("ovs-vswitchd exited at start ({status}); see {d}/ovs-vswitchd.log");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        bail!("ovs-vswitchd wrote no pid file within 5 s; see {d}/ovs-vswitchd.log")
     }
 
     fn run(&self, program: &str, args: &[&str]) -> Result<String> {
@@ -558,12 +622,27 @@ impl Ovs {
     }
 
     /// Stops both daemons (SIGTERM to the pids they wrote) and removes the directory.
-    fn stop(self) -> Result<String> {
+    fn stop(mut self) -> Result<String> {
         let summary = self
             .ofctl(&["dump-flows", "br0"])
             .map(|s| format!("ovs flows: {}", s.lines().last().unwrap_or("").trim()))
             .unwrap_or_default();
-        for daemon in ["ovs-vswitchd", "ovsdb-server"] {
+        if let Some(mut child) = self.vswitchd.take() {
+            if let Ok(pid) = self.pid("ovs-vswitchd") {
+                // SAFETY: kill with the pid of our child; no memory involved.
+                unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+            }
+            for _ in 0..100 {
+                if matches!(child.try_wait(), Ok(Some(_))) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // Reaps it; kills it first if SIGTERM did not end it.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for daemon in ["ovsdb-server"] {
             if let Ok(pid) = self.pid(daemon) {
                 // SAFETY: kill with a pid the daemon we started wrote; no memory involved.
                 unsafe { libc::kill(pid as i32, libc::SIGTERM) };

@@ -43,7 +43,8 @@ pub struct BenchArgs {
     /// Numbers of UDP flows offered, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,8")]
     pub flows: Vec<u16>,
-    /// Only these devices (raw, picnic, picnic_off, ovs_afxdp, ovs, bridge), comma-separated.
+    /// Only these devices (raw, raw_xdp, picnic, picnic_xdp, picnic_off, ovs_afxdp, ovs, bridge),
+    /// comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Also write the results as JSON to `bench.json` (see --json-path).
@@ -114,7 +115,7 @@ pub fn run_cli(args: BenchArgs) -> Result<()> {
         .filter(|k| args.only.is_empty() || args.only.iter().any(|o| o == k.key()))
         .collect();
     if kinds.is_empty() {
-        bail!("--only: no such device (raw, picnic, picnic_off, ovs_afxdp, ovs, bridge)");
+        bail!("--only: no such device (raw, raw_xdp, picnic, picnic_xdp, picnic_off, ovs_afxdp, ovs, bridge)");
     }
     if kinds
         .iter()
@@ -324,21 +325,28 @@ fn find<'a>(points: &'a [Point], dut: &str, size: usize, flows: u16) -> Option<&
         .find(|p| p.dut == dut && p.size == size && p.flows == flows)
 }
 
-/// Ratios of picnic (isolation on) to its references, where both were measured.
+/// Ratios of picnic (isolation on, AF_PACKET and AF_XDP ports) to its references, where both
+/// were measured.
 fn ratios(points: &[Point], size: usize, flows: u16) -> BTreeMap<&'static str, f64> {
     let mut out = BTreeMap::new();
-    let Some(picnic) = find(points, "picnic", size, flows) else {
-        return out;
-    };
-    for (name, peer) in [
-        ("picnic/raw", "raw"),
-        ("picnic/ovs_afxdp", "ovs_afxdp"),
-        ("picnic/ovs", "ovs"),
-        ("picnic/bridge", "bridge"),
-        ("picnic/picnic_off", "picnic_off"),
+    for (name, this, peer) in [
+        ("picnic/raw", "picnic", "raw"),
+        ("picnic/ovs_afxdp", "picnic", "ovs_afxdp"),
+        ("picnic/ovs", "picnic", "ovs"),
+        ("picnic/bridge", "picnic", "bridge"),
+        ("picnic/picnic_off", "picnic", "picnic_off"),
+        ("picnic_xdp/raw_xdp", "picnic_xdp", "raw_xdp"),
+        ("picnic_xdp/ovs_afxdp", "picnic_xdp", "ovs_afxdp"),
+        ("picnic_xdp/ovs", "picnic_xdp", "ovs"),
+        ("picnic_xdp/bridge", "picnic_xdp", "bridge"),
+        ("picnic_xdp/picnic", "picnic_xdp", "picnic"),
+        ("raw_xdp/raw", "raw_xdp", "raw"),
     ] {
-        if let Some(p) = find(points, peer, size, flows) {
-            out.insert(name, picnic.pps / p.pps);
+        if let (Some(a), Some(b)) = (
+            find(points, this, size, flows),
+            find(points, peer, size, flows),
+        ) {
+            out.insert(name, a.pps / b.pps);
         }
     }
     out

@@ -69,6 +69,9 @@ pub enum BackendKind {
     /// AF_PACKET with a TPACKET_V3 receive ring and sendmmsg (portable; veth or NIC).
     #[default]
     AfPacket,
+    /// AF_XDP in copy mode with an XDP redirect program (faster on veths and NICs; needs
+    /// root and an interface without another XDP program).
+    AfXdp,
     /// A TAP device (VMs: QEMU and Firecracker attach to these).
     Tap,
 }
@@ -538,6 +541,17 @@ ip = "198.18.0.2"
         assert_eq!(c.vms.len(), 2);
         assert!(c.isolation.feedback);
         assert_eq!(c.this_host().underlay_ip, Ipv4Addr::new(198, 19, 0, 1));
+    }
+
+    #[test]
+    fn af_xdp_backend_parses() {
+        let text = EXAMPLE.replace(
+            "port = { ifname = \"a1\" }",
+            "port = { ifname = \"a1\", backend = \"af_xdp\" }",
+        );
+        let c = Config::parse(&text).unwrap();
+        let port = c.vms[0].port.as_ref().unwrap();
+        assert_eq!(port.backend, BackendKind::AfXdp);
     }
 
     fn expect_field(text: &str, field: &str) {

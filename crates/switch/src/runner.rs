@@ -19,7 +19,9 @@ use crate::config::{BackendKind, Config};
 use crate::directory::{PortIdx, TenantIdx, UPLINK};
 use crate::engine::{Engine, Snapshot, Work};
 use crate::frame::{Frame, FramePool};
-use crate::port::{wait_readable, AfPacketOptions, AfPacketPort, Port, PortStats, TapPort};
+use crate::port::{
+    wait_readable, AfPacketOptions, AfPacketPort, AfXdpOptions, AfXdpPort, Port, PortStats, TapPort,
+};
 use crate::stats::DropReason;
 use picnic_model::control::{AdaptiveWait, Role, WaitConfig, WaitDecision};
 use picnic_model::model::Params;
@@ -142,6 +144,10 @@ pub fn open_port(ifname: &str, backend: BackendKind, field: &str) -> anyhow::Res
         BackendKind::AfPacket => Box::new(
             AfPacketPort::open(ifname, AfPacketOptions::default())
                 .with_context(|| format!("{field}: cannot open '{ifname}'"))?,
+        ),
+        BackendKind::AfXdp => Box::new(
+            AfXdpPort::open(ifname, AfXdpOptions::default())
+                .with_context(|| format!("{field}: cannot open '{ifname}' with AF_XDP"))?,
         ),
         BackendKind::Tap => Box::new(
             TapPort::open(ifname)

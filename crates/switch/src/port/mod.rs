@@ -3,14 +3,16 @@
 //! A [`Port`] moves batches of [`Frame`]s between the kernel (or a test) and the switch,
 //! never blocking; the run loop spins while there is work and then blocks in
 //! [`wait_readable`] on the ports' descriptors (Rizzo et al.: spin briefly, then block).
-//! Backends: [`AfPacketPort`] for veths and NICs, [`TapPort`] for TAP devices, [`MemoryPort`]
-//! for tests and the simulator.
+//! Backends: [`AfPacketPort`] for veths and NICs, [`AfXdpPort`] for the same where XDP is
+//! allowed (faster), [`TapPort`] for TAP devices, [`MemoryPort`] for tests and the simulator.
 
 mod afpacket;
+mod afxdp;
 mod memory;
 mod tap;
 
 pub use afpacket::{AfPacketOptions, AfPacketPort, RingVersion};
+pub use afxdp::{AfXdpOptions, AfXdpPort, XdpMode};
 pub use memory::{MemoryPort, MemoryPortHandle};
 pub use tap::TapPort;
 
@@ -27,6 +29,8 @@ use crate::frame::{Frame, FramePool};
 pub enum Backend {
     /// AF_PACKET socket bound to an interface: TPACKET_V3 RX ring, sendmmsg TX.
     AfPacket,
+    /// AF_XDP socket in copy mode on queue 0, fed by an XDP redirect program.
+    AfXdp,
     /// A TAP device through /dev/net/tun.
     Tap,
     /// In-process queues fed and drained through a [`MemoryPortHandle`].
@@ -37,6 +41,7 @@ impl fmt::Display for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Backend::AfPacket => "af_packet (mmap rx ring, sendmmsg qdisc-bypass tx)",
+            Backend::AfXdp => "af_xdp (XDP redirect to an AF_XDP socket, copy mode, queue 0)",
             Backend::Tap => "tap (/dev/net/tun IFF_TAP|IFF_NO_PI, read/write per frame)",
             Backend::Memory => "memory (in-process bounded queues)",
         })
@@ -217,6 +222,7 @@ mod tests {
     #[test]
     fn backend_display_names_the_mechanism() {
         assert!(Backend::AfPacket.to_string().contains("sendmmsg"));
+        assert!(Backend::AfXdp.to_string().starts_with("af_xdp"));
         assert!(Backend::Tap.to_string().starts_with("tap"));
         assert!(Backend::Memory.to_string().starts_with("memory"));
     }
