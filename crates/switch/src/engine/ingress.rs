@@ -165,15 +165,20 @@ impl Ingress {
             // suits 10 Gb/s): at least ten full-size frames at the link's rate, at most 5 ms.
             let capacity = cfg.ingress.capacity_mbps * 1_000_000 / 8;
             let window_ns = (10 * 1514 * 1_000_000_000 / capacity.max(1)).clamp(200_000, 5_000_000);
-            let link_cfg = ReceiverConfig {
-                capacity,
-                window: Duration::from_nanos(window_ns),
+            // Feedback at most once per window per endpoint unless 10 kB arrived (EyeQ 3.2
+            // samples by bytes; a slow flow needs no message per packet).
+            let window = Duration::from_nanos(window_ns);
+            let base = ReceiverConfig {
+                window,
+                feedback_interval: Some(window),
                 ..base
             };
-            // CPU: capacity one core (ns/s); feedback sampled every ~20 us of processing.
+            let link_cfg = ReceiverConfig { capacity, ..base };
+            // CPU: capacity one core (ns/s) until measured; feedback sampled every 0.5 ms of
+            // processing.
             let cpu_cfg = ReceiverConfig {
                 capacity: NANOS_PER_SEC,
-                feedback_units: 20_000,
+                feedback_units: 500_000,
                 min_rate: 1,
                 ..base
             };
