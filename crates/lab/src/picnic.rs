@@ -237,12 +237,12 @@ fn summary_lines(snap: &Snapshot) -> Vec<String> {
         .iter()
         .map(|v| {
             format!(
-                "{:<10} tx {:>8} rx {:>8} cost {:>6.1} ms advertised {:>8.1} Mb/s limits {:?} drops [{}]",
+                "{:<10} tx {:>8} rx {:>8} cost {:>6.1} ms ingress wait p99 < {} us limits {:?} drops [{}]",
                 v.name,
                 v.counters.tx_packets,
                 v.counters.rx_packets,
                 v.counters.cost_ns as f64 / 1e6,
-                v.advertised_bps.unwrap_or(0) as f64 / 1e6,
+                v.counters.ingress_wait.quantile_us(0.99).unwrap_or(0),
                 v.applied_limits.iter().map(|(d, r)| (*d, r / 1_000_000)).collect::<Vec<_>>(),
                 drops(&v.counters.drops)
             )

@@ -44,22 +44,49 @@ impl Default for Clock {
 }
 
 /// The real processing step: the configured synthetic cost (spinning, as a heavy rule set
-/// would), measured with the clock so the tenant is charged what it actually took.
+/// would), measured so the tenant is charged what it actually took (Iron 3.1).
+///
+/// The cost is CPU time, not elapsed time: a switch thread preempted in the middle of one
+/// tenant's frame must not charge that tenant for the milliseconds it was off the CPU (on a
+/// shared machine that turned a light tenant's occasional frame into a debt that kept it
+/// queued behind a flood for tens of ms). Frames with synthetic work spin on the thread's
+/// CPU clock; frames without it are measured with the cheaper monotonic clock and capped.
 pub struct SpinWork {
     clock: Clock,
     work_ns: u64,
     work_ps_per_byte: u64,
 }
+
+/// Most a frame without synthetic work is charged, ns: anything above is preemption.
+const MAX_PLAIN_FRAME_COST_NS: u64 = 50_000;
+
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 impl Work for SpinWork {
     fn process(&mut self, _tenant: TenantIdx, frame: &mut Frame) -> u64 {
-        let start = self.clock.now();
         let target = self.work_ns + self.work_ps_per_byte * frame.len() as u64 / 1000;
-        if target > 0 {
-            while (self.clock.now() - start).as_nanos() < target {
-                std::hint::spin_loop();
-            }
+        if target == 0 {
+            let start = self.clock.now();
+            return (self.clock.now() - start)
+                .as_nanos()
+                .min(MAX_PLAIN_FRAME_COST_NS);
         }
-        (self.clock.now() - start).as_nanos()
+        let start = thread_cpu_ns();
+        loop {
+            let spent = thread_cpu_ns().saturating_sub(start);
+            if spent >= target {
+                return spent;
+            }
+            std::hint::spin_loop();
+        }
     }
 }
 

@@ -113,6 +113,48 @@ pub struct VmCounters {
     pub drops: Drops,
     /// Ingress processing cost charged for this VM, ns.
     pub cost_ns: u64,
+    /// Time frames to this VM waited in its ingress queue.
+    pub ingress_wait: WaitHistogram,
+}
+
+/// A histogram of waits in power-of-two microsecond buckets (bucket i holds waits below
+/// 2^i us): fixed size, no allocation, cheap enough for every frame.
+#[derive(Clone, Debug, Default)]
+pub struct WaitHistogram([u64; 24]);
+
+impl WaitHistogram {
+    pub fn record(&mut self, wait_ns: u64) {
+        let us = wait_ns / 1_000;
+        let bucket = (64 - us.leading_zeros() as usize).min(self.0.len() - 1);
+        self.0[bucket] += 1;
+    }
+    /// Upper bound of the bucket holding quantile `q` (0..=1), us; None when empty.
+    pub fn quantile_us(&self, q: f64) -> Option<u64> {
+        let total: u64 = self.0.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = ((total as f64 * q).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (i, n) in self.0.iter().enumerate() {
+            seen += n;
+            if seen >= rank {
+                return Some(1u64 << i);
+            }
+        }
+        Some(1u64 << (self.0.len() - 1))
+    }
+}
+
+impl Serialize for WaitHistogram {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(Some(3))?;
+        map.serialize_entry("p50_us_below", &self.quantile_us(0.5))?;
+        map.serialize_entry("p99_us_below", &self.quantile_us(0.99))?;
+        map.serialize_entry("max_us_below", &self.quantile_us(1.0))?;
+        map.end()
+    }
 }
 
 /// Switch-wide counters for frames not attributable to a VM.

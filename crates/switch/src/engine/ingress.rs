@@ -30,7 +30,8 @@ use crate::stats::DropReason;
 const INITIAL_COST_ESTIMATE_NS: u64 = 1_000;
 
 pub struct Ingress {
-    wfq: Wfq<(Frame, VmIdx)>,
+    /// Queued frames with their destination VM and when they were queued.
+    wfq: Wfq<(Frame, VmIdx, Instant)>,
     queue_of: Vec<Option<QueueId>>,
     /// EyeQ receiver over the access link, in bytes/s.
     link: Option<Receiver<VmIdx>>,
@@ -351,7 +352,11 @@ impl Engine {
             self.meter_and_feedback(now, w, source, wire_len, pool);
         }
         let q = self.ingress.queue_of[w].expect("every local VM has an ingress queue");
-        if let Err(rejected) = self.ingress.wfq.enqueue(now, q, (frame, w), len as u32) {
+        if let Err(rejected) = self
+            .ingress
+            .wfq
+            .enqueue(now, q, (frame, w, now), len as u32)
+        {
             self.drop_frame(pool, rejected.item.0, Some(w), DropReason::IngressQueueFull);
         }
     }
@@ -401,7 +406,7 @@ impl Engine {
             let Some(d) = self.ingress.wfq.dequeue(now) else {
                 break;
             };
-            let (mut frame, w) = d.item;
+            let (mut frame, w, queued_at) = d.item;
             let tenant = self.dir.vms[w].tenant;
             let len = frame.len() as u64;
             let cost = work.process(tenant, &mut frame).max(1);
@@ -421,6 +426,7 @@ impl Engine {
             c.rx_packets += 1;
             c.rx_bytes += len;
             c.cost_ns += cost;
+            c.ingress_wait.record((now - queued_at).as_nanos());
             let port = self.dir.vms[w].port.expect("queued only for local VMs");
             self.tx[port].push(frame);
             spent += cost;
