@@ -47,12 +47,16 @@ pub fn run(spec: &Spec, seed: u64, out: Option<&Path>, progress: bool) -> Result
         let mut world = World::new(spec, mode, seed)?;
         let s = world.run(&mut say);
         say(&format!(
-            "mode {mode}: {:.1} M events in {:.2} s wall = {:.2} M events/s; frames balanced: {}",
+            "mode {mode}: {:.1} M events in {:.2} s wall = {:.2} M events/s; frames balanced: {}; pool exhausted {}",
             s.events as f64 / 1e6,
             s.wall_s,
             s.events_per_sec / 1e6,
-            s.conservation.balanced
+            s.conservation.balanced,
+            s.pool_exhausted
         ));
+        for line in extra_lines(&s) {
+            say(&format!("mode {mode}: {line}"));
+        }
         reports.push(ModeReport::new(
             &spec.scenario,
             mode,
@@ -80,6 +84,44 @@ pub fn run(spec: &Spec, seed: u64, out: Option<&Path>, progress: bool) -> Result
     })
 }
 
+/// The simulator's own results of a mode in words: convergence, shuffle completions, sampled
+/// queue occupancy per link class.
+pub fn extra_lines(s: &RunStats) -> Vec<String> {
+    let mut lines = Vec::new();
+    for c in &s.convergence {
+        lines.push(format!(
+            "convergence of {} to {:.0} Mb/s: {} (settled at {:.1} Mb/s)",
+            c.tenant,
+            c.target_mbps,
+            c.converged_ms
+                .map_or("never".to_owned(), |ms| format!("{ms:.0} ms")),
+            c.settled_mbps
+        ));
+    }
+    for j in &s.shuffles {
+        lines.push(format!(
+            "{}: {}/{} flows done, job completion {}, median flow {:.1} ms",
+            j.job,
+            j.completed,
+            j.flows,
+            j.completion_ms
+                .map_or("unfinished".to_owned(), |ms| format!("{ms:.1} ms")),
+            j.median_fct_ms
+        ));
+    }
+    for (class, pts) in &s.queue_sampled_kb {
+        let q: Vec<String> = pts
+            .iter()
+            .map(|(q, kb)| format!("p{}={kb:.1}", q * 100.0))
+            .collect();
+        lines.push(format!(
+            "queue KB sampled each 1 ms, {class}: {}",
+            q.join(" ")
+        ));
+    }
+    lines
+}
+
 fn write(dir: &Path, name: &str, text: &str) -> Result<()> {
     let path = dir.join(name);
     std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
@@ -88,13 +130,15 @@ fn write(dir: &Path, name: &str, text: &str) -> Result<()> {
 /// sim.json, queues.csv, flows.csv and rates.csv.
 pub fn write_sim_outputs(dir: &Path, stats: &[RunStats]) -> Result<()> {
     write(dir, "sim.json", &serde_json::to_string_pretty(stats)?)?;
-    let mut q = String::from("mode,class,quantile,queue_kb\n");
+    let mut q = String::from("mode,sample,class,quantile,queue_kb\n");
     let mut f = String::from("mode,tag,bytes,fct_us\n");
     let mut r = String::from("mode,tenant,t_ms,mbps\n");
     for s in stats {
-        for (class, points) in &s.queue_kb {
-            for (quantile, kb) in points {
-                let _ = writeln!(q, "{},{class},{quantile},{kb:.3}", s.mode);
+        for (sample, per_class) in [("arrival", &s.queue_kb), ("1ms", &s.queue_sampled_kb)] {
+            for (class, points) in per_class {
+                for (quantile, kb) in points {
+                    let _ = writeln!(q, "{},{sample},{class},{quantile},{kb:.3}", s.mode);
+                }
             }
         }
         for (tag, bytes, fct) in &s.flows {
@@ -218,7 +262,7 @@ fn plots(dir: &Path, modes: &[ModeReport], stats: &[RunStats]) -> Result<()> {
     let queues: Vec<Series> = stats
         .iter()
         .flat_map(|s| {
-            s.queue_kb.iter().map(move |(class, pts)| {
+            s.queue_sampled_kb.iter().map(move |(class, pts)| {
                 (
                     format!("{} {class}", s.mode),
                     pts.iter().map(|&(q, kb)| (q, kb)).collect(),
@@ -229,7 +273,7 @@ fn plots(dir: &Path, modes: &[ModeReport], stats: &[RunStats]) -> Result<()> {
     if !queues.is_empty() {
         line_plot(
             &dir.join("queues.svg"),
-            "queue seen by arriving packets",
+            "queue occupancy sampled each 1 ms, by link class",
             "quantile",
             "KB",
             &queues,

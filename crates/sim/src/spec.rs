@@ -98,9 +98,44 @@ pub struct Shuffle {
     pub tenant: String,
     /// Bytes per ordered VM pair.
     pub bytes: u64,
+    /// Parallel TCP connections per ordered pair, each carrying `bytes / connections`
+    /// (EyeQ 5.3's job P_i opens i).
+    #[serde(default = "one")]
+    pub connections: u32,
     /// Start, ms.
     #[serde(default)]
     pub start_ms: u64,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// A convergence measurement (EyeQ 5.x: how fast a tenant's received rate settles at its
+/// allocation after a burst starts), over the 1 ms rate series of all replicas summed.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Convergence {
+    /// Tenant whose received rate is watched.
+    pub tenant: String,
+    /// When the disturbance starts, ms (the clock of the measurement starts here).
+    pub after_ms: u64,
+    /// The tenant's allocation, Mb/s (summed over replicas).
+    pub target_mbps: f64,
+    /// Relative band around the target that counts as converged.
+    #[serde(default = "ten_percent")]
+    pub tolerance: f64,
+    /// 1 ms bins that must all stay in the band.
+    #[serde(default = "five")]
+    pub hold_ms: u64,
+}
+
+fn ten_percent() -> f64 {
+    0.1
+}
+
+fn five() -> u64 {
+    5
 }
 
 /// The `[sim]` table.
@@ -134,8 +169,11 @@ pub struct SimSection {
     /// toward each host (`access_link_mbps`); the host-to-fabric side is a fast veth, so
     /// by default the congestion point is the receiver's access link, as in the lab.
     pub nic_mbps: u64,
-    /// Frame buffers per host (one pool for the whole simulated deployment).
-    pub frames_per_host: usize,
+    /// Frame budget per host (the deployment's pool holds hosts x this at most). Frames are
+    /// allocated on demand, so memory follows the frames in use, not the budget. Default:
+    /// derived from every queue a host's frames can sit in (VM rings, the engine's queue
+    /// bounds, NIC rings, its access-link queue in minimum-size frames).
+    pub frames_per_host: Option<usize>,
     /// Packets/s of a flood without `rate_pps` (the lab's floods go as fast as a CPU can).
     pub flood_pps: u64,
     /// Per-packet processing-cost model of every host's engines.
@@ -150,6 +188,8 @@ pub struct SimSection {
     pub flows: Vec<FlowTraffic>,
     /// Shuffles.
     pub shuffles: Vec<Shuffle>,
+    /// Convergence measurements.
+    pub convergence: Vec<Convergence>,
 }
 
 impl Default for SimSection {
@@ -166,7 +206,7 @@ impl Default for SimSection {
             ecn_threshold_kb: None,
             nic_queue_frames: 256,
             nic_mbps: 10_000,
-            frames_per_host: 512,
+            frames_per_host: None,
             flood_pps: 100_000,
             cost: CostModel::default(),
             cc: CongestionControl::NewReno,
@@ -174,6 +214,7 @@ impl Default for SimSection {
             modes: vec!["picnic".into(), "picnic-off".into(), "victim-alone".into()],
             flows: Vec::new(),
             shuffles: Vec::new(),
+            convergence: Vec::new(),
         }
     }
 }
@@ -228,7 +269,10 @@ impl Spec {
         if !(0.0..1.0).contains(&s.cost.variance) {
             bail!("field `sim.cost.variance`: must be in [0, 1)");
         }
-        if s.frames_per_host < 16 || s.nic_queue_frames == 0 || s.flood_pps == 0 || s.nic_mbps == 0
+        if s.frames_per_host.is_some_and(|f| f < 16)
+            || s.nic_queue_frames == 0
+            || s.flood_pps == 0
+            || s.nic_mbps == 0
         {
             bail!("fields `sim.frames_per_host` (>= 16), `sim.nic_queue_frames`, `sim.flood_pps`, `sim.nic_mbps` (> 0)");
         }
@@ -259,8 +303,21 @@ impl Spec {
         }
         for (i, sh) in s.shuffles.iter().enumerate() {
             tenant(&sh.tenant, &format!("sim.shuffles[{i}].tenant"))?;
-            if sh.bytes == 0 {
-                bail!("field `sim.shuffles[{i}].bytes`: must be positive");
+            if sh.bytes == 0 || sh.connections == 0 || sh.connections > 64 {
+                bail!("fields `sim.shuffles[{i}].bytes` (> 0), `connections` (1 to 64)");
+            }
+        }
+        for (i, c) in s.convergence.iter().enumerate() {
+            if !self.scenario.tenants.iter().any(|t| t.name == c.tenant) {
+                bail!(
+                    "field `sim.convergence[{i}].tenant`: no tenant {:?}",
+                    c.tenant
+                );
+            }
+            if !(c.target_mbps > 0.0 && c.tolerance > 0.0 && c.tolerance < 1.0 && c.hold_ms > 0)
+                || c.after_ms >= self.scenario.duration_ms
+            {
+                bail!("field `sim.convergence[{i}]`: target_mbps > 0, tolerance in (0, 1), hold_ms > 0, after_ms before the end");
             }
         }
         Ok(())
