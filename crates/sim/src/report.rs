@@ -90,12 +90,15 @@ pub fn extra_lines(s: &RunStats) -> Vec<String> {
     let mut lines = Vec::new();
     for c in &s.convergence {
         lines.push(format!(
-            "convergence of {} to {:.0} Mb/s: {} (settled at {:.1} Mb/s)",
+            "convergence of {} to {:.0} Mb/s: reached after {}, stays in the band after {} (then mean {:.1} Mb/s, {:.0}% of 1 ms bins within the band)",
             c.tenant,
             c.target_mbps,
+            c.reached_ms
+                .map_or("never".to_owned(), |ms| format!("{ms:.0} ms")),
             c.converged_ms
                 .map_or("never".to_owned(), |ms| format!("{ms:.0} ms")),
-            c.settled_mbps
+            c.settled_mbps,
+            c.in_band_share * 100.0
         ));
     }
     for j in &s.shuffles {

@@ -125,9 +125,13 @@ pub struct Convergence {
     /// Relative band around the target that counts as converged.
     #[serde(default = "ten_percent")]
     pub tolerance: f64,
-    /// 1 ms bins that must all stay in the band.
+    /// Window the rate is averaged over: converged at the first 1 ms bin from which on
+    /// every `hold_ms`-bin mean stays within the band.
     #[serde(default = "five")]
     pub hold_ms: u64,
+    /// End of the disturbance, ms (default: the scenario's end); the share of 1 ms bins in
+    /// the band is counted from convergence to here.
+    pub until_ms: Option<u64>,
 }
 
 fn ten_percent() -> f64 {
@@ -315,9 +319,10 @@ impl Spec {
                 );
             }
             if !(c.target_mbps > 0.0 && c.tolerance > 0.0 && c.tolerance < 1.0 && c.hold_ms > 0)
-                || c.after_ms >= self.scenario.duration_ms
+                || c.after_ms >= c.until_ms.unwrap_or(self.scenario.duration_ms)
+                || c.until_ms.is_some_and(|u| u > self.scenario.duration_ms)
             {
-                bail!("field `sim.convergence[{i}]`: target_mbps > 0, tolerance in (0, 1), hold_ms > 0, after_ms before the end");
+                bail!("field `sim.convergence[{i}]`: target_mbps > 0, tolerance in (0, 1), hold_ms > 0, after_ms < until_ms <= duration_ms");
             }
         }
         Ok(())

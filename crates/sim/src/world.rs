@@ -221,11 +221,18 @@ pub struct ConvergenceResult {
     pub tenant: String,
     /// Allocation, Mb/s.
     pub target_mbps: f64,
-    /// Time from the disturbance to the end of the first 1 ms bin from which `hold_ms` bins
-    /// stay within the tolerance, ms; none if never.
+    /// Time from the disturbance to the first 1 ms bin whose `hold_ms` window mean is
+    /// within the tolerance (the rate reaches its allocation; it may leave again), ms.
+    pub reached_ms: Option<f64>,
+    /// Time from the disturbance to the first 1 ms bin from which on (until `until_ms`) the
+    /// mean rate over every `hold_ms` window is within the tolerance of the target, ms; none
+    /// if never.
     pub converged_ms: Option<f64>,
-    /// Mean rate from convergence (or the disturbance) to the end of the series, Mb/s.
+    /// Mean rate from convergence (or the disturbance) to `until_ms`, Mb/s.
     pub settled_mbps: f64,
+    /// Share of 1 ms bins from convergence to `until_ms` within the tolerance (how steady
+    /// the rate is at 1 ms).
+    pub in_band_share: f64,
 }
 
 /// Everything a mode's run measured besides the lab's workload results.
@@ -882,25 +889,38 @@ impl World {
         self.convergence
             .iter()
             .map(|c| {
+                let until = c.until_ms.map_or(self.duration, |u| u * 1_000_000);
                 let series = self
                     .tenant_names
                     .iter()
                     .position(|n| *n == c.tenant)
-                    .map(|i| &self.fine[i][..(self.duration / FINE_BIN_NS) as usize])
+                    .map(|i| &self.fine[i][..(until / FINE_BIN_NS) as usize])
                     .unwrap_or(&[]);
                 let first = (c.after_ms as f64 / bin_ms) as usize;
-                let hold = (c.hold_ms as f64 / bin_ms).ceil() as usize;
-                let within = |b: &u64| (mbps(*b) / c.target_mbps - 1.0).abs() <= c.tolerance;
-                let at = (first..series.len().saturating_sub(hold))
-                    .find(|&b| series[b..b + hold].iter().all(within));
-                let from = at.unwrap_or(first).min(series.len());
-                let rest = &series[from..];
+                let hold = ((c.hold_ms as f64 / bin_ms).ceil() as usize).max(1);
+                let in_band = |r: f64| (r / c.target_mbps - 1.0).abs() <= c.tolerance;
+                let window_ok = |b: usize| {
+                    in_band(series[b..b + hold].iter().map(|&x| mbps(x)).sum::<f64>() / hold as f64)
+                };
+                // Converged from the first bin after which every window stays in the band.
+                let last = series.len().saturating_sub(hold - 1);
+                let mut at = None;
+                for b in (first..last).rev() {
+                    if !window_ok(b) {
+                        break;
+                    }
+                    at = Some(b);
+                }
+                let reached = (first..last).find(|&b| window_ok(b));
+                let rest = &series[at.unwrap_or(first).min(series.len())..];
+                let n = rest.len().max(1) as f64;
                 ConvergenceResult {
                     tenant: c.tenant.clone(),
                     target_mbps: c.target_mbps,
-                    converged_ms: at.map(|b| (b + 1 - first) as f64 * bin_ms),
-                    settled_mbps: rest.iter().map(|&b| mbps(b)).sum::<f64>()
-                        / rest.len().max(1) as f64,
+                    reached_ms: reached.map(|b| (b - first) as f64 * bin_ms),
+                    converged_ms: at.map(|b| (b - first) as f64 * bin_ms),
+                    settled_mbps: rest.iter().map(|&b| mbps(b)).sum::<f64>() / n,
+                    in_band_share: rest.iter().filter(|&&b| in_band(mbps(b))).count() as f64 / n,
                 }
             })
             .collect()
