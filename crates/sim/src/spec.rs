@@ -186,6 +186,9 @@ pub struct SimSection {
     pub cc: CongestionControl,
     /// Minimum retransmission timeout of the TCP model, us.
     pub min_rto_us: u64,
+    /// Duplicate ACKs that trigger fast retransmit in the TCP model (EyeQ 5.4 raises it
+    /// for per-packet ECMP).
+    pub dupack_threshold: u32,
     /// Modes to run (`picnic`, `picnic-off`, `victim-alone`).
     pub modes: Vec<String>,
     /// Flow-size traffic.
@@ -215,6 +218,7 @@ impl Default for SimSection {
             cost: CostModel::default(),
             cc: CongestionControl::NewReno,
             min_rto_us: 5000,
+            dupack_threshold: 3,
             modes: vec!["picnic".into(), "picnic-off".into(), "victim-alone".into()],
             flows: Vec::new(),
             shuffles: Vec::new(),
@@ -279,6 +283,9 @@ impl Spec {
             || s.nic_mbps == 0
         {
             bail!("fields `sim.frames_per_host` (>= 16), `sim.nic_queue_frames`, `sim.flood_pps`, `sim.nic_mbps` (> 0)");
+        }
+        if s.dupack_threshold == 0 {
+            bail!("field `sim.dupack_threshold`: must be positive");
         }
         if s.modes.is_empty() {
             bail!("field `sim.modes`: needs at least one mode");
