@@ -74,6 +74,7 @@ pub fn run(spec: &Spec, seed: u64, out: Option<&Path>, progress: bool) -> Result
         write_outputs(dir, &summary, &reports)?;
         write_sim_outputs(dir, &stats)?;
         plots(dir, &reports, &stats).context("plotting")?;
+        eyeq_plots(dir, spec, &stats).context("plotting")?;
         say(&format!("wrote {}", dir.display()));
     }
     Ok(Outcome {
@@ -303,6 +304,74 @@ fn plots(dir: &Path, modes: &[ModeReport], stats: &[RunStats]) -> Result<()> {
             "ms",
             "Mb/s",
             &rates,
+        )?;
+    }
+    Ok(())
+}
+
+/// convergence.svg (each `[[sim.convergence]]` tenant's 1 ms rate per mode from 20 ms before
+/// the disturbance to 100 ms after, with its target) and shuffles.svg (CDF of each shuffle
+/// job's flow completion times per mode, EyeQ 5.3's Figure 8).
+fn eyeq_plots(dir: &Path, spec: &Spec, stats: &[RunStats]) -> Result<()> {
+    let bin_ms = FINE_BIN_NS as f64 / 1e6;
+    let mut conv: Vec<Series> = Vec::new();
+    for c in &spec.sim.convergence {
+        let (from, to) = (
+            c.after_ms.saturating_sub(20) as f64,
+            c.after_ms as f64 + 100.0,
+        );
+        for s in stats {
+            let Some(bins) = s.fine_series.get(&c.tenant) else {
+                continue;
+            };
+            let pts = bins
+                .iter()
+                .enumerate()
+                .map(|(i, b)| (i as f64 * bin_ms, *b as f64 * 8.0 / (bin_ms * 1e3)))
+                .filter(|(t, _)| (from..=to).contains(t))
+                .collect();
+            conv.push((format!("{} {}", s.mode, c.tenant), pts));
+        }
+        conv.push((
+            format!("{} target", c.tenant),
+            vec![(from, c.target_mbps), (to, c.target_mbps)],
+        ));
+    }
+    if !conv.is_empty() {
+        line_plot(
+            &dir.join("convergence.svg"),
+            "received rate, 1 ms bins, around the burst",
+            "ms",
+            "Mb/s",
+            &conv,
+        )?;
+    }
+    let mut cdfs: Vec<Series> = Vec::new();
+    for s in stats {
+        for j in &s.shuffles {
+            let mut fcts: Vec<f64> = s
+                .flows
+                .iter()
+                .filter(|(tag, _, _)| *tag == j.job)
+                .map(|(_, _, us)| us / 1e3)
+                .collect();
+            fcts.sort_by(f64::total_cmp);
+            let n = j.flows.max(1) as f64;
+            let pts = fcts
+                .iter()
+                .enumerate()
+                .map(|(i, ms)| (*ms, (i + 1) as f64 / n))
+                .collect();
+            cdfs.push((format!("{} {}", s.mode, j.job), pts));
+        }
+    }
+    if !cdfs.is_empty() {
+        line_plot(
+            &dir.join("shuffles.svg"),
+            "shuffle flow completion times (CDF per job)",
+            "ms",
+            "fraction of flows",
+            &cdfs,
         )?;
     }
     Ok(())
