@@ -21,6 +21,8 @@ pub enum Event {
     App(u32, u32),
     /// Periodic progress line and bookkeeping.
     Tick,
+    /// Every queue's occupancy is sampled (each [`crate::world::SAMPLE_NS`]).
+    Sample,
 }
 
 /// The pending events, earliest first, FIFO among equal times.

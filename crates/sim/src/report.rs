@@ -47,12 +47,16 @@ pub fn run(spec: &Spec, seed: u64, out: Option<&Path>, progress: bool) -> Result
         let mut world = World::new(spec, mode, seed)?;
         let s = world.run(&mut say);
         say(&format!(
-            "mode {mode}: {:.1} M events in {:.2} s wall = {:.2} M events/s; frames balanced: {}",
+            "mode {mode}: {:.1} M events in {:.2} s wall = {:.2} M events/s; frames balanced: {}; pool exhausted {}",
             s.events as f64 / 1e6,
             s.wall_s,
             s.events_per_sec / 1e6,
-            s.conservation.balanced
+            s.conservation.balanced,
+            s.pool_exhausted
         ));
+        for line in extra_lines(&s) {
+            say(&format!("mode {mode}: {line}"));
+        }
         reports.push(ModeReport::new(
             &spec.scenario,
             mode,
@@ -70,6 +74,7 @@ pub fn run(spec: &Spec, seed: u64, out: Option<&Path>, progress: bool) -> Result
         write_outputs(dir, &summary, &reports)?;
         write_sim_outputs(dir, &stats)?;
         plots(dir, &reports, &stats).context("plotting")?;
+        eyeq_plots(dir, spec, &stats).context("plotting")?;
         say(&format!("wrote {}", dir.display()));
     }
     Ok(Outcome {
@@ -80,6 +85,47 @@ pub fn run(spec: &Spec, seed: u64, out: Option<&Path>, progress: bool) -> Result
     })
 }
 
+/// The simulator's own results of a mode in words: convergence, shuffle completions, sampled
+/// queue occupancy per link class.
+pub fn extra_lines(s: &RunStats) -> Vec<String> {
+    let mut lines = Vec::new();
+    for c in &s.convergence {
+        lines.push(format!(
+            "convergence of {} to {:.0} Mb/s: reached after {}, stays in the band after {} (then mean {:.1} Mb/s, {:.0}% of 1 ms bins within the band)",
+            c.tenant,
+            c.target_mbps,
+            c.reached_ms
+                .map_or("never".to_owned(), |ms| format!("{ms:.0} ms")),
+            c.converged_ms
+                .map_or("never".to_owned(), |ms| format!("{ms:.0} ms")),
+            c.settled_mbps,
+            c.in_band_share * 100.0
+        ));
+    }
+    for j in &s.shuffles {
+        lines.push(format!(
+            "{}: {}/{} flows done, job completion {}, median flow {:.1} ms",
+            j.job,
+            j.completed,
+            j.flows,
+            j.completion_ms
+                .map_or("unfinished".to_owned(), |ms| format!("{ms:.1} ms")),
+            j.median_fct_ms
+        ));
+    }
+    for (class, pts) in &s.queue_sampled_kb {
+        let q: Vec<String> = pts
+            .iter()
+            .map(|(q, kb)| format!("p{}={kb:.1}", q * 100.0))
+            .collect();
+        lines.push(format!(
+            "queue KB sampled each 1 ms, {class}: {}",
+            q.join(" ")
+        ));
+    }
+    lines
+}
+
 fn write(dir: &Path, name: &str, text: &str) -> Result<()> {
     let path = dir.join(name);
     std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
@@ -88,13 +134,15 @@ fn write(dir: &Path, name: &str, text: &str) -> Result<()> {
 /// sim.json, queues.csv, flows.csv and rates.csv.
 pub fn write_sim_outputs(dir: &Path, stats: &[RunStats]) -> Result<()> {
     write(dir, "sim.json", &serde_json::to_string_pretty(stats)?)?;
-    let mut q = String::from("mode,class,quantile,queue_kb\n");
+    let mut q = String::from("mode,sample,class,quantile,queue_kb\n");
     let mut f = String::from("mode,tag,bytes,fct_us\n");
     let mut r = String::from("mode,tenant,t_ms,mbps\n");
     for s in stats {
-        for (class, points) in &s.queue_kb {
-            for (quantile, kb) in points {
-                let _ = writeln!(q, "{},{class},{quantile},{kb:.3}", s.mode);
+        for (sample, per_class) in [("arrival", &s.queue_kb), ("1ms", &s.queue_sampled_kb)] {
+            for (class, points) in per_class {
+                for (quantile, kb) in points {
+                    let _ = writeln!(q, "{},{sample},{class},{quantile},{kb:.3}", s.mode);
+                }
             }
         }
         for (tag, bytes, fct) in &s.flows {
@@ -218,7 +266,7 @@ fn plots(dir: &Path, modes: &[ModeReport], stats: &[RunStats]) -> Result<()> {
     let queues: Vec<Series> = stats
         .iter()
         .flat_map(|s| {
-            s.queue_kb.iter().map(move |(class, pts)| {
+            s.queue_sampled_kb.iter().map(move |(class, pts)| {
                 (
                     format!("{} {class}", s.mode),
                     pts.iter().map(|&(q, kb)| (q, kb)).collect(),
@@ -229,7 +277,7 @@ fn plots(dir: &Path, modes: &[ModeReport], stats: &[RunStats]) -> Result<()> {
     if !queues.is_empty() {
         line_plot(
             &dir.join("queues.svg"),
-            "queue seen by arriving packets",
+            "queue occupancy sampled each 1 ms, by link class",
             "quantile",
             "KB",
             &queues,
@@ -256,6 +304,74 @@ fn plots(dir: &Path, modes: &[ModeReport], stats: &[RunStats]) -> Result<()> {
             "ms",
             "Mb/s",
             &rates,
+        )?;
+    }
+    Ok(())
+}
+
+/// convergence.svg (each `[[sim.convergence]]` tenant's 1 ms rate per mode from 20 ms before
+/// the disturbance to 100 ms after, with its target) and shuffles.svg (CDF of each shuffle
+/// job's flow completion times per mode, EyeQ 5.3's Figure 8).
+fn eyeq_plots(dir: &Path, spec: &Spec, stats: &[RunStats]) -> Result<()> {
+    let bin_ms = FINE_BIN_NS as f64 / 1e6;
+    let mut conv: Vec<Series> = Vec::new();
+    for c in &spec.sim.convergence {
+        let (from, to) = (
+            c.after_ms.saturating_sub(20) as f64,
+            c.after_ms as f64 + 100.0,
+        );
+        for s in stats {
+            let Some(bins) = s.fine_series.get(&c.tenant) else {
+                continue;
+            };
+            let pts = bins
+                .iter()
+                .enumerate()
+                .map(|(i, b)| (i as f64 * bin_ms, *b as f64 * 8.0 / (bin_ms * 1e3)))
+                .filter(|(t, _)| (from..=to).contains(t))
+                .collect();
+            conv.push((format!("{} {}", s.mode, c.tenant), pts));
+        }
+        conv.push((
+            format!("{} target", c.tenant),
+            vec![(from, c.target_mbps), (to, c.target_mbps)],
+        ));
+    }
+    if !conv.is_empty() {
+        line_plot(
+            &dir.join("convergence.svg"),
+            "received rate, 1 ms bins, around the burst",
+            "ms",
+            "Mb/s",
+            &conv,
+        )?;
+    }
+    let mut cdfs: Vec<Series> = Vec::new();
+    for s in stats {
+        for j in &s.shuffles {
+            let mut fcts: Vec<f64> = s
+                .flows
+                .iter()
+                .filter(|(tag, _, _)| *tag == j.job)
+                .map(|(_, _, us)| us / 1e3)
+                .collect();
+            fcts.sort_by(f64::total_cmp);
+            let n = j.flows.max(1) as f64;
+            let pts = fcts
+                .iter()
+                .enumerate()
+                .map(|(i, ms)| (*ms, (i + 1) as f64 / n))
+                .collect();
+            cdfs.push((format!("{} {}", s.mode, j.job), pts));
+        }
+    }
+    if !cdfs.is_empty() {
+        line_plot(
+            &dir.join("shuffles.svg"),
+            "shuffle flow completion times (CDF per job)",
+            "ms",
+            "fraction of flows",
+            &cdfs,
         )?;
     }
     Ok(())

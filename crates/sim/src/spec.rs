@@ -98,9 +98,48 @@ pub struct Shuffle {
     pub tenant: String,
     /// Bytes per ordered VM pair.
     pub bytes: u64,
+    /// Parallel TCP connections per ordered pair, each carrying `bytes / connections`
+    /// (EyeQ 5.3's job P_i opens i).
+    #[serde(default = "one")]
+    pub connections: u32,
     /// Start, ms.
     #[serde(default)]
     pub start_ms: u64,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// A convergence measurement (EyeQ 5.x: how fast a tenant's received rate settles at its
+/// allocation after a burst starts), over the 1 ms rate series of all replicas summed.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Convergence {
+    /// Tenant whose received rate is watched.
+    pub tenant: String,
+    /// When the disturbance starts, ms (the clock of the measurement starts here).
+    pub after_ms: u64,
+    /// The tenant's allocation, Mb/s (summed over replicas).
+    pub target_mbps: f64,
+    /// Relative band around the target that counts as converged.
+    #[serde(default = "ten_percent")]
+    pub tolerance: f64,
+    /// Window the rate is averaged over: converged at the first 1 ms bin from which on
+    /// every `hold_ms`-bin mean stays within the band.
+    #[serde(default = "five")]
+    pub hold_ms: u64,
+    /// End of the disturbance, ms (default: the scenario's end); the share of 1 ms bins in
+    /// the band is counted from convergence to here.
+    pub until_ms: Option<u64>,
+}
+
+fn ten_percent() -> f64 {
+    0.1
+}
+
+fn five() -> u64 {
+    5
 }
 
 /// The `[sim]` table.
@@ -134,8 +173,11 @@ pub struct SimSection {
     /// toward each host (`access_link_mbps`); the host-to-fabric side is a fast veth, so
     /// by default the congestion point is the receiver's access link, as in the lab.
     pub nic_mbps: u64,
-    /// Frame buffers per host (one pool for the whole simulated deployment).
-    pub frames_per_host: usize,
+    /// Frame budget per host (the deployment's pool holds hosts x this at most). Frames are
+    /// allocated on demand, so memory follows the frames in use, not the budget. Default:
+    /// derived from every queue a host's frames can sit in (VM rings, the engine's queue
+    /// bounds, NIC rings, its access-link queue in minimum-size frames).
+    pub frames_per_host: Option<usize>,
     /// Packets/s of a flood without `rate_pps` (the lab's floods go as fast as a CPU can).
     pub flood_pps: u64,
     /// Per-packet processing-cost model of every host's engines.
@@ -144,12 +186,17 @@ pub struct SimSection {
     pub cc: CongestionControl,
     /// Minimum retransmission timeout of the TCP model, us.
     pub min_rto_us: u64,
+    /// Duplicate ACKs that trigger fast retransmit in the TCP model (EyeQ 5.4 raises it
+    /// for per-packet ECMP).
+    pub dupack_threshold: u32,
     /// Modes to run (`picnic`, `picnic-off`, `victim-alone`).
     pub modes: Vec<String>,
     /// Flow-size traffic.
     pub flows: Vec<FlowTraffic>,
     /// Shuffles.
     pub shuffles: Vec<Shuffle>,
+    /// Convergence measurements.
+    pub convergence: Vec<Convergence>,
 }
 
 impl Default for SimSection {
@@ -166,14 +213,16 @@ impl Default for SimSection {
             ecn_threshold_kb: None,
             nic_queue_frames: 256,
             nic_mbps: 10_000,
-            frames_per_host: 512,
+            frames_per_host: None,
             flood_pps: 100_000,
             cost: CostModel::default(),
             cc: CongestionControl::NewReno,
             min_rto_us: 5000,
+            dupack_threshold: 3,
             modes: vec!["picnic".into(), "picnic-off".into(), "victim-alone".into()],
             flows: Vec::new(),
             shuffles: Vec::new(),
+            convergence: Vec::new(),
         }
     }
 }
@@ -228,9 +277,15 @@ impl Spec {
         if !(0.0..1.0).contains(&s.cost.variance) {
             bail!("field `sim.cost.variance`: must be in [0, 1)");
         }
-        if s.frames_per_host < 16 || s.nic_queue_frames == 0 || s.flood_pps == 0 || s.nic_mbps == 0
+        if s.frames_per_host.is_some_and(|f| f < 16)
+            || s.nic_queue_frames == 0
+            || s.flood_pps == 0
+            || s.nic_mbps == 0
         {
             bail!("fields `sim.frames_per_host` (>= 16), `sim.nic_queue_frames`, `sim.flood_pps`, `sim.nic_mbps` (> 0)");
+        }
+        if s.dupack_threshold == 0 {
+            bail!("field `sim.dupack_threshold`: must be positive");
         }
         if s.modes.is_empty() {
             bail!("field `sim.modes`: needs at least one mode");
@@ -259,8 +314,22 @@ impl Spec {
         }
         for (i, sh) in s.shuffles.iter().enumerate() {
             tenant(&sh.tenant, &format!("sim.shuffles[{i}].tenant"))?;
-            if sh.bytes == 0 {
-                bail!("field `sim.shuffles[{i}].bytes`: must be positive");
+            if sh.bytes == 0 || sh.connections == 0 || sh.connections > 64 {
+                bail!("fields `sim.shuffles[{i}].bytes` (> 0), `connections` (1 to 64)");
+            }
+        }
+        for (i, c) in s.convergence.iter().enumerate() {
+            if !self.scenario.tenants.iter().any(|t| t.name == c.tenant) {
+                bail!(
+                    "field `sim.convergence[{i}].tenant`: no tenant {:?}",
+                    c.tenant
+                );
+            }
+            if !(c.target_mbps > 0.0 && c.tolerance > 0.0 && c.tolerance < 1.0 && c.hold_ms > 0)
+                || c.after_ms >= c.until_ms.unwrap_or(self.scenario.duration_ms)
+                || c.until_ms.is_some_and(|u| u > self.scenario.duration_ms)
+            {
+                bail!("field `sim.convergence[{i}]`: target_mbps > 0, tolerance in (0, 1), hold_ms > 0, after_ms < until_ms <= duration_ms");
             }
         }
         Ok(())

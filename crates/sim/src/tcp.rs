@@ -49,12 +49,16 @@ pub struct TcpSender {
     pub retransmits: u64,
     /// Timeouts taken.
     pub timeouts: u64,
+    /// Duplicate ACKs that start fast retransmit (3; EyeQ 5.4 raises it under per-packet
+    /// ECMP, whose reordering would otherwise look like loss).
+    pub dupack_threshold: u32,
 }
 
 impl TcpSender {
     /// A sender of `total` segments (None: unlimited) with minimum RTO `min_rto` ns.
     pub fn new(cc: CongestionControl, total: Option<u64>, min_rto: Nanos) -> TcpSender {
         TcpSender {
+            dupack_threshold: 3,
             cc,
             cwnd: INITIAL_CWND,
             ssthresh: f64::MAX,
@@ -155,9 +159,9 @@ impl TcpSender {
             if self.recovering.is_some() {
                 self.cwnd += 1.0;
                 return self.next_hole();
-            } else if self.dupacks == 3 {
+            } else if self.dupacks == self.dupack_threshold {
                 self.ssthresh = (self.flight() as f64 / 2.0).max(2.0);
-                self.cwnd = self.ssthresh + 3.0;
+                self.cwnd = self.ssthresh + self.dupack_threshold as f64;
                 self.recovering = Some(self.high_seq);
                 self.rtx_next = self.snd_una;
                 return self.next_hole();

@@ -37,6 +37,12 @@ const POLL_OVERHEAD_NS: u64 = 50;
 const GRACE_NS: Nanos = 200_000_000;
 /// RPC timeout default, ms.
 const RPC_TIMEOUT_MS: u64 = 100;
+/// Frames the pool grows by when it runs dry (until the budget).
+const POOL_CHUNK: usize = 4096;
+/// Free frames kept for an engine poll (feedback frames), while under the budget.
+const POLL_RESERVE: usize = 256;
+/// Period of queue-occupancy sampling (EyeQ 5.4 samples every queue each 1 ms), ns.
+pub const SAMPLE_NS: Nanos = 1_000_000;
 /// Width of the fine-grained rate series (convergence plots), ns.
 pub const FINE_BIN_NS: Nanos = 1_000_000;
 
@@ -192,6 +198,43 @@ pub struct Conservation {
     pub balanced: bool,
 }
 
+/// One shuffle job's outcome.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShuffleResult {
+    /// Job tag (`shuffle-TENANT`).
+    pub job: String,
+    /// Flows (ordered pairs x connections x replicas).
+    pub flows: u64,
+    /// Flows that completed.
+    pub completed: u64,
+    /// Completion of the job (its last flow), ms after its start; none if some flow did not
+    /// complete.
+    pub completion_ms: Option<f64>,
+    /// Median flow completion time, ms.
+    pub median_fct_ms: f64,
+}
+
+/// One convergence measurement's outcome.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConvergenceResult {
+    /// Tenant watched.
+    pub tenant: String,
+    /// Allocation, Mb/s.
+    pub target_mbps: f64,
+    /// Time from the disturbance to the first 1 ms bin whose `hold_ms` window mean is
+    /// within the tolerance (the rate reaches its allocation; it may leave again), ms.
+    pub reached_ms: Option<f64>,
+    /// Time from the disturbance to the first 1 ms bin from which on (until `until_ms`) the
+    /// mean rate over every `hold_ms` window is within the tolerance of the target, ms; none
+    /// if never.
+    pub converged_ms: Option<f64>,
+    /// Mean rate from convergence (or the disturbance) to `until_ms`, Mb/s.
+    pub settled_mbps: f64,
+    /// Share of 1 ms bins from convergence to `until_ms` within the tolerance (how steady
+    /// the rate is at 1 ms).
+    pub in_band_share: f64,
+}
+
 /// Everything a mode's run measured besides the lab's workload results.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunStats {
@@ -221,6 +264,14 @@ pub struct RunStats {
     pub tcp_timeouts: u64,
     /// Queue occupancy seen by arriving packets per link class: (quantile, KB).
     pub queue_kb: std::collections::BTreeMap<String, Vec<(f64, f64)>>,
+    /// Occupancy of every queue sampled each 1 ms ([`SAMPLE_NS`]), per link class (EyeQ
+    /// 5.4's measure; idle queues count as empty): (quantile, KB).
+    pub queue_sampled_kb: std::collections::BTreeMap<String, Vec<(f64, f64)>>,
+    /// Shuffles: per job, flows, flows completed and the job's completion time (its last
+    /// flow's), ms.
+    pub shuffles: Vec<ShuffleResult>,
+    /// Convergence measurements of the spec (`[[sim.convergence]]`).
+    pub convergence: Vec<ConvergenceResult>,
     /// Completed flows: (tag, bytes, completion time us); written to flows.csv.
     #[serde(skip)]
     pub flows: Vec<(String, u64, f64)>,
@@ -299,6 +350,8 @@ struct Net {
     hosts: Vec<Host>,
     fabric: Fabric,
     pool: FramePool,
+    /// Most frames the pool may grow to.
+    pool_budget: usize,
     rng: SmallRng,
     cost: CostModel,
     replicas: u32,
@@ -307,6 +360,8 @@ struct Net {
     pool_exhausted: u64,
     ecn_marks: u64,
     queue_hist: Vec<Histogram<u64>>,
+    /// Per link class, every queue's occupancy each [`SAMPLE_NS`].
+    queue_sampled: Vec<Histogram<u64>>,
     scratch: Vec<Frame>,
     deliveries: Vec<Delivery>,
     wake: Vec<u32>,
@@ -323,10 +378,12 @@ pub struct World {
     flows: Vec<(String, u64, f64)>,
     mss: usize,
     min_rto: Nanos,
+    dupack_threshold: u32,
     cc: crate::spec::CongestionControl,
     end: Nanos,
     duration: Nanos,
     mode: String,
+    convergence: Vec<crate::spec::Convergence>,
 }
 
 fn parse_mac(s: &str) -> Result<[u8; 6]> {
@@ -350,6 +407,8 @@ impl World {
         let per = sc.hosts.len() as u32;
         let total_hosts = (per * replicas) as usize;
         let access_bps = sc.access_link_mbps * 1_000_000;
+        let queue_bytes = (access_bps / 8 * sc.access_queue_ms / 1000).max(3000);
+        let mut derived_budget = 0;
         let mut hosts: Vec<Option<Host>> = (0..total_hosts).map(|_| None).collect();
         let mut vm_locs: Vec<std::collections::HashMap<String, VmLoc>> = Vec::new();
         for r in 0..replicas {
@@ -382,6 +441,12 @@ impl World {
                         },
                     );
                 }
+                derived_budget = derived_budget.max(host_frame_budget(
+                    &cfg,
+                    hv.vms.len(),
+                    sim.nic_queue_frames,
+                    queue_bytes,
+                ));
                 let ports = (0..engine.dir.port_count())
                     .map(|_| Port {
                         ring: VecDeque::new(),
@@ -405,13 +470,14 @@ impl World {
             .into_iter()
             .map(|h| h.expect("every host built"))
             .collect();
-        let queue_bytes = (access_bps / 8 * sc.access_queue_ms / 1000).max(3000);
+        let budget = total_hosts * sim.frames_per_host.unwrap_or(derived_budget);
         let fabric = build_fabric(spec, total_hosts as u32, access_bps, queue_bytes);
         let mut net = Net {
             queue: EventQueue::default(),
             hosts,
             fabric,
-            pool: FramePool::new(sim.frames_per_host * total_hosts),
+            pool: FramePool::new(POOL_CHUNK.min(budget)),
+            pool_budget: budget,
             rng: SmallRng::seed_from_u64(seed),
             cost: sim.cost.clone(),
             replicas,
@@ -420,6 +486,10 @@ impl World {
             pool_exhausted: 0,
             ecn_marks: 0,
             queue_hist: CLASSES
+                .iter()
+                .map(|_| Histogram::new_with_bounds(1, 1 << 32, 2).expect("valid bounds"))
+                .collect(),
+            queue_sampled: CLASSES
                 .iter()
                 .map(|_| Histogram::new_with_bounds(1, 1 << 32, 2).expect("valid bounds"))
                 .collect(),
@@ -532,6 +602,7 @@ impl World {
                                 sim.cc,
                                 segments,
                                 sim.min_rto_us * 1000,
+                                sim.dupack_threshold,
                                 mss,
                                 start,
                                 stop,
@@ -603,30 +674,36 @@ impl World {
                     false,
                 ));
                 let tag: Arc<str> = Arc::from(name.as_str());
-                let segs = sh.bytes.div_ceil(mss as u64);
+                let conns = sh.connections as u64;
+                let segs = (sh.bytes / conns).div_ceil(mss as u64).max(1);
                 for a in &t.vms {
                     for b in t.vms.iter().filter(|b| b.name != a.name) {
-                        let id = apps.len() as u32;
-                        apps.push(App::Tcp(Box::new(TcpApp::new(
-                            locs[&a.name],
-                            locs[&b.name],
-                            r,
-                            res,
-                            sim.cc,
-                            Some(segs),
-                            sim.min_rto_us * 1000,
-                            mss,
-                            start,
-                            duration,
-                            Some(tag.clone()),
-                        ))));
-                        net.queue.push(start, Event::App(id, 0));
+                        for _ in 0..conns {
+                            let id = apps.len() as u32;
+                            apps.push(App::Tcp(Box::new(TcpApp::new(
+                                locs[&a.name],
+                                locs[&b.name],
+                                r,
+                                res,
+                                sim.cc,
+                                Some(segs),
+                                sim.min_rto_us * 1000,
+                                sim.dupack_threshold,
+                                mss,
+                                start,
+                                duration,
+                                Some(tag.clone()),
+                            ))));
+                            net.queue.push(start, Event::App(id, 0));
+                        }
                     }
                 }
             }
         }
         net.queue.push(0, Event::Tick);
+        net.queue.push(0, Event::Sample);
         Ok(World {
+            convergence: sim.convergence.clone(),
             net,
             apps,
             results,
@@ -635,6 +712,7 @@ impl World {
             flows: Vec::new(),
             mss,
             min_rto: sim.min_rto_us * 1000,
+            dupack_threshold: sim.dupack_threshold,
             cc: sim.cc,
             end: duration + GRACE_NS,
             duration,
@@ -678,6 +756,12 @@ impl World {
                         ));
                     }
                     self.net.queue.push(now + 10_000_000, Event::Tick);
+                }
+                Event::Sample => {
+                    self.net.sample_queues();
+                    if now + SAMPLE_NS <= self.duration {
+                        self.net.queue.push(now + SAMPLE_NS, Event::Sample);
+                    }
                 }
             }
         }
@@ -723,20 +807,25 @@ impl World {
             + cons.in_flight;
         cons.balanced = cons.app_created + cons.feedback_created == out;
         let quantiles = [0.5, 0.9, 0.99, 0.999, 1.0];
-        let queue_kb = CLASSES
-            .iter()
-            .zip(&self.net.queue_hist)
-            .filter(|(_, h)| !h.is_empty())
-            .map(|(c, h)| {
-                (
-                    format!("{c:?}").to_lowercase(),
-                    quantiles
-                        .iter()
-                        .map(|&q| (q, h.value_at_quantile(q) as f64 / 1000.0))
-                        .collect(),
-                )
-            })
-            .collect();
+        let per_class = |hists: &[Histogram<u64>]| {
+            CLASSES
+                .iter()
+                .zip(hists)
+                .filter(|(_, h)| !h.is_empty())
+                .map(|(c, h)| {
+                    (
+                        format!("{c:?}").to_lowercase(),
+                        quantiles
+                            .iter()
+                            // Recorded as max(bytes, 1): one byte is an empty queue.
+                            .map(|&q| (q, (h.value_at_quantile(q) as f64 - 1.0).max(0.0) / 1000.0))
+                            .collect(),
+                    )
+                })
+                .collect()
+        };
+        let queue_kb = per_class(&self.net.queue_hist);
+        let queue_sampled_kb = per_class(&self.net.queue_sampled);
         let unfinished = self
             .apps
             .iter()
@@ -756,6 +845,9 @@ impl World {
             tcp_retransmits: self.tcp_apps().map(|t| t.sender.retransmits).sum(),
             tcp_timeouts: self.tcp_apps().map(|t| t.sender.timeouts).sum(),
             queue_kb,
+            queue_sampled_kb,
+            shuffles: self.shuffle_results(),
+            convergence: self.convergence_results(),
             flows: self.flows.clone(),
             unfinished_flows: unfinished,
             fine_series: self
@@ -766,6 +858,76 @@ impl World {
                 .filter(|(_, s)| s.iter().any(|&b| b > 0))
                 .collect(),
         }
+    }
+
+    fn shuffle_results(&self) -> Vec<ShuffleResult> {
+        let mut jobs: std::collections::BTreeMap<&str, (u64, Vec<f64>)> = Default::default();
+        for t in self.tcp_apps() {
+            if let Some(tag) = t.tag.as_deref().filter(|g| g.starts_with("shuffle-")) {
+                jobs.entry(tag).or_default().0 += 1;
+            }
+        }
+        for (tag, _, fct_us) in &self.flows {
+            if let Some(j) = jobs.get_mut(tag.as_str()) {
+                j.1.push(fct_us / 1e3);
+            }
+        }
+        jobs.into_iter()
+            .map(|(job, (flows, mut fcts))| {
+                fcts.sort_by(f64::total_cmp);
+                let completed = fcts.len() as u64;
+                ShuffleResult {
+                    job: job.to_owned(),
+                    flows,
+                    completed,
+                    completion_ms: (completed == flows).then(|| fcts.last().copied()).flatten(),
+                    median_fct_ms: fcts.get(fcts.len() / 2).copied().unwrap_or(0.0),
+                }
+            })
+            .collect()
+    }
+
+    fn convergence_results(&self) -> Vec<ConvergenceResult> {
+        let bin_ms = FINE_BIN_NS as f64 / 1e6;
+        let mbps = |bytes: u64| bytes as f64 * 8.0 / (bin_ms * 1e3);
+        self.convergence
+            .iter()
+            .map(|c| {
+                let until = c.until_ms.map_or(self.duration, |u| u * 1_000_000);
+                let series = self
+                    .tenant_names
+                    .iter()
+                    .position(|n| *n == c.tenant)
+                    .map(|i| &self.fine[i][..(until / FINE_BIN_NS) as usize])
+                    .unwrap_or(&[]);
+                let first = (c.after_ms as f64 / bin_ms) as usize;
+                let hold = ((c.hold_ms as f64 / bin_ms).ceil() as usize).max(1);
+                let in_band = |r: f64| (r / c.target_mbps - 1.0).abs() <= c.tolerance;
+                let window_ok = |b: usize| {
+                    in_band(series[b..b + hold].iter().map(|&x| mbps(x)).sum::<f64>() / hold as f64)
+                };
+                // Converged from the first bin after which every window stays in the band.
+                let last = series.len().saturating_sub(hold - 1);
+                let mut at = None;
+                for b in (first..last).rev() {
+                    if !window_ok(b) {
+                        break;
+                    }
+                    at = Some(b);
+                }
+                let reached = (first..last).find(|&b| window_ok(b));
+                let rest = &series[at.unwrap_or(first).min(series.len())..];
+                let n = rest.len().max(1) as f64;
+                ConvergenceResult {
+                    tenant: c.tenant.clone(),
+                    target_mbps: c.target_mbps,
+                    reached_ms: reached.map(|b| (b - first) as f64 * bin_ms),
+                    converged_ms: at.map(|b| (b - first) as f64 * bin_ms),
+                    settled_mbps: rest.iter().map(|&b| mbps(b)).sum::<f64>() / n,
+                    in_band_share: rest.iter().filter(|&&b| in_band(mbps(b))).count() as f64 / n,
+                }
+            })
+            .collect()
     }
 
     fn tcp_apps(&self) -> impl Iterator<Item = &TcpApp> {
@@ -911,6 +1073,7 @@ impl World {
                     self.cc,
                     Some(segs),
                     self.min_rto,
+                    self.dupack_threshold,
                     self.mss,
                     now,
                     self.end,
@@ -1075,6 +1238,7 @@ impl TcpApp {
         cc: crate::spec::CongestionControl,
         segments: Option<u64>,
         min_rto: Nanos,
+        dupack_threshold: u32,
         mss: usize,
         start: Nanos,
         stop: Nanos,
@@ -1085,7 +1249,11 @@ impl TcpApp {
             dst,
             replica,
             res,
-            sender: TcpSender::new(cc, segments, min_rto),
+            sender: {
+                let mut s = TcpSender::new(cc, segments, min_rto);
+                s.dupack_threshold = dupack_threshold;
+                s
+            },
             receiver: TcpReceiver::default(),
             mss,
             start,
@@ -1097,6 +1265,24 @@ impl TcpApp {
             finished: false,
         }
     }
+}
+
+/// Frames one host can hold at once (the default per-host pool budget): its VMs' transmit
+/// rings and the engine's per-VM queue bounds, the shaped/limited queues, the NIC rings, and
+/// its access-link queue filled with minimum-size frames.
+fn host_frame_budget(
+    cfg: &picnic_switch::config::Config,
+    vms: usize,
+    nic_queue_frames: usize,
+    queue_bytes: u64,
+) -> usize {
+    vms * (VM_RING
+        + cfg.egress.queue_packets
+        + cfg.egress.shaped_queue_packets
+        + cfg.ingress.queue_packets)
+        + nic_queue_frames
+        + NIC_RX_RING
+        + (queue_bytes / 64) as usize
 }
 
 fn build_fabric(spec: &Spec, hosts: u32, access_bps: u64, queue_bytes: u64) -> Fabric {
@@ -1245,10 +1431,11 @@ impl Net {
             self.app_blocked += 1;
             return false;
         }
-        let Some(mut frame) = self.pool.get() else {
+        let Some(mut frame) = self.take_frame() else {
             self.pool_exhausted += 1;
             return false;
         };
+        let port = &mut self.hosts[from.host as usize].ports[from.port];
         if !packet::build(&mut frame, from.addr, to, proto, ports, payload, ect, meta) {
             self.pool.put(frame);
             return false;
@@ -1259,7 +1446,22 @@ impl Net {
         true
     }
 
+    /// Grows the pool by up to `want` frames when fewer are free, within the budget.
+    fn reserve_frames(&mut self, want: usize) {
+        let room = self.pool_budget.saturating_sub(self.pool.capacity());
+        if self.pool.available() < want && room > 0 {
+            self.pool.grow(POOL_CHUNK.max(want).min(room));
+        }
+    }
+
+    /// A free frame, growing the pool when it is dry and under the budget.
+    fn take_frame(&mut self) -> Option<Frame> {
+        self.reserve_frames(1);
+        self.pool.get()
+    }
+
     fn host_poll(&mut self, h: u32, now: Nanos) {
+        self.reserve_frames(POLL_RESERVE);
         let t = Instant::from_nanos(now);
         let host = &mut self.hosts[h as usize];
         host.pending = None;
@@ -1336,6 +1538,13 @@ impl Net {
         }
     }
 
+    /// Records every fabric queue's occupancy (host NIC queues included) in its class.
+    fn sample_queues(&mut self) {
+        for link in &self.fabric.links {
+            let _ = self.queue_sampled[link.class as usize].record(link.bytes + 1);
+        }
+    }
+
     /// Puts a packet on link `l`'s queue (or drops it, counted, when the buffer is full).
     fn enqueue(&mut self, l: u32, mut pkt: Pkt, now: Nanos) {
         let link = &mut self.fabric.links[l as usize];
@@ -1363,7 +1572,7 @@ impl Net {
             self.pool.put(pkt.frame);
             return;
         }
-        let _ = self.queue_hist[class as usize].record(link.bytes.max(1));
+        let _ = self.queue_hist[class as usize].record(link.bytes + 1);
         if let (Some(k), Some(_)) = (self.fabric.ecn_k, link.owner) {
             if link.bytes > k && packet::mark_ce(pkt.frame.data_mut()) {
                 self.ecn_marks += 1;

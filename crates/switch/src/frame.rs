@@ -163,6 +163,15 @@ impl FramePool {
         }
     }
 
+    /// Allocates `additional` more frames into the free list and raises the capacity by as
+    /// much. For owners whose bound is a budget reached on demand (the simulator, whose
+    /// memory then follows the frames actually in use); the dataplane never calls it.
+    pub fn grow(&mut self, additional: usize) {
+        self.free.reserve(additional);
+        self.free.extend((0..additional).map(|_| Frame::new()));
+        self.capacity += additional;
+    }
+
     /// Number of free frames.
     pub fn available(&self) -> usize {
         self.free.len()
@@ -254,6 +263,17 @@ mod tests {
     fn set_len_past_capacity_is_a_bug() {
         let mut pool = FramePool::new(1);
         pool.get().unwrap().set_len(DATA_CAP + 1);
+    }
+
+    #[test]
+    fn grow_adds_free_frames_and_capacity() {
+        let mut pool = FramePool::new(1);
+        let held = pool.get().unwrap();
+        assert!(pool.get().is_none());
+        pool.grow(2);
+        assert_eq!((pool.available(), pool.capacity()), (2, 3));
+        pool.put(held);
+        assert_eq!(pool.available(), 3);
     }
 
     #[test]

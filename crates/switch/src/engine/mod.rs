@@ -359,12 +359,16 @@ pub struct TenantSnapshot {
     pub cpu_charged_ns: u64,
 }
 
-/// EyeQ sender configuration used by the egress engine.
+/// EyeQ sender configuration used by the egress engine. Limiters are keyed by destination
+/// endpoint, so the table needs room for the directory's endpoints only (twice, at least
+/// 64): its size is what `poll_at`/`on_timeout` scan on every poll.
 fn sender_config(cfg: &Config) -> eyeq::SenderConfig {
+    let defaults = eyeq::SenderConfig::default();
     eyeq::SenderConfig {
         feedback_timeout: FEEDBACK_TIMEOUT,
         floor: cfg.egress.min_rate_mbps * 1_000_000 / 8,
-        ..Default::default()
+        max_limiters: (cfg.vms.len() * 2).clamp(64, defaults.max_limiters),
+        ..defaults
     }
 }
 
