@@ -212,7 +212,7 @@ impl Testbed {
     }
 
     /// Creates namespace `pn-<run id>-<role>` with loopback up and IPv6 off (no DAD or
-    /// router-solicitation noise in measurements); returns its name.
+    /// router-solicitation noise in measurements) and TCP ECN requested; returns its name.
     pub fn add_namespace(&mut self, role: &str) -> Result<String> {
         let name = self.ns_name(role);
         LIVE.lock()
@@ -224,7 +224,10 @@ impl Testbed {
         in_netns(&name, || {
             std::fs::write("/proc/sys/net/ipv6/conf/all/disable_ipv6", "1")
                 .and_then(|_| std::fs::write("/proc/sys/net/ipv6/conf/default/disable_ipv6", "1"))
-                .context("disabling IPv6")
+                .context("disabling IPv6")?;
+            // Tenant TCP asks for ECN, so queues that mark (picnic's limiters) slow it down
+            // without losses; a peer or path that does not mark is unaffected.
+            std::fs::write("/proc/sys/net/ipv4/tcp_ecn", "1").context("enabling TCP ECN")
         })??;
         Ok(name)
     }

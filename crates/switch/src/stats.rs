@@ -165,5 +165,7 @@ pub struct SwitchCounters {
     pub feedback_sent: u64,
     pub feedback_received: u64,
     pub arp_replies: u64,
+    /// Frames marked ECN CE by a filling limiter queue.
+    pub ecn_marked: u64,
     pub drops: Drops,
 }

@@ -11,6 +11,7 @@
 //! share its version.
 
 pub mod classify;
+pub mod ecn;
 pub mod error;
 pub mod feedback;
 pub mod geneve;

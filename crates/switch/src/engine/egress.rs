@@ -12,6 +12,7 @@ use picnic_core::eyeq::Sender;
 use picnic_core::wfq::{Cap, CostKind, QueueId, QueueLimits, Wfq};
 use picnic_core::Instant;
 use picnic_wire::classify::{classify, FrameSummary, Network};
+use picnic_wire::ecn::mark_ce;
 use picnic_wire::overlay::{entropy_source_port, ENCAP_OVERHEAD};
 
 use super::{sender_config, Engine};
@@ -50,6 +51,9 @@ pub struct Egress {
     /// Frames picked in one poll, before their outer headers are written (reused buffer).
     scratch: Vec<Outbound>,
 }
+
+/// Queue length of a limiter at which ECN-capable frames are marked CE.
+const ECN_MARK_QUEUE_PACKETS: usize = 16;
 
 /// Burst of a rate limiter: 1 ms at its rate, at least three full frames.
 fn burst_for(rate_bytes: u64) -> u64 {
@@ -295,6 +299,13 @@ impl Engine {
                 && shaper.is_empty()
                 && shaper.bucket_mut().try_consume(now, wire_len);
             if !in_profile {
+                // A filling limiter queue marks ECN-capable frames CE, so TCP backs off
+                // before the queue overflows and drops (RFC 3168; EyeQ 3.3's limiters
+                // otherwise lose TCP segments to tail drop).
+                let mut item = item;
+                if shaper.len() >= ECN_MARK_QUEUE_PACKETS && mark_ce(item.0.data_mut()) {
+                    self.counters.ecn_marked += 1;
+                }
                 return match shaper.enqueue(item, wire_len) {
                     Ok(()) => (),
                     Err(item) => {
