@@ -9,13 +9,13 @@ use std::collections::BTreeMap;
 use etherparse::{ArpHardwareId, ArpOperation, ArpPacket, EtherType, Ethernet2Header};
 use picnic_core::bucket::{Shaper, TokenBucket};
 use picnic_core::eyeq::Sender;
-use picnic_core::wfq::{Cap, CostKind, QueueId, QueueLimits, Wfq};
+use picnic_core::wfq::{Cap, CostKind, QueueId, Wfq};
 use picnic_core::Instant;
 use picnic_wire::classify::{classify, FrameSummary, Network};
 use picnic_wire::ecn::mark_ce;
 use picnic_wire::overlay::{entropy_source_port, ENCAP_OVERHEAD};
 
-use super::{sender_config, Engine};
+use super::{sender_config, vm_scheduler, Engine};
 use crate::config::{Config, Mac};
 use crate::directory::{Directory, PortIdx, VmIdx, UPLINK};
 use crate::frame::{Frame, FramePool};
@@ -62,57 +62,21 @@ fn burst_for(rate_bytes: u64) -> u64 {
 
 impl Egress {
     pub fn new(cfg: &Config, dir: &Directory, now: Instant) -> anyhow::Result<Egress> {
-        let mut wfq = Wfq::with_capacity(CostKind::Bytes, dir.vms.len() + dir.tenants.len() + 2);
-        let limits = QueueLimits {
-            max_packets: cfg.egress.queue_packets as u32,
-            max_bytes: cfg.egress.queue_packets as u64 * 2048,
+        let cap = |vm: &crate::directory::Vm| {
+            vm.max_bps.map(|max| Cap {
+                per_sec: max / 8,
+                burst: burst_for(max / 8),
+            })
         };
-        let mut queue_of = vec![None; dir.vms.len()];
-        let werr = |e| anyhow::anyhow!("egress scheduler: {e:?}");
-        if cfg.isolation.egress_wfq {
-            for (t, _) in dir.tenants.iter().enumerate() {
-                let local: Vec<VmIdx> = dir
-                    .local_vms()
-                    .map(|(v, _)| v)
-                    .filter(|&v| dir.vms[v].tenant == t)
-                    .collect();
-                if local.is_empty() {
-                    continue;
-                }
-                let weight = local
-                    .iter()
-                    .map(|&v| dir.vms[v].min_bps)
-                    .sum::<u64>()
-                    .max(1);
-                let node = wfq.add_node(wfq.root(), weight, None).map_err(werr)?;
-                for v in local {
-                    let vm = &dir.vms[v];
-                    let q = wfq.add_queue(node, vm.min_bps, limits).map_err(werr)?;
-                    if let Some(max) = vm.max_bps {
-                        wfq.set_cap(
-                            now,
-                            q,
-                            Some(Cap {
-                                per_sec: max / 8,
-                                burst: burst_for(max / 8),
-                            }),
-                        )
-                        .map_err(werr)?;
-                    }
-                    queue_of[v] = Some(q);
-                }
-            }
-        } else {
-            let n = dir.local_vms().count().max(1) as u32;
-            let shared = QueueLimits {
-                max_packets: limits.max_packets * n,
-                max_bytes: limits.max_bytes * n as u64,
-            };
-            let q = wfq.add_queue(wfq.root(), 1, shared).map_err(werr)?;
-            for (v, _) in dir.local_vms() {
-                queue_of[v] = Some(q);
-            }
-        }
+        let (wfq, queue_of) = vm_scheduler(
+            CostKind::Bytes,
+            dir,
+            cfg.egress.queue_packets,
+            cfg.isolation.egress_wfq,
+            cap,
+            now,
+            "egress scheduler",
+        )?;
         let pacer = cfg
             .uplink
             .capacity_mbps

@@ -15,12 +15,12 @@
 use picnic_core::eyeq::{EndpointConfig, Receiver, ReceiverConfig};
 use picnic_core::iron::Admission;
 use picnic_core::time::NANOS_PER_SEC;
-use picnic_core::wfq::{CostKind, QueueId, QueueLimits, Wfq};
+use picnic_core::wfq::{CostKind, QueueId, Wfq};
 use picnic_core::{Duration, Instant};
 use picnic_wire::overlay::decap;
 use picnic_wire::Error as WireError;
 
-use super::{Engine, Work};
+use super::{vm_scheduler, Engine, Work};
 use crate::config::{Config, Mac};
 use crate::directory::{Directory, VmIdx};
 use crate::frame::{Frame, FramePool};
@@ -113,48 +113,15 @@ impl Ingress {
             initial_estimate: INITIAL_COST_ESTIMATE_NS,
             ewma_shift: 3,
         };
-        let mut wfq = Wfq::with_capacity(kind, dir.vms.len() + dir.tenants.len() + 2);
-        let limits = QueueLimits {
-            max_packets: cfg.ingress.queue_packets as u32,
-            max_bytes: cfg.ingress.queue_packets as u64 * 2048,
-        };
-        let werr = |e| anyhow::anyhow!("ingress scheduler: {e:?}");
-        let mut queue_of = vec![None; dir.vms.len()];
-        if cfg.isolation.ingress_wfq {
-            for (t, _) in dir.tenants.iter().enumerate() {
-                let local: Vec<VmIdx> = dir
-                    .local_vms()
-                    .map(|(v, _)| v)
-                    .filter(|&v| dir.vms[v].tenant == t)
-                    .collect();
-                if local.is_empty() {
-                    continue;
-                }
-                let weight = local
-                    .iter()
-                    .map(|&v| dir.vms[v].min_bps)
-                    .sum::<u64>()
-                    .max(1);
-                let node = wfq.add_node(wfq.root(), weight, None).map_err(werr)?;
-                for v in local {
-                    queue_of[v] = Some(
-                        wfq.add_queue(node, dir.vms[v].min_bps, limits)
-                            .map_err(werr)?,
-                    );
-                }
-            }
-        } else {
-            // Isolation off: one shared drop-tail FIFO of the same total size.
-            let n = dir.local_vms().count().max(1) as u32;
-            let shared = QueueLimits {
-                max_packets: limits.max_packets * n,
-                max_bytes: limits.max_bytes * n as u64,
-            };
-            let q = wfq.add_queue(wfq.root(), 1, shared).map_err(werr)?;
-            for (v, _) in dir.local_vms() {
-                queue_of[v] = Some(q);
-            }
-        }
+        let (wfq, queue_of) = vm_scheduler(
+            kind,
+            dir,
+            cfg.ingress.queue_packets,
+            cfg.isolation.ingress_wfq,
+            |_| None,
+            now,
+            "ingress scheduler",
+        )?;
         let (link, cpu) = if cfg.isolation.feedback {
             let headroom_permille = (cfg.ingress.headroom * 1000.0) as u32;
             let base = ReceiverConfig {

@@ -23,9 +23,10 @@ use picnic_wire::overlay::{encap_headers, encap_headers_len, OuterHeaders};
 use serde::Serialize;
 
 use crate::config::{Config, Isolation, Mac};
-use crate::directory::{Directory, PortIdx, TenantIdx, VmIdx, UPLINK};
+use crate::directory::{Directory, PortIdx, TenantIdx, Vm, VmIdx, UPLINK};
 use crate::frame::{Frame, FramePool};
 use crate::stats::{DropReason, SwitchCounters, VmCounters};
+use picnic_core::wfq::{Cap, CostKind, QueueId, QueueLimits, Wfq};
 
 pub use egress::Egress;
 pub use ingress::Ingress;
@@ -357,6 +358,65 @@ pub struct TenantSnapshot {
     pub cost_ns: u64,
     pub cpu_throttle_drops: u64,
     pub cpu_charged_ns: u64,
+}
+
+/// The scheduler tree both engines use (PicNIC's per-VM queues, EyeQ's weights): a node per
+/// tenant weighted by the sum of its local VMs' guarantees, a bounded leaf per local VM
+/// weighted by its guarantee and capped by `cap`. With isolation off, one shared drop-tail
+/// FIFO that holds as much as all the leaves would. Returns the tree and each VM's leaf.
+fn vm_scheduler<T>(
+    kind: CostKind,
+    dir: &Directory,
+    queue_packets: usize,
+    isolated: bool,
+    cap: impl Fn(&Vm) -> Option<Cap>,
+    now: Instant,
+    what: &str,
+) -> anyhow::Result<(Wfq<T>, Vec<Option<QueueId>>)> {
+    let mut wfq = Wfq::with_capacity(kind, dir.vms.len() + dir.tenants.len() + 2);
+    let werr = |e| anyhow::anyhow!("{what}: {e:?}");
+    let limits = QueueLimits {
+        max_packets: queue_packets as u32,
+        max_bytes: queue_packets as u64 * 2048,
+    };
+    let mut queue_of = vec![None; dir.vms.len()];
+    if !isolated {
+        let n = dir.local_vms().count().max(1) as u32;
+        let shared = QueueLimits {
+            max_packets: limits.max_packets * n,
+            max_bytes: limits.max_bytes * n as u64,
+        };
+        let q = wfq.add_queue(wfq.root(), 1, shared).map_err(werr)?;
+        for (v, _) in dir.local_vms() {
+            queue_of[v] = Some(q);
+        }
+        return Ok((wfq, queue_of));
+    }
+    for t in 0..dir.tenants.len() {
+        let local: Vec<VmIdx> = dir
+            .local_vms()
+            .map(|(v, _)| v)
+            .filter(|&v| dir.vms[v].tenant == t)
+            .collect();
+        if local.is_empty() {
+            continue;
+        }
+        let weight = local
+            .iter()
+            .map(|&v| dir.vms[v].min_bps)
+            .sum::<u64>()
+            .max(1);
+        let node = wfq.add_node(wfq.root(), weight, None).map_err(werr)?;
+        for v in local {
+            let vm = &dir.vms[v];
+            let q = wfq.add_queue(node, vm.min_bps, limits).map_err(werr)?;
+            if let Some(c) = cap(vm) {
+                wfq.set_cap(now, q, Some(c)).map_err(werr)?;
+            }
+            queue_of[v] = Some(q);
+        }
+    }
+    Ok((wfq, queue_of))
 }
 
 /// EyeQ sender configuration used by the egress engine. Limiters are keyed by destination
