@@ -5,155 +5,19 @@
 //!
 //! The throughput check prints numbers (run with `--nocapture`) and asserts nothing about them.
 
+mod common;
+
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
-use std::os::fd::AsRawFd;
-use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::{
+    collect, exchange, is_root, is_test_frame, run, send_all, seq_of, test_frame, Netns, MAC_B,
+};
 use etherparse::{PacketBuilder, SlicedPacket, TransportSlice};
 use picnic_switch::frame::{Frame, FramePool};
-use picnic_switch::port::{wait_readable, AfPacketOptions, AfPacketPort, Backend, Port, TapPort};
-
-/// Experimental EtherType (IEEE 802 local use) marking the tests' frames.
-const TEST_ETHERTYPE: [u8; 2] = [0x88, 0xb5];
-const MAC_A: [u8; 6] = [0x02, 0, 0, 0, 0, 0x0a];
-const MAC_B: [u8; 6] = [0x02, 0, 0, 0, 0, 0x0b];
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root {
-        println!("skipped: needs root for network namespaces/AF_PACKET");
-    }
-    root
-}
-
-/// A network namespace that exists for the guard's lifetime.
-struct Netns {
-    name: String,
-}
-
-impl Netns {
-    fn new() -> Netns {
-        static SEQ: AtomicU64 = AtomicU64::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
-        let name = format!(
-            "pn-t-{}-{}-{nanos:x}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        );
-        run(&["ip", "netns", "add", &name]);
-        let ns = Netns { name };
-        ns.ip("link set lo up");
-        ns
-    }
-
-    /// Runs `ip -n <ns> <args>`, panicking with its stderr on failure.
-    fn ip(&self, args: &str) {
-        let mut argv = vec!["ip", "-n", &self.name];
-        argv.extend(args.split_whitespace());
-        run(&argv);
-    }
-
-    /// Runs `f` on a thread inside the namespace (sockets and devices it opens live there).
-    fn enter<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-        let path = format!("/run/netns/{}", self.name);
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                let file = std::fs::File::open(&path).expect("open netns file");
-                // SAFETY: `file` is an open namespace descriptor; setns only affects this thread.
-                let ret = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-                assert_eq!(ret, 0, "setns: {}", std::io::Error::last_os_error());
-                // IPv6 router/neighbour chatter would only add noise to the counts.
-                let _ = std::fs::write("/proc/sys/net/ipv6/conf/all/disable_ipv6", "1");
-                let _ = std::fs::write("/proc/sys/net/ipv6/conf/default/disable_ipv6", "1");
-                f()
-            })
-            .join()
-            .unwrap_or_else(|e| std::panic::resume_unwind(e))
-        })
-    }
-
-    /// A veth pair `a`/`b` inside the namespace, both up, tx checksum offload irrelevant
-    /// (the tests send complete frames themselves).
-    fn veth_pair(&self, a: &str, b: &str) {
-        self.ip(&format!("link add {a} type veth peer name {b}"));
-        self.ip(&format!("link set {a} up"));
-        self.ip(&format!("link set {b} up"));
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-    }
-}
-
-fn run(argv: &[&str]) {
-    let out = Command::new(argv[0])
-        .args(&argv[1..])
-        .output()
-        .unwrap_or_else(|e| panic!("{argv:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{argv:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// The test frame with sequence number `seq`, `len` bytes long: Ethernet header with the test
-/// EtherType, then the sequence number and a pattern derived from it.
-fn test_frame(seq: u32, len: usize) -> Vec<u8> {
-    let mut f = Vec::with_capacity(len);
-    f.extend_from_slice(&MAC_B);
-    f.extend_from_slice(&MAC_A);
-    f.extend_from_slice(&TEST_ETHERTYPE);
-    f.extend_from_slice(&seq.to_be_bytes());
-    while f.len() < len {
-        f.push((f.len() as u32 ^ seq) as u8);
-    }
-    f
-}
-
-fn is_test_frame(f: &Frame) -> bool {
-    f.len() >= 18 && f.data()[12..14] == TEST_ETHERTYPE
-}
-
-fn seq_of(f: &Frame) -> u32 {
-    u32::from_be_bytes(f.data()[14..18].try_into().unwrap())
-}
-
-/// Receives from `port` until `until` holds for the frames collected or `deadline` passes.
-fn collect(
-    port: &mut dyn Port,
-    pool: &mut FramePool,
-    got: &mut Vec<Frame>,
-    deadline: Duration,
-    until: impl Fn(&[Frame]) -> bool,
-) {
-    let end = Instant::now() + deadline;
-    let fd = port.raw_fd().unwrap();
-    while !until(got) && Instant::now() < end {
-        if port.recv_batch(pool, got, 256).unwrap() == 0 {
-            wait_readable(&[fd], Duration::from_millis(5)).unwrap();
-        }
-    }
-}
-
-fn send_all(port: &mut dyn Port, pool: &mut FramePool, frames: &mut Vec<Frame>) {
-    let end = Instant::now() + Duration::from_secs(5);
-    while !frames.is_empty() {
-        port.send_batch(frames, pool).unwrap();
-        assert!(Instant::now() < end, "{} frames never sent", frames.len());
-    }
-}
+use picnic_switch::port::{AfPacketOptions, AfPacketPort, Backend, Port, TapPort};
 
 #[test]
 fn af_packet_frames_cross_a_veth_intact_and_are_not_seen_by_the_sender() {
@@ -168,43 +32,7 @@ fn af_packet_frames_cross_a_veth_intact_and_are_not_seen_by_the_sender() {
         assert_eq!(a.backend(), Backend::AfPacket);
         let mut pool = FramePool::new(4096);
         for len in [64, 1500] {
-            let mut received = Vec::new();
-            // A modest rate: batches of 32, the receiver drained between batches.
-            for batch_start in (0..1000u32).step_by(32) {
-                let mut batch: Vec<Frame> = (batch_start..(batch_start + 32).min(1000))
-                    .map(|seq| {
-                        let mut f = pool.get().unwrap();
-                        assert!(f.fill_from(&test_frame(seq, len)));
-                        f
-                    })
-                    .collect();
-                send_all(&mut a, &mut pool, &mut batch);
-                b.recv_batch(&mut pool, &mut received, usize::MAX).unwrap();
-            }
-            collect(
-                &mut b,
-                &mut pool,
-                &mut received,
-                Duration::from_secs(3),
-                |got| got.iter().filter(|f| is_test_frame(f)).count() >= 1000,
-            );
-            let ours: Vec<&Frame> = received.iter().filter(|f| is_test_frame(f)).collect();
-            assert_eq!(
-                ours.len(),
-                1000,
-                "{len} B frames: all 1000 arrive, none twice"
-            );
-            for (expected_seq, f) in ours.iter().enumerate() {
-                assert_eq!(seq_of(f), expected_seq as u32, "in order");
-                assert_eq!(
-                    f.data(),
-                    &test_frame(expected_seq as u32, len)[..],
-                    "intact"
-                );
-            }
-            for f in received {
-                pool.put(f);
-            }
+            exchange(&mut a, &mut b, &mut pool, len);
         }
 
         // The sender's own ring must not show its transmissions. Blocks are handed over by

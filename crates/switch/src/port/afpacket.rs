@@ -37,10 +37,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use super::{
-    ifname_cstring, is_fatal_port_error, is_transient_send_error, os_error, Backend, Port,
-    PortStats,
-};
+use super::sys::{ifindex, interface_not_found, join_promiscuous, set_int_opt, set_opt};
+use super::{is_fatal_port_error, is_transient_send_error, os_error, Backend, Port, PortStats};
 use crate::frame::{Frame, FramePool, DATA_CAP};
 
 /// Slot size the kernel is told for the V3 ring (V3 packs frames of any size into a block;
@@ -155,49 +153,6 @@ pub struct AfPacketPort {
 // other handle to them exists) and are only used through `&mut self`, so moving the port to
 // another thread is sound.
 unsafe impl Send for AfPacketPort {}
-
-/// Sets an integer socket option.
-fn set_int_opt(
-    fd: RawFd,
-    level: libc::c_int,
-    opt: libc::c_int,
-    value: libc::c_int,
-) -> io::Result<()> {
-    set_opt(fd, level, opt, &value)
-}
-
-/// Sets a socket option from a plain C struct.
-fn set_opt<T>(fd: RawFd, level: libc::c_int, opt: libc::c_int, value: &T) -> io::Result<()> {
-    // SAFETY: `value` points at a live `T` of `size_of::<T>()` bytes, read by the kernel only.
-    let ret = unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            opt,
-            (value as *const T).cast(),
-            size_of::<T>() as libc::socklen_t,
-        )
-    };
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
-
-/// The interface index of `ifname` in the calling thread's network namespace.
-fn ifindex(ifname: &str) -> io::Result<libc::c_int> {
-    let cname = ifname_cstring(ifname)?;
-    // SAFETY: `cname` is a valid NUL-terminated string.
-    let index = unsafe { libc::if_nametoindex(cname.as_ptr()) };
-    if index == 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::NotFound,
-            format!("interface '{ifname}' not found: create it or fix the port's ifname"),
-        ));
-    }
-    Ok(index as libc::c_int)
-}
 
 impl AfPacketPort {
     /// Opens a port on interface `ifname` (in the calling thread's network namespace): RX ring
@@ -334,7 +289,7 @@ impl AfPacketPort {
         let mut addr: libc::sockaddr_ll = unsafe { MaybeUninit::zeroed().assume_init() };
         addr.sll_family = libc::AF_PACKET as u16;
         addr.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
-        addr.sll_ifindex = index;
+        addr.sll_ifindex = index as libc::c_int;
         // SAFETY: `addr` is a live sockaddr_ll and the length passed is its size.
         let ret = unsafe {
             libc::bind(
@@ -346,19 +301,12 @@ impl AfPacketPort {
         if ret < 0 {
             let err = io::Error::last_os_error();
             return Err(if err.raw_os_error() == Some(libc::ENODEV) {
-                io::Error::new(
-                    io::ErrorKind::NotFound,
-                    format!("interface '{ifname}' not found: create it or fix the port's ifname"),
-                )
+                interface_not_found(ifname)
             } else {
                 os_error(err, ctx("bind"))
             });
         }
-        // SAFETY: packet_mreq is a plain C struct for which all-zero bytes are a valid value.
-        let mut mreq: libc::packet_mreq = unsafe { MaybeUninit::zeroed().assume_init() };
-        mreq.mr_ifindex = index;
-        mreq.mr_type = libc::PACKET_MR_PROMISC as u16;
-        set_opt(sock, libc::SOL_PACKET, libc::PACKET_ADD_MEMBERSHIP, &mreq)
+        join_promiscuous(sock, index)
             .map_err(|e| os_error(e, ctx("PACKET_ADD_MEMBERSHIP promiscuous")))?;
         Ok(port)
     }

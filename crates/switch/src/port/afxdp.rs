@@ -40,6 +40,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use super::sys::{get_opt, ifindex, ifreq_named, join_promiscuous, set_opt};
 use super::{ifname_cstring, is_fatal_port_error, os_error, Backend, Port, PortStats};
 use crate::frame::{Frame, FramePool, DATA_CAP};
 
@@ -515,51 +516,9 @@ pub struct AfXdpPort {
 // at a time (`Port` needs `&mut self` for all ring access).
 unsafe impl Send for AfXdpPort {}
 
-/// Sets a socket option from a plain value.
-fn set_opt<T>(fd: RawFd, level: libc::c_int, opt: libc::c_int, value: &T) -> io::Result<()> {
-    // SAFETY: `value` points at a live `T` of `size_of::<T>()` bytes, read by the kernel only.
-    let ret = unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            opt,
-            (value as *const T).cast(),
-            size_of::<T>() as libc::socklen_t,
-        )
-    };
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
-
-/// Reads a socket option into a plain C struct; errors if the kernel wrote fewer bytes.
-fn get_opt<T>(fd: RawFd, level: libc::c_int, opt: libc::c_int) -> io::Result<T> {
-    let mut value = MaybeUninit::<T>::zeroed();
-    let mut len = size_of::<T>() as libc::socklen_t;
-    // SAFETY: `value` has room for `len` bytes and `len` is live.
-    let ret = unsafe { libc::getsockopt(fd, level, opt, value.as_mut_ptr().cast(), &mut len) };
-    if ret < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if len as usize != size_of::<T>() {
-        return Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            format!("kernel returned {len} bytes, expected {}", size_of::<T>()),
-        ));
-    }
-    // SAFETY: zero-initialised and then fully written by the kernel; T is plain C data.
-    Ok(unsafe { value.assume_init() })
-}
-
 /// The MTU of interface `name`, asked through socket `fd`.
 fn interface_mtu(fd: RawFd, name: &std::ffi::CStr) -> io::Result<i32> {
-    // SAFETY: ifreq is a plain C struct for which all-zero bytes are a valid value.
-    let mut req: libc::ifreq = unsafe { MaybeUninit::zeroed().assume_init() };
-    for (dst, &src) in req.ifr_name.iter_mut().zip(name.to_bytes()) {
-        *dst = src as libc::c_char;
-    }
+    let mut req = ifreq_named(name);
     // SAFETY: `req` is a live ifreq with a NUL-terminated name (checked shorter than
     // IFNAMSIZ); SIOCGIFMTU writes only its MTU field.
     let ret = unsafe { libc::ioctl(fd, libc::SIOCGIFMTU, &mut req) };
@@ -580,16 +539,7 @@ fn promiscuous_holder(index: u32) -> io::Result<OwnedFd> {
     }
     // SAFETY: `raw` is a fresh descriptor owned by nobody else.
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    // SAFETY: packet_mreq is a plain C struct for which all-zero bytes are a valid value.
-    let mut mreq: libc::packet_mreq = unsafe { MaybeUninit::zeroed().assume_init() };
-    mreq.mr_ifindex = index as libc::c_int;
-    mreq.mr_type = libc::PACKET_MR_PROMISC as u16;
-    set_opt(
-        fd.as_raw_fd(),
-        libc::SOL_PACKET,
-        libc::PACKET_ADD_MEMBERSHIP,
-        &mreq,
-    )?;
+    join_promiscuous(fd.as_raw_fd(), index)?;
     Ok(fd)
 }
 
@@ -603,14 +553,7 @@ impl AfXdpPort {
         opts.validate()
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, ctx(&e)))?;
         let cname = ifname_cstring(ifname)?;
-        // SAFETY: `cname` is a valid NUL-terminated string.
-        let index = unsafe { libc::if_nametoindex(cname.as_ptr()) };
-        if index == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("interface '{ifname}' not found: create it or fix the port's ifname"),
-            ));
-        }
+        let index = ifindex(ifname)?;
 
         let promisc = promiscuous_holder(index).map_err(|e| {
             if is_permission(&e) {

@@ -9,6 +9,7 @@
 mod afpacket;
 mod afxdp;
 mod memory;
+mod sys;
 mod tap;
 
 pub use afpacket::{AfPacketOptions, AfPacketPort, RingVersion};

@@ -12,9 +12,9 @@
 
 use std::ffi::CStr;
 use std::io;
-use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
+use super::sys::ifreq_named;
 use super::{
     ifname_cstring, is_fatal_port_error, is_transient_send_error, os_error, Backend, Port,
     PortStats,
@@ -65,11 +65,7 @@ impl TapPort {
         // SAFETY: `raw` is a fresh descriptor owned by nobody else.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
 
-        // SAFETY: ifreq is a plain C struct (and union) for which all-zero bytes are valid.
-        let mut ifr: libc::ifreq = unsafe { MaybeUninit::zeroed().assume_init() };
-        for (dst, &src) in ifr.ifr_name.iter_mut().zip(cname.as_bytes()) {
-            *dst = src as libc::c_char;
-        }
+        let mut ifr = ifreq_named(&cname);
         ifr.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short;
         // SAFETY: TUNSETIFF reads and writes one ifreq, which `ifr` is.
         let ret = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETIFF, &mut ifr) };
