@@ -237,7 +237,7 @@ impl Default for EgressSection {
         EgressSection {
             queue_packets: 512,
             shaped_queue_packets: 256,
-            min_rate_mbps: 10,
+            min_rate_mbps: 1,
         }
     }
 }

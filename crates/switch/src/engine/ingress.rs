@@ -126,7 +126,11 @@ impl Ingress {
             let headroom_permille = (cfg.ingress.headroom * 1000.0) as u32;
             let base = ReceiverConfig {
                 headroom_permille,
-                min_rate: cfg.egress.min_rate_mbps * 1_000_000 / 8,
+                // The lowest rate advertised: 0.5% of the access link, at least 1 Mb/s (EyeQ's
+                // floor). Low enough that many senders to one VM can be held to its share,
+                // high enough that a throttled sender, whose feedback only comes with its own
+                // packets, ramps back within a few windows.
+                min_rate: (cfg.ingress.capacity_mbps * 1_000_000 / 8 / 200).max(125_000),
                 ..Default::default()
             };
             // A meter window must hold several frames or y_i is mostly noise (EyeQ's 200 us
