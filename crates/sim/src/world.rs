@@ -989,56 +989,44 @@ impl World {
                     }
                 }
                 u.seq += 1;
-                let meta = Meta {
-                    app: a,
-                    kind: Kind::Data,
-                    ece: false,
-                    seq: u.seq,
-                    sent_ns: now,
-                    sack: 0,
-                };
-                if self.net.vm_send(
+                let ports = (30000, 20000);
+                let (from, to) = (u.src, u.dst.addr);
+                if self.net.send_periodic(
                     now,
-                    &u.src,
-                    u.dst.addr,
+                    a,
+                    Kind::Data,
+                    u.seq,
+                    &from,
+                    to,
                     u.proto,
-                    (30000, 20000),
+                    ports,
                     u.size,
-                    false,
-                    &meta,
-                    false,
+                    u.interval,
                 ) {
                     self.results[u.replica as usize][u.res].sent += 1;
                 }
-                self.net.queue.push(now + u.interval, Event::App(a, 0));
             }
             App::Rpc(c) => {
                 if now >= c.stop {
                     return;
                 }
                 c.seq += 1;
-                let meta = Meta {
-                    app: a,
-                    kind: Kind::Request,
-                    ece: false,
-                    seq: c.seq,
-                    sent_ns: now,
-                    sack: 0,
-                };
-                if self.net.vm_send(
+                let ports = (30001, 20001);
+                let (from, to) = (c.client, c.server.addr);
+                if self.net.send_periodic(
                     now,
-                    &c.client,
-                    c.server.addr,
+                    a,
+                    Kind::Request,
+                    c.seq,
+                    &from,
+                    to,
                     c.proto,
-                    (30001, 20001),
+                    ports,
                     c.size,
-                    false,
-                    &meta,
-                    false,
+                    c.interval,
                 ) {
                     self.results[c.replica as usize][c.res].sent += 1;
                 }
-                self.net.queue.push(now + c.interval, Event::App(a, 0));
             }
             App::Tcp(t) => {
                 if gen != t.gen {
@@ -1399,6 +1387,35 @@ fn build_fabric(spec: &Spec, hosts: u32, access_bps: u64, queue_bytes: u64) -> F
 }
 
 impl Net {
+    /// Sends one packet of a paced application (UDP stream or RPC client) and schedules its
+    /// next send `interval` later; returns whether the VM's ring took the packet.
+    #[allow(clippy::too_many_arguments)]
+    fn send_periodic(
+        &mut self,
+        now: Nanos,
+        app: u32,
+        kind: Kind,
+        seq: u64,
+        from: &VmLoc,
+        to: Addr,
+        proto: Proto,
+        ports: (u16, u16),
+        size: usize,
+        interval: Nanos,
+    ) -> bool {
+        let meta = Meta {
+            app,
+            kind,
+            ece: false,
+            seq,
+            sent_ns: now,
+            sack: 0,
+        };
+        let sent = self.vm_send(now, from, to, proto, ports, size, false, &meta, false);
+        self.queue.push(now + interval, Event::App(app, 0));
+        sent
+    }
+
     /// Schedules host `h`'s poll at `now` or when its CPU is free, unless one is due sooner.
     fn wake_host(&mut self, h: u32, now: Nanos) {
         let host = &mut self.hosts[h as usize];
