@@ -320,6 +320,7 @@ pub fn picnic_config(isolated: bool) -> Result<Config> {
             batch: 64,
             spin_us: 50,
             nice: None,
+            slice_us: None,
         },
         uplink: UplinkSection {
             ifname: UPLINK_DEV.into(),

@@ -120,6 +120,11 @@ pub struct SwitchSection {
     /// is stopped for the rest of the 1 s RT period once it has used 95% of it). None: inherit.
     #[serde(default)]
     pub nice: Option<i8>,
+    /// EEVDF slice of the dataplane thread, us (100..=100000; Linux 6.12+). A short slice
+    /// lets the switch preempt a busy tenant thread soon after it wakes instead of waiting
+    /// for that thread's default slice (see `sched.rs`). None: the kernel's default.
+    #[serde(default)]
+    pub slice_us: Option<u64>,
 }
 fn default_pool() -> usize {
     16384
@@ -355,6 +360,13 @@ impl Config {
         }
         if self.switch.nice.is_some_and(|n| !(-20..=19).contains(&n)) {
             return Err(err("switch.nice", "must be in -20..=19"));
+        }
+        if self
+            .switch
+            .slice_us
+            .is_some_and(|us| !crate::sched::SLICE_RANGE_NS.contains(&(us * 1000)))
+        {
+            return Err(err("switch.slice_us", "must be in 100..=100000"));
         }
         if self.switch.batch == 0 || self.switch.batch > 1024 {
             return Err(err("switch.batch", "must be in 1..=1024"));

@@ -8,4 +8,5 @@ pub mod engine;
 pub mod frame;
 pub mod port;
 pub mod runner;
+pub mod sched;
 pub mod stats;

@@ -264,19 +264,16 @@ impl Switch {
         let mut spin_until: Option<Instant> = None;
         *self.shared.config.lock().unwrap() = Some(self.cfg.clone());
         if let Some(nice) = self.cfg.switch.nice {
-            // SAFETY: plain syscalls on the calling thread (setpriority with a thread id applies
-            // to that thread on Linux).
-            let ok = unsafe {
-                libc::setpriority(
-                    libc::PRIO_PROCESS,
-                    libc::gettid() as libc::id_t,
-                    nice as libc::c_int,
-                )
-            } == 0;
-            if !ok {
+            if let Err(e) = crate::sched::set_thread_nice(nice.into()) {
                 eprintln!(
-                    "picnic switch: warning: switch.nice {nice}: {} (running at the inherited priority)",
-                    std::io::Error::last_os_error()
+                    "picnic switch: warning: switch.nice {nice}: {e} (running at the inherited priority)"
+                );
+            }
+        }
+        if let Some(us) = self.cfg.switch.slice_us {
+            if let Err(e) = crate::sched::set_thread_slice(us * 1000) {
+                eprintln!(
+                    "picnic switch: warning: switch.slice_us {us}: {e} (needs Linux 6.12+; running with the kernel's slice)"
                 );
             }
         }

@@ -1,0 +1,131 @@
+//! Scheduler settings of the calling thread: nice value and EEVDF slice.
+//!
+//! On a host whose tenants share the switch's cores, a packet waits for every thread on its
+//! path (the switch, the tenant's socket owner) to be scheduled. Linux's fair scheduler
+//! (EEVDF, 6.6+) lets a runnable thread run for its slice (about 3 ms on small machines)
+//! before a newly woken one with an earlier deadline preempts it, so a flooding neighbour's
+//! busy thread can hold a core for that long while the victim's packet waits. Since 6.12 a
+//! thread may ask for a shorter slice (`sched_setattr` with `sched_runtime` for
+//! SCHED_OTHER, 100 us to 100 ms): it then gets an earlier deadline when it wakes, which is
+//! the behaviour a kernel datapath gets from softirq. Both settings are inherited by threads
+//! and processes started afterwards.
+
+use std::io;
+
+/// Shortest and longest slice the kernel accepts for a fair-class thread, ns.
+pub const SLICE_RANGE_NS: std::ops::RangeInclusive<u64> = 100_000..=100_000_000;
+
+/// Sets the calling thread's nice value (-20..=19).
+pub fn set_thread_nice(nice: i32) -> io::Result<()> {
+    // SAFETY: plain syscall on the calling thread (setpriority with a thread id applies to
+    // that thread on Linux).
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, thread_id(), nice) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Asks for an EEVDF slice of `slice_ns` for the calling thread, keeping its nice value.
+/// Fails with the kernel's error on kernels before 6.12 (EINVAL) or out of range values.
+pub fn set_thread_slice(slice_ns: u64) -> io::Result<()> {
+    if !SLICE_RANGE_NS.contains(&slice_ns) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("slice {slice_ns} ns is outside the kernel's 100 us..100 ms"),
+        ));
+    }
+    /// `struct sched_attr` of include/uapi/linux/sched/types.h (version 1, 56 bytes).
+    #[repr(C)]
+    struct SchedAttr {
+        size: u32,
+        policy: u32,
+        flags: u64,
+        nice: i32,
+        priority: u32,
+        runtime: u64,
+        deadline: u64,
+        period: u64,
+        util_min: u32,
+        util_max: u32,
+    }
+    let attr = SchedAttr {
+        size: std::mem::size_of::<SchedAttr>() as u32,
+        policy: libc::SCHED_OTHER as u32,
+        flags: 0,
+        nice: thread_nice()?,
+        priority: 0,
+        runtime: slice_ns,
+        deadline: 0,
+        period: 0,
+        util_min: 0,
+        util_max: 0,
+    };
+    // SAFETY: `attr` is a valid sched_attr whose size field matches its layout; pid 0 is the
+    // calling thread.
+    let rc = unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &attr as *const SchedAttr, 0u32) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn thread_id() -> libc::id_t {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() as libc::id_t }
+}
+
+fn thread_nice() -> io::Result<i32> {
+    // getpriority returns -1 both as a value and as an error: errno tells them apart.
+    // SAFETY: errno is thread-local; getpriority has no preconditions.
+    unsafe {
+        *libc::__errno_location() = 0;
+        let n = libc::getpriority(libc::PRIO_PROCESS, thread_id());
+        if n == -1 && *libc::__errno_location() != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slice_outside_the_kernel_range_is_refused_before_the_syscall() {
+        assert_eq!(
+            set_thread_slice(50_000).unwrap_err().kind(),
+            io::ErrorKind::InvalidInput
+        );
+        assert_eq!(
+            set_thread_slice(200_000_000).unwrap_err().kind(),
+            io::ErrorKind::InvalidInput
+        );
+    }
+
+    #[test]
+    fn a_short_slice_is_what_the_scheduler_reports_and_keeps_the_nice_value() {
+        // Runs in its own thread so the test harness's other threads are untouched.
+        std::thread::spawn(|| {
+            let before = thread_nice().unwrap();
+            match set_thread_slice(100_000) {
+                // Kernels before 6.12 reject sched_runtime for fair threads.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return,
+                r => r.unwrap(),
+            }
+            assert_eq!(thread_nice().unwrap(), before);
+            let sched = std::fs::read_to_string("/proc/thread-self/sched").unwrap();
+            let slice = sched
+                .lines()
+                .find(|l| l.starts_with("se.slice"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|v| v.trim().parse::<u64>().unwrap());
+            assert_eq!(slice, Some(100_000), "{sched}");
+        })
+        .join()
+        .unwrap();
+    }
+}
