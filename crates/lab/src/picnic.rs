@@ -81,6 +81,7 @@ pub fn switch_config(
             batch: 64,
             spin_us: 50,
             nice: Some(scenario.picnic.nice),
+            slice_us: (scenario.sched_slice_us > 0).then_some(scenario.sched_slice_us),
         },
         uplink: UplinkSection {
             ifname: host.uplink.clone(),

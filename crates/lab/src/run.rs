@@ -139,6 +139,7 @@ pub fn run_scenario(path: &Path, opts: &RunOptions) -> Result<Outcome> {
 /// Runs an already loaded scenario; see [`run_scenario`].
 pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> Result<Outcome> {
     netns::preflight(&required_tools(&scenario))?;
+    set_lab_slice(scenario);
     let say = |msg: String| {
         if opts.progress {
             eprintln!("[lab {}] {msg}", scenario.name);
@@ -198,6 +199,20 @@ pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> Result<Outcome> {
         modes: reports,
         table,
     })
+}
+
+/// Gives the calling thread, and so every thread and tool the lab starts from it, the
+/// scenario's EEVDF slice. The same in every mode: a property of the host, not of picnic.
+fn set_lab_slice(scenario: &Scenario) {
+    if scenario.sched_slice_us == 0 {
+        return;
+    }
+    if let Err(e) = picnic_switch::sched::set_thread_slice(scenario.sched_slice_us * 1000) {
+        eprintln!(
+            "picnic lab: warning: sched_slice_us {}: {e} (needs Linux 6.12+; running with the kernel's slice)",
+            scenario.sched_slice_us
+        );
+    }
 }
 
 /// Dataplanes of a testbed; torn down (before the namespaces go) when dropped.

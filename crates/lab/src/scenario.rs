@@ -31,6 +31,10 @@ pub struct Scenario {
     /// MTU of every link.
     #[serde(default = "default_mtu")]
     pub mtu: u32,
+    /// EEVDF slice, us, of every thread of the lab (switches, workloads, tools) in every
+    /// mode; 0 leaves the kernel's default. See `picnic_switch::sched`.
+    #[serde(default = "default_sched_slice_us")]
+    pub sched_slice_us: u64,
     /// Host names.
     pub hosts: Vec<String>,
     /// Tenants with their VMs and SLOs.
@@ -174,6 +178,9 @@ pub struct Workload {
 fn default_access_link_mbps() -> u64 {
     1000
 }
+fn default_sched_slice_us() -> u64 {
+    100
+}
 fn default_access_queue_ms() -> u64 {
     10
 }
@@ -289,6 +296,11 @@ impl Scenario {
         }
         if !(-20..=19).contains(&self.picnic.nice) {
             bail!("field `picnic.nice`: must be in -20..=19");
+        }
+        if self.sched_slice_us != 0
+            && !picnic_switch::sched::SLICE_RANGE_NS.contains(&(self.sched_slice_us * 1000))
+        {
+            bail!("field `sched_slice_us`: 0 (kernel default) or 100..=100000");
         }
         if self.name.trim().is_empty() {
             bail!("field `name`: must not be empty");
