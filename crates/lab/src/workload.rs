@@ -332,21 +332,14 @@ fn send(wl: &Workload, ep: &Endpoints, w: Window) -> Result<SenderSide> {
     }
 }
 
-/// Sleeps most of the way to `t` (timers here wake 0.1 to 1 ms late, DESIGN.md 7), then
-/// spins on the monotonic clock for the rest.
+/// Sleeps until `t`. Timers here wake 0.1 to 1 ms late (DESIGN.md 7); paced senders send
+/// everything due when they wake, so their rate holds. They do not spin: a generator
+/// spinning for precision takes the cores the switches under test need (on 2 cores a
+/// spinning line-rate flood raised the victim's p99 in picnic mode 4x).
 fn sleep_until(t: Instant) {
-    const SPIN: Duration = Duration::from_micros(200);
-    loop {
-        let now = Instant::now();
-        if now >= t {
-            return;
-        }
-        let left = t - now;
-        if left > SPIN {
-            std::thread::sleep(left - SPIN);
-        } else {
-            std::hint::spin_loop();
-        }
+    let now = Instant::now();
+    if t > now {
+        std::thread::sleep(t - now);
     }
 }
 
@@ -454,21 +447,26 @@ fn udp_flood(
     sock.connect(ep.to).context("connecting the flood socket")?;
     let mut batch = MmsgBatch::new(size);
     let mut sent = 0u64;
-    let mut scheduled = 0u64; // packets due so far (paced mode)
-    sleep_until(w.start);
+    // Paced mode counts packets from the start of the current ON phase (the whole window
+    // without ON/OFF), so an OFF phase is not made up for with a burst when ON resumes.
     let mut phase_start = w.start;
+    let mut scheduled = 0u64;
+    sleep_until(w.start);
     loop {
         let now = Instant::now();
         if now >= w.stop {
             break;
         }
+        let mut on_end = w.stop;
         if let Some((on, off)) = on_off {
             // EyeQ 2.2's bursty neighbour: ON at full rate, then silent.
             let period = on + off;
             while now >= phase_start + period {
                 phase_start += period;
+                scheduled = 0;
             }
-            if now >= phase_start + on {
+            on_end = (phase_start + on).min(w.stop);
+            if now >= on_end {
                 sleep_until((phase_start + period).min(w.stop));
                 continue;
             }
@@ -476,14 +474,17 @@ fn udp_flood(
         let n = match rate {
             None => BATCH,
             Some(rate) => {
-                let due = nth_send_time(w.start, scheduled, rate);
-                if due >= w.stop {
-                    break;
+                let due = nth_send_time(phase_start, scheduled, rate);
+                if due >= on_end {
+                    sleep_until(on_end);
+                    continue;
                 }
                 if due > now {
                     sleep_until(due);
                 }
-                let elapsed = Instant::now().saturating_duration_since(w.start).as_nanos();
+                let elapsed = Instant::now()
+                    .saturating_duration_since(phase_start)
+                    .as_nanos();
                 let due_total = (elapsed * rate as u128 / 1_000_000_000) as u64 + 1;
                 (due_total.saturating_sub(scheduled) as usize).clamp(1, BATCH)
             }
