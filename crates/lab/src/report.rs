@@ -628,15 +628,18 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
 
 impl Summary {
     /// Builds the summary: ratios for every attacked mode against the victim alone on the
-    /// same dataplane (`picnic` and `picnic-off` against `picnic-alone`), or against the first
-    /// mode without attackers when there is no such mode; checks on `judge` (default: the
-    /// first attacked mode).
+    /// same dataplane (`picnic` and `picnic-off` against `picnic-alone`, `bridge` against
+    /// `victim-alone`), or against the first mode without attackers when there is no such
+    /// mode; checks on `judge` (default: the first attacked mode).
     pub fn new(scenario: &Scenario, modes: &[ModeReport], judge: Option<&str>) -> Result<Summary> {
         let victim = &scenario.victim;
         let mut ratios = BTreeMap::new();
         for m in modes.iter().filter(|m| m.attackers) {
             let family = m.name.split('-').next().unwrap_or_default();
-            let same_dataplane = format!("{family}-alone");
+            let same_dataplane = match family {
+                "bridge" => "victim-alone".to_string(),
+                _ => format!("{family}-alone"),
+            };
             let alone = modes
                 .iter()
                 .find(|a| !a.attackers && a.name == same_dataplane)
@@ -1036,6 +1039,29 @@ to = "d"
             "{table}"
         );
         assert!(table.contains("overall: FAIL"));
+    }
+
+    #[test]
+    fn each_mode_is_compared_with_the_victim_alone_on_its_own_dataplane() {
+        let s = Scenario::parse(SCENARIO).unwrap();
+        let mode = |name: &str, attackers: bool, latency_us: u64| {
+            let mut runs = vec![probe(latency_us, 1000, 1000)];
+            if attackers {
+                runs.push(flood(25_000_000));
+            }
+            ModeReport::new(&s, name, attackers, vec![runs]).unwrap()
+        };
+        let reports = vec![
+            mode("picnic", true, 400),
+            mode("bridge", true, 300),
+            mode("picnic-alone", false, 200),
+            mode("victim-alone", false, 100),
+        ];
+        let summary = Summary::new(&s, &reports, None).unwrap();
+        let json = serde_json::to_value(&summary).unwrap();
+        let p99 = |m: &str| json["ratios"][m]["victim_p99_ratio"].as_f64().unwrap();
+        assert!((p99("picnic") - 2.0).abs() < 0.01, "{}", p99("picnic"));
+        assert!((p99("bridge") - 3.0).abs() < 0.01, "{}", p99("bridge"));
     }
 
     #[test]
