@@ -422,7 +422,9 @@ pub fn spawn_in_netns<T: Send + 'static>(
 ) -> Result<NsThread<T>> {
     let ns_owned = ns.to_owned();
     let handle = std::thread::Builder::new()
-        .name(format!("ns:{ns}"))
+        // The role (`h-h1`, `v-vclient`) fits the kernel's 15-character thread names, so
+        // `top -H` and `perf sched` tell the threads apart.
+        .name(ns.splitn(3, '-').nth(2).unwrap_or(ns).to_owned())
         .spawn(move || enter_netns(&ns_owned).map(|()| f()))
         .context("spawning a thread")?;
     Ok(NsThread {
