@@ -351,7 +351,13 @@ impl Switch {
                 .unwrap_or(Duration::from_millis(5));
             let timeout = until.min(Duration::from_millis(5));
             fds.clear();
-            fds.extend(self.ports.iter().filter_map(|p| p.raw_fd()));
+            // A port held back for lack of queue room stays readable: waiting on it would
+            // wake the loop at once, again and again. Its queue drains by the deadline.
+            fds.extend(
+                (0..self.ports.len())
+                    .filter(|&p| self.engine.rx_ready(p, batch))
+                    .filter_map(|p| self.ports[p].raw_fd()),
+            );
             wait_readable(&fds, std::time::Duration::from_nanos(timeout.as_nanos()))?;
         }
         self.publish();
