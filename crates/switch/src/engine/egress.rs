@@ -115,6 +115,14 @@ impl Egress {
         }
     }
 
+    /// Whether any of `vm`'s shaped classes or limiters has frames waiting.
+    pub(super) fn shaped_backlog(&self, vm: VmIdx) -> bool {
+        self.shapers
+            .range((vm, ShapeKey::Class(0))..)
+            .take_while(|((v, _), _)| *v == vm)
+            .any(|(_, s)| !s.is_empty())
+    }
+
     pub(super) fn queue_len(&self, vm: VmIdx) -> usize {
         let shaped: usize = self
             .shapers

@@ -117,7 +117,13 @@ impl Engine {
     /// than being dropped here, PicNIC 2.1).
     pub fn rx_ready(&self, port: PortIdx, batch: usize) -> bool {
         match self.dir.port_vm.get(port) {
-            Some(Some(vm)) => self.egress.has_room(*vm, batch),
+            // Without admission isolation a VM's shaped class shares the VM's one queue, as
+            // in the stacks PicNIC 2.1 describes: while shaped frames wait, nothing behind
+            // them is read (head-of-line blocking of the fast path).
+            Some(Some(vm)) => {
+                self.egress.has_room(*vm, batch)
+                    && (self.isolation.admission || !self.egress.shaped_backlog(*vm))
+            }
             _ => true,
         }
     }
