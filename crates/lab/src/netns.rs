@@ -69,6 +69,7 @@ pub fn debian_package(tool: &str) -> &'static str {
         "ethtool" => "ethtool",
         "iperf3" => "iperf3",
         "sockperf" => "sockperf",
+        "memcached" => "memcached",
         _ => "the package providing it",
     }
 }

@@ -120,12 +120,14 @@ pub fn exit_code(result: &Result<Outcome>) -> i32 {
 /// Tools a scenario needs, checked before anything is built.
 pub fn required_tools(scenario: &Scenario) -> Vec<&'static str> {
     let mut tools = vec!["ip", "tc", "bridge"];
-    if scenario
-        .workloads
-        .iter()
-        .any(|w| w.kind == WorkloadKind::Iperf3)
-    {
-        tools.push("iperf3");
+    for (kind, tool) in [
+        (WorkloadKind::Iperf3, "iperf3"),
+        (WorkloadKind::Sockperf, "sockperf"),
+        (WorkloadKind::Memcached, "memcached"),
+    ] {
+        if scenario.workloads.iter().any(|w| w.kind == kind) {
+            tools.push(tool);
+        }
     }
     tools
 }

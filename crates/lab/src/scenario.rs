@@ -121,6 +121,23 @@ pub enum WorkloadKind {
     /// `flows` TCP connections each sending exactly `bytes` and closing; records when the
     /// last byte arrived (the completion time of a shuffle, EyeQ 5.3).
     Transfer,
+    /// sockperf ping-pong at `rate_pps` with `size`-byte messages (UDP, or TCP with
+    /// `protocol = "tcp"`); every round trip's latency from its full log (needs the
+    /// sockperf package).
+    Sockperf,
+    /// A memcached server (needs the memcached package) and picnic's client: `get` of a
+    /// `size`-byte value at `rate_pps` over one TCP connection, one request outstanding.
+    Memcached,
+}
+
+impl WorkloadKind {
+    /// Whether it measures request latency (the probes a victim runs).
+    pub fn is_probe(self) -> bool {
+        matches!(
+            self,
+            WorkloadKind::Rpc | WorkloadKind::Sockperf | WorkloadKind::Memcached
+        )
+    }
 }
 
 /// Transport of an RPC probe.
@@ -222,8 +239,8 @@ impl Workload {
         use WorkloadKind::*;
         match self.kind {
             UdpFlood | OnOff => 17,
-            Rpc if self.protocol.unwrap_or_default() == Protocol::Udp => 17,
-            Rpc | TcpBulk | Iperf3 | Transfer => 6,
+            Rpc | Sockperf if self.protocol.unwrap_or_default() == Protocol::Udp => 17,
+            Rpc | Sockperf | Memcached | TcpBulk | Iperf3 | Transfer => 6,
         }
     }
 }
@@ -448,6 +465,8 @@ impl Scenario {
             TcpBulk | Iperf3 => &["flows"],
             Rpc => &["size", "rate_pps", "protocol", "timeout_ms"],
             Transfer => &["flows", "bytes"],
+            Sockperf => &["size", "rate_pps", "protocol"],
+            Memcached => &["size", "rate_pps", "timeout_ms"],
         };
         let given = [
             ("size", wl.size.is_some()),
@@ -465,7 +484,12 @@ impl Scenario {
             }
         }
         if let Some(size) = wl.size {
-            let min = if wl.kind == Rpc { 16 } else { 8 };
+            let min = match wl.kind {
+                Rpc => 16,
+                Sockperf => 14, // sockperf's own header
+                Memcached => 1,
+                _ => 8,
+            };
             if size < min || size > self.mtu as usize - 28 {
                 bail!("size`: must be between {min} and mtu - 28");
             }
@@ -473,10 +497,14 @@ impl Scenario {
         if wl.rate_pps == Some(0) || wl.rate_pps > Some(10_000_000) {
             bail!("rate_pps`: must be between 1 and 10000000");
         }
-        if wl.kind == Rpc
+        if wl.kind.is_probe()
             && (stop - wl.start_ms) * wl.rate_pps.unwrap_or(DEFAULT_RPC_RATE) > 10_000_000_000
         {
             bail!("rate_pps`: more than 10 million requests in one run");
+        }
+        if wl.kind == Sockperf && stop - wl.start_ms < 2000 {
+            // It measures whole seconds less its ~0.85 s start.
+            bail!("stop_ms`: sockperf needs at least 2000 ms after start_ms");
         }
         if wl.flows == Some(0) || wl.flows > Some(128) {
             bail!("flows`: must be between 1 and 128");
@@ -558,6 +586,7 @@ to = "b"
             "egress-shaped.toml",
             "incast.toml",
             "shuffle-priority.toml",
+            "memcached-bursts.toml",
         ] {
             let path = Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../../scenarios")
@@ -634,6 +663,17 @@ to = "b"
                     "name = \"w\"\nkind = \"udp_flood\"\nfrom = \"c\"\nto = \"d\"\nflows = 2",
                 ),
                 "`workloads[1].flows`",
+            ),
+            (
+                // sockperf measures whole seconds after a ~0.85 s start (BASE runs 1 s).
+                with_workload("name = \"w\"\nkind = \"sockperf\"\nfrom = \"c\"\nto = \"d\""),
+                "`workloads[1].stop_ms`",
+            ),
+            (
+                with_workload(
+                    "name = \"w\"\nkind = \"memcached\"\nfrom = \"c\"\nto = \"d\"\nprotocol = \"udp\"",
+                ),
+                "`workloads[1].protocol`",
             ),
             (
                 with_workload(

@@ -560,7 +560,8 @@ impl World {
                             seq: 0,
                         }));
                     }
-                    WorkloadKind::Rpc => {
+                    // sockperf and memcached probes are request/response at a rate too.
+                    WorkloadKind::Rpc | WorkloadKind::Sockperf | WorkloadKind::Memcached => {
                         results[r as usize].push(result(
                             &wl.name,
                             &tenant,
