@@ -321,6 +321,7 @@ pub fn picnic_config(isolated: bool) -> Result<Config> {
             spin_us: 50,
             nice: None,
             slice_us: None,
+            cpus: None,
         },
         uplink: UplinkSection {
             ifname: UPLINK_DEV.into(),

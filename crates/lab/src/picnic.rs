@@ -82,6 +82,7 @@ pub fn switch_config(
             spin_us: 50,
             nice: Some(scenario.picnic.nice),
             slice_us: (scenario.sched_slice_us > 0).then_some(scenario.sched_slice_us),
+            cpus: (!scenario.picnic.cpus.is_empty()).then(|| scenario.picnic.cpus.clone()),
         },
         uplink: UplinkSection {
             ifname: host.uplink.clone(),

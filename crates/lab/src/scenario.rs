@@ -60,6 +60,8 @@ pub struct PicnicSettings {
     pub work_ns: u64,
     /// Nice value of the switch threads (they share the cores with the tenants here).
     pub nice: i8,
+    /// CPUs the switch threads run on; empty: wherever the scheduler puts them.
+    pub cpus: Vec<usize>,
 }
 
 impl Default for PicnicSettings {
@@ -67,6 +69,7 @@ impl Default for PicnicSettings {
         PicnicSettings {
             work_ns: 0,
             nice: -10,
+            cpus: Vec::new(),
         }
     }
 }
@@ -313,6 +316,10 @@ impl Scenario {
         }
         if !(-20..=19).contains(&self.picnic.nice) {
             bail!("field `picnic.nice`: must be in -20..=19");
+        }
+        let online = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if let Some(cpu) = self.picnic.cpus.iter().find(|&&c| c >= online) {
+            bail!("field `picnic.cpus`: CPU {cpu} does not exist (this machine has {online})");
         }
         if self.sched_slice_us != 0
             && !picnic_switch::sched::SLICE_RANGE_NS.contains(&(self.sched_slice_us * 1000))

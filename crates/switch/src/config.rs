@@ -125,6 +125,9 @@ pub struct SwitchSection {
     /// for that thread's default slice (see `sched.rs`). None: the kernel's default.
     #[serde(default)]
     pub slice_us: Option<u64>,
+    /// CPUs the dataplane thread runs on (e.g. cores kept for the dataplane). None: any.
+    #[serde(default)]
+    pub cpus: Option<Vec<usize>>,
 }
 fn default_pool() -> usize {
     16384
@@ -367,6 +370,12 @@ impl Config {
             .is_some_and(|us| !crate::sched::SLICE_RANGE_NS.contains(&(us * 1000)))
         {
             return Err(err("switch.slice_us", "must be in 100..=100000"));
+        }
+        if self.switch.cpus.as_ref().is_some_and(|c| c.is_empty()) {
+            return Err(err(
+                "switch.cpus",
+                "must list at least one CPU (or be left out)",
+            ));
         }
         if self.switch.batch == 0 || self.switch.batch > 1024 {
             return Err(err("switch.batch", "must be in 1..=1024"));

@@ -270,6 +270,9 @@ impl Switch {
                 );
             }
         }
+        if let Some(cpus) = &self.cfg.switch.cpus {
+            crate::sched::set_thread_cpus(cpus).with_context(|| format!("switch.cpus {cpus:?}"))?;
+        }
         if let Some(us) = self.cfg.switch.slice_us {
             if let Err(e) = crate::sched::set_thread_slice(us * 1000) {
                 eprintln!(

@@ -1,4 +1,4 @@
-//! Scheduler settings of the calling thread: nice value and EEVDF slice.
+//! Scheduler settings of the calling thread: nice value, EEVDF slice and CPU placement.
 //!
 //! On a host whose tenants share the switch's cores, a packet waits for every thread on its
 //! path (the switch, the tenant's socket owner) to be scheduled. Linux's fair scheduler
@@ -72,6 +72,44 @@ pub fn set_thread_slice(slice_ns: u64) -> io::Result<()> {
     }
 }
 
+/// Restricts the calling thread to the listed CPUs (a dataplane on cores of its own).
+pub fn set_thread_cpus(cpus: &[usize]) -> io::Result<()> {
+    // SAFETY: cpu_set_t is plain data; CPU_ZERO/CPU_SET write within it (indices are checked
+    // against its size first); pid 0 is the calling thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_ZERO(&mut set);
+        for &cpu in cpus {
+            if cpu >= 8 * std::mem::size_of::<libc::cpu_set_t>() {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("CPU {cpu} is beyond the affinity mask"),
+                ));
+            }
+            libc::CPU_SET(cpu, &mut set);
+        }
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+}
+
+/// CPUs the calling thread may run on.
+pub fn thread_cpus() -> io::Result<Vec<usize>> {
+    // SAFETY: as above; sched_getaffinity fills the set we own.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok((0..8 * std::mem::size_of::<libc::cpu_set_t>())
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect())
+    }
+}
+
 fn thread_id() -> libc::id_t {
     // SAFETY: gettid has no preconditions.
     unsafe { libc::gettid() as libc::id_t }
@@ -104,6 +142,18 @@ mod tests {
             set_thread_slice(200_000_000).unwrap_err().kind(),
             io::ErrorKind::InvalidInput
         );
+    }
+
+    #[test]
+    fn a_thread_can_be_placed_on_one_cpu() {
+        std::thread::spawn(|| {
+            let all = thread_cpus().unwrap();
+            set_thread_cpus(&all[..1]).unwrap();
+            assert_eq!(thread_cpus().unwrap(), &all[..1]);
+            assert!(set_thread_cpus(&[100_000]).is_err());
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]
