@@ -294,6 +294,8 @@ struct UdpApp {
     stop: Nanos,
     on_off: Option<(Nanos, Nanos, Nanos)>,
     seq: u64,
+    /// Receiver port, the lab's (shaped classes match on it).
+    port: u16,
 }
 
 struct RpcApp {
@@ -307,6 +309,8 @@ struct RpcApp {
     stop: Nanos,
     timeout: Nanos,
     seq: u64,
+    /// Server port, the lab's.
+    port: u16,
 }
 
 struct TcpApp {
@@ -324,6 +328,8 @@ struct TcpApp {
     gen: u32,
     timer: Option<Nanos>,
     finished: bool,
+    /// Receiver port: the lab's for a scenario workload (shaped classes match on it).
+    port: u16,
 }
 
 struct FlowGenApp {
@@ -522,10 +528,12 @@ impl World {
         for r in 0..replicas {
             let locs = &vm_locs[r as usize];
             for wl in &sc.workloads {
-                let tenant = sc.tenant_of(&wl.from).expect("validated").name.clone();
-                if !attackers && tenant != victim {
+                if !attackers && sc.is_attack(wl) {
                     continue;
                 }
+                // The report row, as in the lab: a victim's own attack workloads apart.
+                let row = sc.report_group(wl);
+                let port = wl.port(sc).expect("a scenario's own workload");
                 let (src, dst) = (locs[&wl.from], locs[&wl.to]);
                 let (start, stop) = (ms(wl.start_ms), ms(wl.stop_ms(sc)));
                 let res = results[r as usize].len();
@@ -538,7 +546,7 @@ impl World {
                     WorkloadKind::UdpFlood | WorkloadKind::OnOff => {
                         results[r as usize].push(result(
                             &wl.name,
-                            &tenant,
+                            &row,
                             wl.kind,
                             stop - start,
                             false,
@@ -558,13 +566,14 @@ impl World {
                             stop,
                             on_off,
                             seq: 0,
+                            port,
                         }));
                     }
                     // sockperf and memcached probes are request/response at a rate too.
                     WorkloadKind::Rpc | WorkloadKind::Sockperf | WorkloadKind::Memcached => {
                         results[r as usize].push(result(
                             &wl.name,
-                            &tenant,
+                            &row,
                             wl.kind,
                             stop - start,
                             true,
@@ -581,12 +590,13 @@ impl World {
                             stop,
                             timeout: ms(wl.timeout_ms.unwrap_or(RPC_TIMEOUT_MS)),
                             seq: 0,
+                            port,
                         }));
                     }
                     WorkloadKind::TcpBulk | WorkloadKind::Iperf3 | WorkloadKind::Transfer => {
                         results[r as usize].push(result(
                             &wl.name,
-                            &tenant,
+                            &row,
                             wl.kind,
                             stop - start,
                             false,
@@ -595,7 +605,7 @@ impl World {
                         let segments = (wl.kind == WorkloadKind::Transfer)
                             .then(|| wl.bytes.unwrap_or(0).div_ceil(mss as u64).max(1));
                         for _ in 0..wl.flows() {
-                            apps.push(App::Tcp(Box::new(TcpApp::new(
+                            let mut app = TcpApp::new(
                                 src,
                                 dst,
                                 r,
@@ -608,7 +618,9 @@ impl World {
                                 start,
                                 stop,
                                 None,
-                            ))));
+                            );
+                            app.port = port;
+                            apps.push(App::Tcp(Box::new(app)));
                         }
                     }
                 }
@@ -990,7 +1002,7 @@ impl World {
                     }
                 }
                 u.seq += 1;
-                let ports = (30000, 20000);
+                let ports = (30000, u.port);
                 let (from, to) = (u.src, u.dst.addr);
                 if self.net.send_periodic(
                     now,
@@ -1012,7 +1024,7 @@ impl World {
                     return;
                 }
                 c.seq += 1;
-                let ports = (30001, 20001);
+                let ports = (30001, c.port);
                 let (from, to) = (c.client, c.server.addr);
                 if self.net.send_periodic(
                     now,
@@ -1078,7 +1090,7 @@ impl World {
             return;
         };
         let ect = self.cc == crate::spec::CongestionControl::Dctcp;
-        let ports = (40000 + (a % 20000) as u16, 5001);
+        let ports = (40000 + (a % 20000) as u16, t.port);
         while now < t.stop {
             let Some(seq) = t.sender.next_to_send() else {
                 break;
@@ -1135,7 +1147,7 @@ impl World {
                     &c.server,
                     c.client.addr,
                     c.proto,
-                    (20001, 30001),
+                    (c.port, 30001),
                     c.size,
                     false,
                     &meta,
@@ -1162,7 +1174,7 @@ impl World {
                     sent_ns: d.meta.sent_ns,
                     sack: d.meta.seq,
                 };
-                let ports = (5001, 40000 + (a % 20000) as u16);
+                let ports = (t.port, 40000 + (a % 20000) as u16);
                 let (src, dst, mss) = (t.dst, t.src.addr, t.mss as u64);
                 let (r, res, tenant) = (t.replica, t.res, t.dst.tenant);
                 let ect = self.cc == crate::spec::CongestionControl::Dctcp;
@@ -1187,7 +1199,7 @@ impl World {
                         sack: 0,
                     };
                     let ect = self.cc == crate::spec::CongestionControl::Dctcp;
-                    let ports = (40000 + (a % 20000) as u16, 5001);
+                    let ports = (40000 + (a % 20000) as u16, t.port);
                     if self.net.vm_send(
                         now,
                         &t.src,
@@ -1216,6 +1228,9 @@ impl World {
         }
     }
 }
+
+/// Receiver port of the simulator's own TCP flows and shuffles (no lab workload behind them).
+const SIM_TCP_PORT: u16 = 5001;
 
 impl TcpApp {
     #[allow(clippy::too_many_arguments)]
@@ -1252,6 +1267,7 @@ impl TcpApp {
             gen: 0,
             timer: None,
             finished: false,
+            port: SIM_TCP_PORT,
         }
     }
 }

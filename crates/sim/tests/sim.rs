@@ -138,6 +138,48 @@ fn ingress_flood_agrees_with_the_lab_in_direction() {
     assert!(loss("picnic-off") > 0.0, "{}", out.table);
 }
 
+#[test]
+fn egress_shaped_runs_unchanged_and_isolation_keeps_the_fast_path() {
+    // The lab's file as is: the shaped class matches the workload's own port, the victim's
+    // `attack = true` flow is its own row and sits out victim-alone.
+    let out = run(
+        &Spec::parse(&scenario("egress-shaped.toml")).unwrap(),
+        1,
+        None,
+        false,
+    )
+    .unwrap();
+    let mbps = |mode: &str, row: &str| out.summary.modes[mode][row].throughput_bps / 1e6;
+    let shaped = mbps("picnic", "app/attack");
+    assert!(
+        (shaped - 10.0).abs() < 1.5,
+        "shaped to {shaped} Mb/s\n{}",
+        out.table
+    );
+    assert!(
+        !out.summary.modes["victim-alone"].contains_key("app/attack"),
+        "{}",
+        out.table
+    );
+    let ratios = |mode: &str| &out.summary.ratios[mode];
+    assert!(
+        ratios("picnic").victim_throughput_ratio.unwrap() > 0.95,
+        "{}",
+        out.table
+    );
+    assert!(
+        ratios("picnic").victim_p99_ratio.unwrap() < 1.5,
+        "{}",
+        out.table
+    );
+    // PicNIC 2.1: a shaped class in the VM's one queue holds the fast path back.
+    assert!(
+        ratios("picnic-off").victim_throughput_ratio.unwrap() < 0.8,
+        "{}",
+        out.table
+    );
+}
+
 fn sim_scenario(file: &str) -> String {
     scenario(&format!("sim/{file}"))
 }
