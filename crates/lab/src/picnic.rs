@@ -7,8 +7,8 @@ use std::sync::{mpsc, Arc};
 
 use anyhow::{anyhow, Context, Result};
 use picnic_switch::config::{
-    Config, EgressSection, HostEntry, IngressSection, Isolation, PortEntry, SwitchSection,
-    TenantEntry, UplinkSection, VmEntry,
+    BackendKind, Config, EgressSection, HostEntry, IngressSection, Isolation, PortEntry,
+    SwitchSection, TenantEntry, UplinkSection, VmEntry,
 };
 use picnic_switch::engine::Snapshot;
 use picnic_switch::runner::{Shared, Switch};
@@ -67,7 +67,11 @@ pub fn switch_config(
                 max_mbps: (tenant.max_mbps > 0).then_some(tenant.max_mbps),
                 port: (h.index == host.index).then(|| PortEntry {
                     ifname: vm.host_port.clone(),
-                    backend: Default::default(),
+                    backend: if vm.tap {
+                        BackendKind::Tap
+                    } else {
+                        BackendKind::default()
+                    },
                 }),
                 shaped: crate::shaped::shaped_classes(scenario, topo, &vm.name),
             });
@@ -161,8 +165,15 @@ impl Dataplane for PicnicSwitch {
         // and their checksums must be complete (AF_PACKET forwards frames as they are).
         let tenant_mtu = (host.mtu as usize - ENCAP_OVERHEAD).to_string();
         for vm in &host.vms {
-            netns::ip(&vm.ns, &["link", "set", &vm.dev, "mtu", &tenant_mtu])?;
-            netns::tx_offload_off(&vm.ns, &vm.dev)?;
+            // A TAP VM's interface is still the TAP in the host namespace here; it keeps
+            // these settings when it moves into the VM.
+            let (ns, dev) = if vm.tap {
+                (&host.ns, &vm.host_port)
+            } else {
+                (&vm.ns, &vm.dev)
+            };
+            netns::ip(ns, &["link", "set", dev, "mtu", &tenant_mtu])?;
+            netns::tx_offload_off(ns, dev)?;
         }
         let config = self.config.clone();
         let (ready_tx, ready_rx) = mpsc::channel();

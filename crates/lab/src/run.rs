@@ -20,6 +20,8 @@ pub struct Mode {
     pub attackers: bool,
     /// Makes the dataplane of each host.
     pub dataplane: DataplaneFactory,
+    /// The dataplane opens TAP devices, so VMs that ask for one get it (else a veth pair).
+    pub taps: bool,
 }
 
 impl Mode {
@@ -29,7 +31,13 @@ impl Mode {
             name: name.to_owned(),
             attackers,
             dataplane,
+            taps: false,
         }
+    }
+
+    /// The same mode over a dataplane that opens TAP devices (picnic's switch).
+    fn with_taps(self) -> Mode {
+        Mode { taps: true, ..self }
     }
 
     /// (c) A Linux bridge per host, all workloads.
@@ -39,17 +47,17 @@ impl Mode {
 
     /// (a) picnic switches with every isolation mechanism on.
     pub fn picnic() -> Mode {
-        Mode::new("picnic", true, PicnicSwitch::factory(true))
+        Mode::new("picnic", true, PicnicSwitch::factory(true)).with_taps()
     }
 
     /// (b) picnic switches with isolation off (forwarding and policy only).
     pub fn picnic_off() -> Mode {
-        Mode::new("picnic-off", true, PicnicSwitch::factory(false))
+        Mode::new("picnic-off", true, PicnicSwitch::factory(false)).with_taps()
     }
 
     /// (d) The victim alone through picnic switches: its no-attack value on picnic.
     pub fn picnic_alone() -> Mode {
-        Mode::new("picnic-alone", false, PicnicSwitch::factory(true))
+        Mode::new("picnic-alone", false, PicnicSwitch::factory(true)).with_taps()
     }
 
     /// (d) The victim alone over Linux bridges.
@@ -246,13 +254,16 @@ pub fn run_mode(
         vm_count,
         scenario.access_link_mbps
     ));
-    let topo = Topology::build(scenario, &mut testbed)?;
+    let topo = Topology::build(scenario, &mut testbed, mode.taps)?;
     let mut dataplanes = Dataplanes(Vec::new());
     for host in &topo.hosts {
         let mut dp = (mode.dataplane)(scenario, &topo, host);
         dp.setup(host)
             .with_context(|| format!("dataplane setup on host {}", host.name))?;
         dataplanes.0.push((host.clone(), dp));
+    }
+    if mode.taps {
+        topo.attach_taps()?;
     }
     let workloads: Vec<_> = scenario
         .workloads

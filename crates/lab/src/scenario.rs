@@ -105,6 +105,10 @@ pub struct Vm {
     pub name: String,
     /// The host it runs on.
     pub host: String,
+    /// Attach through a TAP device, as QEMU and Firecracker VMs are (picnic modes; the
+    /// Linux-bridge modes use a veth pair).
+    #[serde(default)]
+    pub tap: bool,
 }
 
 /// What kind of traffic a workload sends.

@@ -56,6 +56,10 @@ pub struct VmView {
     pub host_port: String,
     /// MAC of `host_port`.
     pub host_port_mac: String,
+    /// Attached through a TAP device when the dataplane takes TAPs: then `host_port` is a
+    /// TAP the dataplane opens, which becomes `dev` in the VM namespace afterwards
+    /// ([`Topology::attach_taps`]).
+    pub tap: bool,
 }
 
 /// One host: its namespace, uplink and VMs. What a dataplane needs to set itself up.
@@ -135,6 +139,7 @@ impl Topology {
                         ip: vm_ip(t, i),
                         host_port: format!("v-{}", vm.name),
                         host_port_mac: host_port_mac(t, i),
+                        tap: vm.tap,
                     })
                     .collect();
                 HostView {
@@ -159,8 +164,10 @@ impl Topology {
     }
 
     /// Plans and creates the namespaces, links, addresses and access-link shaping.
-    /// The dataplanes are not set up here.
-    pub fn build(scenario: &Scenario, testbed: &mut Testbed) -> Result<Topology> {
+    /// The dataplanes are not set up here. With `taps`, VMs that ask for a TAP get one in
+    /// the host namespace (and no interface yet): call [`Topology::attach_taps`] once the
+    /// dataplane has opened them.
+    pub fn build(scenario: &Scenario, testbed: &mut Testbed, taps: bool) -> Result<Topology> {
         let topo = Topology::plan(scenario, testbed);
         let fabric = testbed.add_namespace("fabric")?;
         netns::add_bridge(&fabric, FABRIC_BRIDGE)?;
@@ -186,6 +193,12 @@ impl Topology {
             netns::configure_link(&ns, &host.uplink, &host.uplink_mac, host.mtu)?;
             for vm in &host.vms {
                 let vm_ns = testbed.add_namespace(&format!("v-{}", vm.name))?;
+                if taps && vm.tap {
+                    netns::ip(&ns, &["tuntap", "add", "dev", &vm.host_port, "mode", "tap"])
+                        .with_context(|| format!("TAP of VM {}", vm.name))?;
+                    netns::configure_link(&ns, &vm.host_port, &vm.host_port_mac, host.mtu)?;
+                    continue;
+                }
                 netns::add_veth(&vm_ns, &vm.dev, &ns, &vm.host_port)
                     .with_context(|| format!("port of VM {}", vm.name))?;
                 netns::configure_link(&vm_ns, &vm.dev, &vm.mac, host.mtu)?;
@@ -194,6 +207,24 @@ impl Topology {
             }
         }
         Ok(topo)
+    }
+
+    /// Moves each TAP VM's device, already opened by the dataplane in the host namespace,
+    /// into the VM's namespace as its interface: the dataplane holds the file descriptor as
+    /// a VMM would, the VM's stack sees an Ethernet interface.
+    pub fn attach_taps(&self) -> Result<()> {
+        for host in &self.hosts {
+            for vm in host.vms.iter().filter(|v| v.tap) {
+                netns::ip(&host.ns, &["link", "set", &vm.host_port, "netns", &vm.ns])
+                    .with_context(|| format!("moving the TAP of VM {}", vm.name))?;
+                // The dataplane has set its MTU; only name and address change.
+                netns::ip(&vm.ns, &["link", "set", &vm.host_port, "name", &vm.dev])?;
+                netns::ip(&vm.ns, &["link", "set", "dev", &vm.dev, "address", &vm.mac])?;
+                netns::link_up(&vm.ns, &vm.dev)?;
+                netns::add_address(&vm.ns, &vm.dev, &format!("{}/{PREFIX_LEN}", vm.ip))?;
+            }
+        }
+        Ok(())
     }
 
     /// The VM named `name`.

@@ -41,7 +41,7 @@ fn two_hosts_over_linux_bridges_carry_probe_and_flood_then_vanish() {
     let scenario = Scenario::parse(SCENARIO).unwrap();
     let mut testbed = Testbed::new().unwrap();
     let prefix = format!("{}{}", netns::PREFIX, testbed.run_id());
-    let topo = Topology::build(&scenario, &mut testbed).unwrap();
+    let topo = Topology::build(&scenario, &mut testbed, false).unwrap();
     assert_eq!(testbed.namespaces().len(), 1 + 2 + 2);
     for host in &topo.hosts {
         LinuxBridge.setup(host).unwrap();

@@ -94,7 +94,7 @@ impl Lab {
     /// config, after `adjust(host index, config)`.
     fn start(scenario: Scenario, adjust: impl Fn(usize, &mut Config)) -> Lab {
         let mut testbed = Testbed::new().unwrap();
-        let topo = Topology::build(&scenario, &mut testbed).unwrap();
+        let topo = Topology::build(&scenario, &mut testbed, false).unwrap();
         let mut lab = Lab {
             scenario,
             topo,
@@ -1042,4 +1042,52 @@ rate_pps = 8000
     let d = &vm_snap(&snaps[0], "blue1").counters.drops;
     assert!(d.get(DropReason::ShapedQueueFull) > 0);
     lab.finish();
+}
+
+#[test]
+fn tap_vms_carry_tcp_rpc_through_picnic_and_veth_over_bridges() {
+    let Some(_serial) = root_or_skip() else {
+        return;
+    };
+    let text = r#"
+name = "tap-test"
+duration_ms = 1000
+hosts = ["h1", "h2"]
+victim = "blue"
+
+[[tenants]]
+name = "blue"
+min_mbps = 10
+vms = [{ name = "blue1", host = "h1", tap = true }, { name = "blue2", host = "h2" }]
+
+[[workloads]]
+name = "probe"
+kind = "rpc"
+protocol = "tcp"
+from = "blue1"
+to = "blue2"
+rate_pps = 500
+"#;
+    let scenario = Scenario::parse(text).unwrap();
+    let opts = picnic_lab::RunOptions {
+        modes: vec![picnic_lab::Mode::picnic(), picnic_lab::Mode::bridge()],
+        progress: false,
+        ..Default::default()
+    };
+    let out = picnic_lab::run_loaded(&scenario, &opts).unwrap();
+    for mode in ["picnic", "bridge"] {
+        let blue = &out.summary.modes[mode]["blue"];
+        assert_eq!(blue.loss, 0.0, "{mode}\n{}", out.table);
+        assert!(
+            blue.p99_us.is_some_and(|p| p > 0.0),
+            "{mode}\n{}",
+            out.table
+        );
+    }
+    // The TAP went into the VM's namespace and away with it.
+    let links = std::process::Command::new("ip")
+        .args(["-o", "link"])
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&links.stdout).contains("v-blue1"));
 }

@@ -48,7 +48,7 @@ fn sockperf_and_memcached_probes_measure_every_request() {
     }
     let scenario = Scenario::parse(SCENARIO).unwrap();
     let mut testbed = Testbed::new().unwrap();
-    let topo = Topology::build(&scenario, &mut testbed).unwrap();
+    let topo = Topology::build(&scenario, &mut testbed, false).unwrap();
     for host in &topo.hosts {
         LinuxBridge.setup(host).unwrap();
     }
