@@ -2,7 +2,7 @@
 //! model, NIC queues, links with rate, propagation delay and buffer, fabric switches with
 //! shared buffers and ECMP, and the applications; all driven by one [`EventQueue`].
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use anyhow::{anyhow, Context, Result};
@@ -382,6 +382,9 @@ pub struct World {
     fine: Vec<Vec<u64>>,
     tenant_names: Vec<String>,
     flows: Vec<(String, u64, f64)>,
+    /// Flows of each lab `transfer` (replica, result slot) still sending: its completion is
+    /// when the last one finishes, as in the lab.
+    transfer_flows_left: BTreeMap<(u32, usize), u32>,
     mss: usize,
     min_rto: Nanos,
     dupack_threshold: u32,
@@ -510,6 +513,7 @@ impl World {
         let victim = sc.victim.as_str();
         let mut apps = Vec::new();
         let mut results: Vec<Vec<WorkloadResult>> = (0..replicas).map(|_| Vec::new()).collect();
+        let mut transfer_flows_left = BTreeMap::new();
         let result =
             |name: &str, tenant: &str, kind, active_ns: u64, latency: bool| WorkloadResult {
                 name: name.to_owned(),
@@ -604,6 +608,9 @@ impl World {
                         // A transfer sends a fixed number of bytes per flow; bulk runs to stop.
                         let segments = (wl.kind == WorkloadKind::Transfer)
                             .then(|| wl.bytes.unwrap_or(0).div_ceil(mss as u64).max(1));
+                        if segments.is_some() {
+                            transfer_flows_left.insert((r, res), wl.flows());
+                        }
                         for _ in 0..wl.flows() {
                             let mut app = TcpApp::new(
                                 src,
@@ -723,6 +730,7 @@ impl World {
             fine: vec![vec![0; (duration / FINE_BIN_NS + 1) as usize]; sc.tenants.len()],
             tenant_names: sc.tenants.iter().map(|t| t.name.clone()).collect(),
             flows: Vec::new(),
+            transfer_flows_left,
             mss,
             min_rto: sim.min_rto_us * 1000,
             dupack_threshold: sim.dupack_threshold,
@@ -1219,6 +1227,16 @@ impl World {
                     if let Some(tag) = &t.tag {
                         self.flows
                             .push((tag.to_string(), t.bytes, (now - t.start) as f64 / 1e3));
+                    } else if let Some(left) = self.transfer_flows_left.get_mut(&(t.replica, t.res))
+                    {
+                        // The lab times the last byte's arrival; its ACK is here half an RTT
+                        // later.
+                        *left -= 1;
+                        if *left == 0 {
+                            let r = &mut self.results[t.replica as usize][t.res];
+                            r.completion_ns = Some(now - t.start);
+                            r.active_ns = (now - t.start).max(1);
+                        }
                     }
                     return;
                 }

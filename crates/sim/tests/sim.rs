@@ -180,6 +180,21 @@ fn egress_shaped_runs_unchanged_and_isolation_keeps_the_fast_path() {
     );
 }
 
+#[test]
+fn lab_shuffle_transfers_complete_in_guarantee_order_only_with_isolation() {
+    // The lab's `transfer` workloads record when their last flow finished, as in the lab.
+    let out = run(
+        &Spec::parse(&scenario("shuffle-priority.toml")).unwrap(),
+        1,
+        None,
+        false,
+    )
+    .unwrap();
+    let order = |mode: &str| out.summary.metrics[mode].get("completion_order").copied();
+    assert_eq!(order("picnic"), Some(1.0), "{}", out.table);
+    assert_eq!(order("picnic-off"), Some(0.0), "{}", out.table);
+}
+
 fn sim_scenario(file: &str) -> String {
     scenario(&format!("sim/{file}"))
 }
