@@ -147,23 +147,27 @@ impl PacketCostModel {
         per_byte: 0,
     };
 
-    fn weight(&self, bytes: u32) -> u128 {
-        self.per_packet as u128 + self.per_byte as u128 * bytes as u128
+    fn weight(&self, packets: u32, bytes: u64) -> u128 {
+        (self.per_packet as u128 * packets as u128)
+            .saturating_add((self.per_byte as u128).saturating_mul(bytes as u128))
     }
 }
 
-/// One packet of a measured batch.
+/// Packets of one tenant in a measured batch: one packet (`packets: 1`), or a tally of all
+/// the packets a tenant had in the batch (a switch loop iteration tallies per tenant).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct BatchPacket {
-    /// Index of the tenant the packet belongs to.
+    /// Index of the tenant the packets belong to.
     pub tenant: usize,
-    /// Packet length in bytes.
-    pub bytes: u32,
+    /// How many packets this entry stands for.
+    pub packets: u32,
+    /// Their total length in bytes.
+    pub bytes: u64,
 }
 
-/// Calls `f(i, ns)` with packet `i`'s share of the batch: `fixed_overhead` evenly, the rest by
-/// `model` weight. Shares are computed by differences of cumulative floors, so they sum to
-/// `total` exactly and each is within 1 ns of its exact real share.
+/// Calls `f(i, ns)` with entry `i`'s share of the batch: `fixed_overhead` in proportion to
+/// packets, the rest by `model` weight. Shares are computed by differences of cumulative
+/// floors, so they sum to `total` exactly and each is within 1 ns of its exact real share.
 fn for_each_share(
     batch: BatchCost,
     model: PacketCostModel,
@@ -176,22 +180,27 @@ fn for_each_share(
     let total = batch.total.as_nanos() as u128;
     let fixed = (batch.fixed_overhead.as_nanos() as u128).min(total);
     let variable = total - fixed;
-    let n = packets.len() as u128;
-    let total_weight: u128 = packets.iter().map(|p| model.weight(p.bytes)).sum();
+    // Entries standing for no packet count as one, so the fixed part is always split.
+    let count = |p: &BatchPacket| p.packets.max(1) as u128;
+    let n: u128 = packets.iter().map(count).sum();
+    let total_weight = packets
+        .iter()
+        .fold(0u128, |w, p| w.saturating_add(model.weight(p.packets, p.bytes)));
     // `variable * weight` must fit in u128: drop low weight bits beyond 64 (relative error
     // under 2^-63). Cumulative weights stay monotone and end at the total, so the split
     // stays exact.
     let shift = (128 - total_weight.leading_zeros()).saturating_sub(64);
     let scaled_total = total_weight >> shift;
-    let mut cum_weight = 0u128;
+    let (mut cum_weight, mut cum_packets) = (0u128, 0u128);
     let mut prev_fixed = 0u128;
     let mut prev_variable = 0u128;
     for (i, p) in packets.iter().enumerate() {
-        let upto_fixed = fixed * (i as u128 + 1) / n;
-        cum_weight += model.weight(p.bytes);
+        cum_packets += count(p);
+        let upto_fixed = fixed * cum_packets / n;
+        cum_weight = cum_weight.saturating_add(model.weight(p.packets, p.bytes));
         let upto_variable = (variable * (cum_weight >> shift))
             .checked_div(scaled_total)
-            .unwrap_or(variable * (i as u128 + 1) / n);
+            .unwrap_or(variable * cum_packets / n);
         let share = (upto_fixed - prev_fixed) + (upto_variable - prev_variable);
         prev_fixed = upto_fixed;
         prev_variable = upto_variable;

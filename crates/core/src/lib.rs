@@ -5,6 +5,8 @@
 
 /// Token buckets, shapers and per-CPU token caches (EyeQ 4, FairNIC 4.4).
 pub mod bucket;
+/// The measured per-frame cost model of a dataplane loop (Iron 3.1).
+pub mod cost;
 pub mod eyeq;
 pub mod fairnic;
 pub mod iron;

@@ -198,14 +198,17 @@ fn batch_charge_reaches_tenant_accounts() {
     let t1 = a.add_tenant(QUOTA).unwrap();
     let packets = [
         BatchPacket {
+            packets: 1,
             tenant: t0,
             bytes: 1500,
         },
         BatchPacket {
+            packets: 1,
             tenant: t1,
             bytes: 64,
         },
         BatchPacket {
+            packets: 1,
             tenant: t0,
             bytes: 1500,
         },
@@ -222,6 +225,7 @@ fn batch_charge_reaches_tenant_accounts() {
     );
     assert_eq!(a.stats(t1).unwrap().charged_ns, 3_333);
     let bad = [BatchPacket {
+        packets: 1,
         tenant: 7,
         bytes: 1,
     }];
@@ -271,6 +275,7 @@ fn bad_input_gives_errors() {
     assert_eq!(a.admit(at_ms(0), 5), Err(IronError::UnknownTenant(5)));
     let mut out = [0u64; 1];
     let packets = [BatchPacket {
+        packets: 1,
         tenant: 0,
         bytes: 1,
     }; 2];
@@ -291,10 +296,12 @@ fn bad_input_gives_errors() {
 fn batch_split_follows_model() {
     let packets = [
         BatchPacket {
+            packets: 1,
             tenant: 0,
             bytes: 100,
         },
         BatchPacket {
+            packets: 1,
             tenant: 1,
             bytes: 300,
         },
@@ -328,7 +335,7 @@ proptest! {
         per_byte in prop_oneof![0u64..1_000, Just(u64::MAX)],
         sizes in prop::collection::vec(0u32..65_536, 1..64),
     ) {
-        let packets: Vec<_> = sizes.iter().map(|&b| BatchPacket { tenant: 0, bytes: b }).collect();
+        let packets: Vec<_> = sizes.iter().map(|&b| BatchPacket { packets: 1, tenant: 0, bytes: b as u64 }).collect();
         let model = PacketCostModel { per_packet, per_byte };
         let batch = BatchCost { total: Duration::from_nanos(total), fixed_overhead: Duration::from_nanos(fixed) };
         let mut out = vec![0u64; packets.len()];
