@@ -356,6 +356,7 @@ pub fn picnic_config(isolated: bool) -> Result<Config> {
             vni: 100,
             // Iron accounting on, with a quota that does not bind.
             cpu_quota: Some(1.0),
+            cgroup: None,
         }],
         vms: vec![
             VmEntry {
@@ -367,6 +368,7 @@ pub fn picnic_config(isolated: bool) -> Result<Config> {
                 ip: VM_IP.into(),
                 min_mbps: 1000,
                 max_mbps: Some(100_000),
+                max_pps: None,
                 port: Some(PortEntry {
                     ifname: TENANT_DEV.into(),
                     backend: Default::default(),
@@ -382,6 +384,7 @@ pub fn picnic_config(isolated: bool) -> Result<Config> {
                 ip: REMOTE_IP.into(),
                 min_mbps: 1000,
                 max_mbps: None,
+                max_pps: None,
                 port: None,
                 shaped: Vec::new(),
             },

@@ -190,6 +190,15 @@ impl TokenBucket {
         Some(self.last + Duration::from_nanos(ns.min(u64::MAX as u128) as u64))
     }
 
+    /// When the bucket had no token left at its last update, the instant the next one is
+    /// due (a caller holding work back for it wakes then); `None` while tokens are left.
+    pub fn next_token_at(&self) -> Option<Instant> {
+        if self.spendable() > 0 {
+            return None;
+        }
+        self.ready_at(1)
+    }
+
     /// Changes rate and burst at `now`: tokens earned so far are kept (up to
     /// the new burst), the debt and the one-time burst are kept, and the carried
     /// fraction of a token is converted to the new units.

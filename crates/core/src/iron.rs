@@ -421,6 +421,13 @@ impl CpuAccounts {
             .ok_or(IronError::UnknownTenant(tenant))
     }
 
+    /// Whether `tenant` had used its whole budget when the accounts were last brought up to
+    /// date (by [`CpuAccounts::on_timeout`] or any other call): a read-only check for a
+    /// caller deciding whether to read the tenant's port at all. Unknown tenants are not.
+    pub fn exhausted(&self, tenant: usize) -> bool {
+        self.accounts.get(tenant).is_some_and(|a| a.is_throttled())
+    }
+
     /// Decides, before any work is done, whether a packet of `tenant` may be processed.
     ///
     /// Throttled tenants get [`Admission::Throttled`]. With an early-drop threshold T, once

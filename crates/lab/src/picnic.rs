@@ -50,6 +50,7 @@ pub fn switch_config(
             name: tenant.name.clone(),
             vni: vni_of(t),
             cpu_quota: None,
+            cgroup: None,
         })
         .collect();
     let mut vms = Vec::new();
@@ -65,6 +66,7 @@ pub fn switch_config(
                 ip: vm.ip,
                 min_mbps: tenant.min_mbps.max(1),
                 max_mbps: (tenant.max_mbps > 0).then_some(tenant.max_mbps),
+                max_pps: None,
                 port: (h.index == host.index).then(|| PortEntry {
                     ifname: vm.host_port.clone(),
                     backend: if vm.tap {

@@ -1531,7 +1531,7 @@ impl Net {
             if host.ports[p].ring.is_empty() {
                 continue;
             }
-            if !host.engine.rx_ready(p, batch) {
+            if !host.engine.rx_ready(t, p, batch) {
                 continue;
             }
             let k = host.ports[p].ring.len().min(batch);

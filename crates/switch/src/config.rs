@@ -173,6 +173,9 @@ pub struct Isolation {
     pub feedback: bool,
     /// Per-tenant processing-CPU accounting with quota/period throttling (Iron 3).
     pub cpu_accounting: bool,
+    /// Both schedulers share each frame's dominant resource, its measured CPU or its link
+    /// time (PicNIC's CPU-fair WFQ); off: they share bytes.
+    pub cpu_fair: bool,
 }
 impl Default for Isolation {
     fn default() -> Self {
@@ -183,6 +186,7 @@ impl Default for Isolation {
             ingress_wfq: true,
             feedback: true,
             cpu_accounting: true,
+            cpu_fair: true,
         }
     }
 }
@@ -196,6 +200,7 @@ impl Isolation {
             ingress_wfq: false,
             feedback: false,
             cpu_accounting: false,
+            cpu_fair: false,
         }
     }
 }
@@ -266,9 +271,17 @@ pub struct TenantEntry {
     pub name: String,
     /// Geneve VNI identifying the tenant on the wire (24 bits).
     pub vni: u32,
-    /// Share of the ingress engine's processing CPU per period (Iron quota), fraction of a core; none = unlimited.
+    /// The tenant's CPU allocation on this host in cores (Iron): the switch's work for its
+    /// frames counts against it every 10 ms period; when used up, its frames are dropped
+    /// before any work (its ports are not read). None = unlimited.
     #[serde(default)]
     pub cpu_quota: Option<f64>,
+    /// The tenant's cgroup on this host (v1 `/sys/fs/cgroup/cpu/...` or v2 directory): with
+    /// `cpu_quota`, the switch sets its CPU quota every period to the allocation minus the
+    /// switch work done for the tenant in the last period, so the tenant's own tasks and its
+    /// network processing together stay within the allocation (Iron 3.2).
+    #[serde(default)]
+    pub cgroup: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -288,6 +301,10 @@ pub struct VmEntry {
     /// Cap, Mb/s; none = line rate.
     #[serde(default)]
     pub max_mbps: Option<u64>,
+    /// Packets per second the VM may send into the switch and receive from it (each
+    /// direction); the excess waits in the VM's own ring or is dropped before any work.
+    #[serde(default)]
+    pub max_pps: Option<u64>,
     /// The local port (only for VMs on this host).
     #[serde(default)]
     pub port: Option<PortEntry>,
@@ -439,6 +456,12 @@ impl Config {
                     ));
                 }
             }
+            if t.cgroup.is_some() && t.cpu_quota.is_none() {
+                return Err(err(
+                    format!("tenants[{i}].cgroup"),
+                    "needs tenants[].cpu_quota (the allocation the switch charges against)",
+                ));
+            }
         }
         let mut ids = HashSet::new();
         let mut macs = HashSet::new();
@@ -462,6 +485,9 @@ impl Config {
                     f("mac"),
                     format!("duplicate MAC {} in tenant '{}'", v.mac, v.tenant),
                 ));
+            }
+            if v.max_pps == Some(0) {
+                return Err(err(f("max_pps"), "must be > 0 (omit it for no limit)"));
             }
             if v.min_mbps == 0 {
                 return Err(err(f("min_mbps"), "must be > 0 (it is the VM's weight)"));

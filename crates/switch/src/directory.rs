@@ -20,6 +20,8 @@ pub struct Tenant {
     pub name: String,
     pub vni: u32,
     pub cpu_quota: Option<f64>,
+    /// The tenant's cgroup on this host, charged for the switch's work (Iron).
+    pub cgroup: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone, Debug)]
@@ -33,6 +35,7 @@ pub struct Vm {
     pub ip: Ipv4Addr,
     pub min_bps: u64,
     pub max_bps: Option<u64>,
+    pub max_pps: Option<u64>,
     /// Local port when the VM lives on this host.
     pub port: Option<PortIdx>,
     pub shaped: Vec<ShapedClass>,
@@ -72,6 +75,7 @@ impl Directory {
                 name: t.name.clone(),
                 vni: t.vni,
                 cpu_quota: t.cpu_quota,
+                cgroup: t.cgroup.clone(),
             });
         }
         for h in &cfg.hosts {
@@ -108,6 +112,7 @@ impl Directory {
                 mac: v.mac,
                 ip: v.ip,
                 min_bps: v.min_mbps * 1_000_000,
+                max_pps: v.max_pps,
                 max_bps: v.max_mbps.map(|m| m * 1_000_000),
                 port,
                 shaped: v.shaped.clone(),

@@ -2,6 +2,7 @@
 //! sans-I/O egress and ingress engines, config, the run loop, the control API and metrics.
 
 pub mod api;
+pub mod cgroup;
 pub mod config;
 pub mod directory;
 pub mod engine;

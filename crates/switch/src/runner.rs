@@ -17,7 +17,8 @@ use picnic_core::{Duration, Instant};
 
 use crate::config::{BackendKind, Config};
 use crate::directory::{PortIdx, TenantIdx, UPLINK};
-use crate::engine::{Engine, Snapshot, Work};
+use crate::cgroup::CpuQuota;
+use crate::engine::{Engine, Snapshot, Work, IRON_PERIOD};
 use crate::frame::{Frame, FramePool};
 use crate::port::{
     wait_readable, AfPacketOptions, AfPacketPort, AfXdpOptions, AfXdpPort, Port, PortStats, TapPort,
@@ -43,24 +44,17 @@ impl Default for Clock {
     }
 }
 
-/// The real processing step: the configured synthetic cost (spinning, as a heavy rule set
-/// would), measured so the tenant is charged what it actually took (Iron 3.1).
-///
-/// The cost is CPU time, not elapsed time: a switch thread preempted in the middle of one
-/// tenant's frame must not charge that tenant for the milliseconds it was off the CPU (on a
-/// shared machine that turned a light tenant's occasional frame into a debt that kept it
-/// queued behind a flood for tens of ms). Frames with synthetic work spin on the thread's
-/// CPU clock; frames without it are measured with the cheaper monotonic clock and capped.
+/// The optional synthetic rule-set cost (`ingress.work_ns`, `ingress.work_ps_per_byte`):
+/// spins on the thread's CPU clock for that long and returns what it took, so the frame's
+/// scheduler charge includes it. Without it, processing is the loop's own work, measured
+/// per iteration ([`Engine::charge_cpu`]).
 pub struct SpinWork {
-    clock: Clock,
     work_ns: u64,
     work_ps_per_byte: u64,
 }
 
-/// Most a frame without synthetic work is charged, ns: anything above is preemption.
-const MAX_PLAIN_FRAME_COST_NS: u64 = 50_000;
-
-fn thread_cpu_ns() -> u64 {
+/// CPU time of the calling thread, ns.
+pub fn thread_cpu_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -74,10 +68,7 @@ impl Work for SpinWork {
     fn process(&mut self, _tenant: TenantIdx, frame: &mut Frame) -> u64 {
         let target = self.work_ns + self.work_ps_per_byte * frame.len() as u64 / 1000;
         if target == 0 {
-            let start = self.clock.now();
-            return (self.clock.now() - start)
-                .as_nanos()
-                .min(MAX_PLAIN_FRAME_COST_NS);
+            return 0;
         }
         let start = thread_cpu_ns();
         loop {
@@ -215,7 +206,6 @@ impl Switch {
         clock: Clock,
     ) -> Switch {
         let work = SpinWork {
-            clock,
             work_ns: cfg.ingress.work_ns,
             work_ps_per_byte: cfg.ingress.work_ps_per_byte,
         };
@@ -280,8 +270,24 @@ impl Switch {
                 );
             }
         }
+        let mut cgroups = self.open_cgroups()?;
+        let mut quotas = Vec::new();
+        let mut cpu_mark = thread_cpu_ns();
         while !self.stop.load(Ordering::Relaxed) {
             let now = self.clock.now();
+            // Iron 3.1: the previous iteration's CPU time, all of it (I/O, engines, the
+            // wait), charged to the VMs whose frames it handled.
+            let cpu_now = thread_cpu_ns();
+            self.engine.charge_cpu(now, cpu_now - cpu_mark);
+            cpu_mark = cpu_now;
+            self.engine.cgroup_quotas(now, &mut quotas);
+            for &(tenant, quota) in &quotas {
+                if let Some(Some(group)) = cgroups.get_mut(tenant) {
+                    if let Err(e) = group.set(quota) {
+                        eprintln!("picnic switch: warning: {e:#}");
+                    }
+                }
+            }
             if now >= next_publish {
                 next_publish = now + Duration::from_millis(100);
                 self.publish();
@@ -294,7 +300,7 @@ impl Switch {
             }
             let mut busy = 0;
             for p in 0..self.ports.len() {
-                if !self.engine.rx_ready(p, batch) {
+                if !self.engine.rx_ready(now, p, batch) {
                     continue;
                 }
                 // The shared uplink ring is drained further than it is processed: reading and
@@ -358,13 +364,39 @@ impl Switch {
             // wake the loop at once, again and again. Its queue drains by the deadline.
             fds.extend(
                 (0..self.ports.len())
-                    .filter(|&p| self.engine.rx_ready(p, batch))
+                    .filter(|&p| self.engine.rx_ready(now, p, batch))
                     .filter_map(|p| self.ports[p].raw_fd()),
             );
             wait_readable(&fds, std::time::Duration::from_nanos(timeout.as_nanos()))?;
         }
         self.publish();
+        self.release_cgroups(&mut cgroups);
         Ok(())
+    }
+
+    /// The quota file of every tenant with a `cgroup` (index = tenant), period set to Iron's.
+    fn open_cgroups(&self) -> anyhow::Result<Vec<Option<CpuQuota>>> {
+        self.cfg
+            .tenants
+            .iter()
+            .enumerate()
+            .map(|(i, t)| match (&t.cgroup, self.cfg.isolation.cpu_accounting) {
+                (Some(dir), true) => CpuQuota::open(dir, IRON_PERIOD)
+                    .map(Some)
+                    .with_context(|| format!("tenants[{i}].cgroup")),
+                _ => Ok(None),
+            })
+            .collect()
+    }
+
+    /// Gives each charged cgroup its whole allocation back when the switch stops.
+    fn release_cgroups(&self, cgroups: &mut [Option<CpuQuota>]) {
+        for (t, group) in self.cfg.tenants.iter().zip(cgroups.iter_mut()) {
+            if let (Some(group), Some(cores)) = (group.as_mut(), t.cpu_quota) {
+                let allocation = IRON_PERIOD.as_nanos() as f64 * cores;
+                let _ = group.set(Duration::from_nanos(allocation as u64));
+            }
+        }
     }
 
     fn transmit(&mut self) -> anyhow::Result<()> {

@@ -31,12 +31,14 @@ pub enum DropReason {
     IngressQueueFull,
     /// The tenant had exhausted its processing-CPU quota (Iron: dropped before any work).
     CpuThrottled,
+    /// The VM was over its `max_pps` (dropped before any work).
+    PpsLimit,
     /// No free frame buffer (pool exhausted).
     NoBuffer,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 13] = [
+    pub const ALL: [DropReason; 14] = [
         DropReason::Malformed,
         DropReason::Spoofed,
         DropReason::UnknownDestination,
@@ -49,6 +51,7 @@ impl DropReason {
         DropReason::ShapedQueueFull,
         DropReason::IngressQueueFull,
         DropReason::CpuThrottled,
+        DropReason::PpsLimit,
         DropReason::NoBuffer,
     ];
     pub fn as_str(self) -> &'static str {
@@ -65,6 +68,7 @@ impl DropReason {
             DropReason::ShapedQueueFull => "shaped_queue_full",
             DropReason::IngressQueueFull => "ingress_queue_full",
             DropReason::CpuThrottled => "cpu_throttled",
+            DropReason::PpsLimit => "pps_limit",
             DropReason::NoBuffer => "no_buffer",
         }
     }
@@ -111,7 +115,7 @@ pub struct VmCounters {
     pub rx_bytes: u64,
     /// Drops of frames from or to this VM, by reason.
     pub drops: Drops,
-    /// Ingress processing cost charged for this VM, ns.
+    /// Dataplane CPU time charged for this VM's frames (both directions, I/O included), ns.
     pub cost_ns: u64,
     /// Time frames to this VM waited in its ingress queue.
     pub ingress_wait: WaitHistogram,
@@ -168,4 +172,11 @@ pub struct SwitchCounters {
     /// Frames marked ECN CE by a filling limiter queue.
     pub ecn_marked: u64,
     pub drops: Drops,
+    /// Dataplane thread CPU time measured, ns: the VMs' `cost_ns`, `unattributed_ns` and
+    /// `overhead_ns` add up to it exactly.
+    pub cpu_ns: u64,
+    /// CPU spent on frames that belonged to no local VM (malformed, unknown, feedback), ns.
+    pub unattributed_ns: u64,
+    /// CPU spent in loop iterations that handled no frame (waiting, polling), ns.
+    pub overhead_ns: u64,
 }

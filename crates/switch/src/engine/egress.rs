@@ -15,15 +15,15 @@ use picnic_wire::classify::{classify, FrameSummary, Network};
 use picnic_wire::ecn::mark_ce;
 use picnic_wire::overlay::{entropy_source_port, ENCAP_OVERHEAD};
 
-use super::{sender_config, vm_scheduler, Engine};
+use super::{cost_kind, ps_per_byte, sender_config, vm_scheduler, Engine};
 use crate::config::{Config, Mac};
 use crate::directory::{Directory, PortIdx, VmIdx, UPLINK};
 use crate::frame::{Frame, FramePool};
 use crate::stats::DropReason;
 
-/// A frame on its way to a remote VM: the frame, its destination VM and the outer UDP
-/// source port (flow entropy).
-pub(super) type Outbound = (Frame, VmIdx, u16);
+/// A frame on its way to a remote VM: the frame, its destination VM, the outer UDP source
+/// port (flow entropy) and the local VM that sent it (who pays for its CPU).
+pub(super) type Outbound = (Frame, VmIdx, u16, VmIdx);
 
 /// What a separately shaped queue of a VM is for.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -50,6 +50,8 @@ pub struct Egress {
     next_gc: Instant,
     /// Frames picked in one poll, before their outer headers are written (reused buffer).
     scratch: Vec<Outbound>,
+    /// Time one byte takes on the uplink, ps: a frame's link cost in the CPU-fair WFQ.
+    ps_per_wire_byte: u64,
 }
 
 /// Queue length of a limiter at which ECN-capable frames are marked CE.
@@ -62,14 +64,30 @@ fn burst_for(rate_bytes: u64) -> u64 {
 
 impl Egress {
     pub fn new(cfg: &Config, dir: &Directory, now: Instant) -> anyhow::Result<Egress> {
+        let link_bps = cfg
+            .uplink
+            .capacity_mbps
+            .unwrap_or(cfg.ingress.capacity_mbps)
+            .max(1)
+            * 1_000_000;
+        let ps_per_wire_byte = ps_per_byte(link_bps);
+        let kind = cost_kind(cfg);
+        // A cap in bytes/s; with the dominant-resource cost, the same cap in ns of link time
+        // per second (a frame costs at least its link time, so the VM's bytes stay capped).
         let cap = |vm: &crate::directory::Vm| {
-            vm.max_bps.map(|max| Cap {
-                per_sec: max / 8,
-                burst: burst_for(max / 8),
+            vm.max_bps.map(|max| match kind {
+                CostKind::Measured { .. } => Cap {
+                    per_sec: (max as u128 * 1_000_000_000 / link_bps as u128).max(1) as u64,
+                    burst: burst_for(max / 8) * ps_per_wire_byte / 1000,
+                },
+                _ => Cap {
+                    per_sec: max / 8,
+                    burst: burst_for(max / 8),
+                },
             })
         };
         let (wfq, queue_of) = vm_scheduler(
-            CostKind::Bytes,
+            kind,
             dir,
             cfg.egress.queue_packets,
             cfg.isolation.egress_wfq,
@@ -102,6 +120,7 @@ impl Egress {
             shaped_queue_packets: cfg.egress.shaped_queue_packets,
             next_gc: now,
             scratch: Vec::with_capacity(cfg.switch.batch),
+            ps_per_wire_byte,
         })
     }
 
@@ -202,6 +221,11 @@ impl Engine {
         let c = &mut self.vm_counters[vm];
         c.tx_packets += 1;
         c.tx_bytes += frame.len() as u64;
+        // Packets/s limit (PicNIC: capacity is packets as well as bytes): the port is not
+        // read while the bucket is in debt, so the excess waits in the VM's own ring.
+        if let Some(pps) = self.pps_out[vm].as_mut() {
+            pps.force_consume(now, 1);
+        }
         let Ok(summary) = classify(frame.data()) else {
             return self.drop_frame(pool, frame, Some(vm), DropReason::Malformed);
         };
@@ -233,7 +257,7 @@ impl Engine {
         if frame.len() + ENCAP_OVERHEAD > self.uplink_mtu + 14 {
             return self.drop_frame(pool, frame, Some(vm), DropReason::TooBig);
         }
-        let item = (frame, w, entropy_source_port(summary.flow_hash()));
+        let item = (frame, w, entropy_source_port(summary.flow_hash()), vm);
         // Limiters and the pacer count bytes on the wire, encapsulation included, the unit
         // the receiver meters its access link in.
         let len = item.0.len() as u64;
@@ -369,13 +393,22 @@ impl Engine {
                 break;
             }
             let Some(d) = eg.wfq.dequeue(now) else { break };
+            let wire_len = d.len_bytes as u64 + encap_len;
             if let Some(p) = eg.pacer.as_mut() {
-                p.force_consume(now, d.len_bytes as u64 + encap_len);
+                p.force_consume(now, wire_len);
+            }
+            if self.cpu_fair {
+                // PicNIC's CPU-fair WFQ: settle the estimate with the frame's measured cost.
+                let cost = self
+                    .cpu
+                    .frame_cost(d.len_bytes as usize, 0, wire_len, eg.ps_per_wire_byte);
+                let _ = eg.wfq.settle(d.queue, d.cost, cost);
             }
             picked.push(d.item);
         }
         let done = picked.len();
-        for (mut frame, w, entropy) in picked.drain(..) {
+        for (mut frame, w, entropy, src) in picked.drain(..) {
+            self.cpu.note(Some(src), frame.len());
             let (host, endpoint, tenant) = {
                 let v = &self.dir.vms[w];
                 (v.host, v.id, v.tenant)

@@ -15,19 +15,16 @@
 use picnic_core::eyeq::{EndpointConfig, Receiver, ReceiverConfig};
 use picnic_core::iron::Admission;
 use picnic_core::time::NANOS_PER_SEC;
-use picnic_core::wfq::{CostKind, QueueId, Wfq};
+use picnic_core::wfq::{QueueId, Wfq};
 use picnic_core::{Duration, Instant};
 use picnic_wire::overlay::decap;
 use picnic_wire::Error as WireError;
 
-use super::{vm_scheduler, Engine, Work};
+use super::{cost_kind, ps_per_byte, vm_scheduler, Engine, Work};
 use crate::config::{Config, Mac};
 use crate::directory::{Directory, VmIdx};
 use crate::frame::{Frame, FramePool};
 use crate::stats::DropReason;
-
-/// A first guess of a frame's processing cost before anything was measured, ns.
-const INITIAL_COST_ESTIMATE_NS: u64 = 1_000;
 
 pub struct Ingress {
     /// Queued frames with their destination VM and when they were queued.
@@ -43,6 +40,8 @@ pub struct Ingress {
     cost_budget_ns: u64,
     /// What the engine can actually process per second (PicNIC: capacity is variable).
     capacity: CpuCapacity,
+    /// Time one byte takes on the access link, ps: a frame's link cost in the CPU-fair WFQ.
+    ps_per_wire_byte: u64,
 }
 
 /// Estimates the processing the ingress engine really gets per second: the CPU it runs on is
@@ -109,12 +108,8 @@ impl CpuCapacity {
 
 impl Ingress {
     pub fn new(cfg: &Config, dir: &Directory, now: Instant) -> anyhow::Result<Ingress> {
-        let kind = CostKind::Measured {
-            initial_estimate: INITIAL_COST_ESTIMATE_NS,
-            ewma_shift: 3,
-        };
         let (wfq, queue_of) = vm_scheduler(
-            kind,
+            cost_kind(cfg),
             dir,
             cfg.ingress.queue_packets,
             cfg.isolation.ingress_wfq,
@@ -195,6 +190,7 @@ impl Ingress {
             ns_per_byte_fp: vec![0; dir.vms.len()],
             cost_budget_ns: cfg.ingress.poll_budget_us * 1_000,
             capacity: CpuCapacity::new(NANOS_PER_SEC, now),
+            ps_per_wire_byte: ps_per_byte(cfg.ingress.capacity_mbps.max(1) * 1_000_000),
         })
     }
 
@@ -254,7 +250,13 @@ impl Ingress {
 
 impl Engine {
     /// A frame from the uplink: overlay traffic for a local VM, or feedback for our senders.
-    pub(super) fn from_uplink(&mut self, now: Instant, mut frame: Frame, pool: &mut FramePool) {
+    /// Returns the local VM the frame was for, who pays for the work done on it.
+    pub(super) fn from_uplink(
+        &mut self,
+        now: Instant,
+        mut frame: Frame,
+        pool: &mut FramePool,
+    ) -> Option<VmIdx> {
         self.counters.uplink_rx_packets += 1;
         let (vni, feedback, src_ip, inner_offset, standalone) = match decap(frame.data()) {
             Ok(d) => (
@@ -265,9 +267,13 @@ impl Engine {
                 d.geneve.is_standalone_feedback(),
             ),
             Err(WireError::NotGeneve) => {
-                return self.drop_frame(pool, frame, None, DropReason::NotOverlay)
+                self.drop_frame(pool, frame, None, DropReason::NotOverlay);
+                return None;
             }
-            Err(_) => return self.drop_frame(pool, frame, None, DropReason::Malformed),
+            Err(_) => {
+                self.drop_frame(pool, frame, None, DropReason::Malformed);
+                return None;
+            }
         };
         if let Some(fb) = feedback {
             self.counters.feedback_received += 1;
@@ -275,17 +281,21 @@ impl Engine {
                 .on_feedback(now, fb.dst_endpoint, fb.rate_bps / 8, fb.seq);
         }
         if standalone {
-            return pool.put(frame);
+            pool.put(frame);
+            return None;
         }
         let Some(tenant) = self.dir.tenant_by_vni(vni) else {
-            return self.drop_frame(pool, frame, None, DropReason::UnknownVni);
+            self.drop_frame(pool, frame, None, DropReason::UnknownVni);
+            return None;
         };
         let Some(source) = self.dir.host_by_underlay(src_ip) else {
-            return self.drop_frame(pool, frame, None, DropReason::UnknownHost);
+            self.drop_frame(pool, frame, None, DropReason::UnknownHost);
+            return None;
         };
         let inner = &frame.data()[inner_offset..];
         if inner.len() < 14 {
-            return self.drop_frame(pool, frame, None, DropReason::Malformed);
+            self.drop_frame(pool, frame, None, DropReason::Malformed);
+            return None;
         }
         let dst = Mac(inner[0..6].try_into().expect("length checked"));
         // Lookup within the VNI's tenant only: no frame can reach another tenant's VM.
@@ -294,11 +304,13 @@ impl Engine {
             .vm_by_mac(tenant, dst)
             .filter(|&w| self.dir.vms[w].port.is_some())
         else {
-            return self.drop_frame(pool, frame, None, DropReason::UnknownDestination);
+            self.drop_frame(pool, frame, None, DropReason::UnknownDestination);
+            return None;
         };
         let wire_len = frame.len() as u64;
         frame.strip_front(inner_offset);
         self.to_local_vm(now, w, frame, Some((source, wire_len)), pool);
+        Some(w)
     }
 
     /// Queues a frame for local VM `w`; `source` is the sending host and the frame's length on
@@ -315,6 +327,11 @@ impl Engine {
         if let (Some(iron), Some(account)) = (self.iron.as_mut(), self.iron_index[tenant]) {
             if !matches!(iron.admit(now, account), Ok(Admission::Admit)) {
                 return self.drop_frame(pool, frame, Some(w), DropReason::CpuThrottled);
+            }
+        }
+        if let Some(pps) = self.pps_in[w].as_mut() {
+            if !pps.try_consume(now, 1) {
+                return self.drop_frame(pool, frame, Some(w), DropReason::PpsLimit);
             }
         }
         let len = frame.len() as u64;
@@ -345,9 +362,13 @@ impl Engine {
         let (Some(link), Some(cpu)) = (ing.link.as_mut(), ing.cpu.as_mut()) else {
             return;
         };
-        let est_cost = ing.queue_of[w]
-            .and_then(|q| ing.wfq.estimate(q))
-            .unwrap_or(INITIAL_COST_ESTIMATE_NS);
+        // The frame's CPU cost, from the VM's measured CPU per byte (the model's figure
+        // until a frame of this VM has been processed).
+        let est_cost = match ing.ns_per_byte_fp[w] {
+            0 => self.cpu.frame_cost(len as usize, 0, 0, 0),
+            per_byte => (per_byte * len) >> 16,
+        }
+        .max(1);
         let sampled_link = link.on_packet(now, w, source, len).ok().flatten();
         let sampled_cpu = cpu.on_packet(now, w, source, est_cost).ok().flatten();
         let seq = match (sampled_link, sampled_cpu) {
@@ -380,11 +401,20 @@ impl Engine {
             let (mut frame, w, queued_at) = d.item;
             let tenant = self.dir.vms[w].tenant;
             let len = frame.len() as u64;
-            let cost = work.process(tenant, &mut frame).max(1);
-            // PicNIC CPU-fair WFQ: settle the estimate with the measured cost.
-            let _ = self.ingress.wfq.settle(d.queue, d.cost, cost);
-            if let (Some(iron), Some(account)) = (self.iron.as_mut(), self.iron_index[tenant]) {
-                let _ = iron.charge(now, account, Duration::from_nanos(cost));
+            let work_ns = work.process(tenant, &mut frame);
+            self.cpu.note(Some(w), frame.len());
+            self.cpu.note_direct(w, work_ns);
+            let cost = self.cpu.frame_cost(frame.len(), work_ns, 0, 0);
+            if self.cpu_fair {
+                // PicNIC CPU-fair WFQ: settle the estimate with the frame's measured cost
+                // (or its access-link time, if that is the larger share it takes).
+                let wfq_cost = self.cpu.frame_cost(
+                    frame.len(),
+                    work_ns,
+                    len + self.encap_len,
+                    self.ingress.ps_per_wire_byte,
+                );
+                let _ = self.ingress.wfq.settle(d.queue, d.cost, wfq_cost);
             }
             let per_byte = &mut self.ingress.ns_per_byte_fp[w];
             let sample = (cost << 16) / (len + self.encap_len);
@@ -396,7 +426,6 @@ impl Engine {
             let c = &mut self.vm_counters[w];
             c.rx_packets += 1;
             c.rx_bytes += len;
-            c.cost_ns += cost;
             c.ingress_wait.record((now - queued_at).as_nanos());
             let port = self.dir.vms[w].port.expect("queued only for local VMs");
             self.tx[port].push(frame);

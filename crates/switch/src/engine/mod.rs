@@ -11,9 +11,11 @@
 //! evaluation, delivery) is spent after the scheduler chose the frame, and is measured by the
 //! caller's [`Work`] so it can be charged to the tenant it was spent for (Iron 3).
 
+mod cpu;
 mod egress;
 mod ingress;
 
+use picnic_core::bucket::TokenBucket;
 use picnic_core::eyeq;
 use picnic_core::iron::{CpuAccounts, IronConfig};
 use picnic_core::{Duration, Instant};
@@ -31,16 +33,18 @@ use picnic_core::wfq::{Cap, CostKind, QueueId, QueueLimits, Wfq};
 pub use egress::Egress;
 pub use ingress::Ingress;
 
-/// The expensive per-packet processing done after the ingress scheduler picked a frame
-/// (policy rules, copies, synthetic work). Returns the processing cost in ns to charge.
-/// The switch measures real CPU time; the simulator returns a modelled cost.
+/// Extra per-frame processing done after the ingress scheduler picked a frame: the optional
+/// synthetic rule-set cost (`ingress.work_ns`), or the simulator's modelled cost. Returns the
+/// ns it took, which the frame's scheduler charge includes. The loop's own CPU time (I/O,
+/// engines) is measured per iteration and charged through [`Engine::charge_cpu`].
 pub trait Work {
     fn process(&mut self, tenant: TenantIdx, frame: &mut Frame) -> u64;
 }
 
-/// How long after the last feedback a sender's limiter halves, and the Iron period.
+/// How long after the last feedback a sender's limiter halves.
 const FEEDBACK_TIMEOUT: Duration = Duration::from_millis(100);
-const IRON_PERIOD: Duration = Duration::from_millis(10);
+/// Iron's accounting period, which is also the period of the cgroups the switch charges.
+pub const IRON_PERIOD: Duration = Duration::from_millis(10);
 
 /// Both engines of one host plus the tables they share.
 pub struct Engine {
@@ -55,6 +59,14 @@ pub struct Engine {
     /// Per-tenant processing-CPU accounts (Iron); `iron_index[t]` is the tenant's account.
     iron: Option<CpuAccounts>,
     iron_index: Vec<Option<usize>>,
+    /// Per local VM with `max_pps`: packets it may send into / receive from the switch.
+    pps_out: Vec<Option<TokenBucket>>,
+    pps_in: Vec<Option<TokenBucket>>,
+    /// Frames handled per VM since the loop last charged its CPU time.
+    cpu: cpu::CpuLedger,
+    /// Whether both schedulers share the dominant resource (CPU or link time) instead of
+    /// bytes.
+    cpu_fair: bool,
     /// Frames waiting for each port's transmit, filled by the engines, drained by the caller.
     tx: Vec<Vec<Frame>>,
     pub vm_counters: Vec<VmCounters>,
@@ -94,6 +106,8 @@ impl Engine {
             None
         };
         let ports = dir.port_count();
+        let dir_vms = dir.vms.len();
+        let (pps_out, pps_in) = (pps_buckets(&dir, now), pps_buckets(&dir, now));
         Ok(Engine {
             vm_counters: vec![VmCounters::default(); dir.vms.len()],
             dir,
@@ -105,6 +119,10 @@ impl Engine {
             ingress,
             iron,
             iron_index,
+            pps_out,
+            pps_in,
+            cpu: cpu::CpuLedger::new(dir_vms),
+            cpu_fair: cfg.isolation.cpu_fair,
             tx: (0..ports)
                 .map(|_| Vec::with_capacity(cfg.switch.batch * 2))
                 .collect(),
@@ -114,8 +132,9 @@ impl Engine {
 
     /// Whether the caller should read `port` now. A VM port whose egress queue cannot take
     /// another batch is not read (backpressure: the VM's frames wait in its own ring rather
-    /// than being dropped here, PicNIC 2.1).
-    pub fn rx_ready(&self, port: PortIdx, batch: usize) -> bool {
+    /// than being dropped here, PicNIC 2.1), nor one over its packet rate or whose tenant
+    /// used its CPU allocation (Iron 3.2: no work is spent on a throttled tenant's frames).
+    pub fn rx_ready(&self, now: Instant, port: PortIdx, batch: usize) -> bool {
         match self.dir.port_vm.get(port) {
             // Without admission isolation a VM's shaped class shares the VM's one queue, as
             // in the stacks PicNIC 2.1 describes: while shaped frames wait, nothing behind
@@ -123,8 +142,23 @@ impl Engine {
             Some(Some(vm)) => {
                 self.egress.has_room(*vm, batch)
                     && (self.isolation.admission || !self.egress.shaped_backlog(*vm))
+                    && self.pps_out[*vm]
+                        .as_ref()
+                        .is_none_or(|b| b.available(now) > 0)
+                    && !self.cpu_throttled(*vm)
             }
             _ => true,
+        }
+    }
+
+    /// Whether `vm`'s tenant has used its CPU allocation for this period (Iron 3.2): its port
+    /// is then not read, so its frames wait or are dropped by the kernel at the sender's
+    /// expense, before the switch spends any work on them.
+    fn cpu_throttled(&self, vm: VmIdx) -> bool {
+        let tenant = self.dir.vms[vm].tenant;
+        match (self.iron.as_ref(), self.iron_index[tenant]) {
+            (Some(iron), Some(account)) => iron.exhausted(account),
+            _ => false,
         }
     }
 
@@ -137,11 +171,15 @@ impl Engine {
         pool: &mut FramePool,
     ) {
         for frame in frames.drain(..) {
+            let len = frame.len();
             if port == UPLINK {
-                self.from_uplink(now, frame, pool);
+                let owner = self.from_uplink(now, frame, pool);
+                self.cpu.note(owner, len);
             } else if let Some(Some(vm)) = self.dir.port_vm.get(port).copied() {
+                self.cpu.note(Some(vm), len);
                 self.from_vm(now, vm, port, frame, pool);
             } else {
+                self.cpu.note(None, len);
                 pool.put(frame);
             }
         }
@@ -171,7 +209,14 @@ impl Engine {
     /// sendable, a cap lifts, a meter window closes, a quota period starts).
     pub fn poll_at(&self) -> Option<Instant> {
         let iron = self.iron.as_ref().and_then(|i| i.poll_at());
-        [self.egress.poll_at(), self.ingress.poll_at(), iron]
+        // A port held back by its packet rate becomes readable when a token is back.
+        let pps = self
+            .pps_out
+            .iter()
+            .flatten()
+            .filter_map(|b| b.next_token_at())
+            .min();
+        [self.egress.poll_at(), self.ingress.poll_at(), iron, pps]
             .into_iter()
             .flatten()
             .min()
@@ -268,6 +313,7 @@ impl Engine {
         match picnic_wire::overlay::encap(&outer, &geneve, &[], frame.buf_for_rx()) {
             Ok(n) => {
                 frame.set_len(n);
+                self.cpu.note(Some(vm), n);
                 self.counters.feedback_sent += 1;
                 self.tx[UPLINK].push(frame);
             }
@@ -329,6 +375,11 @@ impl Engine {
             vms,
             tenants,
             switch: self.counters.clone(),
+            cost_model: self.cpu.model().map(|c| CostModelView {
+                fixed_ns: c.fixed_ns,
+                per_frame_ns: c.per_packet_ns,
+                per_byte_ns: c.per_byte_ns,
+            }),
         }
     }
 }
@@ -339,6 +390,16 @@ pub struct Snapshot {
     pub vms: Vec<VmSnapshot>,
     pub tenants: Vec<TenantSnapshot>,
     pub switch: SwitchCounters,
+    /// The loop's measured cost model (per iteration, per frame handling, per byte).
+    pub cost_model: Option<CostModelView>,
+}
+
+/// The fitted CPU cost of the dataplane loop, ns (see `engine::cpu`).
+#[derive(Clone, Debug, Serialize)]
+pub struct CostModelView {
+    pub fixed_ns: f64,
+    pub per_frame_ns: f64,
+    pub per_byte_ns: f64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -425,6 +486,39 @@ fn vm_scheduler<T>(
     Ok((wfq, queue_of))
 }
 
+/// What both schedulers share: with `isolation.cpu_fair` the dominant resource a frame uses
+/// (its measured CPU or its time on the link, whichever is larger: one scheduler over bits
+/// and cycles, as BESS; PicNIC's CPU-fair WFQ when the CPU is the bottleneck), otherwise
+/// bytes.
+fn cost_kind(cfg: &Config) -> CostKind {
+    if cfg.isolation.cpu_fair {
+        CostKind::Measured {
+            initial_estimate: 1_000,
+            ewma_shift: 3,
+        }
+    } else {
+        CostKind::Bytes
+    }
+}
+
+/// A packets/s bucket for every local VM with `max_pps` (burst: 1 ms of its rate, at
+/// least one batch).
+fn pps_buckets(dir: &Directory, now: Instant) -> Vec<Option<TokenBucket>> {
+    dir.vms
+        .iter()
+        .map(|v| {
+            v.max_pps
+                .filter(|_| v.port.is_some())
+                .map(|pps| TokenBucket::new(pps, (pps / 1000).max(64), now))
+        })
+        .collect()
+}
+
+/// Picoseconds one byte takes on a link of `bps`.
+fn ps_per_byte(bps: u64) -> u64 {
+    (8_000_000_000_000u128 / bps.max(1) as u128) as u64
+}
+
 /// EyeQ sender configuration used by the egress engine. Limiters are keyed by destination
 /// endpoint, so the table needs room for the directory's endpoints only (twice, at least
 /// 64): its size is what `poll_at`/`on_timeout` scan on every poll.
@@ -438,5 +532,7 @@ fn sender_config(cfg: &Config) -> eyeq::SenderConfig {
     }
 }
 
+#[cfg(test)]
+mod cpu_tests;
 #[cfg(test)]
 mod tests;

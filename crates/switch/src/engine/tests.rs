@@ -71,7 +71,7 @@ ip = "198.18.0.4"
 PORT2B
 "#;
 
-fn config(host: u32, capacity_mbps: u64) -> Config {
+pub(super) fn config(host: u32, capacity_mbps: u64) -> Config {
     let port = |h: u32, name: &str| {
         if h == host {
             format!("port = {{ ifname = \"{name}\" }}")
@@ -97,18 +97,18 @@ impl Work for FixedWork {
     }
 }
 
-struct Host {
-    engine: Engine,
-    pool: FramePool,
+pub(super) struct Host {
+    pub(super) engine: Engine,
+    pub(super) pool: FramePool,
 }
 impl Host {
-    fn new(id: u32, capacity_mbps: u64) -> Host {
+    pub(super) fn new(id: u32, capacity_mbps: u64) -> Host {
         Host {
             engine: Engine::new(&config(id, capacity_mbps), Instant::ZERO).unwrap(),
             pool: FramePool::new(4096),
         }
     }
-    fn port_of(&self, vm: &str) -> PortIdx {
+    pub(super) fn port_of(&self, vm: &str) -> PortIdx {
         self.engine
             .dir
             .vms
@@ -117,20 +117,20 @@ impl Host {
             .and_then(|v| v.port)
             .unwrap()
     }
-    fn inject(&mut self, now: Instant, port: PortIdx, bytes: &[u8]) {
+    pub(super) fn inject(&mut self, now: Instant, port: PortIdx, bytes: &[u8]) {
         let mut f = self.pool.get().unwrap();
         assert!(f.fill_from(bytes));
         self.engine
             .on_frames(now, port, &mut vec![f], &mut self.pool);
     }
-    fn poll(&mut self, now: Instant) {
+    pub(super) fn poll(&mut self, now: Instant) {
         while self
             .engine
             .poll(now, 64, &mut FixedWork(500), &mut self.pool)
             > 0
         {}
     }
-    fn take(&mut self, port: PortIdx) -> Vec<Vec<u8>> {
+    pub(super) fn take(&mut self, port: PortIdx) -> Vec<Vec<u8>> {
         let q = self.engine.tx_queue(port);
         let out = q.iter().map(|f| f.data().to_vec()).collect();
         for f in q.drain(..) {
@@ -138,7 +138,7 @@ impl Host {
         }
         out
     }
-    fn drops(&self, vm: &str, r: DropReason) -> u64 {
+    pub(super) fn drops(&self, vm: &str, r: DropReason) -> u64 {
         let i = self
             .engine
             .dir
@@ -150,7 +150,7 @@ impl Host {
     }
 }
 
-fn udp(
+pub(super) fn udp(
     src_mac: [u8; 6],
     dst_mac: [u8; 6],
     src: [u8; 4],
@@ -166,17 +166,17 @@ fn udp(
     b.write(&mut out, &data).unwrap();
     out
 }
-const A1: [u8; 6] = [2, 0, 0, 0, 0, 1];
-const B1: [u8; 6] = [2, 0, 0, 0, 0, 2];
-const A2: [u8; 6] = [2, 0, 0, 0, 0, 3];
-const B2: [u8; 6] = [2, 0, 0, 0, 0, 4];
-const IP_A1: [u8; 4] = [198, 18, 0, 1];
-const IP_B1: [u8; 4] = [198, 18, 0, 2];
-const IP_A2: [u8; 4] = [198, 18, 0, 3];
-const IP_B2: [u8; 4] = [198, 18, 0, 4];
+pub(super) const A1: [u8; 6] = [2, 0, 0, 0, 0, 1];
+pub(super) const B1: [u8; 6] = [2, 0, 0, 0, 0, 2];
+pub(super) const A2: [u8; 6] = [2, 0, 0, 0, 0, 3];
+pub(super) const B2: [u8; 6] = [2, 0, 0, 0, 0, 4];
+pub(super) const IP_A1: [u8; 4] = [198, 18, 0, 1];
+pub(super) const IP_B1: [u8; 4] = [198, 18, 0, 2];
+pub(super) const IP_A2: [u8; 4] = [198, 18, 0, 3];
+pub(super) const IP_B2: [u8; 4] = [198, 18, 0, 4];
 
 /// Sends what host `from` put on its uplink to host `to`.
-fn carry(from: &mut Host, to: &mut Host, now: Instant) -> usize {
+pub(super) fn carry(from: &mut Host, to: &mut Host, now: Instant) -> usize {
     let frames = from.take(UPLINK);
     for f in &frames {
         to.inject(now, UPLINK, f);
@@ -354,19 +354,19 @@ fn without_isolation_a_shaped_backlog_blocks_the_vm_queue_head_of_line() {
         // PicNIC 2.1: with its own queue the shaped class leaves the VM's fast path free;
         // sharing the VM's queue, it stops everything behind it.
         assert_eq!(
-            h1.engine.rx_ready(port, 64),
+            h1.engine.rx_ready(Instant::ZERO, port, 64),
             isolated,
             "isolated {isolated}"
         );
         assert!(
-            h1.engine.rx_ready(h1.port_of("b1"), 64),
+            h1.engine.rx_ready(Instant::ZERO, h1.port_of("b1"), 64),
             "other VMs are read"
         );
         // 20 frames at 10 Mb/s drain within 25 ms; then the VM is read again.
         for ms in 1..=30 {
             h1.poll(Instant::ZERO + Duration::from_millis(ms));
         }
-        assert!(h1.engine.rx_ready(port, 64), "isolated {isolated}");
+        assert!(h1.engine.rx_ready(Instant::ZERO, port, 64), "isolated {isolated}");
     }
 }
 
@@ -374,16 +374,16 @@ fn without_isolation_a_shaped_backlog_blocks_the_vm_queue_head_of_line() {
 fn full_egress_queue_backpressures_the_port() {
     let mut h1 = Host::new(1, 1000);
     let port = h1.port_of("a1");
-    assert!(h1.engine.rx_ready(port, 64));
+    assert!(h1.engine.rx_ready(Instant::ZERO, port, 64));
     for _ in 0..512 {
         h1.inject(Instant::ZERO, port, &udp(A1, A2, IP_A1, IP_A2, 7, 64));
     }
     assert!(
-        !h1.engine.rx_ready(port, 64),
+        !h1.engine.rx_ready(Instant::ZERO, port, 64),
         "a full queue must stop reads from the VM"
     );
     assert!(
-        h1.engine.rx_ready(h1.port_of("b1"), 64),
+        h1.engine.rx_ready(Instant::ZERO, h1.port_of("b1"), 64),
         "other VMs are still read"
     );
 }

@@ -1,0 +1,202 @@
+//! Real per-tenant CPU cost (Iron 3.1, DESIGN.md 4 "Engines"): the run loop measures the
+//! CPU time of each iteration (receive, classify, engines, encap/decap, transmit, system
+//! calls and copies included) and hands it to [`Engine::charge_cpu`]; the engines tally,
+//! per VM, the frames and bytes they handled in that iteration (once when a frame enters,
+//! once when it is processed and sent), and the time is split over the tally with Iron's
+//! batch split on the loop's measured cost model ([`CostFit`]). Nothing is configured: the
+//! per-frame and per-byte costs are fitted from the iterations themselves.
+//!
+//! The split feeds everything that needs a frame's cost: the per-VM and per-tenant charges
+//! shown in /stats, Iron's CPU accounts (quota, throttling, cgroup charging) and the
+//! CPU-fair WFQ of both engines, which charge each frame the model's estimate for its size
+//! plus any synthetic work measured for it.
+
+use picnic_core::cost::CostFit;
+use picnic_core::iron::{split_batch_cost, BatchPacket};
+use picnic_core::{Duration, Instant};
+
+use super::{Engine, IRON_PERIOD};
+use crate::directory::{TenantIdx, VmIdx};
+
+/// cgroup v1 refuses a CFS quota under 1 ms.
+const CGROUP_MIN_QUOTA: Duration = Duration::from_millis(1);
+
+/// The frames and bytes each VM had handled since the last charge.
+#[derive(Debug, Default)]
+pub(super) struct CpuLedger {
+    /// Per VM: frames, bytes.
+    tally: Vec<(u32, u64)>,
+    /// Per VM: extra processing measured frame by frame ([`super::Work`]), ns; charged as
+    /// measured and left out of the split and the fit.
+    direct: Vec<u64>,
+    /// VMs with a nonzero tally, in first-touch order.
+    touched: Vec<VmIdx>,
+    /// Frames handled for nobody (malformed, unknown destination, feedback from other hosts).
+    unattributed: (u32, u64),
+    fit: CostFit,
+    entries: Vec<BatchPacket>,
+    shares: Vec<u64>,
+    /// When the tenants' cgroup quotas are next due (the next Iron period boundary).
+    next_cgroup_update: Instant,
+}
+
+/// A frame's first guess before the loop's cost model is fitted, ns per handling.
+const INITIAL_HANDLING_NS: u64 = 500;
+
+impl CpuLedger {
+    pub(super) fn new(vms: usize) -> CpuLedger {
+        CpuLedger {
+            tally: vec![(0, 0); vms],
+            direct: vec![0; vms],
+            ..Default::default()
+        }
+    }
+
+    /// Notes that a frame of `bytes` was handled for `vm` (None: for nobody).
+    pub(super) fn note(&mut self, vm: Option<VmIdx>, bytes: usize) {
+        let slot = match vm {
+            Some(v) => {
+                if self.tally[v].0 == 0 && self.direct[v] == 0 {
+                    self.touched.push(v);
+                }
+                &mut self.tally[v]
+            }
+            None => &mut self.unattributed,
+        };
+        slot.0 += 1;
+        slot.1 += bytes as u64;
+    }
+
+    /// Notes `ns` of extra processing measured for one of `vm`'s frames.
+    pub(super) fn note_direct(&mut self, vm: VmIdx, ns: u64) {
+        if self.tally[vm].0 == 0 && self.direct[vm] == 0 {
+            self.touched.push(vm);
+        }
+        self.direct[vm] += ns;
+    }
+
+    /// The CPU one handling of a `bytes` frame costs by the fitted model, ns.
+    pub(super) fn handling_ns(&self, bytes: usize) -> u64 {
+        match self.fit.coefficients() {
+            Some(c) => (c.per_packet_ns + c.per_byte_ns * bytes as f64).max(1.0) as u64,
+            None => INITIAL_HANDLING_NS,
+        }
+    }
+
+    /// A frame's cost in the CPU-fair WFQ, ns: its two handlings (in and out) by the model
+    /// plus `work_ns` of extra processing, or its time on the link if that is larger.
+    pub(super) fn frame_cost(
+        &self,
+        bytes: usize,
+        work_ns: u64,
+        wire_bytes: u64,
+        ps_per_wire_byte: u64,
+    ) -> u64 {
+        let cpu = 2 * self.handling_ns(bytes) + work_ns;
+        cpu.max(wire_bytes * ps_per_wire_byte / 1000)
+    }
+
+    /// The fitted model, for /stats.
+    pub(super) fn model(&self) -> Option<picnic_core::cost::Coefficients> {
+        self.fit.coefficients()
+    }
+}
+
+impl Engine {
+    /// The CPU quota each tenant's cgroup gets for the Iron period that starts at `now`:
+    /// its allocation minus the switch work charged to it in the period that ended (Iron
+    /// 3.2: the container pays for its network processing), at least 1 ms (cgroup v1's
+    /// minimum). Fills `out` with (tenant, quota) once per period, leaves it empty between
+    /// boundaries; the caller writes the cgroup files.
+    pub fn cgroup_quotas(&mut self, now: Instant, out: &mut Vec<(TenantIdx, Duration)>) {
+        out.clear();
+        let Some(iron) = self.iron.as_mut() else {
+            return;
+        };
+        if now < self.cpu.next_cgroup_update {
+            return;
+        }
+        iron.on_timeout(now);
+        self.cpu.next_cgroup_update = iron.poll_at().unwrap_or(now + IRON_PERIOD);
+        for (t, tenant) in self.dir.tenants.iter().enumerate() {
+            let (Some(account), Some(_), Some(cores)) =
+                (self.iron_index[t], tenant.cgroup.as_ref(), tenant.cpu_quota)
+            else {
+                continue;
+            };
+            let allocation = Duration::from_nanos((IRON_PERIOD.as_nanos() as f64 * cores) as u64);
+            if let Ok(q) = iron.cgroup_quota(now, account, allocation, CGROUP_MIN_QUOTA) {
+                out.push((t, q));
+            }
+        }
+    }
+
+    /// Charges `cpu_ns` of dataplane CPU time, measured since the previous call, to the VMs
+    /// whose frames were handled in that time (Iron 3.1's batch split) and their tenants'
+    /// CPU accounts. Time with no frame handled is the switch's own overhead. The charges,
+    /// the overhead and the unattributed part add up to the measured time exactly.
+    pub fn charge_cpu(&mut self, now: Instant, cpu_ns: u64) {
+        self.counters.cpu_ns += cpu_ns;
+        let ledger = &mut self.cpu;
+        let (packets, bytes) = ledger.touched.iter().fold(ledger.unattributed, |acc, &v| {
+            (acc.0 + ledger.tally[v].0, acc.1 + ledger.tally[v].1)
+        });
+        // Extra processing was measured frame by frame: it goes to its VMs as measured.
+        let mut direct_total = 0;
+        for &v in &ledger.touched {
+            let ns = ledger.direct[v].min(cpu_ns - direct_total);
+            direct_total += ns;
+            self.vm_counters[v].cost_ns += ns;
+            let tenant = self.dir.vms[v].tenant;
+            if let (Some(iron), Some(account)) = (self.iron.as_mut(), self.iron_index[tenant]) {
+                let _ = iron.charge(now, account, Duration::from_nanos(ns));
+            }
+            ledger.direct[v] = 0;
+        }
+        let cpu_ns = cpu_ns - direct_total;
+        ledger.fit.observe(packets as u64, bytes, cpu_ns);
+        if packets == 0 {
+            self.counters.overhead_ns += cpu_ns;
+            ledger.touched.clear();
+            return;
+        }
+        ledger.entries.clear();
+        for &v in ledger.touched.iter().filter(|&&v| ledger.tally[v].0 > 0) {
+            let (p, b) = ledger.tally[v];
+            ledger.entries.push(BatchPacket {
+                tenant: v,
+                packets: p,
+                bytes: b,
+            });
+        }
+        if ledger.unattributed.0 > 0 {
+            ledger.entries.push(BatchPacket {
+                tenant: usize::MAX,
+                packets: ledger.unattributed.0,
+                bytes: ledger.unattributed.1,
+            });
+        }
+        ledger.shares.clear();
+        ledger.shares.resize(ledger.entries.len(), 0);
+        let (batch, model) = ledger.fit.split_model(cpu_ns);
+        split_batch_cost(batch, model, &ledger.entries, &mut ledger.shares)
+            .expect("entries are not empty and shares match them");
+        for (entry, &ns) in ledger.entries.iter().zip(&ledger.shares) {
+            if entry.tenant == usize::MAX {
+                self.counters.unattributed_ns += ns;
+                continue;
+            }
+            let v = entry.tenant;
+            self.vm_counters[v].cost_ns += ns;
+            let tenant = self.dir.vms[v].tenant;
+            if let (Some(iron), Some(account)) = (self.iron.as_mut(), self.iron_index[tenant]) {
+                let _ = iron.charge(now, account, Duration::from_nanos(ns));
+            }
+        }
+        for &v in &ledger.touched {
+            ledger.tally[v] = (0, 0);
+        }
+        ledger.touched.clear();
+        ledger.unattributed = (0, 0);
+    }
+}

@@ -1,0 +1,143 @@
+//! The CPU ledger, Iron's port throttling and the packet-rate limit on a virtual clock.
+
+use picnic_core::Instant;
+
+use super::tests::{config, udp, Host, A1, A2, B1, B2, IP_A1, IP_A2, IP_B1, IP_B2};
+use super::Engine;
+use crate::frame::FramePool;
+use crate::stats::DropReason;
+
+fn vm_cost(h: &Host, vm: &str) -> u64 {
+    let i = h.engine.dir.vms.iter().position(|v| v.name == vm).unwrap();
+    h.engine.vm_counters[i].cost_ns
+}
+
+#[test]
+fn an_iterations_cpu_is_split_over_the_vms_it_handled_and_adds_up_exactly() {
+    let mut h = Host::new(1, 1000);
+    let t = Instant::ZERO;
+    let (a1, b1) = (h.port_of("a1"), h.port_of("b1"));
+    for _ in 0..30 {
+        h.inject(t, a1, &udp(A1, A2, IP_A1, IP_A2, 7, 64));
+    }
+    for _ in 0..10 {
+        h.inject(t, b1, &udp(B1, B2, IP_B1, IP_B2, 7, 64));
+    }
+    h.poll(t);
+    h.engine.charge_cpu(t, 40_000);
+    // Before the model is fitted every handling pays the same: a1 had three times b1's.
+    assert_eq!(vm_cost(&h, "a1"), 30_000);
+    assert_eq!(vm_cost(&h, "b1"), 10_000);
+    // An iteration that handled nothing is the switch's own overhead.
+    h.engine.charge_cpu(t, 700);
+    let c = &h.engine.counters;
+    assert_eq!(c.overhead_ns, 700);
+    assert_eq!(c.cpu_ns, 40_700);
+    assert_eq!(
+        vm_cost(&h, "a1") + vm_cost(&h, "b1") + c.unattributed_ns + c.overhead_ns,
+        c.cpu_ns
+    );
+}
+
+#[test]
+fn the_fitted_model_charges_large_frames_more_than_small_ones() {
+    let mut h = Host::new(1, 10_000);
+    let (a1, b1) = (h.port_of("a1"), h.port_of("b1"));
+    // Iterations of varying mixes, each costing 200 ns fixed + 400 ns per handling +
+    // 0.5 ns per byte, as a loop would measure them.
+    for k in 0..3_000u64 {
+        let t = Instant::from_nanos(k * 100_000);
+        let (small, large) = (k % 5, (k / 5) % 4);
+        for _ in 0..small {
+            h.inject(t, a1, &udp(A1, A2, IP_A1, IP_A2, 7, 64));
+        }
+        for _ in 0..large {
+            h.inject(t, b1, &udp(B1, B2, IP_B1, IP_B2, 7, 1400));
+        }
+        h.poll(t);
+        h.take(0);
+        let handled = 2 * (small + large);
+        let bytes = 2 * (small * 106 + large * 1442);
+        h.engine
+            .charge_cpu(t, 200 + 400 * handled + bytes / 2);
+    }
+    let m = h.engine.snapshot().cost_model.unwrap();
+    assert!((m.per_frame_ns - 400.0).abs() < 5.0, "{m:?}");
+    assert!((m.per_byte_ns - 0.5).abs() < 0.01, "{m:?}");
+    let (a, b) = (vm_cost(&h, "a1"), vm_cost(&h, "b1"));
+    // a1 sent 2 frames of 106 B per 5 iterations on average, b1 1.5 of 1442 B: b1's frames
+    // cost (400 + 721) / (400 + 53) = 2.47x a1's, and it sent 0.75x as many.
+    let ratio = b as f64 / a as f64;
+    assert!((ratio - 0.75 * 1121.0 / 453.0).abs() < 0.1, "b/a {ratio}");
+}
+
+/// Host 1's engine with tenant `b` limited to `cores` of switch CPU.
+fn with_b_quota(cores: f64) -> Host {
+    let text = toml::to_string(&config(1, 1000)).unwrap();
+    let mut cfg: crate::config::Config = toml::from_str(&text).unwrap();
+    cfg.tenants[1].cpu_quota = Some(cores);
+    Host {
+        engine: Engine::new(&cfg, Instant::ZERO).unwrap(),
+        pool: FramePool::new(4096),
+    }
+}
+
+#[test]
+fn a_tenant_over_its_cpu_allocation_is_not_read_until_the_next_period() {
+    let mut h = with_b_quota(0.1); // 1 ms of switch CPU per 10 ms period
+    let (a1, b1) = (h.port_of("a1"), h.port_of("b1"));
+    let t = Instant::from_nanos(100_000);
+    h.inject(t, b1, &udp(B1, B2, IP_B1, IP_B2, 7, 64));
+    h.poll(t);
+    h.engine.charge_cpu(t, 900_000);
+    assert!(h.engine.rx_ready(t, b1, 64), "0.9 ms of 1 ms used");
+    h.inject(t, b1, &udp(B1, B2, IP_B1, IP_B2, 7, 64));
+    h.poll(t);
+    h.engine.charge_cpu(t, 200_000);
+    h.poll(t);
+    assert!(!h.engine.rx_ready(t, b1, 64), "b is over its allocation");
+    assert!(h.engine.rx_ready(t, a1, 64), "a is not limited");
+    // Its frames from the uplink are dropped before any work too.
+    let mut h2 = Host::new(2, 1000);
+    h2.inject(t, h2.port_of("b2"), &udp(B2, B1, IP_B2, IP_B1, 7, 64));
+    h2.poll(t);
+    super::tests::carry(&mut h2, &mut h, t);
+    assert_eq!(h.drops("b1", DropReason::CpuThrottled), 1);
+    // The 0.1 ms of debt is paid from the next period's 1 ms: b is read again then.
+    let next = Instant::from_nanos(10_000_000);
+    h.poll(next);
+    assert!(h.engine.rx_ready(next, b1, 64));
+}
+
+#[test]
+fn max_pps_holds_the_port_back_and_drops_the_excess_arriving_from_the_uplink() {
+    let text = toml::to_string(&config(1, 1000)).unwrap();
+    let mut cfg: crate::config::Config = toml::from_str(&text).unwrap();
+    cfg.vms[1].max_pps = Some(10_000); // b1: burst max(10, 64) = 64 frames
+    let mut h = Host {
+        engine: Engine::new(&cfg, Instant::ZERO).unwrap(),
+        pool: FramePool::new(4096),
+    };
+    let b1 = h.port_of("b1");
+    let t = Instant::ZERO;
+    for _ in 0..63 {
+        h.inject(t, b1, &udp(B1, B2, IP_B1, IP_B2, 7, 64));
+    }
+    assert!(h.engine.rx_ready(t, b1, 64), "one frame of the 64-frame burst is left");
+    // A batch read may overshoot: the 65th frame puts the bucket one token in debt.
+    h.inject(t, b1, &udp(B1, B2, IP_B1, IP_B2, 7, 64));
+    h.inject(t, b1, &udp(B1, B2, IP_B1, IP_B2, 7, 64));
+    assert!(!h.engine.rx_ready(t, b1, 64), "the burst is spent");
+    // The loop wakes when a token is back: the debt and one token at 10 kpps = 200 us.
+    assert_eq!(h.engine.poll_at().map(|t| t.as_nanos()), Some(200_000));
+    assert!(!h.engine.rx_ready(Instant::from_nanos(199_000), b1, 64));
+    assert!(h.engine.rx_ready(Instant::from_nanos(200_000), b1, 64));
+    // Towards b1: 64 pass, the 65th in the same instant is dropped before any work.
+    let mut h2 = Host::new(2, 1000);
+    for _ in 0..65 {
+        h2.inject(t, h2.port_of("b2"), &udp(B2, B1, IP_B2, IP_B1, 7, 64));
+    }
+    h2.poll(t);
+    super::tests::carry(&mut h2, &mut h, t);
+    assert_eq!(h.drops("b1", DropReason::PpsLimit), 1);
+}
