@@ -1,6 +1,9 @@
 //! CPU placement of tenant workloads through cgroups: a tenant with `cpu_cores` gets a
-//! cgroup with that CFS quota, and every workload thread of the tenant moves itself into it
-//! when it starts (threads it spawns inherit it), so runs are repeatable on 2 cores.
+//! cgroup with that CFS quota on every host it has VMs on (a container's group is local to
+//! its host), and every workload thread of the tenant moves itself into the group of the
+//! host its VM is on when it starts (threads it spawns inherit it), so runs are repeatable
+//! on 2 cores. A picnic switch with CPU accounting charges the group of its own host for
+//! the work it does for the tenant (Iron).
 //!
 //! cgroup v1 (`/sys/fs/cgroup/cpu/`, the case on our machines, DESIGN.md 7): a group per
 //! tenant under `picnic-lab/`, `cpu.cfs_period_us` / `cpu.cfs_quota_us`, threads written
@@ -71,11 +74,15 @@ pub fn cpu_max_line(cores: f64) -> String {
     format!("{} {PERIOD_US}", quota_us(cores))
 }
 
-/// One tenant's group.
+/// One tenant's group on one host.
 #[derive(Debug, Clone)]
 pub struct TenantGroup {
     /// Tenant name.
     pub tenant: String,
+    /// Host name.
+    pub host: String,
+    /// The tenant's allocation, cores.
+    pub cores: f64,
     /// The group's folder.
     pub dir: PathBuf,
     /// File a thread id is written to (`tasks` in v1, `cgroup.threads` in v2).
@@ -111,14 +118,18 @@ impl Placement {
         }
     }
 
-    /// Creates a group per tenant with `cpu_cores`, named after `run_id`; nothing when no
-    /// tenant asks for one. Removes groups of dead runs first.
+    /// Creates a group per tenant with `cpu_cores` and host it has VMs on, named after
+    /// `run_id`; nothing when no tenant asks for one. Removes groups of dead runs first.
     pub fn create(scenario: &Scenario, run_id: &str) -> Result<Placement> {
-        let wanted: Vec<(&str, f64)> = scenario
-            .tenants
-            .iter()
-            .filter_map(|t| Some((t.name.as_str(), t.cpu_cores?)))
-            .collect();
+        let mut wanted: Vec<(&str, &str, f64)> = Vec::new();
+        for t in &scenario.tenants {
+            let Some(cores) = t.cpu_cores else { continue };
+            for h in &scenario.hosts {
+                if t.vms.iter().any(|v| &v.host == h) {
+                    wanted.push((t.name.as_str(), h.as_str(), cores));
+                }
+            }
+        }
         if wanted.is_empty() {
             return Ok(Placement::none());
         }
@@ -134,11 +145,13 @@ impl Placement {
         let run_dir = lab.join(format!("{}{run_id}", netns::PREFIX));
         match &hierarchy {
             Hierarchy::V1(_) => {
-                for (i, (tenant, cores)) in wanted.iter().enumerate() {
+                for (i, (tenant, host, cores)) in wanted.iter().enumerate() {
                     let dir = lab.join(format!("{}{run_id}-t{i}", netns::PREFIX));
                     mkdir(&dir)?;
                     placement.groups.push(TenantGroup {
                         tenant: tenant.to_string(),
+                        host: host.to_string(),
+                        cores: *cores,
                         threads_file: dir.join("tasks"),
                         dir: dir.clone(),
                     });
@@ -157,11 +170,13 @@ impl Placement {
                 )?;
                 placement.v2_domain = Some((run_dir.clone(), home));
                 write(&run_dir.join("cgroup.subtree_control"), "+cpu")?;
-                for (i, (tenant, cores)) in wanted.iter().enumerate() {
+                for (i, (tenant, host, cores)) in wanted.iter().enumerate() {
                     let dir = run_dir.join(format!("t{i}"));
                     mkdir(&dir)?;
                     placement.groups.push(TenantGroup {
                         tenant: tenant.to_string(),
+                        host: host.to_string(),
+                        cores: *cores,
                         threads_file: dir.join("cgroup.threads"),
                         dir: dir.clone(),
                     });
@@ -173,9 +188,16 @@ impl Placement {
         Ok(placement)
     }
 
-    /// The group of `tenant`, if it has one.
-    pub fn group(&self, tenant: &str) -> Option<&TenantGroup> {
-        self.groups.iter().find(|g| g.tenant == tenant)
+    /// The group of `tenant` on `host`, if it has one.
+    pub fn group(&self, tenant: &str, host: &str) -> Option<&TenantGroup> {
+        self.groups
+            .iter()
+            .find(|g| g.tenant == tenant && g.host == host)
+    }
+
+    /// Every group, in creation order.
+    pub fn groups(&self) -> &[TenantGroup] {
+        &self.groups
     }
 
     /// Moves every thread back out and removes the groups.

@@ -1,5 +1,6 @@
 //! What runs in each host namespace and joins the VM ports to the uplink.
 
+use crate::cgroup::Placement;
 use crate::netns;
 use crate::scenario::Scenario;
 use crate::topology::{HostView, Topology};
@@ -17,9 +18,10 @@ pub trait Dataplane: Send {
 
 /// Makes a fresh dataplane for a host; a mode of a run holds one.
 /// It sees the whole scenario and topology, since an overlay dataplane needs to know every
-/// host and VM.
-pub type DataplaneFactory =
-    Arc<dyn Fn(&Scenario, &Topology, &HostView) -> Box<dyn Dataplane> + Send + Sync>;
+/// host and VM, and the tenants' cgroups (a dataplane may charge them for its work).
+pub type DataplaneFactory = Arc<
+    dyn Fn(&Scenario, &Topology, &HostView, &Placement) -> Box<dyn Dataplane> + Send + Sync,
+>;
 
 /// Name of the bridge [`LinuxBridge`] creates in each host namespace.
 pub const HOST_BRIDGE: &str = "br0";
@@ -34,7 +36,7 @@ pub struct LinuxBridge;
 impl LinuxBridge {
     /// A factory making a [`LinuxBridge`] for every host.
     pub fn factory() -> DataplaneFactory {
-        Arc::new(|_, _, _| Box::new(LinuxBridge))
+        Arc::new(|_, _, _, _| Box::new(LinuxBridge))
     }
 }
 

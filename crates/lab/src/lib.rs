@@ -7,6 +7,7 @@
 //! between VMs and [`run`] runs a scenario in several modes, reported by [`report`].
 
 pub mod cgroup;
+pub mod cpu_burn;
 pub mod dataplane;
 pub mod netns;
 pub mod picnic;

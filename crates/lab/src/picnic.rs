@@ -14,6 +14,7 @@ use picnic_switch::engine::Snapshot;
 use picnic_switch::runner::{Shared, Switch};
 use picnic_wire::overlay::ENCAP_OVERHEAD;
 
+use crate::cgroup::Placement;
 use crate::dataplane::{Dataplane, DataplaneFactory};
 use crate::netns::{self, NsThread};
 use crate::scenario::Scenario;
@@ -116,6 +117,17 @@ pub fn switch_config(
     Ok(cfg)
 }
 
+/// Gives every tenant with a cgroup on `host` its allocation in the switch and the group to
+/// charge (Iron 3.2).
+fn charge_cgroups(config: &mut Config, placement: &Placement, host: &str) {
+    for t in &mut config.tenants {
+        if let Some(g) = placement.group(&t.name, host) {
+            t.cpu_quota = Some(g.cores);
+            t.cgroup = Some(g.dir.clone());
+        }
+    }
+}
+
 /// A picnic switch per host.
 pub struct PicnicSwitch {
     isolated: bool,
@@ -126,14 +138,21 @@ pub struct PicnicSwitch {
 }
 
 impl PicnicSwitch {
-    /// A factory making a switch for every host, isolation on or off.
+    /// A factory making a switch for every host, isolation on or off. With isolation, a
+    /// tenant with `cpu_cores` has that allocation in the switch too, and its cgroup on the
+    /// host is charged for the switch's work (Iron); without, the switch charges nobody.
     pub fn factory(isolated: bool) -> DataplaneFactory {
-        Arc::new(
-            move |scenario, topo, host| match switch_config(scenario, topo, host, isolated) {
-                Ok(config) => Box::new(PicnicSwitch::new(config, isolated)),
+        Arc::new(move |scenario, topo, host, placement| {
+            match switch_config(scenario, topo, host, isolated) {
+                Ok(mut config) => {
+                    if isolated {
+                        charge_cgroups(&mut config, placement, &host.name);
+                    }
+                    Box::new(PicnicSwitch::new(config, isolated))
+                }
                 Err(e) => Box::new(Failed(format!("{e:#}"))),
-            },
-        )
+            }
+        })
     }
 
     /// A switch running `config` (usually [`switch_config`]'s, possibly adjusted, e.g. with

@@ -255,9 +255,16 @@ pub fn run_mode(
         scenario.access_link_mbps
     ));
     let topo = Topology::build(scenario, &mut testbed, mode.taps)?;
+    let placement = Placement::create(scenario, testbed.run_id())?;
+    for g in placement.groups() {
+        say(format!(
+            "  tenant {} limited to {} cores on {} (cgroup)",
+            g.tenant, g.cores, g.host
+        ));
+    }
     let mut dataplanes = Dataplanes(Vec::new());
     for host in &topo.hosts {
-        let mut dp = (mode.dataplane)(scenario, &topo, host);
+        let mut dp = (mode.dataplane)(scenario, &topo, host, &placement);
         dp.setup(host)
             .with_context(|| format!("dataplane setup on host {}", host.name))?;
         dataplanes.0.push((host.clone(), dp));
@@ -270,26 +277,15 @@ pub fn run_mode(
         .iter()
         .filter(|w| mode.attackers || !scenario.is_attack(w))
         .collect();
-    let placement = Placement::create(scenario, testbed.run_id())?;
-    for t in scenario
-        .tenants
-        .iter()
-        .filter(|t| placement.group(&t.name).is_some())
-    {
-        say(format!(
-            "  tenant {} limited to {} cores (cgroup)",
-            t.name,
-            t.cpu_cores.unwrap_or_default()
-        ));
-    }
     say(format!(
         "  running {} workloads for {} ms",
         workloads.len(),
         scenario.duration_ms
     ));
     let results = workload::run_placed(scenario, &topo, &workloads, &placement)?;
-    drop(placement);
+    // The switches give the groups their allocations back when they stop.
     drop(dataplanes);
+    drop(placement);
     testbed.teardown()?;
     say("  torn down".into());
     Ok(results)

@@ -135,6 +135,9 @@ pub enum WorkloadKind {
     /// A memcached server (needs the memcached package) and picnic's client: `get` of a
     /// `size`-byte value at `rate_pps` over one TCP connection, one request outstanding.
     Memcached,
+    /// No traffic: CPU-bound work in units of 1 ms of CPU, each unit's wall time recorded as
+    /// its latency (Iron 2.3's victim; `to` must be `from`). See [`crate::cpu_burn`].
+    CpuBurn,
 }
 
 impl WorkloadKind {
@@ -142,7 +145,10 @@ impl WorkloadKind {
     pub fn is_probe(self) -> bool {
         matches!(
             self,
-            WorkloadKind::Rpc | WorkloadKind::Sockperf | WorkloadKind::Memcached
+            WorkloadKind::Rpc
+                | WorkloadKind::Sockperf
+                | WorkloadKind::Memcached
+                | WorkloadKind::CpuBurn
         )
     }
 }
@@ -241,10 +247,11 @@ impl Workload {
             .position(|w| w.name == self.name)?;
         Some(crate::workload::BASE_PORT + index as u16)
     }
-    /// IP protocol number of its packets (6 TCP, 17 UDP).
+    /// IP protocol number of its packets (6 TCP, 17 UDP; 0 for a workload without any).
     pub fn ip_protocol(&self) -> u8 {
         use WorkloadKind::*;
         match self.kind {
+            CpuBurn => 0,
             UdpFlood | OnOff => 17,
             Rpc | Sockperf if self.protocol.unwrap_or_default() == Protocol::Udp => 17,
             Rpc | Sockperf | Memcached | TcpBulk | Iperf3 | Transfer => 6,
@@ -268,6 +275,14 @@ impl Scenario {
     }
 
     /// The tenant owning VM `vm`.
+    pub fn host_of(&self, vm: &str) -> Option<&str> {
+        self.tenants
+            .iter()
+            .flat_map(|t| &t.vms)
+            .find(|v| v.name == vm)
+            .map(|v| v.host.as_str())
+    }
+
     pub fn tenant_of(&self, vm: &str) -> Option<&Tenant> {
         self.tenants
             .iter()
@@ -460,8 +475,8 @@ impl Scenario {
                 from.name
             );
         }
-        if wl.from == wl.to {
-            bail!("to`: same VM as `from`");
+        if (wl.from == wl.to) != (wl.kind == CpuBurn) {
+            bail!("to`: must be `from` for cpu_burn, another VM for every other kind");
         }
         let stop = wl.stop_ms(self);
         if stop > self.duration_ms {
@@ -478,6 +493,7 @@ impl Scenario {
             Transfer => &["flows", "bytes"],
             Sockperf => &["size", "rate_pps", "protocol"],
             Memcached => &["size", "rate_pps", "timeout_ms"],
+            CpuBurn => &[],
         };
         let given = [
             ("size", wl.size.is_some()),

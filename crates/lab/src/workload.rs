@@ -107,18 +107,17 @@ pub fn run_all(
 }
 
 /// [`run_all`] with every workload thread (sender and receiver side) first entering its
-/// tenant's cgroup of `placement`, if the tenant has one.
+/// tenant's cgroup of `placement` on the host of its VM, if the tenant has one.
 pub fn run_placed(
     scenario: &Scenario,
     topo: &Topology,
     workloads: &[&Workload],
     placement: &Placement,
 ) -> Result<Vec<WorkloadResult>> {
-    let group_of = |wl: &Workload| {
-        scenario
-            .tenant_of(&wl.from)
-            .and_then(|t| placement.group(&t.name))
-            .cloned()
+    let group_of = |wl: &Workload, vm: &str| {
+        let tenant = scenario.tenant_of(&wl.from)?;
+        let host = scenario.host_of(vm)?;
+        placement.group(&tenant.name, host).cloned()
     };
     let bins = ((scenario.duration_ms + GRACE.as_millis() as u64) / BIN_MS + 1) as usize;
     let mut servers = Vec::new();
@@ -134,7 +133,7 @@ pub fn run_placed(
         let wl_owned = (*wl).clone();
         let stop_ms = wl.stop_ms(scenario);
         let ep2 = ep.clone();
-        let group = group_of(wl);
+        let group = group_of(wl, &wl.to);
         let server = netns::spawn_in_netns(&ep.to_ns, move || {
             if let Some(g) = group {
                 g.enter()?;
@@ -160,7 +159,7 @@ pub fn run_placed(
         };
         let wl_owned = (*wl).clone();
         let ep2 = ep.clone();
-        let group = group_of(wl);
+        let group = group_of(wl, &wl.from);
         let client = netns::spawn_in_netns(&ep.from_ns, move || {
             if let Some(g) = group {
                 g.enter()?;
@@ -303,6 +302,10 @@ fn serve(
             }
             tool_server(&ep.to_ns, "sockperf", &args, || wait_t0(ready))
         }
+        WorkloadKind::CpuBurn => {
+            wait_t0(ready)?;
+            Ok(ReceiverSide::default())
+        }
         WorkloadKind::Memcached => {
             let port = ep.to.port().to_string();
             // -U 0: no UDP listener; -u root: memcached refuses to run as root otherwise.
@@ -365,6 +368,21 @@ fn send(wl: &Workload, ep: &Endpoints, w: Window) -> Result<SenderSide> {
         }
         WorkloadKind::Iperf3 => iperf3_client(ep, wl.flows(), w),
         WorkloadKind::Sockperf => sockperf_client(ep, wl, w),
+        WorkloadKind::CpuBurn => {
+            let rounds = crate::cpu_burn::calibrate();
+            let mut hist = new_histogram()?;
+            let units = crate::cpu_burn::burn(rounds, w.start, w.stop, &mut hist)?;
+            Ok(SenderSide {
+                sent: units,
+                received: Some(ReceiverSide {
+                    received: units,
+                    bytes: units * crate::cpu_burn::BYTES_PER_UNIT,
+                    series: vec![0; w.bins],
+                    ..Default::default()
+                }),
+                latency: Some(hist),
+            })
+        }
         WorkloadKind::Memcached => {
             let rate = wl.rate_pps.unwrap_or(scenario::DEFAULT_RPC_RATE);
             let timeout =

@@ -547,6 +547,11 @@ impl World {
                 };
                 let first = apps.len() as u32;
                 match wl.kind {
+                    WorkloadKind::CpuBurn => anyhow::bail!(
+                        "workload {}: cpu_burn needs the tenants' CPU, which the simulator \
+                         does not model (run the scenario in the lab)",
+                        wl.name
+                    ),
                     WorkloadKind::UdpFlood | WorkloadKind::OnOff => {
                         results[r as usize].push(result(
                             &wl.name,
