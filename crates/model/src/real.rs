@@ -5,9 +5,9 @@
 //!
 //! Every loop is bounded by a message count and a wall-clock limit.
 
-use crate::control::{AdaptiveWait, Role, WaitConfig, WaitDecision};
 use crate::model::Params;
 use anyhow::{bail, Context};
+use picnic_core::notify::{AdaptiveWait, Role, WaitConfig, WaitDecision};
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::{Arc, Barrier};

@@ -4,8 +4,8 @@
 //!
 //! The semantics are those documented in [`crate::model`].
 
-use crate::control::{AdaptiveWait, Role, WaitConfig, WaitDecision};
 use crate::model::{ParamError, Params};
+use picnic_core::notify::{AdaptiveWait, Role, WaitConfig, WaitDecision};
 use picnic_core::{Duration, Instant};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};

@@ -3,7 +3,7 @@
 //! One thread polls every port in turn (a VM port only when its egress queue has room:
 //! backpressure), hands frames to the engines, runs the schedulers and sends what they
 //! produced. When there is nothing to do it asks each port's adaptive wait (Rizzo et al.
-//! 4.1, `picnic_model::control`) whether to spin or to block: a port whose producer delivers
+//! 4.1, `picnic_core::notify`) whether to spin or to block: a port whose producer delivers
 //! frames faster than a notification costs is polled (spin, at most `spin_us`), otherwise the
 //! loop blocks on the ports' descriptors until the engines' next deadline. Several switches
 //! share 2 cores in the lab, so an idle switch must not burn a core (DESIGN.md section 7).
@@ -23,8 +23,7 @@ use crate::port::{
     wait_readable, AfPacketOptions, AfPacketPort, AfXdpOptions, AfXdpPort, Port, PortStats, TapPort,
 };
 use crate::stats::DropReason;
-use picnic_model::control::{AdaptiveWait, Role, WaitConfig, WaitDecision};
-use picnic_model::model::Params;
+use picnic_core::notify::{AdaptiveWait, Params, Role, WaitConfig, WaitDecision};
 
 /// Monotonic nanoseconds since the switch started, as the engines' `now`.
 #[derive(Clone, Copy)]

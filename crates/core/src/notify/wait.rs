@@ -1,4 +1,4 @@
-//! Sans-I/O adaptive wait strategy, after §4.1 of Rizzo et al. (ANCS 2016):
+//! The adaptive wait strategy, after §4.1 of Rizzo et al. (ANCS 2016):
 //! "the fast peer reacts to an upcoming blocking situation by increasing its
 //! processing time" (short spins, or slowing down with a short sleep) instead of
 //! blocking, from running estimates of the parameters.
@@ -8,8 +8,8 @@
 //! ([`AdaptiveWait::observe`]) and, optionally, its own work
 //! ([`AdaptiveWait::record_own_work`]); no clocks are read here.
 
-use crate::model::{classify, ParamError, Params, Regime};
-use picnic_core::{Duration, Instant};
+use super::{classify, ParamError, Params, Regime};
+use crate::{Duration, Instant};
 
 /// Which side of the queue the waiting party is on.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
