@@ -24,7 +24,7 @@ pub enum RealStrategy {
     Adaptive {
         /// L, k, N and S as measured (W are initial guesses).
         params: Params,
-        /// Longest single slow-down.
+        /// Longest single spin or slow-down.
         max_sleep: picnic_core::Duration,
     },
 }
@@ -278,6 +278,7 @@ impl Waiter {
                 AdaptiveWait::new(WaitConfig {
                     role,
                     params,
+                    max_spin: max_sleep,
                     max_sleep,
                 })
                 .map_err(|e| anyhow::anyhow!("{e}"))?,

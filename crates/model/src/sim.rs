@@ -34,7 +34,7 @@ pub enum Strategy {
     Poll,
     /// Consult an [`AdaptiveWait`] (§4.1) with the given bound on one slow-down.
     Adaptive {
-        /// Longest single slow-down.
+        /// Longest single spin or slow-down.
         max_sleep: Duration,
     },
 }
@@ -292,6 +292,7 @@ pub fn simulate(cfg: &SimConfig) -> Result<SimResult, SimError> {
                 AdaptiveWait::new(WaitConfig {
                     role,
                     params: cfg.params,
+                    max_spin: max_sleep,
                     max_sleep,
                 })
                 .map_err(SimError::Params)?,

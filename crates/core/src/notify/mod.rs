@@ -10,7 +10,7 @@
 
 mod wait;
 
-pub use wait::{AdaptiveWait, Role, WaitConfig, WaitDecision};
+pub use wait::{AdaptiveWait, Role, WaitConfig, WaitCounts, WaitDecision};
 
 use serde::{Deserialize, Serialize};
 
