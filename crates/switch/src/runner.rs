@@ -96,7 +96,7 @@ pub enum Command {
     Reconfigure(Box<Config>, mpsc::Sender<anyhow::Result<()>>),
 }
 
-/// A port as the API shows it: counters and the wait regime its receive ring is in.
+/// A port as the API shows it: counters and how the loop waits on its receive ring.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct PortView {
     pub name: String,
@@ -105,6 +105,10 @@ pub struct PortView {
     /// Rizzo et al. regime of this ring: GP while its wait last chose to spin, otherwise the
     /// Table 1 regime under notification (None until estimated).
     pub wait_regime: Option<String>,
+    /// Idle passes on which this ring's wait chose to spin.
+    pub wait_spins: u64,
+    /// Idle passes on which this ring's wait chose to block.
+    pub wait_blocks: u64,
     /// Estimated time between frames from the ring's producer, ns.
     pub producer_period_ns: Option<u64>,
 }
@@ -409,11 +413,14 @@ impl Switch {
             .enumerate()
             .map(|(i, p)| {
                 let wait = self.waits.get(i).map(|(w, _)| w);
+                let decisions = wait.map(|w| w.counts()).unwrap_or_default();
                 PortView {
                     name: p.name().to_string(),
                     backend: p.backend().to_string(),
                     stats: p.stats(),
                     wait_regime: wait.and_then(|w| w.regime()).map(|r| r.to_string()),
+                    wait_spins: decisions.spins,
+                    wait_blocks: decisions.blocks,
                     producer_period_ns: wait.and_then(|w| w.peer_period()).map(|d| d.as_nanos()),
                 }
             })
