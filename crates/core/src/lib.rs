@@ -12,6 +12,7 @@ pub mod fairnic;
 pub mod iron;
 /// Per-endpoint windowed rate meters with EWMA (EyeQ 3.2).
 pub mod meter;
+pub mod notify;
 pub mod slo;
 pub mod time;
 pub mod wfq;

@@ -16,91 +16,12 @@
 //! Table 1 are exact; the FP and SPS forms follow by swapping P and C (§2.2.2,
 //! §2.2.4) and the SCS form is derived from the §2.2.3 timing diagram (it
 //! reduces to Eq. 4 when the tail batch `m` is zero).
+//!
+//! The parameters and Table 1 ([`classify`]) live in `picnic_core::notify`, beside the
+//! adaptive wait the switch uses, and are re-exported here.
 
+pub use picnic_core::notify::{classify, ParamError, Params, Regime};
 use serde::{Deserialize, Serialize};
-
-/// Operating regime of the producer/consumer pair (Table 1, plus GP for polling).
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum Regime {
-    /// Greedy polling: both parties spin, never notify (§2.1.1).
-    GP,
-    /// Fast consumer: only C blocks (§2.2.1).
-    FC,
-    /// Fast producer: only P blocks (§2.2.2).
-    FP,
-    /// Slow consumer startup: P fills the queue before C starts (§2.2.3).
-    SCS,
-    /// Slow producer startup: C drains the queue before P restarts (§2.2.4).
-    SPS,
-    /// Slow startup on both sides: P and C alternate, L messages a round (§2.2.5).
-    SS,
-}
-
-impl Regime {
-    /// Short name as printed in the paper ("FC", "SCS", ...).
-    pub fn name(self) -> &'static str {
-        match self {
-            Regime::GP => "GP",
-            Regime::FC => "FC",
-            Regime::FP => "FP",
-            Regime::SCS => "SCS",
-            Regime::SPS => "SPS",
-            Regime::SS => "SS",
-        }
-    }
-}
-
-impl std::fmt::Display for Regime {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// The operating parameters of §2 (costs in nanoseconds).
-#[derive(Copy, Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Params {
-    /// Queue length L.
-    pub l: u32,
-    /// Producer work per message W_P.
-    pub wp: f64,
-    /// Consumer work per message W_C.
-    pub wc: f64,
-    /// Ready messages at which P notifies a blocked C (k_P).
-    pub kp: u32,
-    /// Free slots at which C notifies a blocked P (k_C).
-    pub kc: u32,
-    /// Cost for P to notify C (N_P).
-    pub np: f64,
-    /// Cost for C to notify P (N_C).
-    pub nc: f64,
-    /// Cost for P to start after a notification (S_P).
-    pub sp: f64,
-    /// Cost for C to start after a notification (S_C).
-    pub sc: f64,
-}
-
-/// Why a [`Params`] value cannot be evaluated.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ParamError {
-    /// L must be at least 1.
-    EmptyQueue,
-    /// k_P and k_C must lie in 1..=L.
-    ThresholdOutOfRange,
-    /// W_P and W_C must be positive, N and S non-negative, all finite.
-    BadCost,
-}
-
-impl std::fmt::Display for ParamError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            ParamError::EmptyQueue => "queue length L must be at least 1",
-            ParamError::ThresholdOutOfRange => "thresholds k_P and k_C must lie in 1..=L",
-            ParamError::BadCost => "W_P, W_C must be > 0 and N_P, N_C, S_P, S_C >= 0 (finite)",
-        })
-    }
-}
-
-impl std::error::Error for ParamError {}
 
 /// Result of the closed forms: regime, time per message T and total cost per message E.
 #[derive(Copy, Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -111,72 +32,6 @@ pub struct Prediction {
     pub t_per_msg: f64,
     /// Total work of P and C per message E (ns), including spinning in GP.
     pub e_per_msg: f64,
-}
-
-impl Params {
-    /// Checks the constraints the model needs (L >= 1, 1 <= k <= L, sane costs).
-    pub fn validate(&self) -> Result<(), ParamError> {
-        if self.l == 0 {
-            return Err(ParamError::EmptyQueue);
-        }
-        if !(1..=self.l).contains(&self.kp) || !(1..=self.l).contains(&self.kc) {
-            return Err(ParamError::ThresholdOutOfRange);
-        }
-        let work_ok = [self.wp, self.wc].iter().all(|w| w.is_finite() && *w > 0.0);
-        let sync_ok = [self.np, self.nc, self.sp, self.sc]
-            .iter()
-            .all(|c| c.is_finite() && *c >= 0.0);
-        if !(work_ok && sync_ok) {
-            return Err(ParamError::BadCost);
-        }
-        Ok(())
-    }
-
-    /// Left column of Table 1: `(L - k_P) W_P - W_C`, compared with S_C.
-    pub fn producer_slack(&self) -> f64 {
-        f64::from(self.l - self.kp) * self.wp - self.wc
-    }
-
-    /// Right column of Table 1: `(L - k_C) W_C - W_P`, compared with S_P.
-    pub fn consumer_slack(&self) -> f64 {
-        f64::from(self.l - self.kc) * self.wc - self.wp
-    }
-
-    /// The parameters with the roles of P and C swapped (the symmetry of §2.2.2, §2.2.4).
-    pub fn swapped(&self) -> Params {
-        Params {
-            l: self.l,
-            wp: self.wc,
-            wc: self.wp,
-            kp: self.kc,
-            kc: self.kp,
-            np: self.nc,
-            nc: self.np,
-            sp: self.sc,
-            sc: self.sp,
-        }
-    }
-}
-
-/// Table 1: the notification regime for valid parameters. A tie `W_P == W_C`
-/// counts as a fast consumer (FC/SCS); both sides give the same lockstep limit.
-pub fn classify(p: &Params) -> Result<Regime, ParamError> {
-    p.validate()?;
-    let producer_ok = p.producer_slack() > p.sc; // C starts before P fills the queue
-    let consumer_ok = p.consumer_slack() > p.sp; // P restarts before C drains the queue
-    Ok(if p.wc <= p.wp {
-        match (producer_ok, consumer_ok) {
-            (true, _) => Regime::FC,
-            (false, true) => Regime::SCS,
-            (false, false) => Regime::SS,
-        }
-    } else {
-        match (producer_ok, consumer_ok) {
-            (_, true) => Regime::FP,
-            (true, false) => Regime::SPS,
-            (false, false) => Regime::SS,
-        }
-    })
 }
 
 /// Eq. 1 to 4 (and their P/C mirrors): regime, T and E. `polling` selects GP.
@@ -279,24 +134,6 @@ mod tests {
         assert_eq!(pr.regime, Regime::GP);
         assert_eq!(pr.t_per_msg, 1500.0);
         assert_eq!(pr.e_per_msg, 3000.0);
-    }
-
-    #[test]
-    fn swapping_twice_is_identity_and_mirrors_the_regime() {
-        let mut p = base();
-        p.wp = 700.0;
-        assert_eq!(p.swapped().swapped(), p);
-        let mirrored = |r| match r {
-            Regime::FC => Regime::FP,
-            Regime::FP => Regime::FC,
-            Regime::SCS => Regime::SPS,
-            Regime::SPS => Regime::SCS,
-            other => other,
-        };
-        assert_eq!(
-            classify(&p.swapped()).unwrap(),
-            mirrored(classify(&p).unwrap())
-        );
     }
 
     #[test]

@@ -5,9 +5,9 @@
 //!
 //! Every loop is bounded by a message count and a wall-clock limit.
 
-use crate::control::{AdaptiveWait, Role, WaitConfig, WaitDecision};
 use crate::model::Params;
 use anyhow::{bail, Context};
+use picnic_core::notify::{AdaptiveWait, Role, WaitConfig, WaitDecision};
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::{Arc, Barrier};
@@ -24,7 +24,7 @@ pub enum RealStrategy {
     Adaptive {
         /// L, k, N and S as measured (W are initial guesses).
         params: Params,
-        /// Longest single slow-down.
+        /// Longest single spin or slow-down.
         max_sleep: picnic_core::Duration,
     },
 }
@@ -278,6 +278,7 @@ impl Waiter {
                 AdaptiveWait::new(WaitConfig {
                     role,
                     params,
+                    max_spin: max_sleep,
                     max_sleep,
                 })
                 .map_err(|e| anyhow::anyhow!("{e}"))?,

@@ -4,8 +4,8 @@
 //!
 //! The semantics are those documented in [`crate::model`].
 
-use crate::control::{AdaptiveWait, Role, WaitConfig, WaitDecision};
 use crate::model::{ParamError, Params};
+use picnic_core::notify::{AdaptiveWait, Role, WaitConfig, WaitDecision};
 use picnic_core::{Duration, Instant};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -34,7 +34,7 @@ pub enum Strategy {
     Poll,
     /// Consult an [`AdaptiveWait`] (§4.1) with the given bound on one slow-down.
     Adaptive {
-        /// Longest single slow-down.
+        /// Longest single spin or slow-down.
         max_sleep: Duration,
     },
 }
@@ -292,6 +292,7 @@ pub fn simulate(cfg: &SimConfig) -> Result<SimResult, SimError> {
                 AdaptiveWait::new(WaitConfig {
                     role,
                     params: cfg.params,
+                    max_spin: max_sleep,
                     max_sleep,
                 })
                 .map_err(SimError::Params)?,

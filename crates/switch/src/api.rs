@@ -204,6 +204,11 @@ struct PortRegimeLabels {
     regime: String,
 }
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PortDecisionLabels {
+    port: String,
+    decision: String,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: String,
 }
@@ -322,8 +327,14 @@ fn metrics(shared: &Shared) -> String {
     let regimes = Family::<PortRegimeLabels, Gauge>::default();
     reg.register(
         "port_wait_regime",
-        "Rizzo et al. regime of each receive ring (1 for the current one)",
+        "Rizzo et al. regime of each receive ring (1 for the current one; GP while spinning)",
         regimes.clone(),
+    );
+    let decisions = Family::<PortDecisionLabels, Counter>::default();
+    reg.register(
+        "port_wait_decisions",
+        "Idle passes on which each receive ring's adaptive wait chose to spin or to block",
+        decisions.clone(),
     );
     for port in &published.ports {
         if let Some(regime) = &port.wait_regime {
@@ -333,6 +344,14 @@ fn metrics(shared: &Shared) -> String {
                     regime: regime.clone(),
                 })
                 .set(1);
+        }
+        for (decision, n) in [("spin", port.wait_spins), ("block", port.wait_blocks)] {
+            decisions
+                .get_or_create(&PortDecisionLabels {
+                    port: port.name.clone(),
+                    decision: decision.into(),
+                })
+                .inc_by(n);
         }
     }
     let mut out = String::new();

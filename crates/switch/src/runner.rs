@@ -2,11 +2,12 @@
 //!
 //! One thread polls every port in turn (a VM port only when its egress queue has room:
 //! backpressure), hands frames to the engines, runs the schedulers and sends what they
-//! produced. When there is nothing to do it asks each port's adaptive wait (Rizzo et al.
-//! 4.1, `picnic_model::control`) whether to spin or to block: a port whose producer delivers
-//! frames faster than a notification costs is polled (spin, at most `spin_us`), otherwise the
-//! loop blocks on the ports' descriptors until the engines' next deadline. Several switches
-//! share 2 cores in the lab, so an idle switch must not burn a core (DESIGN.md section 7).
+//! produced. When there is nothing to do it asks each port's adaptive wait (Rizzo et al.,
+//! `picnic_core::notify`) whether to spin or to block: while a port's producer is expected to
+//! deliver its next frame sooner than a notification and wake-up cost, the loop polls (spin,
+//! at most `spin_us`), otherwise it blocks on the ports' descriptors until the engines' next
+//! deadline. Several switches share 2 cores in the lab, so an idle switch must not burn a
+//! core (DESIGN.md section 7).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -24,8 +25,7 @@ use crate::port::{
     wait_readable, AfPacketOptions, AfPacketPort, AfXdpOptions, AfXdpPort, Port, PortStats, TapPort,
 };
 use crate::stats::DropReason;
-use picnic_model::control::{AdaptiveWait, Role, WaitConfig, WaitDecision};
-use picnic_model::model::Params;
+use picnic_core::notify::{AdaptiveWait, Params, Role, WaitConfig, WaitDecision};
 
 /// Monotonic nanoseconds since the switch started, as the engines' `now`.
 #[derive(Clone, Copy)]
@@ -87,14 +87,19 @@ pub enum Command {
     Reconfigure(Box<Config>, mpsc::Sender<anyhow::Result<()>>),
 }
 
-/// A port as the API shows it: counters and the wait regime its receive ring is in.
+/// A port as the API shows it: counters and how the loop waits on its receive ring.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct PortView {
     pub name: String,
     pub backend: String,
     pub stats: PortStats,
-    /// Rizzo et al. Table 1 regime of this ring under notification (None until estimated).
+    /// Rizzo et al. regime of this ring: GP while its wait last chose to spin, otherwise the
+    /// Table 1 regime under notification (None until estimated).
     pub wait_regime: Option<String>,
+    /// Idle passes on which this ring's wait chose to spin.
+    pub wait_spins: u64,
+    /// Idle passes on which this ring's wait chose to block.
+    pub wait_blocks: u64,
     /// Estimated time between frames from the ring's producer, ns.
     pub producer_period_ns: Option<u64>,
 }
@@ -135,8 +140,11 @@ const RING_SLOTS: u32 = 2048;
 
 /// The adaptive wait of one receive ring: the switch is its consumer. N and S are the
 /// notification and wake-up costs measured on the lab machines (`picnic model measure`:
-/// N 1.6-7.3 us, S 2.8-3.7 us); W_P and W_C start as guesses and are estimated as frames flow.
-fn ring_wait(max_sleep: Duration) -> AdaptiveWait {
+/// N 1.6-7.3 us, S 2.8-3.7 us), so the loop spins (at most `max_spin`) while the producer's
+/// frames come less than N + S = 6.5 us apart. It never slows down with a timed sleep: a
+/// 50 us sleep wakes after 105-162 us here (DESIGN.md 7), while blocking on the ring wakes
+/// on the frame. W_P and W_C start as guesses and are estimated as frames flow.
+fn ring_wait(max_spin: Duration) -> AdaptiveWait {
     let params = Params {
         l: RING_SLOTS,
         wp: 10_000.0,
@@ -151,7 +159,8 @@ fn ring_wait(max_sleep: Duration) -> AdaptiveWait {
     AdaptiveWait::new(WaitConfig {
         role: Role::Consumer,
         params,
-        max_sleep,
+        max_spin,
+        max_sleep: Duration::ZERO,
     })
     .expect("valid model parameters")
 }
@@ -333,24 +342,29 @@ impl Switch {
                 spin_until = None;
                 continue;
             }
-            if spin_until.is_some_and(|t| now < t) {
-                std::hint::spin_loop();
-                continue;
-            }
-            // Idle: spin while some ring's producer is faster than a notification costs
-            // (Rizzo et al. 3.2.1), otherwise block until a frame arrives or the engines'
-            // next deadline.
-            let spin_to = self
-                .waits
-                .iter_mut()
-                .filter_map(|(w, _)| match w.decide(now, RING_SLOTS) {
-                    WaitDecision::Spin { until } => Some(until.min(now + spin)),
-                    WaitDecision::SlowDown { .. } | WaitDecision::Block => None,
-                })
-                .max();
-            if spin_until.is_none() && spin_to.is_some_and(|t| t > now) {
-                spin_until = spin_to;
-                continue;
+            // Idle: spin while some ring's producer is expected to deliver its next frame
+            // sooner than a notification and wake-up would cost (Rizzo et al. 3.2.1), at most
+            // `spin_us`. Otherwise, or once a spin has run out, block until a frame arrives or
+            // the engines' next deadline.
+            match spin_until {
+                Some(t) if now < t => {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                Some(_) => {}
+                None => {
+                    spin_until = self
+                        .waits
+                        .iter_mut()
+                        .filter_map(|(w, _)| match w.decide(now, RING_SLOTS) {
+                            WaitDecision::Spin { until } => Some(until),
+                            WaitDecision::SlowDown { .. } | WaitDecision::Block => None,
+                        })
+                        .max();
+                    if spin_until.is_some() {
+                        continue;
+                    }
+                }
             }
             spin_until = None;
             let until = self
@@ -431,11 +445,14 @@ impl Switch {
             .enumerate()
             .map(|(i, p)| {
                 let wait = self.waits.get(i).map(|(w, _)| w);
+                let decisions = wait.map(|w| w.counts()).unwrap_or_default();
                 PortView {
                     name: p.name().to_string(),
                     backend: p.backend().to_string(),
                     stats: p.stats(),
                     wait_regime: wait.and_then(|w| w.regime()).map(|r| r.to_string()),
+                    wait_spins: decisions.spins,
+                    wait_blocks: decisions.blocks,
                     producer_period_ns: wait.and_then(|w| w.peer_period()).map(|d| d.as_nanos()),
                 }
             })
@@ -526,5 +543,35 @@ impl Switch {
 
     pub fn port_index(&self, name: &str) -> Option<PortIdx> {
         self.ports.iter().position(|p| p.name() == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The loop's own ring wait (not a copy of its parameters): spins for a producer whose
+    /// frames come 2 us apart, blocks for one 1 ms apart.
+    #[test]
+    fn ring_wait_spins_for_a_2us_producer_and_blocks_for_a_1ms_one() {
+        for (period, spin) in [(2_000, true), (1_000_000, false)] {
+            let mut wait = ring_wait(Duration::from_micros(50));
+            for i in 0..=64u64 {
+                wait.observe(Instant::from_nanos(i * period), i);
+            }
+            let last = Instant::from_nanos(64 * period);
+            let expected = if spin {
+                WaitDecision::Spin {
+                    until: last + Duration::from_micros(50),
+                }
+            } else {
+                WaitDecision::Block
+            };
+            assert_eq!(
+                wait.decide(last, RING_SLOTS),
+                expected,
+                "period {period} ns"
+            );
+        }
     }
 }
