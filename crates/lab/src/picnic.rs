@@ -284,12 +284,17 @@ fn summary_lines(snap: &Snapshot) -> Vec<String> {
         .collect();
     let s = &snap.switch;
     lines.push(format!(
-        "switch     uplink rx {} tx {} feedback sent {} received {} drops [{}]",
+        "switch     uplink rx {} tx {} feedback sent {} received {} drops [{}] cpu {:.1} ms \
+         (VMs {:.1}, unattributed {:.1}, idle loop {:.1})",
         s.uplink_rx_packets,
         s.uplink_tx_packets,
         s.feedback_sent,
         s.feedback_received,
-        drops(&s.drops)
+        drops(&s.drops),
+        s.cpu_ns as f64 / 1e6,
+        snap.vms.iter().map(|v| v.counters.cost_ns).sum::<u64>() as f64 / 1e6,
+        s.unattributed_ns as f64 / 1e6,
+        s.overhead_ns as f64 / 1e6,
     ));
     lines
 }
