@@ -183,6 +183,8 @@ pub struct Receiver<K> {
     endpoints: Vec<Endpoint<K>>,
     index: HashMap<K, usize>,
     window_start: Instant,
+    /// Whether anything was metered since the window started.
+    window_busy: bool,
 }
 
 impl<K: Copy + Eq + Hash> Receiver<K> {
@@ -194,6 +196,7 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
             endpoints: Vec::new(),
             index: HashMap::new(),
             window_start: now,
+            window_busy: false,
         })
     }
 
@@ -292,6 +295,7 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
         if now >= self.window_end() {
             self.close_window(now);
         }
+        self.window_busy = true;
         let ep = &mut self.endpoints[i];
         ep.meter.add(units);
         ep.last_rx = now;
@@ -327,8 +331,10 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
     }
 
     /// When the current window ends and [`on_timeout`](Self::on_timeout) should be called.
+    /// While no endpoint is active and nothing arrived in the window there is nothing to
+    /// close: `None`, so an idle receiver wakes nobody (the next packet closes the window).
     pub fn poll_at(&self) -> Option<Instant> {
-        Some(self.window_end())
+        (self.window_busy || self.endpoints.iter().any(|ep| ep.active)).then(|| self.window_end())
     }
 
     /// Closes the current window if it has ended: measures every endpoint, updates the
@@ -381,6 +387,7 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
             ep.fresh = false;
         }
         self.window_start = now;
+        self.window_busy = false;
     }
 
     /// EyeQ's RX scheduler (3.2), made work conserving by weighted water-filling.
@@ -581,5 +588,25 @@ mod tests {
         assert!(!rx.endpoint(2).unwrap().active);
         assert_eq!(rx.endpoint(2).unwrap().allowed, 0);
         assert_eq!(rx.endpoint(1).unwrap().allowed, rx.shared_capacity());
+    }
+
+    #[test]
+    fn an_idle_receiver_has_no_deadline_until_traffic_arrives_and_after_it_went_idle() {
+        let mut rx = receiver();
+        rx.add_endpoint(1, guarantee(MBPS)).unwrap();
+        assert_eq!(rx.poll_at(), None, "nothing received yet");
+        rx.on_packet(Instant::from_nanos(10), 1, (), 1500).unwrap();
+        let first = rx.poll_at().expect("a window with traffic must close");
+        rx.on_timeout(first);
+        assert!(rx.endpoint(1).unwrap().active);
+        // Silence: windows keep closing until the endpoint has been idle `idle_after`.
+        let mut t = first;
+        while let Some(next) = rx.poll_at() {
+            assert!(next > t);
+            t = next;
+            rx.on_timeout(t);
+        }
+        assert!(!rx.endpoint(1).unwrap().active);
+        assert!(t >= Instant::from_nanos(10) + ReceiverConfig::default().idle_after);
     }
 }
