@@ -280,4 +280,33 @@ mod tests {
             assert_eq!(parse(f.data()), Some((meta, false)));
         }
     }
+
+    #[test]
+    fn the_ecmp_hash_covers_outer_addresses_and_entropy_port_only() {
+        // Outer Ethernet, IPv4 (src 198.18.0.1, dst 198.18.0.2), UDP 50000 -> 6081.
+        let mut outer = vec![0u8; ETH + IPV4 + 8];
+        outer[ETH + 12..ETH + 20].copy_from_slice(&[198, 18, 0, 1, 198, 18, 0, 2]);
+        outer[ETH + IPV4..ETH + IPV4 + 4].copy_from_slice(&[0xc3, 0x50, 0x17, 0xc1]);
+        // FNV-1a over the 10 bytes, written out.
+        let mut fnv: u32 = 0x811c_9dc5;
+        for b in [198, 18, 0, 1, 198, 18, 0, 2, 0xc3, 0x50] {
+            fnv = (fnv ^ b).wrapping_mul(0x0100_0193);
+        }
+        let h = outer_flow_hash(&outer);
+        assert_eq!(h, fnv);
+        // The destination port, MACs, TTL and payload do not move a flow.
+        let mut same = outer.clone();
+        same[0] = 9;
+        same[ETH + 8] = 1;
+        same[ETH + IPV4 + 3] = 0;
+        same.extend_from_slice(&[1, 2, 3]);
+        assert_eq!(outer_flow_hash(&same), h);
+        // The entropy port and either address do.
+        for at in [ETH + IPV4 + 1, ETH + 12, ETH + 19] {
+            let mut other = outer.clone();
+            other[at] ^= 1;
+            assert_ne!(outer_flow_hash(&other), h, "byte {at}");
+        }
+        assert_eq!(outer_flow_hash(&outer[..ETH + IPV4 + 3]), 0, "too short");
+    }
 }

@@ -351,3 +351,250 @@ impl Fabric {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::packet::{Addr, Kind, Meta, Proto};
+    use rand::SeedableRng;
+
+    const GBPS: u64 = 1_000_000_000;
+
+    /// `[sim]` defaults (10 Gb/s NICs, 1 us links, 4 MB shared buffers) with `f` applied.
+    fn sim(f: impl FnOnce(&mut SimSection)) -> SimSection {
+        let mut s = SimSection::default();
+        f(&mut s);
+        s
+    }
+
+    /// A packet of `len` bytes of zeros to host `dst`.
+    fn pkt(pool: &mut FramePool, len: usize, dst: u32, hash: u32) -> Pkt {
+        let mut frame = pool.get().expect("a free frame");
+        frame.buf_for_rx()[..len].fill(0);
+        frame.set_len(len);
+        Pkt { frame, dst, hash }
+    }
+
+    /// Runs the fabric's events until none is left; every arrival at a host as (time, host).
+    fn drain(f: &mut Fabric, q: &mut EventQueue, pool: &mut FramePool) -> Vec<(Nanos, u32)> {
+        let mut rng = SmallRng::seed_from_u64(0);
+        let mut arrivals = Vec::new();
+        while let Some((now, ev)) = q.pop() {
+            match ev {
+                Event::LinkTxDone(l) => f.tx_done(l, now, q),
+                Event::LinkArrive(l) => {
+                    if let Some((h, frame)) = f.arrive(l, now, q, pool, &mut rng) {
+                        arrivals.push((now, h));
+                        pool.put(frame);
+                    }
+                }
+                other => panic!("not a fabric event: {other:?}"),
+            }
+        }
+        arrivals
+    }
+
+    #[test]
+    fn a_link_serializes_back_to_back_at_its_rate_then_adds_its_delay() {
+        let mut f = Fabric::build(&sim(|_| {}), 2, GBPS, 1_000_000);
+        let (mut q, mut pool) = (EventQueue::default(), FramePool::new(8));
+        let down = f.host_down[1];
+        for _ in 0..3 {
+            let p = pkt(&mut pool, 1250, 1, 0);
+            f.enqueue(down, p, 0, &mut q, &mut pool);
+        }
+        // 1250 B at 1 Gb/s is 10 us each, then 1 us of propagation.
+        let arrivals = drain(&mut f, &mut q, &mut pool);
+        assert_eq!(arrivals, vec![(11_000, 1), (21_000, 1), (31_000, 1)]);
+        assert_eq!(f.links[down as usize].bytes, 0);
+        assert_eq!(f.switches[0].used, 0);
+        assert_eq!(pool.available(), 8);
+    }
+
+    #[test]
+    fn a_packet_crosses_nic_switch_and_access_link_in_the_sum_of_their_times() {
+        let mut f = Fabric::build(&sim(|_| {}), 2, GBPS, 1_000_000);
+        let (mut q, mut pool) = (EventQueue::default(), FramePool::new(1));
+        let p = pkt(&mut pool, 1250, 1, 0);
+        f.enqueue(f.host_up[0], p, 5_000, &mut q, &mut pool);
+        // NIC 10 Gb/s: 1 us + 1 us delay; access 1 Gb/s: 10 us + 1 us delay.
+        assert_eq!(drain(&mut f, &mut q, &mut pool), vec![(18_000, 1)]);
+    }
+
+    #[test]
+    fn leaf_spine_paths_take_two_core_hops_at_the_core_rate() {
+        // 4 hosts, 2 per leaf, 4 spines: core links at 2 x 1 Gb/s / 4 = 500 Mb/s.
+        let s = sim(|s| {
+            s.topology = TopologyKind::LeafSpine;
+            s.hosts_per_leaf = 2;
+            s.spines = 4;
+        });
+        let mut f = Fabric::build(&s, 4, GBPS, 1_000_000);
+        assert_eq!(
+            (f.switches.len(), f.leaf_up.len(), f.spine_down.len()),
+            (6, 2, 4)
+        );
+        let (mut q, mut pool) = (EventQueue::default(), FramePool::new(2));
+        let far = pkt(&mut pool, 1250, 3, 0);
+        f.enqueue(f.host_up[0], far, 0, &mut q, &mut pool);
+        let near = pkt(&mut pool, 1250, 1, 0);
+        f.enqueue(f.host_up[0], near, 0, &mut q, &mut pool);
+        // Near (same leaf): NIC 1 us behind the first, +1 us, access 10 + 1 us = 14 us.
+        // Far: NIC 1 + 1, core 20 + 1, core 20 + 1, access 10 + 1 = 55 us.
+        let arrivals = drain(&mut f, &mut q, &mut pool);
+        assert_eq!(arrivals, vec![(14_000, 1), (55_000, 3)]);
+    }
+
+    #[test]
+    fn a_switch_port_drops_beyond_its_byte_bound_and_returns_the_frame() {
+        let s = sim(|s| s.switch_buffer_kb = 0);
+        let mut f = Fabric::build(&s, 2, GBPS, 3000);
+        let (mut q, mut pool) = (EventQueue::default(), FramePool::new(4));
+        let down = f.host_down[1];
+        for _ in 0..4 {
+            let p = pkt(&mut pool, 1000, 1, 0);
+            f.enqueue(down, p, 0, &mut q, &mut pool);
+        }
+        assert_eq!(f.drops, [0, 1, 0]);
+        assert_eq!(pool.available(), 1, "the dropped frame is back in the pool");
+        assert_eq!(drain(&mut f, &mut q, &mut pool).len(), 3);
+    }
+
+    #[test]
+    fn a_nic_queue_drops_beyond_its_frame_bound() {
+        let s = sim(|s| s.nic_queue_frames = 2);
+        let mut f = Fabric::build(&s, 2, GBPS, 1_000_000);
+        let (mut q, mut pool) = (EventQueue::default(), FramePool::new(3));
+        for _ in 0..3 {
+            let p = pkt(&mut pool, 64, 1, 0);
+            f.enqueue(f.host_up[0], p, 0, &mut q, &mut pool);
+        }
+        assert_eq!(f.drops, [1, 0, 0]);
+        assert_eq!(drain(&mut f, &mut q, &mut pool).len(), 2);
+    }
+
+    #[test]
+    fn a_port_of_a_shared_buffer_holds_at_most_the_free_buffer() {
+        // 4,000 B shared: port 1 stops at 2,000 B (2,000 + 1,000 > 4,000 - 2,000); port 0
+        // then gets 1,000 B of the 2,000 left.
+        let s = sim(|s| s.switch_buffer_kb = 4);
+        let mut f = Fabric::build(&s, 2, GBPS, 1_000_000);
+        let (mut q, mut pool) = (EventQueue::default(), FramePool::new(8));
+        for dst in [1, 1, 1, 0, 0] {
+            let p = pkt(&mut pool, 1000, dst, 0);
+            f.enqueue(f.host_down[dst as usize], p, 0, &mut q, &mut pool);
+        }
+        assert_eq!(f.links[f.host_down[1] as usize].bytes, 2000);
+        assert_eq!(f.links[f.host_down[0] as usize].bytes, 1000);
+        assert_eq!(f.switches[0].used, 3000);
+        assert_eq!(f.drops, [0, 2, 0]);
+    }
+
+    #[test]
+    fn switches_mark_ect_frames_ce_above_the_threshold_and_nothing_else() {
+        let s = sim(|s| s.ecn_threshold_kb = Some(1));
+        let mut f = Fabric::build(&s, 2, GBPS, 1_000_000);
+        let (mut q, mut pool) = (EventQueue::default(), FramePool::new(8));
+        let addr = |i| Addr {
+            mac: [2, 0, 0, 0, 0, i],
+            ip: [10, 0, 0, i],
+        };
+        let meta = Meta {
+            app: 0,
+            kind: Kind::Data,
+            ece: false,
+            seq: 0,
+            sent_ns: 0,
+            sack: 0,
+        };
+        // 1,000-byte IPv4/UDP frames; the third and fourth find 2,000 and 3,000 B queued.
+        let mut send = |f: &mut Fabric, link: u32, ect: bool| {
+            let mut frame = pool.get().unwrap();
+            assert!(packet::build(
+                &mut frame,
+                addr(1),
+                addr(2),
+                Proto::Udp,
+                (1, 2),
+                958,
+                ect,
+                &meta
+            ));
+            assert_eq!(frame.len(), 1000);
+            f.enqueue(
+                link,
+                Pkt {
+                    frame,
+                    dst: 1,
+                    hash: 0,
+                },
+                0,
+                &mut q,
+                &mut pool,
+            );
+        };
+        let down = f.host_down[1];
+        for ect in [true, true, true, false] {
+            send(&mut f, down, ect);
+        }
+        // A host NIC never marks, however full.
+        let up = f.host_up[0];
+        for _ in 0..3 {
+            send(&mut f, up, true);
+        }
+        assert_eq!(f.ecn_marks, 1);
+        let ce: Vec<bool> = f.links[down as usize]
+            .queue
+            .iter()
+            .map(|p| packet::parse(p.frame.data()).unwrap().1)
+            .collect();
+        assert_eq!(ce, [false, false, true, false]);
+    }
+
+    fn leaf_spine(ecmp: Ecmp) -> Fabric {
+        let s = sim(|s| {
+            s.topology = TopologyKind::LeafSpine;
+            s.hosts_per_leaf = 2;
+            s.spines = 4;
+            s.ecmp = ecmp;
+        });
+        Fabric::build(&s, 4, GBPS, 1_000_000)
+    }
+
+    #[test]
+    fn per_flow_ecmp_picks_the_uplink_by_the_flow_hash() {
+        let f = leaf_spine(Ecmp::PerFlow);
+        let mut pool = FramePool::new(1);
+        let mut rng = SmallRng::seed_from_u64(0);
+        for hash in [0, 1, 2, 3, 7, 0x8000_0001, u32::MAX] {
+            let p = pkt(&mut pool, 64, 3, hash);
+            let up = f.route(0, &p, &mut rng);
+            assert_eq!(up, f.leaf_up[0][hash as usize % 4], "hash {hash:#x}");
+            // Same hash, same uplink: a flow stays on one path.
+            assert_eq!(f.route(0, &p, &mut rng), up);
+            // The destination's own leaf sends it down; a spine to the destination's leaf.
+            assert_eq!(f.route(1, &p, &mut rng), f.host_down[3]);
+            assert_eq!(f.route(2 + 3, &p, &mut rng), f.spine_down[3][1]);
+            pool.put(p.frame);
+        }
+    }
+
+    #[test]
+    fn per_packet_ecmp_sprays_from_the_rng_so_a_seed_repeats_its_choices() {
+        let f = leaf_spine(Ecmp::PerPacket);
+        let mut pool = FramePool::new(1);
+        let p = pkt(&mut pool, 64, 3, 42);
+        let choices = |seed| {
+            let mut rng = SmallRng::seed_from_u64(seed);
+            (0..64)
+                .map(|_| f.route(0, &p, &mut rng))
+                .collect::<Vec<_>>()
+        };
+        let a = choices(1);
+        assert_eq!(a, choices(1));
+        assert_ne!(a, choices(2));
+        for up in &f.leaf_up[0] {
+            assert!(a.contains(up), "uplink {up} never chosen in {a:?}");
+        }
+    }
+}

@@ -372,3 +372,134 @@ impl Net {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::apps::App;
+    use super::super::testing;
+    use super::*;
+    use crate::packet::Kind;
+    use rand::SeedableRng;
+
+    #[test]
+    fn the_cost_model_is_base_plus_bytes_plus_rules_within_its_variance() {
+        let mut model = CostModel {
+            base_ns: 200,
+            per_byte_ps: 250,
+            per_rule_ns: 10,
+            rules: 10,
+            variance: 0.0,
+        };
+        let mut rng = SmallRng::seed_from_u64(1);
+        // 200 + 1000 B x 0.25 ns + 10 rules x 10 ns.
+        assert_eq!(model.cost(1000, &mut rng), 550);
+        assert_eq!(model.cost(0, &mut rng), 300);
+        // Without variance no random number is drawn (the run's other draws stay put).
+        assert_eq!(rng.gen::<u64>(), SmallRng::seed_from_u64(1).gen::<u64>());
+        model.variance = 0.1;
+        let draw = |seed| {
+            let mut rng = SmallRng::seed_from_u64(seed);
+            (0..1000)
+                .map(|_| model.cost(1000, &mut rng))
+                .collect::<Vec<u64>>()
+        };
+        let costs = draw(2);
+        let (min, max) = (costs.iter().min().unwrap(), costs.iter().max().unwrap());
+        assert!(
+            *min >= 495 && *max <= 605,
+            "{min}..{max} outside 550 +- 10%"
+        );
+        assert!(
+            *min < 500 && *max > 600,
+            "{min}..{max} does not span the variance"
+        );
+        let repeat = draw(2);
+        assert_eq!(costs, repeat, "same seed, same costs");
+    }
+
+    const ONE_STREAM: &str = r#"
+[[workloads]]
+name = "u"
+kind = "udp_flood"
+from = "a"
+to = "b"
+rate_pps = 1
+"#;
+
+    #[test]
+    fn a_full_vm_ring_refuses_sends_and_a_poll_wakes_the_app_that_waited() {
+        let mut w = testing::world(ONE_STREAM, "picnic-off");
+        let App::Udp(u) = &w.apps[0] else {
+            panic!("the stream")
+        };
+        let (src, to) = (u.src, u.dst.addr);
+        let meta = |app| Meta {
+            app,
+            kind: Kind::Data,
+            ece: false,
+            seq: 0,
+            sent_ns: 0,
+            sack: 0,
+        };
+        let net = &mut w.net;
+        let send = |net: &mut Net, app, wait| {
+            net.vm_send(
+                0,
+                &src,
+                to,
+                Proto::Udp,
+                (1, 2),
+                100,
+                false,
+                &meta(app),
+                wait,
+            )
+        };
+        for _ in 0..VM_RING {
+            assert!(send(net, 7, true));
+        }
+        assert!(!send(net, 7, true));
+        assert!(!send(net, 7, true));
+        assert!(!send(net, 8, false));
+        assert_eq!((net.app_blocked, net.cons.app_created), (3, VM_RING as u64));
+        let host = &net.hosts[src.host as usize];
+        assert_eq!(
+            host.ports[src.port].waiting,
+            [7],
+            "registered once, 8 did not wait"
+        );
+        assert_eq!(host.pending, Some(0), "one poll due now");
+
+        net.host_poll(src.host, 0);
+        let host = &net.hosts[src.host as usize];
+        assert_eq!(host.ports[src.port].ring.len(), VM_RING - host.batch);
+        assert_eq!(net.wake, [7]);
+        // Busy at least for the loop overhead and the pre-queue work of the batch.
+        let least = POLL_OVERHEAD_NS + host.batch as u64 * net.cost.base_ns / 4;
+        assert!(host.busy_until >= least, "{} < {least}", host.busy_until);
+        assert_eq!(
+            host.pending,
+            Some(host.busy_until),
+            "more to do: next poll when free"
+        );
+    }
+
+    #[test]
+    fn a_full_nic_ring_drops_and_one_poll_is_scheduled_for_a_burst() {
+        let mut w = testing::world(ONE_STREAM, "picnic-off");
+        let net = &mut w.net;
+        for _ in 0..=NIC_RX_RING {
+            let mut frame = net.take_frame().unwrap();
+            frame.buf_for_rx()[..64].fill(0);
+            frame.set_len(64);
+            net.nic_receive(1, frame, 100);
+        }
+        assert_eq!(net.cons.nic_rx_drops, 1);
+        let host = &net.hosts[1];
+        assert_eq!(host.nic_rx.len(), NIC_RX_RING);
+        assert_eq!((host.gen, host.pending), (1, Some(100)));
+        net.host_poll(1, 100);
+        let host = &net.hosts[1];
+        assert_eq!(host.nic_rx.len(), NIC_RX_RING - host.batch);
+    }
+}

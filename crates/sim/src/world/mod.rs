@@ -13,6 +13,8 @@ mod apps;
 mod fabric;
 mod host;
 mod stats;
+#[cfg(test)]
+mod testing;
 
 use std::collections::HashMap;
 

@@ -407,3 +407,105 @@ fn convergence_results(
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn received_bytes_land_in_the_lab_bin_and_the_fine_bin_of_their_time() {
+        // 25 ms: lab bins of 10 ms (25 / 10 + 1 = 3), fine bins of 1 ms (25 + 1).
+        let mut m = Measurements::new(1, 25_000_000, 2);
+        let slot = m.add_result(0, "w", "t", WorkloadKind::UdpFlood, 25_000_000, false);
+        assert_eq!(
+            slot,
+            Slot {
+                replica: 0,
+                index: 0
+            }
+        );
+        m.count_rx(slot, 1, 12_500_000, 100, 1);
+        m.count_rx(slot, 1, 12_999_999, 50, 0);
+        // Late arrivals (the receivers' grace) count in the last bin.
+        m.count_rx(slot, 1, 900_000_000, 7, 1);
+        let r = &m.results[0][0];
+        assert_eq!((r.received, r.received_bytes), (2, 157));
+        assert_eq!(r.series, [0, 150, 7]);
+        assert_eq!(m.fine[0].iter().sum::<u64>(), 0);
+        assert_eq!(
+            (m.fine[1][12], m.fine[1][25], m.fine[1].iter().sum::<u64>()),
+            (150, 7, 157)
+        );
+        assert!(r.latency.is_none());
+    }
+
+    #[test]
+    fn a_shuffle_completes_with_its_last_flow_and_reports_its_median_flow() {
+        let mut tags = vec![
+            "shuffle-a",
+            "shuffle-a",
+            "shuffle-a",
+            "shuffle-b",
+            "shuffle-b",
+            "web",
+        ];
+        tags.extend(["shuffle-c"; 4]);
+        let mut flows = vec![
+            ("shuffle-a".to_owned(), 1, 1000.0),
+            ("shuffle-a".to_owned(), 1, 3000.0),
+            ("shuffle-b".to_owned(), 1, 500.0),
+            ("shuffle-a".to_owned(), 1, 2000.0),
+            ("web".to_owned(), 1, 9000.0),
+        ];
+        flows.extend([4000.0, 1000.0, 3000.0, 2000.0].map(|t| ("shuffle-c".to_owned(), 1, t)));
+        let jobs = shuffle_results(tags.into_iter(), &flows);
+        assert_eq!(jobs.len(), 3, "flows of other tags are no job");
+        assert_eq!(
+            (jobs[0].job.as_str(), jobs[0].flows, jobs[0].completed),
+            ("shuffle-a", 3, 3)
+        );
+        assert_eq!(
+            (jobs[0].completion_ms, jobs[0].median_fct_ms),
+            (Some(3.0), 2.0)
+        );
+        // One of b's two flows never finished: no completion time.
+        assert_eq!((jobs[1].flows, jobs[1].completed), (2, 1));
+        assert_eq!((jobs[1].completion_ms, jobs[1].median_fct_ms), (None, 0.5));
+        // Of an even count, the upper median.
+        assert_eq!(
+            (jobs[2].completion_ms, jobs[2].median_fct_ms),
+            (Some(4.0), 3.0)
+        );
+    }
+
+    #[test]
+    fn convergence_is_reached_at_the_first_good_window_and_held_from_the_last_bad_one() {
+        // 8 Mb/s is 1,000 B per 1 ms bin. After 5 ms: in band at 10-11 ms, out at 12-13 ms,
+        // in band from 14 ms to the end (30 ms).
+        let mut series = vec![0u64; 31];
+        for b in (10..12).chain(14..30) {
+            series[b] = 1000;
+        }
+        let spec = Convergence {
+            tenant: "t".into(),
+            after_ms: 5,
+            target_mbps: 8.0,
+            tolerance: 0.1,
+            hold_ms: 2,
+            until_ms: None,
+        };
+        let names = ["other".to_owned(), "t".to_owned()];
+        let fine = [vec![0; 31], series];
+        let r = &convergence_results(std::slice::from_ref(&spec), &names, &fine, 30_000_000)[0];
+        assert_eq!((r.reached_ms, r.converged_ms), (Some(5.0), Some(9.0)));
+        assert_eq!((r.settled_mbps, r.in_band_share), (8.0, 1.0));
+        // Watched only to 13 ms, it is never held: settled over 5-13 ms (2 of 8 bins in band).
+        let short = Convergence {
+            until_ms: Some(13),
+            ..spec
+        };
+        let r = &convergence_results(&[short], &names, &fine, 30_000_000)[0];
+        assert_eq!((r.reached_ms, r.converged_ms), (Some(5.0), None));
+        assert_eq!((r.settled_mbps, r.in_band_share), (2.0, 0.25));
+    }
+}

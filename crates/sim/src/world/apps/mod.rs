@@ -323,3 +323,65 @@ impl World {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{run, workload, world};
+
+    #[test]
+    fn a_shuffle_runs_its_connections_on_every_ordered_pair_to_completion() {
+        let shuffle = r#"
+[[sim.shuffles]]
+tenant = "t"
+bytes = 200000
+connections = 2
+start_ms = 10
+"#;
+        let idle = workload("u", "udp_flood", "a", "b", &["rate_pps = 1"]);
+        let mut w = world(&format!("{idle}{shuffle}"), "picnic-off");
+        let stats = run(&mut w);
+        // 3 VMs: 6 ordered pairs x 2 connections, each 100 KB = 72 segments of 1390 B.
+        let flow_bytes = 72 * 1390;
+        assert_eq!(stats.flows.len(), 12);
+        assert!(stats
+            .flows
+            .iter()
+            .all(|(tag, bytes, _)| tag == "shuffle-t" && *bytes == flow_bytes));
+        let job = &stats.shuffles[..];
+        assert_eq!(job.len(), 1);
+        assert_eq!(
+            (job[0].job.as_str(), job[0].flows, job[0].completed),
+            ("shuffle-t", 12, 12)
+        );
+        let last = stats.flows.iter().map(|f| f.2).fold(0.0, f64::max);
+        assert_eq!(job[0].completion_ms, Some(last / 1e3));
+        assert_eq!(stats.unfinished_flows, 0);
+        let row = &w.meas.results[0][1];
+        assert_eq!(
+            (row.name.as_str(), row.received_bytes),
+            ("shuffle-t", 12 * flow_bytes)
+        );
+    }
+
+    #[test]
+    fn the_victim_alone_runs_without_attack_workloads() {
+        let two = workload("mine", "udp_flood", "a", "b", &["rate_pps = 1"])
+            + &workload(
+                "attack",
+                "udp_flood",
+                "c",
+                "b",
+                &["rate_pps = 1", "attack = true"],
+            );
+        let names = |mode| {
+            let w = world(&two, mode);
+            assert_eq!(w.apps.len(), w.meas.results[0].len());
+            w.meas.results[0]
+                .iter()
+                .map(|r| r.name.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names("picnic-off"), ["mine", "attack"]);
+        assert_eq!(names("victim-alone"), ["mine"]);
+    }
+}

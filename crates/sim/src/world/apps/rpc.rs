@@ -83,3 +83,69 @@ impl RpcProbe {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::testing::{run, workload, world};
+
+    const PROBE: &str = r#"
+[[workloads]]
+name = "p"
+kind = "rpc"
+from = "a"
+to = "b"
+rate_pps = 500
+size = 100
+start_ms = 100
+stop_ms = 200
+timeout_ms = 1
+"#;
+
+    #[test]
+    fn every_request_on_an_idle_network_is_answered_and_timed() {
+        let mut w = world(PROBE, "picnic-off");
+        run(&mut w);
+        let r = &w.meas.results[0][0];
+        assert_eq!((r.sent, r.received, r.received_bytes), (50, 50, 50 * 100));
+        let h = r.latency.as_ref().unwrap();
+        assert_eq!(h.len(), 50);
+        // Two links each way, 1 us of propagation each, plus serialization and the hosts'
+        // processing; nothing queues, so every round trip takes about as long.
+        let (min, max) = (h.min(), h.max());
+        assert!(min > 4_000 && max < 20_000, "{min}..{max} ns");
+        assert!(max - min < 1_000, "{min}..{max} ns: something queued");
+    }
+
+    #[test]
+    fn responses_later_than_the_timeout_count_as_lost() {
+        // A flood at 2.2 Gb/s into b's 1 Gb/s access link (2 ms of buffer) without
+        // isolation: the requests that are not dropped wait about 2 ms there.
+        let fields = [
+            "rate_pps = 200000",
+            "size = 1400",
+            "start_ms = 50",
+            "stop_ms = 250",
+        ];
+        let flood = workload("f", "udp_flood", "c", "b", &fields);
+        let answered = |timeout_ms: u64| {
+            let probe = PROBE.replace("timeout_ms = 1\n", &format!("timeout_ms = {timeout_ms}\n"));
+            let mut w = world(&format!("{probe}{flood}"), "picnic-off");
+            run(&mut w);
+            assert!(
+                w.net.fabric.drops[1] > 0,
+                "the flood overflows b's access link"
+            );
+            let r = &w.meas.results[0][0];
+            assert_eq!(r.sent, 50);
+            let h = r.latency.as_ref().unwrap();
+            assert_eq!(h.len(), r.received, "only timely responses are timed");
+            (r.received, h.min(), h.max())
+        };
+        // With 100 ms to wait, some come back, all later than 1 ms.
+        let (received, min, max) = answered(100);
+        assert!(received > 0, "no request survived the flood");
+        assert!(min > 1_000_000 && max < 100_000_000, "{min}..{max} ns");
+        // With 1 ms, the same responses are lost.
+        assert_eq!(answered(1).0, 0);
+    }
+}

@@ -23,19 +23,19 @@ fn src_port(a: u32) -> u16 {
 
 /// A connection from `src` to `dst`.
 pub(in crate::world) struct TcpFlow {
-    src: VmLoc,
-    dst: VmLoc,
-    slot: Slot,
+    pub src: VmLoc,
+    pub dst: VmLoc,
+    pub slot: Slot,
     pub sender: TcpSender,
     receiver: TcpReceiver,
     mss: usize,
-    start: Nanos,
+    pub start: Nanos,
     /// The sender sends nothing from then on.
-    stop: Nanos,
+    pub stop: Nanos,
     /// Flows with a tag are recorded in flows.csv (shuffles, flow-size traffic).
     pub tag: Option<Arc<str>>,
     /// Bytes to send (0: unlimited).
-    bytes: u64,
+    pub bytes: u64,
     /// Generation of the armed retransmission timer.
     gen: u32,
     /// When the armed retransmission timer fires.
@@ -195,5 +195,115 @@ impl TcpFlow {
                 r.active_ns = (now - self.start).max(1);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::testing::{run, workload, world};
+    use super::super::App;
+    use super::*;
+
+    #[test]
+    fn a_transfer_delivers_its_bytes_and_completes_when_its_last_flow_does() {
+        let fields = ["flows = 3", "bytes = 100000", "start_ms = 10"];
+        let mut w = world(&workload("x", "transfer", "a", "b", &fields), "picnic-off");
+        run(&mut w);
+        // MSS 1390 (1500 - 70 of Geneve - 40 of IPv4/TCP): 72 segments per flow.
+        assert_eq!(w.tcp.mss, 1390);
+        let r = &w.meas.results[0][0];
+        assert_eq!(r.received_bytes, 3 * 72 * 1390);
+        let flows: Vec<&TcpFlow> = w
+            .apps
+            .iter()
+            .filter_map(|a| match a {
+                App::Tcp(t) => Some(&**t),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(flows.len(), 3);
+        assert!(flows
+            .iter()
+            .all(|t| t.finished && t.sender.retransmits == 0));
+        assert_eq!(
+            w.meas.transfer_flows_left.values().collect::<Vec<_>>(),
+            [&0]
+        );
+        // 3 x 100 KB over 1 Gb/s takes at least 2.4 ms; idle, well under 50 ms.
+        let done = r.completion_ns.expect("completed");
+        assert!(done > 2_400_000 && done < 50_000_000, "{done} ns");
+        assert_eq!(r.active_ns, done);
+        assert!(
+            w.meas.flows.is_empty(),
+            "untagged flows are not in flows.csv"
+        );
+    }
+
+    #[test]
+    fn a_lab_transfer_completes_with_its_last_flow_and_tagged_flows_go_to_flows_csv() {
+        let mut meas = Measurements::new(1, 1_000_000_000, 1);
+        let kind = picnic_lab::scenario::WorkloadKind::Transfer;
+        let slot = meas.add_result(0, "x", "t", kind, 1, false);
+        meas.transfer_flows_left.insert(slot, 3);
+        let vm = VmLoc {
+            host: 0,
+            port: 1,
+            addr: crate::packet::Addr {
+                mac: [0; 6],
+                ip: [0; 4],
+            },
+            tenant: 0,
+        };
+        let tcp = TcpParams {
+            mss: 1000,
+            min_rto: 1,
+            dupack_threshold: 3,
+            cc: crate::spec::CongestionControl::NewReno,
+        };
+        let flow = TcpFlow::new(vm, vm, slot, Some(5), (10, 1000), &tcp);
+        flow.record_completion(300, &mut meas);
+        flow.record_completion(200, &mut meas);
+        assert_eq!(
+            meas.result(slot).completion_ns,
+            None,
+            "two of three flows done"
+        );
+        flow.record_completion(400, &mut meas);
+        assert_eq!(meas.result(slot).completion_ns, Some(390));
+        assert_eq!(meas.result(slot).active_ns, 390);
+        assert!(meas.flows.is_empty());
+        let mut tagged = TcpFlow::new(vm, vm, slot, Some(5), (10, 1000), &tcp);
+        tagged.tag = Some("web".into());
+        tagged.record_completion(2010, &mut meas);
+        assert_eq!(meas.flows, [("web".to_owned(), 5000, 2.0)]);
+        assert_eq!(
+            meas.transfer_flows_left[&slot], 0,
+            "a tagged flow is no transfer's"
+        );
+    }
+
+    #[test]
+    fn a_bulk_flow_sends_nothing_after_its_stop() {
+        let fields = ["start_ms = 10", "stop_ms = 100"];
+        let mut w = world(&workload("x", "tcp_bulk", "a", "b", &fields), "picnic-off");
+        run(&mut w);
+        let r = &w.meas.results[0][0];
+        let App::Tcp(t) = &w.apps[0] else {
+            panic!("a TCP flow")
+        };
+        assert!(!t.finished, "an unlimited flow never finishes");
+        // What it sent arrived: by 100 ms at most the link's goodput (1390 of 1494 wire
+        // bytes a segment: 930 Mb/s), after 100 ms only what the 2 ms access queue held.
+        assert_eq!(r.received_bytes, t.receiver.rcv_next * 1390);
+        let mbps = r.series[1..10].iter().sum::<u64>() as f64 * 8.0 / 90e-3 / 1e6;
+        assert!(mbps > 850.0 && mbps <= 930.5, "{mbps} Mb/s");
+        assert!(
+            r.series[10] > 0 && r.series[10] <= 2 * 125_000,
+            "{:?}",
+            r.series
+        );
+        assert!(r.series[11..].iter().all(|&b| b == 0), "{:?}", r.series);
+        assert_eq!(src_port(0), 40000);
+        assert_eq!(src_port(20001), 40001);
     }
 }

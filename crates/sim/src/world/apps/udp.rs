@@ -72,3 +72,49 @@ impl UdpStream {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::testing::{run, workload, world};
+
+    /// 1,000 datagrams/s of 200 B from 100 to 200 ms, of `kind` with `extra` fields.
+    fn stream(kind: &str, extra: &[&str]) -> String {
+        let mut fields = vec![
+            "rate_pps = 1000",
+            "size = 200",
+            "start_ms = 100",
+            "stop_ms = 200",
+        ];
+        fields.extend(extra);
+        workload("u", kind, "a", "b", &fields)
+    }
+
+    #[test]
+    fn a_stream_sends_one_datagram_per_interval_until_it_stops() {
+        let mut w = world(&stream("udp_flood", &[]), "picnic-off");
+        run(&mut w);
+        let r = &w.meas.results[0][0];
+        // 1 ms apart from 100 ms to 199 ms, all delivered over an idle 1 Gb/s network.
+        assert_eq!(
+            (r.sent, r.received, r.received_bytes),
+            (100, 100, 100 * 200)
+        );
+        // In the lab's 10 ms bins: 10 per bin from 100 ms (arrivals a few us after sending).
+        assert_eq!(
+            &r.series[9..21],
+            &[0, 2000, 2000, 2000, 2000, 2000, 2000, 2000, 2000, 2000, 2000, 0]
+        );
+    }
+
+    #[test]
+    fn an_on_off_stream_is_silent_in_its_off_phases() {
+        let text = stream("on_off", &["on_ms = 10", "off_ms = 30"]);
+        let mut w = world(&text, "picnic-off");
+        run(&mut w);
+        let r = &w.meas.results[0][0];
+        // On in [100, 110), [140, 150), [180, 190) ms: 3 x 10 datagrams.
+        assert_eq!((r.sent, r.received), (30, 30));
+        let busy: Vec<usize> = (0..r.series.len()).filter(|&b| r.series[b] > 0).collect();
+        assert_eq!(busy, [10, 14, 18]);
+    }
+}
