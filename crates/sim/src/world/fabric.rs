@@ -14,7 +14,6 @@ use rand::Rng;
 use serde::Serialize;
 
 use crate::event::{Event, EventQueue, Nanos};
-use crate::packet;
 use crate::spec::{Ecmp, SimSection, TopologyKind};
 
 /// Which part of the network a queue is in (EyeQ 5.4: edge vs core).
@@ -267,7 +266,7 @@ impl Fabric {
         }
         let _ = self.queue_hist[class as usize].record(link.bytes + 1);
         if let (Some(k), Some(_)) = (self.ecn_k, link.owner) {
-            if link.bytes > k && packet::mark_ce(pkt.frame.data_mut()) {
+            if link.bytes > k && picnic_wire::ecn::mark_ce(pkt.frame.data_mut()) {
                 self.ecn_marks += 1;
             }
         }
@@ -355,7 +354,7 @@ impl Fabric {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::packet::{Addr, Kind, Meta, Proto};
+    use crate::packet::{self, Addr, Kind, Meta, Proto};
     use rand::SeedableRng;
 
     const GBPS: u64 = 1_000_000_000;
