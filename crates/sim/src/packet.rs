@@ -3,7 +3,9 @@
 //! send time) in the first payload bytes. The switch's engines encapsulate, schedule and
 //! decapsulate these bytes exactly as they would on a host.
 
-use etherparse::{EtherType, Ethernet2Header, IpNumber, Ipv4Header, TcpHeader, UdpHeader};
+use etherparse::{
+    EtherType, Ethernet2Header, IpEcn, IpNumber, Ipv4Header, Ipv4HeaderSlice, TcpHeader, UdpHeader,
+};
 use picnic_switch::frame::Frame;
 
 /// Bytes of metadata at the start of every payload; smaller payloads are padded to this.
@@ -164,25 +166,19 @@ pub fn parse(frame: &[u8]) -> Option<(Meta, bool)> {
     Some((meta, ip[1] & 3 == 3))
 }
 
-/// Offset of the inner frame in a Geneve packet (outer Ethernet, IPv4, UDP, Geneve with
-/// options), or None for standalone feedback and non-tunnel frames.
+/// Offset of the inner frame in a Geneve data packet (picnic-wire's `decap`: outer
+/// Ethernet/IPv4/UDP 6081, Geneve with options), or None for standalone feedback and
+/// non-tunnel frames.
 fn inner_offset(outer: &[u8]) -> Option<usize> {
-    let geneve = ETH + IPV4 + UdpHeader::LEN;
-    let at = geneve + 8 + (*outer.get(geneve)? as usize & 0x3f) * 4;
-    (outer.len() >= at + ETH + IPV4).then_some(at)
+    let inner = picnic_wire::decap(outer).ok()?.inner;
+    // `inner` borrows from `outer`: its start is the offset.
+    let at = inner.as_ptr() as usize - outer.as_ptr() as usize;
+    (inner.len() >= ETH + IPV4).then_some(at)
 }
 
-fn fix_ipv4_checksum(header: &mut [u8]) {
-    header[10] = 0;
-    header[11] = 0;
-    let mut sum: u32 = header[..IPV4]
-        .chunks(2)
-        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    header[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+/// ECN field of the IPv4 header at the start of `ip`, if it is one.
+fn ipv4_ecn(ip: &[u8]) -> Option<IpEcn> {
+    Some(Ipv4HeaderSlice::from_slice(ip).ok()?.ecn())
 }
 
 /// RFC 6040 encapsulation, done by the simulated NIC: the inner ECN field is copied to the
@@ -191,36 +187,26 @@ pub fn copy_ecn_out(outer: &mut [u8]) {
     let Some(at) = inner_offset(outer) else {
         return;
     };
-    let ecn = outer[at + ETH + 1] & 3;
-    if ecn != 0 {
-        outer[ETH + 1] = (outer[ETH + 1] & !3) | ecn;
-        fix_ipv4_checksum(&mut outer[ETH..ETH + IPV4]);
-    }
-}
-
-/// A switch marks an ECN-capable packet Congestion Experienced; false if it is not ECT.
-pub fn mark_ce(outer: &mut [u8]) -> bool {
-    if outer.len() < ETH + IPV4 || outer[ETH + 1] & 3 == 0 {
-        return false;
-    }
-    outer[ETH + 1] |= 3;
-    fix_ipv4_checksum(&mut outer[ETH..ETH + IPV4]);
-    true
+    let Some(ecn) = ipv4_ecn(&outer[at + ETH..]).filter(|e| *e != IpEcn::NotEct) else {
+        return;
+    };
+    let Ok(header) = Ipv4HeaderSlice::from_slice(&outer[ETH..]) else {
+        return;
+    };
+    let mut header = header.to_header();
+    header.ecn = ecn;
+    header.header_checksum = header.calc_header_checksum();
+    outer[ETH..ETH + header.header_len()].copy_from_slice(&header.to_bytes());
 }
 
 /// RFC 6040 decapsulation, done by the simulated NIC: CE on the outer header is copied to an
 /// ECN-capable inner header.
 pub fn copy_ce_in(outer: &mut [u8]) {
-    if outer.len() < ETH + IPV4 || outer[ETH + 1] & 3 != 3 {
+    if outer.len() < ETH || ipv4_ecn(&outer[ETH..]) != Some(IpEcn::CongestionExperienced) {
         return;
     }
-    let Some(at) = inner_offset(outer) else {
-        return;
-    };
-    let inner = &mut outer[at + ETH..at + ETH + IPV4];
-    if inner[1] & 3 != 0 {
-        inner[1] |= 3;
-        fix_ipv4_checksum(inner);
+    if let Some(at) = inner_offset(outer) {
+        picnic_wire::ecn::mark_ce(&mut outer[at..]);
     }
 }
 
@@ -279,5 +265,123 @@ mod tests {
             assert_eq!(summary.dst_mac, b.mac);
             assert_eq!(parse(f.data()), Some((meta, false)));
         }
+    }
+
+    #[test]
+    fn the_ecmp_hash_covers_outer_addresses_and_entropy_port_only() {
+        // Outer Ethernet, IPv4 (src 198.18.0.1, dst 198.18.0.2), UDP 50000 -> 6081.
+        let mut outer = vec![0u8; ETH + IPV4 + 8];
+        outer[ETH + 12..ETH + 20].copy_from_slice(&[198, 18, 0, 1, 198, 18, 0, 2]);
+        outer[ETH + IPV4..ETH + IPV4 + 4].copy_from_slice(&[0xc3, 0x50, 0x17, 0xc1]);
+        // FNV-1a over the 10 bytes, written out.
+        let mut fnv: u32 = 0x811c_9dc5;
+        for b in [198, 18, 0, 1, 198, 18, 0, 2, 0xc3, 0x50] {
+            fnv = (fnv ^ b).wrapping_mul(0x0100_0193);
+        }
+        let h = outer_flow_hash(&outer);
+        assert_eq!(h, fnv);
+        // The destination port, MACs, TTL and payload do not move a flow.
+        let mut same = outer.clone();
+        same[0] = 9;
+        same[ETH + 8] = 1;
+        same[ETH + IPV4 + 3] = 0;
+        same.extend_from_slice(&[1, 2, 3]);
+        assert_eq!(outer_flow_hash(&same), h);
+        // The entropy port and either address do.
+        for at in [ETH + IPV4 + 1, ETH + 12, ETH + 19] {
+            let mut other = outer.clone();
+            other[at] ^= 1;
+            assert_ne!(outer_flow_hash(&other), h, "byte {at}");
+        }
+        assert_eq!(outer_flow_hash(&outer[..ETH + IPV4 + 3]), 0, "too short");
+    }
+
+    /// A tunnel packet around a tenant UDP frame (`ect`: ECN-capable, `ce`: and already
+    /// marked, as a filling limiter does before encapsulation), with a feedback option so
+    /// the inner frame does not start at a fixed offset.
+    fn tunnel(ect: bool, ce: bool) -> Vec<u8> {
+        use picnic_wire::{FeedbackOption, GeneveRepr, OuterHeaders};
+        let mut pool = FramePool::new(1);
+        let mut f = pool.get().unwrap();
+        let a = Addr {
+            mac: [2, 0, 0, 0, 0, 1],
+            ip: [10, 0, 0, 1],
+        };
+        let meta = Meta {
+            app: 1,
+            kind: Kind::Data,
+            ece: false,
+            seq: 5,
+            sent_ns: 0,
+            sack: 0,
+        };
+        assert!(build(&mut f, a, a, Proto::Udp, (1, 2), 100, ect, &meta));
+        if ce {
+            assert!(picnic_wire::ecn::mark_ce(f.data_mut()));
+        }
+        let outer = OuterHeaders {
+            src_mac: [2, 0x70, 0x68, 0, 0, 1],
+            dst_mac: [2, 0x70, 0x68, 0, 0, 2],
+            src_ip: [198, 18, 0, 1].into(),
+            dst_ip: [198, 18, 0, 2].into(),
+            src_port: 50000,
+            ttl: 64,
+        };
+        let geneve = GeneveRepr {
+            feedback: Some(FeedbackOption {
+                dst_endpoint: 1,
+                rate_bps: 2,
+                seq: 3,
+            }),
+            ..GeneveRepr::ethernet(7)
+        };
+        let mut out = vec![0; 2048];
+        let n = picnic_wire::encap(&outer, &geneve, f.data(), &mut out).unwrap();
+        out.truncate(n);
+        out
+    }
+
+    /// Whether the inner frame is marked CE, through the switch's own decapsulation (which
+    /// also verifies the outer checksum).
+    fn inner_ce(outer: &[u8]) -> bool {
+        parse(picnic_wire::decap(outer).unwrap().inner).unwrap().1
+    }
+
+    #[test]
+    fn the_nic_carries_ecn_out_to_the_outer_header_and_ce_back_in() {
+        let outer_ecn = |p: &[u8]| ipv4_ecn(&p[ETH..]).unwrap();
+        let mut p = tunnel(true, false);
+        assert_eq!(outer_ecn(&p), IpEcn::NotEct);
+        copy_ecn_out(&mut p);
+        assert_eq!(outer_ecn(&p), IpEcn::Ect0);
+        assert!(!inner_ce(&p));
+        copy_ce_in(&mut p);
+        assert!(!inner_ce(&p), "ECT outside is no congestion");
+        // A switch marks the outer header; the receiving NIC copies CE inside.
+        assert!(picnic_wire::ecn::mark_ce(&mut p));
+        copy_ce_in(&mut p);
+        assert_eq!(outer_ecn(&p), IpEcn::CongestionExperienced);
+        assert!(inner_ce(&p));
+        // Marked before encapsulation: the outer header starts out CE.
+        let mut p = tunnel(true, true);
+        copy_ecn_out(&mut p);
+        assert_eq!(outer_ecn(&p), IpEcn::CongestionExperienced);
+        assert!(inner_ce(&p));
+        // Not ECN-capable inside: nothing is copied out, and CE is not copied in.
+        let mut p = tunnel(false, false);
+        let before = p.clone();
+        copy_ecn_out(&mut p);
+        assert_eq!(p, before);
+        let ce = |p: &mut [u8]| p[ETH + 1] |= 3;
+        ce(&mut p);
+        let marked = p.clone();
+        copy_ce_in(&mut p);
+        assert_eq!(p, marked);
+        // Standalone feedback and short frames have no inner frame to touch.
+        let mut short = before[..ETH + IPV4 + 8].to_vec();
+        let copy = short.clone();
+        copy_ecn_out(&mut short);
+        copy_ce_in(&mut short);
+        assert_eq!(short, copy);
     }
 }

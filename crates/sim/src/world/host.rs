@@ -1,0 +1,505 @@
+//! Hosts: each runs the switch's own [`Engine`], built from the lab's switch config, between
+//! its VMs' transmit rings and its NIC. A poll feeds the engine what arrived, lets it work at
+//! the modelled CPU cost ([`CostModel`]) and moves what it left: tunnel frames onto the
+//! host's uplink, tenant frames to the applications. The CPU is busy for that cost, so the
+//! next poll comes later when the CPU is the bottleneck.
+
+use std::collections::{HashMap, VecDeque};
+
+use anyhow::{anyhow, Context, Result};
+use picnic_core::Instant;
+use picnic_lab::picnic::switch_config;
+use picnic_lab::topology::Topology;
+use picnic_switch::directory::{TenantIdx, UPLINK};
+use picnic_switch::engine::{Engine, Work};
+use picnic_switch::frame::Frame;
+use rand::rngs::SmallRng;
+use rand::Rng;
+
+use super::fabric::Pkt;
+use super::Net;
+use crate::event::{Event, Nanos};
+use crate::packet::{self, Addr, Meta, Proto};
+use crate::spec::{CostModel, Spec};
+
+/// Frames a VM's transmit ring holds (its virtio/veth ring toward the switch).
+pub(super) const VM_RING: usize = 256;
+/// Host NIC receive ring, frames.
+pub(super) const NIC_RX_RING: usize = 1024;
+/// Fixed cost of one engine poll (loop overhead), ns.
+const POLL_OVERHEAD_NS: u64 = 50;
+/// Frames the pool grows by when it runs dry (until the budget).
+pub(super) const POOL_CHUNK: usize = 4096;
+/// Free frames kept for an engine poll (feedback frames), while under the budget.
+const POLL_RESERVE: usize = 256;
+
+/// A VM's place: host, engine port, addresses.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct VmLoc {
+    /// Host (global index over replicas).
+    pub host: u32,
+    /// The VM's port on its host's engine.
+    pub port: usize,
+    pub addr: Addr,
+    /// Tenant index in the scenario.
+    pub tenant: usize,
+}
+
+/// A VM's transmit ring toward the engine, and the applications waiting for room in it.
+struct VmRing {
+    ring: VecDeque<Frame>,
+    waiting: Vec<u32>,
+}
+
+/// One host: its engine, the rings around it and its CPU's schedule.
+pub(super) struct Host {
+    pub engine: Engine,
+    /// Replica the host belongs to.
+    replica: u32,
+    /// Per engine port (the uplink's slot unused).
+    ports: Vec<VmRing>,
+    nic_rx: VecDeque<Frame>,
+    /// The CPU is busy with the last poll's work until then.
+    busy_until: Nanos,
+    /// Generation of the scheduled poll (stale polls are skipped).
+    pub gen: u32,
+    /// When the next poll is scheduled, if one is.
+    pending: Option<Nanos>,
+    /// Frames taken per port and poll (the switch's `batch`).
+    batch: usize,
+}
+
+/// The processing-cost model as the engine's [`Work`]: what the host CPU spends per packet.
+struct CostWork<'a> {
+    model: &'a CostModel,
+    rng: &'a mut SmallRng,
+    total: u64,
+}
+
+impl CostModel {
+    /// Cost in ns of processing a packet of `len` bytes.
+    pub fn cost(&self, len: usize, rng: &mut SmallRng) -> u64 {
+        let mean =
+            self.base_ns + self.per_byte_ps * len as u64 / 1000 + self.per_rule_ns * self.rules;
+        if self.variance == 0.0 {
+            return mean;
+        }
+        let f = 1.0 + self.variance * (rng.gen::<f64>() * 2.0 - 1.0);
+        (mean as f64 * f) as u64
+    }
+}
+
+impl Work for CostWork<'_> {
+    fn process(&mut self, _tenant: TenantIdx, frame: &mut Frame) -> u64 {
+        let c = self.model.cost(frame.len(), self.rng);
+        self.total += c;
+        c
+    }
+}
+
+/// A frame that reached a VM, as its application sees it.
+pub(super) struct Delivery {
+    pub meta: Meta,
+    /// It arrived marked Congestion Experienced.
+    pub ce: bool,
+}
+
+/// The deployment's hosts (replica-major within each lab host: host `i` of replica `r` is
+/// `i * replicas + r`), each replica's VMs by name, and the largest per-host frame budget.
+pub(super) struct BuiltHosts {
+    pub hosts: Vec<Host>,
+    pub vm_locs: Vec<HashMap<String, VmLoc>>,
+    pub frame_budget: usize,
+}
+
+fn parse_mac(s: &str) -> Result<[u8; 6]> {
+    let m: picnic_switch::config::Mac = s.parse().map_err(|e: String| anyhow!(e))?;
+    Ok(m.0)
+}
+
+/// Builds every host of every replica with the lab's switch config (`isolated`: every
+/// isolation mechanism on); `queue_bytes` is an access link's buffer (for the budget).
+pub(super) fn build_hosts(spec: &Spec, isolated: bool, queue_bytes: u64) -> Result<BuiltHosts> {
+    let sc = &spec.scenario;
+    let sim = &spec.sim;
+    let replicas = sim.replicas;
+    let total_hosts = sc.hosts.len() * replicas as usize;
+    let mut frame_budget = 0;
+    let mut hosts: Vec<Option<Host>> = (0..total_hosts).map(|_| None).collect();
+    let mut vm_locs = Vec::new();
+    for r in 0..replicas {
+        let topo = Topology::plan_detached(sc, &format!("r{r}"));
+        let mut locs = HashMap::new();
+        for hv in &topo.hosts {
+            let mut cfg = switch_config(sc, &topo, hv, isolated)?;
+            cfg.switch.nice = None;
+            let engine = Engine::new(&cfg, Instant::ZERO)
+                .with_context(|| format!("engine of host {}", hv.name))?;
+            let g = hv.index as u32 * replicas + r;
+            for vm in &hv.vms {
+                let port = engine
+                    .dir
+                    .vms
+                    .iter()
+                    .find(|v| v.name == vm.name)
+                    .and_then(|v| v.port)
+                    .ok_or_else(|| anyhow!("VM {} has no port", vm.name))?;
+                let addr = Addr {
+                    mac: parse_mac(&vm.mac)?,
+                    ip: vm.ip.octets(),
+                };
+                let tenant = vm.tenant_index;
+                locs.insert(
+                    vm.name.clone(),
+                    VmLoc {
+                        host: g,
+                        port,
+                        addr,
+                        tenant,
+                    },
+                );
+            }
+            frame_budget = frame_budget.max(host_frame_budget(
+                &cfg,
+                hv.vms.len(),
+                sim.nic_queue_frames,
+                queue_bytes,
+            ));
+            let ports = (0..engine.dir.port_count())
+                .map(|_| VmRing {
+                    ring: VecDeque::new(),
+                    waiting: Vec::new(),
+                })
+                .collect();
+            hosts[g as usize] = Some(Host {
+                engine,
+                replica: r,
+                ports,
+                nic_rx: VecDeque::new(),
+                busy_until: 0,
+                gen: 0,
+                pending: None,
+                batch: cfg.switch.batch,
+            });
+        }
+        vm_locs.push(locs);
+    }
+    let hosts = hosts
+        .into_iter()
+        .map(|h| h.expect("every host built"))
+        .collect();
+    Ok(BuiltHosts {
+        hosts,
+        vm_locs,
+        frame_budget,
+    })
+}
+
+/// Frames one host can hold at once (the default per-host pool budget): its VMs' transmit
+/// rings and the engine's per-VM queue bounds, the shaped/limited queues, the NIC rings, and
+/// its access-link queue filled with minimum-size frames.
+fn host_frame_budget(
+    cfg: &picnic_switch::config::Config,
+    vms: usize,
+    nic_queue_frames: usize,
+    queue_bytes: u64,
+) -> usize {
+    vms * (VM_RING
+        + cfg.egress.queue_packets
+        + cfg.egress.shaped_queue_packets
+        + cfg.ingress.queue_packets)
+        + nic_queue_frames
+        + NIC_RX_RING
+        + (queue_bytes / 64) as usize
+}
+
+impl Net {
+    /// Schedules host `h`'s poll at `now` or when its CPU is free, unless one is due sooner.
+    fn wake_host(&mut self, h: u32, now: Nanos) {
+        let host = &mut self.hosts[h as usize];
+        let at = now.max(host.busy_until);
+        if host.pending.is_none_or(|p| p > at) {
+            host.gen += 1;
+            host.pending = Some(at);
+            self.queue.push(at, Event::HostPoll(h, host.gen));
+        }
+    }
+
+    /// A VM sends a frame built from `meta` into its transmit ring. False when the ring is
+    /// full (the application is woken when there is room if `wait`), the pool has no frame
+    /// or the frame cannot be built.
+    #[allow(clippy::too_many_arguments)]
+    pub fn vm_send(
+        &mut self,
+        now: Nanos,
+        from: &VmLoc,
+        to: Addr,
+        proto: Proto,
+        ports: (u16, u16),
+        payload: usize,
+        ect: bool,
+        meta: &Meta,
+        wait: bool,
+    ) -> bool {
+        let port = &mut self.hosts[from.host as usize].ports[from.port];
+        if port.ring.len() >= VM_RING {
+            if wait && !port.waiting.contains(&meta.app) {
+                port.waiting.push(meta.app);
+            }
+            self.app_blocked += 1;
+            return false;
+        }
+        let Some(mut frame) = self.take_frame() else {
+            self.pool_exhausted += 1;
+            return false;
+        };
+        let port = &mut self.hosts[from.host as usize].ports[from.port];
+        if !packet::build(&mut frame, from.addr, to, proto, ports, payload, ect, meta) {
+            self.pool.put(frame);
+            return false;
+        }
+        port.ring.push_back(frame);
+        self.cons.app_created += 1;
+        self.wake_host(from.host, now);
+        true
+    }
+
+    /// Grows the pool by up to `want` frames when fewer are free, within the budget.
+    fn reserve_frames(&mut self, want: usize) {
+        let room = self.pool_budget.saturating_sub(self.pool.capacity());
+        if self.pool.available() < want && room > 0 {
+            self.pool.grow(POOL_CHUNK.max(want).min(room));
+        }
+    }
+
+    /// A free frame, growing the pool when it is dry and under the budget.
+    fn take_frame(&mut self) -> Option<Frame> {
+        self.reserve_frames(1);
+        self.pool.get()
+    }
+
+    /// A frame off the fabric reaches host `h`'s NIC: dropped (counted) when the receive
+    /// ring is full, else CE copied to the inner header (RFC 6040) and the host woken.
+    pub fn nic_receive(&mut self, h: u32, mut frame: Frame, now: Nanos) {
+        let host = &mut self.hosts[h as usize];
+        if host.nic_rx.len() >= NIC_RX_RING {
+            self.cons.nic_rx_drops += 1;
+            self.pool.put(frame);
+            return;
+        }
+        packet::copy_ce_in(frame.data_mut());
+        host.nic_rx.push_back(frame);
+        self.wake_host(h, now);
+    }
+
+    /// Host `h` polls its engine: up to `batch` frames from the NIC and from each VM ring
+    /// whose engine port is ready, one `poll` at the modelled cost, then its uplink queue to
+    /// the fabric (inner ECN copied out) and its VM queues to [`Net::deliveries`]. The CPU is
+    /// busy until `now` + the cost; the next poll is then, or at the engine's deadline.
+    pub fn host_poll(&mut self, h: u32, now: Nanos) {
+        self.reserve_frames(POLL_RESERVE);
+        let t = Instant::from_nanos(now);
+        let host = &mut self.hosts[h as usize];
+        host.pending = None;
+        let batch = host.batch;
+        let mut cost = POLL_OVERHEAD_NS;
+        let n = host.nic_rx.len().min(batch);
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.extend(host.nic_rx.drain(..n));
+        // Header parsing and table lookups before queueing: cheap, a fraction of the base.
+        cost += n as u64 * self.cost.base_ns / 4;
+        host.engine
+            .on_frames(t, UPLINK, &mut scratch, &mut self.pool);
+        let mut more = !host.nic_rx.is_empty();
+        for p in 1..host.ports.len() {
+            if host.ports[p].ring.is_empty() {
+                continue;
+            }
+            if !host.engine.rx_ready(t, p, batch) {
+                continue;
+            }
+            let k = host.ports[p].ring.len().min(batch);
+            scratch.extend(host.ports[p].ring.drain(..k));
+            cost += k as u64 * self.cost.base_ns / 4;
+            host.engine.on_frames(t, p, &mut scratch, &mut self.pool);
+            more |= !host.ports[p].ring.is_empty();
+            self.wake.append(&mut host.ports[p].waiting);
+        }
+        self.scratch = scratch;
+        let mut work = CostWork {
+            model: &self.cost,
+            rng: &mut self.rng,
+            total: 0,
+        };
+        let done = host.engine.poll(t, batch, &mut work, &mut self.pool);
+        cost += work.total;
+        let replica = host.replica;
+        let mut out = std::mem::take(host.engine.tx_queue(UPLINK));
+        for mut frame in out.drain(..) {
+            cost += self.cost.cost(frame.len(), &mut self.rng);
+            packet::copy_ecn_out(frame.data_mut());
+            let local = packet::host_of_mac(&frame.data()[..6]);
+            let dst = local * self.replicas + replica;
+            let hash = packet::outer_flow_hash(frame.data());
+            let up = self.fabric.host_up[h as usize];
+            let pkt = Pkt { frame, dst, hash };
+            self.fabric
+                .enqueue(up, pkt, now, &mut self.queue, &mut self.pool);
+        }
+        let host = &mut self.hosts[h as usize];
+        *host.engine.tx_queue(UPLINK) = out;
+        for p in 1..host.ports.len() {
+            for frame in host.engine.tx_queue(p).drain(..) {
+                if let Some((meta, ce)) = packet::parse(frame.data()) {
+                    self.deliveries.push(Delivery { meta, ce });
+                }
+                self.cons.delivered += 1;
+                self.pool.put(frame);
+            }
+        }
+        host.busy_until = now + cost;
+        let next = if more || done > 0 {
+            Some(host.busy_until)
+        } else {
+            host.engine
+                .poll_at()
+                .map(|p| p.as_nanos().max(host.busy_until))
+        };
+        if let Some(at) = next {
+            host.gen += 1;
+            host.pending = Some(at);
+            self.queue.push(at, Event::HostPoll(h, host.gen));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::apps::App;
+    use super::super::testing;
+    use super::*;
+    use crate::packet::Kind;
+    use rand::SeedableRng;
+
+    #[test]
+    fn the_cost_model_is_base_plus_bytes_plus_rules_within_its_variance() {
+        let mut model = CostModel {
+            base_ns: 200,
+            per_byte_ps: 250,
+            per_rule_ns: 10,
+            rules: 10,
+            variance: 0.0,
+        };
+        let mut rng = SmallRng::seed_from_u64(1);
+        // 200 + 1000 B x 0.25 ns + 10 rules x 10 ns.
+        assert_eq!(model.cost(1000, &mut rng), 550);
+        assert_eq!(model.cost(0, &mut rng), 300);
+        // Without variance no random number is drawn (the run's other draws stay put).
+        assert_eq!(rng.gen::<u64>(), SmallRng::seed_from_u64(1).gen::<u64>());
+        model.variance = 0.1;
+        let draw = |seed| {
+            let mut rng = SmallRng::seed_from_u64(seed);
+            (0..1000)
+                .map(|_| model.cost(1000, &mut rng))
+                .collect::<Vec<u64>>()
+        };
+        let costs = draw(2);
+        let (min, max) = (costs.iter().min().unwrap(), costs.iter().max().unwrap());
+        assert!(
+            *min >= 495 && *max <= 605,
+            "{min}..{max} outside 550 +- 10%"
+        );
+        assert!(
+            *min < 500 && *max > 600,
+            "{min}..{max} does not span the variance"
+        );
+        let repeat = draw(2);
+        assert_eq!(costs, repeat, "same seed, same costs");
+    }
+
+    const ONE_STREAM: &str = r#"
+[[workloads]]
+name = "u"
+kind = "udp_flood"
+from = "a"
+to = "b"
+rate_pps = 1
+"#;
+
+    #[test]
+    fn a_full_vm_ring_refuses_sends_and_a_poll_wakes_the_app_that_waited() {
+        let mut w = testing::world(ONE_STREAM, "picnic-off");
+        let App::Udp(u) = &w.apps[0] else {
+            panic!("the stream")
+        };
+        let (src, to) = (u.src, u.dst.addr);
+        let meta = |app| Meta {
+            app,
+            kind: Kind::Data,
+            ece: false,
+            seq: 0,
+            sent_ns: 0,
+            sack: 0,
+        };
+        let net = &mut w.net;
+        let send = |net: &mut Net, app, wait| {
+            net.vm_send(
+                0,
+                &src,
+                to,
+                Proto::Udp,
+                (1, 2),
+                100,
+                false,
+                &meta(app),
+                wait,
+            )
+        };
+        for _ in 0..VM_RING {
+            assert!(send(net, 7, true));
+        }
+        assert!(!send(net, 7, true));
+        assert!(!send(net, 7, true));
+        assert!(!send(net, 8, false));
+        assert_eq!((net.app_blocked, net.cons.app_created), (3, VM_RING as u64));
+        let host = &net.hosts[src.host as usize];
+        assert_eq!(
+            host.ports[src.port].waiting,
+            [7],
+            "registered once, 8 did not wait"
+        );
+        assert_eq!(host.pending, Some(0), "one poll due now");
+
+        net.host_poll(src.host, 0);
+        let host = &net.hosts[src.host as usize];
+        assert_eq!(host.ports[src.port].ring.len(), VM_RING - host.batch);
+        assert_eq!(net.wake, [7]);
+        // Busy at least for the loop overhead and the pre-queue work of the batch.
+        let least = POLL_OVERHEAD_NS + host.batch as u64 * net.cost.base_ns / 4;
+        assert!(host.busy_until >= least, "{} < {least}", host.busy_until);
+        assert_eq!(
+            host.pending,
+            Some(host.busy_until),
+            "more to do: next poll when free"
+        );
+    }
+
+    #[test]
+    fn a_full_nic_ring_drops_and_one_poll_is_scheduled_for_a_burst() {
+        let mut w = testing::world(ONE_STREAM, "picnic-off");
+        let net = &mut w.net;
+        for _ in 0..=NIC_RX_RING {
+            let mut frame = net.take_frame().unwrap();
+            frame.buf_for_rx()[..64].fill(0);
+            frame.set_len(64);
+            net.nic_receive(1, frame, 100);
+        }
+        assert_eq!(net.cons.nic_rx_drops, 1);
+        let host = &net.hosts[1];
+        assert_eq!(host.nic_rx.len(), NIC_RX_RING);
+        assert_eq!((host.gen, host.pending), (1, Some(100)));
+        net.host_poll(1, 100);
+        let host = &net.hosts[1];
+        assert_eq!(host.nic_rx.len(), NIC_RX_RING - host.batch);
+    }
+}

@@ -1,0 +1,208 @@
+//! One simulated deployment for one mode, driven by one [`EventQueue`]:
+//!
+//! - `host.rs`: hosts running the switch's own [`picnic_switch::engine::Engine`] with a
+//!   processing-cost model, between their VMs' transmit rings and their NIC;
+//! - `fabric.rs`: links with rate, propagation delay and buffer, switches with shared
+//!   buffers, big-switch or leaf-spine routing with ECMP, ECN marking;
+//! - `apps/`: the applications (UDP streams, RPC probes, TCP flows, flow arrivals);
+//! - `stats.rs`: what the applications record and what a run reports ([`RunStats`]).
+//!
+//! This file holds the deployment ([`World`]) and its event loop.
+
+mod apps;
+mod fabric;
+mod host;
+mod stats;
+#[cfg(test)]
+mod testing;
+
+use std::collections::HashMap;
+
+use anyhow::Result;
+use picnic_lab::workload::WorkloadResult;
+use picnic_switch::frame::{Frame, FramePool};
+use picnic_wire::overlay::ENCAP_OVERHEAD;
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+
+pub use self::fabric::LinkClass;
+pub use self::stats::{Conservation, ConvergenceResult, RunStats, ShuffleResult};
+
+use self::apps::{App, TcpParams};
+use self::fabric::Fabric;
+use self::host::{Delivery, Host, VmLoc, POOL_CHUNK};
+use self::stats::Measurements;
+use crate::event::{Event, EventQueue, Nanos};
+use crate::spec::{Convergence, CostModel, Spec};
+
+/// Receivers keep counting this long after the last sender stops (the lab's grace).
+const GRACE_NS: Nanos = 200_000_000;
+/// Period of queue-occupancy sampling (EyeQ 5.4 samples every queue each 1 ms), ns.
+pub const SAMPLE_NS: Nanos = 1_000_000;
+/// Width of the fine-grained rate series (convergence plots), ns.
+pub const FINE_BIN_NS: Nanos = 1_000_000;
+/// Period of the progress line's check, ns of virtual time.
+const TICK_NS: Nanos = 10_000_000;
+
+/// Everything but the applications (so handlers can borrow both).
+struct Net {
+    queue: EventQueue,
+    hosts: Vec<Host>,
+    fabric: Fabric,
+    pool: FramePool,
+    /// Most frames the pool may grow to.
+    pool_budget: usize,
+    rng: SmallRng,
+    cost: CostModel,
+    replicas: u32,
+    cons: Conservation,
+    /// Sends refused because the VM's ring was full.
+    app_blocked: u64,
+    /// Sends refused because the pool had no frame within its budget.
+    pool_exhausted: u64,
+    /// Frames a host poll takes (kept to reuse its allocation).
+    scratch: Vec<Frame>,
+    /// Frames the last host poll delivered to VMs.
+    deliveries: Vec<Delivery>,
+    /// Applications whose VM ring has room again.
+    wake: Vec<u32>,
+}
+
+/// A simulated deployment for one mode.
+pub struct World {
+    net: Net,
+    apps: Vec<App>,
+    meas: Measurements,
+    tcp: TcpParams,
+    tenant_names: Vec<String>,
+    /// End of the run: the scenario's duration plus the receivers' grace.
+    end: Nanos,
+    /// The scenario's duration.
+    duration: Nanos,
+    mode: String,
+    convergence: Vec<Convergence>,
+}
+
+impl World {
+    /// Builds the deployment of `spec` for `mode` (`picnic`, `picnic-off`, `victim-alone`)
+    /// with RNG seed `seed`.
+    pub fn new(spec: &Spec, mode: &str, seed: u64) -> Result<World> {
+        let sc = &spec.scenario;
+        let sim = &spec.sim;
+        let isolated = mode == "picnic";
+        let attackers = mode != "victim-alone";
+        let access_bps = sc.access_link_mbps * 1_000_000;
+        let queue_bytes = (access_bps / 8 * sc.access_queue_ms / 1000).max(3000);
+        let built = host::build_hosts(spec, isolated, queue_bytes)?;
+        let total_hosts = built.hosts.len();
+        let budget = total_hosts * sim.frames_per_host.unwrap_or(built.frame_budget);
+        let fabric = Fabric::build(sim, total_hosts as u32, access_bps, queue_bytes);
+        let net = Net {
+            queue: EventQueue::default(),
+            hosts: built.hosts,
+            fabric,
+            pool: FramePool::new(POOL_CHUNK.min(budget)),
+            pool_budget: budget,
+            rng: SmallRng::seed_from_u64(seed),
+            cost: sim.cost.clone(),
+            replicas: sim.replicas,
+            cons: Conservation::default(),
+            app_blocked: 0,
+            pool_exhausted: 0,
+            scratch: Vec::new(),
+            deliveries: Vec::new(),
+            wake: Vec::new(),
+        };
+        let duration = sc.duration_ms * 1_000_000;
+        let mut world = World {
+            net,
+            apps: Vec::new(),
+            meas: Measurements::new(sim.replicas, duration, sc.tenants.len()),
+            tcp: TcpParams {
+                mss: sc.mtu as usize - ENCAP_OVERHEAD - 40,
+                min_rto: sim.min_rto_us * 1000,
+                dupack_threshold: sim.dupack_threshold,
+                cc: sim.cc,
+            },
+            tenant_names: sc.tenants.iter().map(|t| t.name.clone()).collect(),
+            end: duration + GRACE_NS,
+            duration,
+            mode: mode.to_owned(),
+            convergence: sim.convergence.clone(),
+        };
+        let vm_locs: &[HashMap<String, VmLoc>] = &built.vm_locs;
+        world.add_apps(spec, attackers, vm_locs, access_bps)?;
+        world.net.queue.push(0, Event::Tick);
+        world.net.queue.push(0, Event::Sample);
+        Ok(world)
+    }
+
+    /// Runs to the end of the scenario plus the receivers' grace; `progress` gets a line
+    /// about every 2 s of wall time.
+    pub fn run(&mut self, progress: &mut dyn FnMut(&str)) -> RunStats {
+        let wall = std::time::Instant::now();
+        let mut last = wall;
+        while let Some(t) = self.net.queue.peek_time() {
+            if t > self.end {
+                break;
+            }
+            let (now, ev) = self.net.queue.pop().expect("peeked");
+            match ev {
+                Event::HostPoll(h, gen) => {
+                    if self.net.hosts[h as usize].gen == gen {
+                        self.net.host_poll(h, now);
+                        self.after_poll(now);
+                    }
+                }
+                Event::LinkTxDone(l) => self.net.fabric.tx_done(l, now, &mut self.net.queue),
+                Event::LinkArrive(l) => self.net.link_arrive(l, now),
+                Event::App(a, gen) => self.app_timer(a, gen, now),
+                Event::Tick => {
+                    if last.elapsed().as_secs_f64() >= 2.0 {
+                        last = std::time::Instant::now();
+                        progress(&self.progress_line(now, wall.elapsed().as_secs_f64()));
+                    }
+                    self.net.queue.push(now + TICK_NS, Event::Tick);
+                }
+                Event::Sample => {
+                    self.net.fabric.sample_queues();
+                    if now + SAMPLE_NS <= self.duration {
+                        self.net.queue.push(now + SAMPLE_NS, Event::Sample);
+                    }
+                }
+            }
+        }
+        let wall_s = wall.elapsed().as_secs_f64();
+        self.stats(wall_s)
+    }
+
+    fn progress_line(&self, now: Nanos, secs: f64) -> String {
+        let events = self.net.queue.processed as f64;
+        format!(
+            "mode {} t={:.0}/{} ms  {:.1} M events  {:.2} M events/s  pool free {}",
+            self.mode,
+            now as f64 / 1e6,
+            self.duration / 1_000_000,
+            events / 1e6,
+            events / secs / 1e6,
+            self.net.pool.available()
+        )
+    }
+
+    /// The lab's workload results, one list per replica (the report's repetitions).
+    pub fn results(&self) -> Vec<Vec<WorkloadResult>> {
+        self.meas.results.clone()
+    }
+}
+
+impl Net {
+    /// The oldest packet in flight on link `l` arrives at a switch (forwarded) or a host.
+    fn link_arrive(&mut self, l: u32, now: Nanos) {
+        let arrived = self
+            .fabric
+            .arrive(l, now, &mut self.queue, &mut self.pool, &mut self.rng);
+        if let Some((h, frame)) = arrived {
+            self.nic_receive(h, frame, now);
+        }
+    }
+}
