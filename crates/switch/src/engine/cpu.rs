@@ -83,17 +83,31 @@ impl CpuLedger {
         }
     }
 
-    /// A frame's cost in the CPU-fair WFQ, ns: its two handlings (in and out) by the model
-    /// plus `work_ns` of extra processing, or its time on the link if that is larger.
-    pub(super) fn frame_cost(
+    /// A frame's CPU cost, ns: its two handlings (in and out) by the model plus `work_ns`
+    /// of extra processing.
+    pub(super) fn frame_cost(&self, bytes: usize, work_ns: u64) -> u64 {
+        2 * self.handling_ns(bytes) + work_ns
+    }
+
+    /// A frame's cost in the CPU-fair WFQ, ns of the resource it takes: its time on the link
+    /// of `ps_per_wire_byte`, or, while the engine is CPU-bound (its last poll left work
+    /// queued with the link free), its CPU cost if that is larger. Charging CPU only while
+    /// CPU is what runs out keeps the schedulers bandwidth-fair (EyeQ's guarantees) when the
+    /// link is the bottleneck, and CPU-fair (PicNIC 2.2) when the switch is.
+    pub(super) fn wfq_cost(
         &self,
         bytes: usize,
         work_ns: u64,
         wire_bytes: u64,
         ps_per_wire_byte: u64,
+        cpu_bound: bool,
     ) -> u64 {
-        let cpu = 2 * self.handling_ns(bytes) + work_ns;
-        cpu.max(wire_bytes * ps_per_wire_byte / 1000)
+        let wire = (wire_bytes * ps_per_wire_byte / 1000).max(1);
+        if cpu_bound {
+            wire.max(self.frame_cost(bytes, work_ns))
+        } else {
+            wire
+        }
     }
 
     /// The fitted model, for /stats.

@@ -52,6 +52,9 @@ pub struct Egress {
     scratch: Vec<Outbound>,
     /// Time one byte takes on the uplink, ps: a frame's link cost in the CPU-fair WFQ.
     ps_per_wire_byte: u64,
+    /// Whether the last poll stopped at its frame budget with frames left and the uplink
+    /// free: the CPU, not the link, limits what leaves (see `CpuLedger::wfq_cost`).
+    cpu_bound: bool,
 }
 
 /// Queue length of a limiter at which ECN-capable frames are marked CE.
@@ -121,6 +124,7 @@ impl Egress {
             next_gc: now,
             scratch: Vec::with_capacity(cfg.switch.batch),
             ps_per_wire_byte,
+            cpu_bound: false,
         })
     }
 
@@ -399,14 +403,22 @@ impl Engine {
             }
             if self.cpu_fair {
                 // PicNIC's CPU-fair WFQ: settle the estimate with the frame's measured cost.
-                let cost = self
-                    .cpu
-                    .frame_cost(d.len_bytes as usize, 0, wire_len, eg.ps_per_wire_byte);
+                // Its link time counts the tenant's bytes, as the byte-fair WFQ always did.
+                let cost = self.cpu.wfq_cost(
+                    d.len_bytes as usize,
+                    0,
+                    d.len_bytes as u64,
+                    eg.ps_per_wire_byte,
+                    eg.cpu_bound,
+                );
                 let _ = eg.wfq.settle(d.queue, d.cost, cost);
             }
             picked.push(d.item);
         }
         let done = picked.len();
+        eg.cpu_bound = done == budget
+            && !eg.wfq.is_empty()
+            && eg.pacer.as_ref().is_none_or(|p| p.available(now) > 0);
         for (mut frame, w, entropy, src) in picked.drain(..) {
             self.cpu.note(Some(src), frame.len());
             let (host, endpoint, tenant) = {

@@ -42,6 +42,8 @@ pub struct Ingress {
     capacity: CpuCapacity,
     /// Time one byte takes on the access link, ps: a frame's link cost in the CPU-fair WFQ.
     ps_per_wire_byte: u64,
+    /// Whether the last poll ended with frames still queued (see `CpuLedger::wfq_cost`).
+    cpu_bound: bool,
 }
 
 /// Estimates the processing the ingress engine really gets per second: the CPU it runs on is
@@ -191,6 +193,7 @@ impl Ingress {
             cost_budget_ns: cfg.ingress.poll_budget_us * 1_000,
             capacity: CpuCapacity::new(NANOS_PER_SEC, now),
             ps_per_wire_byte: ps_per_byte(cfg.ingress.capacity_mbps.max(1) * 1_000_000),
+            cpu_bound: false,
         })
     }
 
@@ -365,7 +368,7 @@ impl Engine {
         // The frame's CPU cost, from the VM's measured CPU per byte (the model's figure
         // until a frame of this VM has been processed).
         let est_cost = match ing.ns_per_byte_fp[w] {
-            0 => self.cpu.frame_cost(len as usize, 0, 0, 0),
+            0 => self.cpu.frame_cost(len as usize, 0),
             per_byte => (per_byte * len) >> 16,
         }
         .max(1);
@@ -404,15 +407,16 @@ impl Engine {
             let work_ns = work.process(tenant, &mut frame);
             self.cpu.note(Some(w), frame.len());
             self.cpu.note_direct(w, work_ns);
-            let cost = self.cpu.frame_cost(frame.len(), work_ns, 0, 0);
+            let cost = self.cpu.frame_cost(frame.len(), work_ns);
             if self.cpu_fair {
                 // PicNIC CPU-fair WFQ: settle the estimate with the frame's measured cost
                 // (or its access-link time, if that is the larger share it takes).
-                let wfq_cost = self.cpu.frame_cost(
+                let wfq_cost = self.cpu.wfq_cost(
                     frame.len(),
                     work_ns,
                     len + self.encap_len,
                     self.ingress.ps_per_wire_byte,
+                    self.ingress.cpu_bound,
                 );
                 let _ = self.ingress.wfq.settle(d.queue, d.cost, wfq_cost);
             }
@@ -432,6 +436,7 @@ impl Engine {
             spent += cost;
             n += 1;
         }
+        self.ingress.cpu_bound = !self.ingress.wfq.is_empty();
         if n > 0 {
             let backlogged = !self.ingress.wfq.is_empty();
             self.ingress
