@@ -14,7 +14,8 @@
 //!   per-tenant breakdown [`Why`], beside where its late frames waited.
 //!
 //! Frames a backpressured or throttled port leaves in the VM's own ring have not entered the
-//! switch: they are neither offered nor lost here.
+//! switch: they are neither offered nor lost here. ARP requests the switch answers itself are
+//! offered and neither delivered nor lost (the reply is the switch's own frame).
 //!
 //! [`DropReason`]: crate::stats::DropReason
 
