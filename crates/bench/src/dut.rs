@@ -357,6 +357,7 @@ pub fn picnic_config(isolated: bool) -> Result<Config> {
             // Iron accounting on, with a quota that does not bind.
             cpu_quota: Some(1.0),
             cgroup: None,
+            slo: None,
         }],
         vms: vec![
             VmEntry {

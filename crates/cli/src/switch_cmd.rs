@@ -43,7 +43,7 @@ pub fn run(args: SwitchArgs) -> anyhow::Result<()> {
     if let Some(addr) = api {
         let commands = switch.command_channel();
         picnic_switch::api::spawn(&addr, switch.shared(), commands)?;
-        eprintln!("picnic switch: API on http://{addr} (/stats, /metrics, /config)");
+        eprintln!("picnic switch: API on http://{addr} (/stats, /slo, /metrics, /config)");
     }
     eprintln!("picnic switch: running (Ctrl-C to stop)");
     switch.run()?;

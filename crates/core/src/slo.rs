@@ -487,6 +487,8 @@ pub struct SloMonitor {
     closed: VecDeque<Violation>,
     max_closed: usize,
     dropped: u64,
+    /// Violations started so far, per kind (open, closed and dropped ones).
+    started: [u64; 4],
 }
 
 impl SloMonitor {
@@ -532,6 +534,7 @@ impl SloMonitor {
             closed: VecDeque::new(),
             max_closed: config.max_closed_violations,
             dropped: 0,
+            started: [0; 4],
         })
     }
 
@@ -615,6 +618,23 @@ impl SloMonitor {
     /// Closed violations dropped because more than `max_closed_violations` occurred.
     pub fn dropped_violations(&self) -> u64 {
         self.dropped
+    }
+
+    /// Violations of `kind` started so far, open, closed and dropped ones alike: a counter
+    /// that only grows (for metrics). Covers windows judged by the last call.
+    pub fn violations_started(&self, kind: ViolationKind) -> u64 {
+        self.started[kind.index()]
+    }
+
+    /// Start of the window being filled: observations from here to `window_start() +
+    /// window()` are judged together once it ends. Advanced by every call that takes `now`.
+    pub fn window_start(&self) -> Instant {
+        self.window_start
+    }
+
+    /// Length of a conformance window.
+    pub fn window(&self) -> Duration {
+        self.window
     }
 
     /// The run so far, after judging every window ended by `now`. Totals include the
@@ -722,6 +742,9 @@ impl SloMonitor {
                 Some(j) if j.violated => {
                     self.stats[i].violated_windows += 1;
                     any_violated = true;
+                    if self.open[i].is_none() {
+                        self.started[i] += 1;
+                    }
                     let open = self.open[i].get_or_insert(Violation {
                         kind,
                         started_at: start,

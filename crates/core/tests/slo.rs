@@ -421,6 +421,27 @@ fn loss_bound_is_judged_per_window() {
     assert_eq!(s.violations[1].ended_at, None);
 }
 
+#[test]
+fn violations_started_counts_every_interval_and_the_window_grid_is_visible() {
+    let config = SloMonitorConfig {
+        max_closed_violations: 0,
+        ..SloMonitorConfig::default()
+    };
+    let mut m = SloMonitor::new(min_10mbps(), config, Instant::ZERO).unwrap();
+    assert_eq!(m.window(), Duration::from_millis(100));
+    assert_eq!(m.window_start(), Instant::ZERO);
+    // Violated, violated (same interval), met, violated: two intervals.
+    for (k, delivered) in [MBPS5, MBPS5, MBPS20, MBPS5].into_iter().enumerate() {
+        let k = k as u64;
+        run_ms(&mut m, k * 100, (k + 1) * 100, MBPS20, delivered);
+    }
+    m.on_timeout(at_ms(400));
+    assert_eq!(m.window_start(), at_ms(400));
+    assert_eq!(m.violations_started(ViolationKind::MinBandwidth), 2);
+    assert_eq!(m.violations_started(ViolationKind::Loss), 0);
+    assert_eq!(m.dropped_violations(), 1, "kept none, still counted");
+}
+
 // ---------------------------------------------------------------- timers, memory, summary
 
 #[test]

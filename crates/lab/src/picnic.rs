@@ -52,6 +52,7 @@ pub fn switch_config(
             vni: vni_of(t),
             cpu_quota: None,
             cgroup: None,
+            slo: None,
         })
         .collect();
     let mut vms = Vec::new();

@@ -4,7 +4,8 @@
 //! | method and path        | what                                                     |
 //! |------------------------|----------------------------------------------------------|
 //! | GET /stats             | per-VM/tenant counters, queues, rates, port counters     |
-//! | GET /metrics           | the same in Prometheus text format                       |
+//! | GET /metrics           | the same in Prometheus text format, SLO state included   |
+//! | GET /slo               | per tenant with an SLO: met/violated, violations, why     |
 //! | GET /config            | the running config                                        |
 //! | GET /tenants, /vms, /hosts | one section of it                                    |
 //! | POST /tenants, /vms, /hosts | add one (JSON body: the config entry)              |
@@ -12,7 +13,8 @@
 //! | DELETE /tenants/NAME, /vms/NAME, /hosts/ID | remove one                         |
 //!
 //! Changes are validated like the config file (errors name the field) and applied by the
-//! run loop between batches.
+//! run loop between batches. Readers clone the published snapshot (an `Arc`) out of its
+//! mutex and serialize it after letting go: the run loop takes that mutex to publish.
 
 use std::io::Read;
 use std::sync::{mpsc, Arc};
@@ -27,7 +29,8 @@ use prometheus_client::registry::Registry;
 use tiny_http::{Header, Method, Response, Server};
 
 use crate::config::{Config, HostEntry, TenantEntry, VmEntry};
-use crate::runner::{Command, Shared};
+use crate::engine::kind_name;
+use crate::runner::{Command, Published, Shared};
 
 /// Starts the API server on `addr` in its own thread.
 pub fn spawn(
@@ -88,11 +91,19 @@ fn handle(
         return error(503, "switch starting");
     };
     match (method, path.as_slice()) {
-        (Method::Get, ["stats"]) => match shared.snapshot.lock().unwrap().as_ref() {
-            Some(published) => json(200, published),
+        (Method::Get, ["stats"]) => match latest(shared) {
+            Some(published) => json(200, &*published),
             None => error(503, "no statistics yet"),
         },
-        (Method::Get, ["metrics"]) => (200, "text/plain; version=0.0.4", metrics(shared)),
+        (Method::Get, ["slo"]) => match latest(shared) {
+            Some(published) => json(200, &published.slo),
+            None => error(503, "no statistics yet"),
+        },
+        (Method::Get, ["metrics"]) => (
+            200,
+            "text/plain; version=0.0.4",
+            latest(shared).map(|p| metrics(&p)).unwrap_or_default(),
+        ),
         (Method::Get, ["config"]) => json(200, &config),
         (Method::Get, ["tenants"]) => json(200, &config.tenants),
         (Method::Get, ["vms"]) => json(200, &config.vms),
@@ -157,6 +168,12 @@ fn handle(
     }
 }
 
+/// The latest published snapshot, cloned out of the mutex (a pointer copy): the lock is
+/// released before the caller serializes anything.
+fn latest(shared: &Shared) -> Option<Arc<Published>> {
+    shared.snapshot.lock().unwrap().clone()
+}
+
 /// Applies `edit` to a copy of the config, validates it and hands it to the run loop.
 fn change(
     mut config: Config,
@@ -212,13 +229,24 @@ struct PortDecisionLabels {
 struct ReasonLabels {
     reason: String,
 }
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TenantKindLabels {
+    tenant: String,
+    kind: String,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TenantReasonLabels {
+    tenant: String,
+    reason: String,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TenantQueueLabels {
+    tenant: String,
+    queue: String,
+}
 
-/// Renders the latest snapshot in the Prometheus text format.
-fn metrics(shared: &Shared) -> String {
-    let guard = shared.snapshot.lock().unwrap();
-    let Some(published) = guard.as_ref() else {
-        return String::new();
-    };
+/// Renders a published snapshot in the Prometheus text format.
+fn metrics(published: &Published) -> String {
     let snap = &published.switch;
     let mut reg = Registry::with_prefix("picnic");
     let counter = |reg: &mut Registry, name: &str, help: &str| {
@@ -354,7 +382,228 @@ fn metrics(shared: &Shared) -> String {
                 .inc_by(n);
         }
     }
+    slo_metrics(&mut reg, published);
     let mut out = String::new();
     let _ = encode(&mut out, &reg);
     out
+}
+
+/// Per tenant with an SLO: whether it is met, violations by kind, and the why breakdown.
+fn slo_metrics(reg: &mut Registry, published: &Published) {
+    let met = Family::<TenantLabels, Gauge>::default();
+    reg.register(
+        "tenant_slo_met",
+        "1 when the tenant's last judged SLO window met every bound, else 0",
+        met.clone(),
+    );
+    let violated = Family::<TenantKindLabels, Gauge>::default();
+    reg.register(
+        "tenant_slo_violated",
+        "1 while a bound of the tenant's SLO is in violation, by kind",
+        violated.clone(),
+    );
+    let violations = Family::<TenantKindLabels, Counter>::default();
+    reg.register(
+        "tenant_slo_violations",
+        "Violation intervals of the tenant's SLO started, by kind",
+        violations.clone(),
+    );
+    let drops = Family::<TenantReasonLabels, Counter>::default();
+    reg.register(
+        "tenant_drops",
+        "Frames of a tenant with an SLO dropped, by reason, over its VMs",
+        drops.clone(),
+    );
+    let waited = Family::<TenantQueueLabels, Counter>::default();
+    reg.register(
+        "tenant_waited_frames",
+        "Frames of a tenant with an SLO that went through a shaped class or limiter queue",
+        waited.clone(),
+    );
+    let late = Family::<TenantQueueLabels, Counter>::default();
+    reg.register(
+        "tenant_late_frames",
+        "Frames delivered later than the tenant's latency_us, by where they waited",
+        late.clone(),
+    );
+    for t in &published.slo.tenants {
+        let tenant = || t.tenant.clone();
+        met.get_or_create(&TenantLabels { tenant: tenant() })
+            .set(i64::from(t.met));
+        for kind in picnic_core::slo::ViolationKind::ALL {
+            let l = TenantKindLabels {
+                tenant: tenant(),
+                kind: kind_name(kind).into(),
+            };
+            violated
+                .get_or_create(&l)
+                .set(i64::from(t.violated.contains(kind)));
+            violations.get_or_create(&l).inc_by(
+                t.violations_total
+                    .get(kind_name(kind))
+                    .copied()
+                    .unwrap_or(0),
+            );
+        }
+        for (reason, n) in t.why.drops.iter().filter(|(_, n)| *n > 0) {
+            drops
+                .get_or_create(&TenantReasonLabels {
+                    tenant: tenant(),
+                    reason: reason.as_str().into(),
+                })
+                .inc_by(n);
+        }
+        let queue = |q: &str| TenantQueueLabels {
+            tenant: tenant(),
+            queue: q.into(),
+        };
+        waited
+            .get_or_create(&queue("shaped_class"))
+            .inc_by(t.why.waited_shaped_class);
+        waited
+            .get_or_create(&queue("limiter"))
+            .inc_by(t.why.waited_limiter);
+        if let Some(l) = &t.why.late {
+            for (q, n) in [
+                ("ingress_queue", l.ingress_queue),
+                ("egress_queue", l.egress_queue),
+                ("shaped_class", l.shaped_class),
+                ("limiter", l.limiter),
+            ] {
+                late.get_or_create(&queue(q)).inc_by(n);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use etherparse::PacketBuilder;
+    use picnic_core::{Duration, Instant};
+
+    use super::*;
+    use crate::engine::{Engine, Work};
+    use crate::frame::{Frame, FramePool};
+
+    struct NoWork;
+    impl Work for NoWork {
+        fn process(&mut self, _tenant: usize, _frame: &mut Frame) -> u64 {
+            0
+        }
+    }
+
+    fn udp(src: ([u8; 6], [u8; 4]), dst: ([u8; 6], [u8; 4])) -> Vec<u8> {
+        let mut out = Vec::new();
+        PacketBuilder::ethernet2(src.0, dst.0)
+            .ipv4(src.1, dst.1, 64)
+            .udp(40000, 7)
+            .write(&mut out, &[0u8; 100])
+            .unwrap();
+        out
+    }
+
+    /// The shipped example (blue and red hold SLOs) after 300 ms in which blue1 sent only
+    /// spoofed frames and red1 a steady flow to red2.
+    fn shared() -> Shared {
+        let cfg = Config::parse(include_str!("../../../examples/host1.toml")).unwrap();
+        let mut engine = Engine::new(&cfg, Instant::ZERO).unwrap();
+        let mut pool = FramePool::new(1024);
+        let blue1 = ([2, 0, 0, 0, 0, 1], [198, 18, 0, 1]);
+        let red1 = ([2, 0, 0, 0, 0, 2], [198, 18, 0, 2]);
+        let spoofed = udp(
+            (blue1.0, [10, 0, 0, 9]),
+            ([2, 0, 0, 0, 0, 3], [198, 18, 0, 3]),
+        );
+        let to_red2 = udp(red1, ([2, 0, 0, 0, 0, 4], [198, 18, 0, 4]));
+        for ms in 0..300 {
+            let now = Instant::ZERO + Duration::from_millis(ms);
+            for (port, bytes) in [(1, &spoofed), (2, &to_red2)] {
+                let mut f = pool.get().unwrap();
+                assert!(f.fill_from(bytes));
+                engine.on_frames(now, port, &mut vec![f], &mut pool);
+            }
+            engine.poll(now, 64, &mut NoWork, &mut pool);
+            for f in engine.tx_queue(0).drain(..) {
+                pool.put(f);
+            }
+        }
+        let now = Instant::ZERO + Duration::from_millis(300);
+        let shared = Shared::default();
+        *shared.config.lock().unwrap() = Some(cfg);
+        *shared.snapshot.lock().unwrap() = Some(Arc::new(Published {
+            switch: engine.snapshot(),
+            ports: Vec::new(),
+            slo: engine.slo_report(now),
+        }));
+        shared
+    }
+
+    fn get(shared: &Shared, url: &str) -> Reply {
+        let (tx, _rx) = mpsc::channel();
+        handle(&Method::Get, url, "", shared, &tx)
+    }
+
+    #[test]
+    fn get_slo_shows_each_tenants_state_violations_and_why() {
+        let shared = shared();
+        let (status, _, body) = get(&shared, "/slo");
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["window_ms"], 100);
+        let blue = &v["tenants"][0];
+        assert_eq!(blue["tenant"], "blue");
+        assert_eq!(blue["met"], false);
+        assert_eq!(blue["violated"], serde_json::json!(["loss"]));
+        assert_eq!(blue["open_violations"][0]["kind"], "loss");
+        assert_eq!(blue["open_violations"][0]["started_at"], 0);
+        assert_eq!(
+            blue["open_violations"][0]["ended_at"],
+            serde_json::Value::Null
+        );
+        assert_eq!(blue["violations_total"]["loss"], 1);
+        assert_eq!(blue["why"]["drops"]["spoofed"], 300);
+        assert_eq!(blue["totals"]["lost_packets"], 300);
+        assert_eq!(blue["slo"]["latency_percentile"], 99.9);
+        let red = &v["tenants"][1];
+        assert_eq!(
+            (red["tenant"].as_str(), red["met"].as_bool()),
+            (Some("red"), Some(true))
+        );
+        assert_eq!(red["violated"], serde_json::json!([]));
+        assert_eq!(red["totals"]["delivered_packets"], 300);
+        assert_eq!(red["window"]["start_ns"], 300_000_000);
+
+        // /stats is unchanged by it; the lock is free again after both.
+        let (status, _, stats) = get(&shared, "/stats");
+        assert_eq!(status, 200);
+        assert!(!serde_json::from_str::<serde_json::Value>(&stats).unwrap()["slo"].is_object());
+        assert!(shared.snapshot.try_lock().is_ok());
+    }
+
+    #[test]
+    fn metrics_carry_the_slo_state_per_tenant() {
+        let (status, _, text) = get(&shared(), "/metrics");
+        assert_eq!(status, 200);
+        for line in [
+            "picnic_tenant_slo_met{tenant=\"blue\"} 0",
+            "picnic_tenant_slo_met{tenant=\"red\"} 1",
+            "picnic_tenant_slo_violated{tenant=\"blue\",kind=\"loss\"} 1",
+            "picnic_tenant_slo_violations_total{tenant=\"blue\",kind=\"loss\"} 1",
+            "picnic_tenant_slo_violations_total{tenant=\"red\",kind=\"loss\"} 0",
+            "picnic_tenant_drops_total{tenant=\"blue\",reason=\"spoofed\"} 300",
+            "picnic_tenant_waited_frames_total{tenant=\"red\",queue=\"limiter\"} 0",
+            "picnic_tenant_late_frames_total{tenant=\"red\",queue=\"egress_queue\"} 0",
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+    }
+
+    #[test]
+    fn a_tenant_with_a_bad_slo_is_refused_naming_the_field() {
+        let (tx, _rx) = mpsc::channel();
+        let body = r#"{"name": "green", "vni": 300, "slo": {"min_bps": 10, "max_loss": 2.0}}"#;
+        let (status, _, text) = handle(&Method::Post, "/tenants", body, &shared(), &tx);
+        assert_eq!(status, 400);
+        assert!(text.contains("max_loss must be a fraction"), "{text}");
+    }
 }

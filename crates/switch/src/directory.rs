@@ -22,6 +22,8 @@ pub struct Tenant {
     pub cpu_quota: Option<f64>,
     /// The tenant's cgroup on this host, charged for the switch's work (Iron).
     pub cgroup: Option<std::path::PathBuf>,
+    /// The tenant's SLO, judged by the engine's monitors.
+    pub slo: Option<picnic_core::slo::Slo>,
 }
 
 #[derive(Clone, Debug)]
@@ -76,6 +78,7 @@ impl Directory {
                 vni: t.vni,
                 cpu_quota: t.cpu_quota,
                 cgroup: t.cgroup.clone(),
+                slo: t.slo.clone(),
             });
         }
         for h in &cfg.hosts {

@@ -19,7 +19,7 @@ use picnic_core::{Duration, Instant};
 use crate::config::{BackendKind, Config};
 use crate::directory::{PortIdx, TenantIdx, UPLINK};
 use crate::cgroup::CpuQuota;
-use crate::engine::{Engine, Snapshot, Work, IRON_PERIOD};
+use crate::engine::{Engine, SloReport, Snapshot, Work, IRON_PERIOD};
 use crate::frame::{Frame, FramePool};
 use crate::port::{
     wait_readable, AfPacketOptions, AfPacketPort, AfXdpOptions, AfXdpPort, Port, PortStats, TapPort,
@@ -104,17 +104,21 @@ pub struct PortView {
     pub producer_period_ns: Option<u64>,
 }
 
-/// What the run loop publishes every 100 ms.
+/// What the run loop publishes every 100 ms (`/stats`; `slo` is `/slo`).
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Published {
     pub switch: Snapshot,
     pub ports: Vec<PortView>,
+    #[serde(skip)]
+    pub slo: SloReport,
 }
 
-/// Shared with the API thread: the latest snapshot and the current config.
+/// Shared with the API thread: the latest snapshot and the current config. The snapshot is
+/// behind an `Arc` so a reader holds the lock only to clone the pointer, never while it
+/// serializes (the loop takes the same lock to publish).
 #[derive(Default)]
 pub struct Shared {
-    pub snapshot: Mutex<Option<Published>>,
+    pub snapshot: Mutex<Option<Arc<Published>>>,
     pub config: Mutex<Option<Config>>,
 }
 
@@ -299,7 +303,7 @@ impl Switch {
             }
             if now >= next_publish {
                 next_publish = now + Duration::from_millis(100);
-                self.publish();
+                self.publish(now);
                 self.apply_commands();
             }
             if self.waits.len() != self.ports.len() {
@@ -383,7 +387,7 @@ impl Switch {
             );
             wait_readable(&fds, std::time::Duration::from_nanos(timeout.as_nanos()))?;
         }
-        self.publish();
+        self.publish(self.clock.now());
         self.release_cgroups(&mut cgroups);
         Ok(())
     }
@@ -438,7 +442,7 @@ impl Switch {
         Ok(())
     }
 
-    fn publish(&mut self) {
+    fn publish(&mut self, now: Instant) {
         let ports = self
             .ports
             .iter()
@@ -457,10 +461,12 @@ impl Switch {
                 }
             })
             .collect();
-        *self.shared.snapshot.lock().unwrap() = Some(Published {
+        let published = Arc::new(Published {
             switch: self.engine.snapshot(),
             ports,
+            slo: self.engine.slo_report(now),
         });
+        *self.shared.snapshot.lock().unwrap() = Some(published);
     }
 
     fn apply_commands(&mut self) {
@@ -528,6 +534,7 @@ impl Switch {
             }
         }
         engine.counters = self.engine.counters.clone();
+        engine.carry_slo_from(&mut self.engine);
         let mut old_engine = std::mem::replace(&mut self.engine, engine);
         for p in 0..old_engine.dir.port_count() {
             for f in old_engine.tx_queue(p).drain(..) {

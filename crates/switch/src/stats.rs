@@ -102,6 +102,12 @@ impl Drops {
     pub fn iter(&self) -> impl Iterator<Item = (DropReason, u64)> + '_ {
         DropReason::ALL.iter().map(|&r| (r, self.get(r)))
     }
+    /// Adds every count of `other` to this one's.
+    pub fn add_all(&mut self, other: &Drops) {
+        for (mine, theirs) in self.0.iter_mut().zip(other.0) {
+            *mine += theirs;
+        }
+    }
 }
 
 /// Counters of one VM (as seen by this host's switch).
@@ -119,6 +125,12 @@ pub struct VmCounters {
     pub cost_ns: u64,
     /// Time frames to this VM waited in its ingress queue.
     pub ingress_wait: WaitHistogram,
+    /// Frames of the VM that went through one of its shaped classes' queues instead of the
+    /// fast path.
+    pub waited_shaped_class: u64,
+    /// Frames of the VM held in a limiter's queue because their destination asked for less
+    /// (receiver feedback, EyeQ 3.3).
+    pub waited_limiter: u64,
 }
 
 /// A histogram of waits in power-of-two microsecond buckets (bucket i holds waits below

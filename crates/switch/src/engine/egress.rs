@@ -15,6 +15,7 @@ use picnic_wire::classify::{classify, FrameSummary, Network};
 use picnic_wire::ecn::mark_ce;
 use picnic_wire::overlay::{entropy_source_port, ENCAP_OVERHEAD};
 
+use super::slo::Waited;
 use super::{cost_kind, ps_per_byte, sender_config, vm_scheduler, Engine};
 use crate::config::{Config, Mac};
 use crate::directory::{Directory, PortIdx, VmIdx, UPLINK};
@@ -22,8 +23,9 @@ use crate::frame::{Frame, FramePool};
 use crate::stats::DropReason;
 
 /// A frame on its way to a remote VM: the frame, its destination VM, the outer UDP source
-/// port (flow entropy) and the local VM that sent it (who pays for its CPU).
-pub(super) type Outbound = (Frame, VmIdx, u16, VmIdx);
+/// port (flow entropy), the local VM that sent it (who pays for its CPU) and when it entered
+/// the switch (its latency, for the tenant's SLO).
+pub(super) type Outbound = (Frame, VmIdx, u16, VmIdx, Instant);
 
 /// What a separately shaped queue of a VM is for.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -48,8 +50,10 @@ pub struct Egress {
     shapers: BTreeMap<(VmIdx, ShapeKey), Shaper<Outbound>>,
     shaped_queue_packets: usize,
     next_gc: Instant,
-    /// Frames picked in one poll, before their outer headers are written (reused buffer).
+    /// Frames picked in one poll, before their outer headers are written, and where each
+    /// waited (reused buffers).
     scratch: Vec<Outbound>,
+    scratch_waited: Vec<Waited>,
     /// Time one byte takes on the uplink, ps: a frame's link cost in the CPU-fair WFQ.
     ps_per_wire_byte: u64,
     /// Whether the last poll stopped at its frame budget with frames left and the uplink
@@ -123,6 +127,7 @@ impl Egress {
             shaped_queue_packets: cfg.egress.shaped_queue_packets,
             next_gc: now,
             scratch: Vec::with_capacity(cfg.switch.batch),
+            scratch_waited: Vec::with_capacity(cfg.switch.batch),
             ps_per_wire_byte,
             cpu_bound: false,
         })
@@ -225,24 +230,25 @@ impl Engine {
         let c = &mut self.vm_counters[vm];
         c.tx_packets += 1;
         c.tx_bytes += frame.len() as u64;
+        let tenant = self.dir.vms[vm].tenant;
+        self.slo.offered(now, tenant, frame.len() as u64);
         // Packets/s limit (PicNIC: capacity is packets as well as bytes): the port is not
         // read while the bucket is in debt, so the excess waits in the VM's own ring.
         if let Some(pps) = self.pps_out[vm].as_mut() {
             pps.force_consume(now, 1);
         }
         let Ok(summary) = classify(frame.data()) else {
-            return self.drop_frame(pool, frame, Some(vm), DropReason::Malformed);
+            return self.drop_frame(now, pool, frame, Some(vm), DropReason::Malformed);
         };
         if self.isolation.anti_spoofing && self.is_spoofed(vm, &summary) {
-            return self.drop_frame(pool, frame, Some(vm), DropReason::Spoofed);
+            return self.drop_frame(now, pool, frame, Some(vm), DropReason::Spoofed);
         }
-        let tenant = self.dir.vms[vm].tenant;
         if let Network::Arp(arp) = summary.network {
             // Proxy ARP: the switch knows every address of the tenant (DESIGN.md section 4).
             let target = self.dir.vm_by_ip(tenant, arp.target_ip);
             return match (arp.operation, target) {
                 (ArpOperation::REQUEST, Some(w)) => self.answer_arp(frame, port, pool, &arp, w),
-                _ => self.drop_frame(pool, frame, Some(vm), DropReason::UnknownDestination),
+                _ => self.drop_frame(now, pool, frame, Some(vm), DropReason::UnknownDestination),
             };
         }
         let dst_mac = Mac(summary.dst_mac);
@@ -252,16 +258,16 @@ impl Engine {
             } else {
                 DropReason::UnknownDestination
             };
-            return self.drop_frame(pool, frame, Some(vm), reason);
+            return self.drop_frame(now, pool, frame, Some(vm), reason);
         };
         if self.dir.vms[w].port.is_some() {
             // Same host: straight to the destination's ingress queue and scheduler.
             return self.to_local_vm(now, w, frame, None, pool);
         }
         if frame.len() + ENCAP_OVERHEAD > self.uplink_mtu + 14 {
-            return self.drop_frame(pool, frame, Some(vm), DropReason::TooBig);
+            return self.drop_frame(now, pool, frame, Some(vm), DropReason::TooBig);
         }
-        let item = (frame, w, entropy_source_port(summary.flow_hash()), vm);
+        let item = (frame, w, entropy_source_port(summary.flow_hash()), vm, now);
         // Limiters and the pacer count bytes on the wire, encapsulation included, the unit
         // the receiver meters its access link in.
         let len = item.0.len() as u64;
@@ -307,16 +313,28 @@ impl Engine {
                     self.counters.ecn_marked += 1;
                 }
                 return match shaper.enqueue(item, wire_len) {
-                    Ok(()) => (),
+                    Ok(()) => {
+                        let c = &mut self.vm_counters[vm];
+                        match key {
+                            ShapeKey::Class(_) => c.waited_shaped_class += 1,
+                            ShapeKey::Destination(_) => c.waited_limiter += 1,
+                        }
+                    }
                     Err(item) => {
-                        self.drop_frame(pool, item.0, Some(vm), DropReason::ShapedQueueFull)
+                        self.drop_frame(now, pool, item.0, Some(vm), DropReason::ShapedQueueFull)
                     }
                 };
             }
         }
         let q = eg.queue_of[vm].expect("every local VM has an egress queue");
         if let Err(rejected) = eg.wfq.enqueue(now, q, item, len as u32) {
-            self.drop_frame(pool, rejected.item.0, Some(vm), DropReason::EgressQueueFull);
+            self.drop_frame(
+                now,
+                pool,
+                rejected.item.0,
+                Some(vm),
+                DropReason::EgressQueueFull,
+            );
         }
     }
 
@@ -379,9 +397,14 @@ impl Engine {
         pool: &mut FramePool,
     ) -> usize {
         let mut picked = std::mem::take(&mut self.egress.scratch);
+        let mut waited = std::mem::take(&mut self.egress.scratch_waited);
         let encap_len = self.encap_len;
         let eg = &mut self.egress;
-        for shaper in eg.shapers.values_mut() {
+        for ((_, key), shaper) in eg.shapers.iter_mut() {
+            let via = match key {
+                ShapeKey::Class(_) => Waited::ShapedClass,
+                ShapeKey::Destination(_) => Waited::Limiter,
+            };
             while picked.len() < budget {
                 let Some(item) = shaper.dequeue(now) else {
                     break;
@@ -390,6 +413,7 @@ impl Engine {
                     p.force_consume(now, item.0.len() as u64 + encap_len);
                 }
                 picked.push(item);
+                waited.push(via);
             }
         }
         while picked.len() < budget {
@@ -414,12 +438,14 @@ impl Engine {
                 let _ = eg.wfq.settle(d.queue, d.cost, cost);
             }
             picked.push(d.item);
+            waited.push(Waited::EgressQueue);
         }
         let done = picked.len();
         eg.cpu_bound = done == budget
             && !eg.wfq.is_empty()
             && eg.pacer.as_ref().is_none_or(|p| p.available(now) > 0);
-        for (mut frame, w, entropy, src) in picked.drain(..) {
+        let picked_waited = picked.drain(..).zip(waited.drain(..));
+        for ((mut frame, w, entropy, src, arrived), via) in picked_waited {
             self.cpu.note(Some(src), frame.len());
             let (host, endpoint, tenant) = {
                 let v = &self.dir.vms[w];
@@ -438,11 +464,13 @@ impl Engine {
                 }
                 self.counters.uplink_tx_packets += 1;
                 self.tx[UPLINK].push(frame);
+                self.slo.delivered(now, tenant, len, arrived, via);
             } else {
-                self.drop_frame(pool, frame, Some(w), DropReason::TooBig);
+                self.drop_frame(now, pool, frame, Some(w), DropReason::TooBig);
             }
         }
         self.egress.scratch = picked;
+        self.egress.scratch_waited = waited;
         done
     }
 }

@@ -20,6 +20,7 @@ use picnic_core::{Duration, Instant};
 use picnic_wire::overlay::decap;
 use picnic_wire::Error as WireError;
 
+use super::slo::Waited;
 use super::{cost_kind, ps_per_byte, vm_scheduler, Engine, Work};
 use crate::config::{Config, Mac};
 use crate::directory::{Directory, VmIdx};
@@ -27,7 +28,8 @@ use crate::frame::{Frame, FramePool};
 use crate::stats::DropReason;
 
 pub struct Ingress {
-    /// Queued frames with their destination VM and when they were queued.
+    /// Queued frames with their destination VM and when they were queued (= when they
+    /// entered the switch: frames are queued in the call that received them).
     wfq: Wfq<(Frame, VmIdx, Instant)>,
     queue_of: Vec<Option<QueueId>>,
     /// EyeQ receiver over the access link, in bytes/s.
@@ -270,11 +272,11 @@ impl Engine {
                 d.geneve.is_standalone_feedback(),
             ),
             Err(WireError::NotGeneve) => {
-                self.drop_frame(pool, frame, None, DropReason::NotOverlay);
+                self.drop_frame(now, pool, frame, None, DropReason::NotOverlay);
                 return None;
             }
             Err(_) => {
-                self.drop_frame(pool, frame, None, DropReason::Malformed);
+                self.drop_frame(now, pool, frame, None, DropReason::Malformed);
                 return None;
             }
         };
@@ -288,16 +290,16 @@ impl Engine {
             return None;
         }
         let Some(tenant) = self.dir.tenant_by_vni(vni) else {
-            self.drop_frame(pool, frame, None, DropReason::UnknownVni);
+            self.drop_frame(now, pool, frame, None, DropReason::UnknownVni);
             return None;
         };
         let Some(source) = self.dir.host_by_underlay(src_ip) else {
-            self.drop_frame(pool, frame, None, DropReason::UnknownHost);
+            self.drop_frame(now, pool, frame, None, DropReason::UnknownHost);
             return None;
         };
         let inner = &frame.data()[inner_offset..];
         if inner.len() < 14 {
-            self.drop_frame(pool, frame, None, DropReason::Malformed);
+            self.drop_frame(now, pool, frame, None, DropReason::Malformed);
             return None;
         }
         let dst = Mac(inner[0..6].try_into().expect("length checked"));
@@ -307,11 +309,12 @@ impl Engine {
             .vm_by_mac(tenant, dst)
             .filter(|&w| self.dir.vms[w].port.is_some())
         else {
-            self.drop_frame(pool, frame, None, DropReason::UnknownDestination);
+            self.drop_frame(now, pool, frame, None, DropReason::UnknownDestination);
             return None;
         };
         let wire_len = frame.len() as u64;
         frame.strip_front(inner_offset);
+        self.slo.offered(now, tenant, frame.len() as u64);
         self.to_local_vm(now, w, frame, Some((source, wire_len)), pool);
         Some(w)
     }
@@ -329,12 +332,12 @@ impl Engine {
         let tenant = self.dir.vms[w].tenant;
         if let (Some(iron), Some(account)) = (self.iron.as_mut(), self.iron_index[tenant]) {
             if !matches!(iron.admit(now, account), Ok(Admission::Admit)) {
-                return self.drop_frame(pool, frame, Some(w), DropReason::CpuThrottled);
+                return self.drop_frame(now, pool, frame, Some(w), DropReason::CpuThrottled);
             }
         }
         if let Some(pps) = self.pps_in[w].as_mut() {
             if !pps.try_consume(now, 1) {
-                return self.drop_frame(pool, frame, Some(w), DropReason::PpsLimit);
+                return self.drop_frame(now, pool, frame, Some(w), DropReason::PpsLimit);
             }
         }
         let len = frame.len() as u64;
@@ -348,7 +351,13 @@ impl Engine {
             .wfq
             .enqueue(now, q, (frame, w, now), len as u32)
         {
-            self.drop_frame(pool, rejected.item.0, Some(w), DropReason::IngressQueueFull);
+            self.drop_frame(
+                now,
+                pool,
+                rejected.item.0,
+                Some(w),
+                DropReason::IngressQueueFull,
+            );
         }
     }
 
@@ -433,6 +442,8 @@ impl Engine {
             c.ingress_wait.record((now - queued_at).as_nanos());
             let port = self.dir.vms[w].port.expect("queued only for local VMs");
             self.tx[port].push(frame);
+            self.slo
+                .delivered(now, tenant, len, queued_at, Waited::IngressQueue);
             spent += cost;
             n += 1;
         }

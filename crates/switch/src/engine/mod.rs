@@ -14,6 +14,7 @@
 mod cpu;
 mod egress;
 mod ingress;
+mod slo;
 
 use picnic_core::bucket::TokenBucket;
 use picnic_core::eyeq;
@@ -32,6 +33,7 @@ use picnic_core::wfq::{Cap, CostKind, QueueId, QueueLimits, Wfq};
 
 pub use egress::Egress;
 pub use ingress::Ingress;
+pub use slo::{kind_name, Late, SloReport, TenantSlo, Totals, Why, WindowView, SLO_WINDOW};
 
 /// Extra per-frame processing done after the ingress scheduler picked a frame: the optional
 /// synthetic rule-set cost (`ingress.work_ns`), or the simulator's modelled cost. Returns the
@@ -64,6 +66,8 @@ pub struct Engine {
     pps_in: Vec<Option<TokenBucket>>,
     /// Frames handled per VM since the loop last charged its CPU time.
     cpu: cpu::CpuLedger,
+    /// SLO monitors of the tenants that have one (DESIGN.md 3.9).
+    slo: slo::SloTracker,
     /// Whether both schedulers share the dominant resource (CPU or link time) instead of
     /// bytes.
     cpu_fair: bool,
@@ -108,6 +112,7 @@ impl Engine {
         let ports = dir.port_count();
         let dir_vms = dir.vms.len();
         let (pps_out, pps_in) = (pps_buckets(&dir, now), pps_buckets(&dir, now));
+        let slo = slo::SloTracker::new(&dir, now)?;
         Ok(Engine {
             vm_counters: vec![VmCounters::default(); dir.vms.len()],
             dir,
@@ -122,6 +127,7 @@ impl Engine {
             pps_out,
             pps_in,
             cpu: cpu::CpuLedger::new(dir_vms),
+            slo,
             cpu_fair: cfg.isolation.cpu_fair,
             tx: (0..ports)
                 .map(|_| Vec::with_capacity(cfg.switch.batch * 2))
@@ -230,15 +236,22 @@ impl Engine {
         }
     }
 
+    /// Drops a frame for `reason`, counted against `vm` (the local VM it came from or was
+    /// for, or the remote VM it was for) and as lost in its tenant's SLO, or against the
+    /// switch when it belongs to no VM.
     fn drop_frame(
         &mut self,
+        now: Instant,
         pool: &mut FramePool,
         frame: Frame,
         vm: Option<VmIdx>,
         reason: DropReason,
     ) {
         match vm {
-            Some(v) => self.vm_counters[v].drops.add(reason),
+            Some(v) => {
+                self.vm_counters[v].drops.add(reason);
+                self.slo.lost(now, self.dir.vms[v].tenant);
+            }
             None => self.counters.drops.add(reason),
         }
         pool.put(frame);
@@ -534,5 +547,7 @@ fn sender_config(cfg: &Config) -> eyeq::SenderConfig {
 
 #[cfg(test)]
 mod cpu_tests;
+#[cfg(test)]
+mod slo_tests;
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,332 @@
+//! SLOs live in the switch (DESIGN.md 3.9): every tenant with an `slo` in the config gets a
+//! [`SloMonitor`] fed on the delivery path, sans-I/O like the engines (each call takes `now`;
+//! per frame only counters and preallocated histograms are touched, nothing is allocated).
+//!
+//! What the monitor sees of a tenant on this host:
+//! - offered: the bytes of each of its frames when it enters the switch, from one of its VMs'
+//!   ports or, for one of its local VMs, from the uplink (inner frame bytes both ways);
+//! - delivered: each frame handed to a port for transmit, to a local VM or encapsulated to
+//!   the uplink, with its latency through the switch: from entering it to that hand-off
+//!   (ingress queueing and processing for frames to local VMs; egress queueing, shaping or
+//!   limiting and pacing for frames to the uplink);
+//! - lost: each of its frames the switch drops, whatever the [`DropReason`]: the loss the
+//!   tenant sees. Whose doing it was (its own `max_pps`, spoofing, a full queue) is in the
+//!   per-tenant breakdown [`Why`], beside where its late frames waited.
+//!
+//! Frames a backpressured or throttled port leaves in the VM's own ring have not entered the
+//! switch: they are neither offered nor lost here. ARP requests the switch answers itself are
+//! offered and neither delivered nor lost (the reply is the switch's own frame).
+//!
+//! [`DropReason`]: crate::stats::DropReason
+
+use std::collections::BTreeMap;
+
+use picnic_core::slo::{
+    Slo, SloMonitor, SloMonitorConfig, SloState, Violation, ViolationKind, ViolationKinds,
+};
+use picnic_core::{Duration, Instant};
+use serde::Serialize;
+
+use super::Engine;
+use crate::directory::{Directory, TenantIdx};
+use crate::stats::Drops;
+
+/// Length of a conformance window (DESIGN.md section 6 accuracy windows).
+pub const SLO_WINDOW: Duration = Duration::from_millis(100);
+/// Closed violations kept per tenant (older ones are counted, not kept).
+const KEPT_VIOLATIONS: usize = 256;
+/// Closed violations `/slo` lists per tenant, the newest.
+pub const RECENT_VIOLATIONS: usize = 16;
+/// Run-wide latency percentiles to 2 significant digits: about 28 KiB per tenant.
+const LATENCY_DIGITS: u8 = 2;
+
+/// Where a frame waited in the switch before it was handed to its port.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(super) enum Waited {
+    /// In the destination VM's ingress queue (frames to a local VM).
+    IngressQueue,
+    /// In the sending VM's egress queue and the uplink pacing (fast path to the uplink).
+    EgressQueue,
+    /// In one of the sending VM's shaped classes.
+    ShapedClass,
+    /// In a limiter set by the destination's feedback (EyeQ 3.3).
+    Limiter,
+}
+
+/// One monitored tenant.
+struct Tracked {
+    tenant: TenantIdx,
+    monitor: SloMonitor,
+    /// `latency_us` in ns, to count late frames by where they waited.
+    latency_bound_ns: Option<u64>,
+    /// Frames delivered later than the bound, indexed by [`Waited`].
+    late: [u64; 4],
+}
+
+/// The monitors of the tenants with an SLO.
+pub(super) struct SloTracker {
+    /// Per tenant: its entry in `tracked`, when it has an SLO.
+    slot: Vec<Option<usize>>,
+    tracked: Vec<Tracked>,
+}
+
+impl SloTracker {
+    pub(super) fn new(dir: &Directory, now: Instant) -> anyhow::Result<SloTracker> {
+        let config = SloMonitorConfig {
+            window: SLO_WINDOW,
+            max_closed_violations: KEPT_VIOLATIONS,
+            latency_significant_digits: LATENCY_DIGITS,
+        };
+        let mut slot = vec![None; dir.tenants.len()];
+        let mut tracked = Vec::new();
+        for (t, tenant) in dir.tenants.iter().enumerate() {
+            let Some(slo) = tenant.slo.clone() else {
+                continue;
+            };
+            let latency_bound_ns = slo.latency_us.map(|us| us.saturating_mul(1_000));
+            let monitor = SloMonitor::new(slo, config, now)
+                .map_err(|e| anyhow::anyhow!("tenants[{t}].slo.{}: {e}", e.field))?;
+            slot[t] = Some(tracked.len());
+            tracked.push(Tracked {
+                tenant: t,
+                monitor,
+                latency_bound_ns,
+                late: [0; 4],
+            });
+        }
+        Ok(SloTracker { slot, tracked })
+    }
+
+    fn get(&mut self, tenant: TenantIdx) -> Option<&mut Tracked> {
+        let i = (*self.slot.get(tenant)?)?;
+        Some(&mut self.tracked[i])
+    }
+
+    /// A frame of `tenant`'s entered the switch.
+    pub(super) fn offered(&mut self, now: Instant, tenant: TenantIdx, bytes: u64) {
+        if let Some(t) = self.get(tenant) {
+            t.monitor.record_offered(now, bytes);
+        }
+    }
+
+    /// A frame of `tenant`'s that entered the switch at `arrived` was handed to its port.
+    pub(super) fn delivered(
+        &mut self,
+        now: Instant,
+        tenant: TenantIdx,
+        bytes: u64,
+        arrived: Instant,
+        waited: Waited,
+    ) {
+        if let Some(t) = self.get(tenant) {
+            let latency = now.saturating_since(arrived).as_nanos();
+            t.monitor.record_delivered(now, 1, bytes);
+            t.monitor.record_latency(now, latency);
+            if t.latency_bound_ns.is_some_and(|b| latency > b) {
+                t.late[waited as usize] += 1;
+            }
+        }
+    }
+
+    /// The switch dropped a frame of `tenant`'s.
+    pub(super) fn lost(&mut self, now: Instant, tenant: TenantIdx) {
+        if let Some(t) = self.get(tenant) {
+            t.monitor.record_lost(now, 1);
+        }
+    }
+}
+
+impl Engine {
+    /// Every monitored tenant's conformance at `now` (judging the windows that ended), for
+    /// `GET /slo` and `/metrics`. Allocates: call it when publishing, not per frame.
+    pub fn slo_report(&mut self, now: Instant) -> SloReport {
+        let mut tenants = Vec::with_capacity(self.slo.tracked.len());
+        for t in &mut self.slo.tracked {
+            let m = &mut t.monitor;
+            let state = m.state(now);
+            let s = m.summary(now);
+            let kept = m.closed_violations().count();
+            let recent = m
+                .closed_violations()
+                .skip(kept.saturating_sub(RECENT_VIOLATIONS))
+                .cloned()
+                .collect();
+            let mut drops = Drops::default();
+            let (mut waited_shaped_class, mut waited_limiter) = (0, 0);
+            for (v, _) in self
+                .dir
+                .vms
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| v.tenant == t.tenant)
+            {
+                let c = &self.vm_counters[v];
+                drops.add_all(&c.drops);
+                waited_shaped_class += c.waited_shaped_class;
+                waited_limiter += c.waited_limiter;
+            }
+            let late = t.latency_bound_ns.map(|_| Late {
+                ingress_queue: t.late[Waited::IngressQueue as usize],
+                egress_queue: t.late[Waited::EgressQueue as usize],
+                shaped_class: t.late[Waited::ShapedClass as usize],
+                limiter: t.late[Waited::Limiter as usize],
+            });
+            let start = m.window_start();
+            tenants.push(TenantSlo {
+                tenant: self.dir.tenants[t.tenant].name.clone(),
+                slo: m.slo().clone(),
+                window: WindowView {
+                    start_ns: start.as_nanos(),
+                    end_ns: (start + m.window()).as_nanos(),
+                },
+                met: state == SloState::Met,
+                violated: match state {
+                    SloState::Met => ViolationKinds::default(),
+                    SloState::Violated(kinds) => kinds,
+                },
+                open_violations: m.open_violations().cloned().collect(),
+                recent_violations: recent,
+                violations_total: ViolationKind::ALL
+                    .into_iter()
+                    .map(|k| (kind_name(k), m.violations_started(k)))
+                    .collect(),
+                totals: Totals {
+                    windows: s.windows,
+                    violated_windows: s.violated_windows,
+                    offered_bytes: s.offered_bytes,
+                    delivered_bytes: s.delivered_bytes,
+                    delivered_packets: s.delivered_packets,
+                    lost_packets: s.lost_packets,
+                    loss_fraction: s.loss_fraction,
+                    throughput_bps: s.throughput_bps,
+                    latency_p50_us: s.latency_p50_us,
+                    latency_p99_us: s.latency_p99_us,
+                    latency_p999_us: s.latency_p999_us,
+                    dropped_violations: s.dropped_violations,
+                },
+                why: Why {
+                    drops,
+                    waited_shaped_class,
+                    waited_limiter,
+                    late,
+                },
+            });
+        }
+        SloReport {
+            now_ns: now.as_nanos(),
+            window_ms: SLO_WINDOW.as_nanos() / 1_000_000,
+            tenants,
+        }
+    }
+
+    /// Takes over the monitors of `old` (the engine this one replaces after a live change)
+    /// for tenants that kept their name and SLO, so a change to one tenant does not reset the
+    /// others' conformance history.
+    pub fn carry_slo_from(&mut self, old: &mut Engine) {
+        for t in &mut self.slo.tracked {
+            let name = &self.dir.tenants[t.tenant].name;
+            let same = old.slo.tracked.iter_mut().find(|o| {
+                &old.dir.tenants[o.tenant].name == name && o.monitor.slo() == t.monitor.slo()
+            });
+            if let Some(o) = same {
+                std::mem::swap(&mut t.monitor, &mut o.monitor);
+                std::mem::swap(&mut t.late, &mut o.late);
+            }
+        }
+    }
+}
+
+/// The snake_case name of a violation kind (as in JSON and metric labels).
+pub fn kind_name(kind: ViolationKind) -> &'static str {
+    match kind {
+        ViolationKind::MinBandwidth => "min_bandwidth",
+        ViolationKind::MaxBandwidth => "max_bandwidth",
+        ViolationKind::Latency => "latency",
+        ViolationKind::Loss => "loss",
+    }
+}
+
+/// `GET /slo`: every tenant with an SLO on this host.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SloReport {
+    /// The engines' clock when the report was taken, ns since the switch started; every
+    /// instant in the report is on this clock.
+    pub now_ns: u64,
+    /// Length of a conformance window, ms.
+    pub window_ms: u64,
+    pub tenants: Vec<TenantSlo>,
+}
+
+/// One tenant's conformance.
+#[derive(Clone, Debug, Serialize)]
+pub struct TenantSlo {
+    pub tenant: String,
+    pub slo: Slo,
+    /// The window being filled; `met` and `violated` judge the last window that ended.
+    pub window: WindowView,
+    /// No bound was violated in the last window that ended.
+    pub met: bool,
+    /// The bounds violated in the last window that ended (`min_bandwidth`, `max_bandwidth`,
+    /// `latency`, `loss`).
+    pub violated: ViolationKinds,
+    /// Violations still going on (`ended_at` null), with when they started.
+    pub open_violations: Vec<Violation>,
+    /// The newest closed violations ([`RECENT_VIOLATIONS`] at most), oldest first.
+    pub recent_violations: Vec<Violation>,
+    /// Violation intervals started so far, by kind.
+    pub violations_total: BTreeMap<&'static str, u64>,
+    pub totals: Totals,
+    pub why: Why,
+}
+
+/// A conformance window, [start_ns, end_ns) on the report's clock.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct WindowView {
+    pub start_ns: u64,
+    pub end_ns: u64,
+}
+
+/// The tenant's traffic through this switch since the monitor started.
+#[derive(Clone, Debug, Serialize)]
+pub struct Totals {
+    /// Windows judged, and those in which some bound was violated.
+    pub windows: u64,
+    pub violated_windows: u64,
+    pub offered_bytes: u64,
+    pub delivered_bytes: u64,
+    pub delivered_packets: u64,
+    pub lost_packets: u64,
+    /// lost / (lost + delivered) packets.
+    pub loss_fraction: f64,
+    /// Mean delivered rate, bits/s.
+    pub throughput_bps: f64,
+    /// Latency through the switch (entering it to being handed to the port), us.
+    pub latency_p50_us: Option<f64>,
+    pub latency_p99_us: Option<f64>,
+    pub latency_p999_us: Option<f64>,
+    /// Closed violations no longer kept.
+    pub dropped_violations: u64,
+}
+
+/// What dropped or delayed the tenant's frames (cumulative, like `/stats`).
+#[derive(Clone, Debug, Serialize)]
+pub struct Why {
+    /// The tenant's frames the switch dropped, by reason, summed over its VMs.
+    pub drops: Drops,
+    /// Frames that went through a shaped class's queue instead of the fast path.
+    pub waited_shaped_class: u64,
+    /// Frames held in a limiter's queue because their destination asked for less (EyeQ 3.3).
+    pub waited_limiter: u64,
+    /// Frames delivered later than `latency_us`, by where they waited; null without a
+    /// latency bound.
+    pub late: Option<Late>,
+}
+
+/// Late frames by where they waited.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Late {
+    pub ingress_queue: u64,
+    pub egress_queue: u64,
+    pub shaped_class: u64,
+    pub limiter: u64,
+}

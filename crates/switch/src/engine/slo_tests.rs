@@ -1,0 +1,216 @@
+//! Tenants' SLOs judged on the delivery path, on a virtual clock: a tenant whose frames are
+//! dropped or delayed beyond its bounds shows as violated with the right kind and the reason
+//! in its breakdown, while a neighbour with an SLO shows met.
+
+use picnic_core::slo::{Slo, ViolationKind};
+use picnic_core::{Duration, Instant};
+
+use super::tests::{config, udp, Host, A1, A2, B1, B2, IP_A1, IP_A2, IP_B1, IP_B2};
+use super::{Engine, SloReport, TenantSlo};
+use crate::directory::UPLINK;
+use crate::frame::FramePool;
+use crate::stats::DropReason;
+
+/// An SLO written as the config's inline table, e.g. `{ max_loss = 0.01 }`.
+fn slo(table: &str) -> Slo {
+    #[derive(serde::Deserialize)]
+    struct Tenant {
+        slo: Slo,
+    }
+    toml::from_str::<Tenant>(&format!("slo = {table}"))
+        .unwrap()
+        .slo
+}
+
+/// Host `id` of the two-host test overlay, started at `start`, with both tenants holding an
+/// SLO.
+fn host_with_slos(
+    id: u32,
+    start: Instant,
+    a: &str,
+    b: &str,
+    edit: impl FnOnce(&mut crate::config::Config),
+) -> Host {
+    let mut cfg = config(id, 1000);
+    cfg.tenants[0].slo = Some(slo(a));
+    cfg.tenants[1].slo = Some(slo(b));
+    edit(&mut cfg);
+    cfg.validate().unwrap();
+    Host {
+        engine: Engine::new(&cfg, start).unwrap(),
+        pool: FramePool::new(4096),
+    }
+}
+
+fn tenant<'a>(report: &'a SloReport, name: &str) -> &'a TenantSlo {
+    report.tenants.iter().find(|t| t.tenant == name).unwrap()
+}
+
+fn kinds(t: &TenantSlo) -> Vec<ViolationKind> {
+    t.violated.iter().collect()
+}
+
+fn ms(n: u64) -> Instant {
+    Instant::ZERO + Duration::from_millis(n)
+}
+
+/// An overlay frame host 1 sends for `frame` (a tenant frame from local VM `vm`).
+fn encapsulated(vm: &str, frame: &[u8]) -> Vec<u8> {
+    let mut h1 = Host::new(1, 1000);
+    h1.inject(Instant::ZERO, h1.port_of(vm), frame);
+    h1.poll(Instant::ZERO);
+    h1.take(UPLINK).pop().unwrap()
+}
+
+#[test]
+fn frames_dropped_beyond_max_loss_violate_loss_while_the_neighbour_is_met() {
+    let both = "{ latency_us = 1000, max_loss = 0.01 }";
+    // a2 may receive 1000 frames/s (burst 64); it is sent 2000/s, b2 the same and unlimited.
+    let mut h2 = host_with_slos(2, ms(0), both, both, |c| c.vms[2].max_pps = Some(1_000));
+    let to_a2 = encapsulated("a1", &udp(A1, A2, IP_A1, IP_A2, 7, 200));
+    let to_b2 = encapsulated("b1", &udp(B1, B2, IP_B1, IP_B2, 7, 200));
+    let (a2, b2) = (h2.port_of("a2"), h2.port_of("b2"));
+    for step in 0..1_000 {
+        let now = ms(step);
+        for _ in 0..2 {
+            h2.inject(now, UPLINK, &to_a2);
+            h2.inject(now, UPLINK, &to_b2);
+        }
+        h2.poll(now);
+        h2.take(a2);
+        h2.take(b2);
+        h2.take(UPLINK);
+    }
+    let report = h2.engine.slo_report(ms(1_000));
+    assert_eq!(report.window_ms, 100);
+    let a = tenant(&report, "a");
+    assert!(!a.met);
+    assert_eq!(
+        kinds(a),
+        [ViolationKind::Loss],
+        "loss only: delivered frames were prompt"
+    );
+    assert_eq!(a.open_violations.len(), 1);
+    let v = &a.open_violations[0];
+    assert_eq!(
+        (v.kind, v.started_at, v.ended_at),
+        (ViolationKind::Loss, ms(0), None)
+    );
+    assert!(v.worst_value > 0.4 && v.bound == 0.01, "{v:?}");
+    assert_eq!(a.violations_total["loss"], 1);
+    // Every frame lost was a2's packet-rate limit, and the breakdown says so.
+    let lost = h2.drops("a2", DropReason::PpsLimit);
+    assert!(lost > 900, "{lost} dropped");
+    assert_eq!(a.why.drops.get(DropReason::PpsLimit), lost);
+    assert_eq!(a.why.drops.total(), lost);
+    assert_eq!(a.totals.lost_packets, lost);
+    assert_eq!(a.totals.delivered_packets + lost, 2_000);
+    assert_eq!(a.totals.offered_bytes, 2_000 * 242);
+    assert_eq!(a.why.late.map(|l| l.ingress_queue), Some(0));
+
+    let b = tenant(&report, "b");
+    assert!(b.met, "{b:?}");
+    assert!(kinds(b).is_empty() && b.open_violations.is_empty());
+    assert!(b.recent_violations.is_empty());
+    assert!(b.violations_total.values().all(|&n| n == 0));
+    assert_eq!(
+        (b.totals.delivered_packets, b.totals.lost_packets),
+        (2_000, 0)
+    );
+    assert_eq!(b.totals.windows, 10);
+
+    // a2's senders slow down to what it may receive: the violation ends at the next window.
+    for step in 1_000..1_300 {
+        if step % 2 == 0 {
+            h2.inject(ms(step), UPLINK, &to_a2);
+        }
+        h2.poll(ms(step));
+        h2.take(a2);
+        h2.take(UPLINK);
+    }
+    let report = h2.engine.slo_report(ms(1_300));
+    let a = tenant(&report, "a");
+    assert!(a.met, "{a:?}");
+    assert!(a.open_violations.is_empty());
+    let v = &a.recent_violations[..];
+    assert_eq!(v.len(), 1);
+    assert_eq!((v[0].started_at, v[0].ended_at), (ms(0), Some(ms(1_000))));
+    assert_eq!(a.violations_total["loss"], 1);
+}
+
+#[test]
+fn frames_held_beyond_latency_us_violate_latency_while_the_neighbour_is_met() {
+    // a1's UDP to port 9000 is shaped to 10 Mb/s in its own queue (the test config): bursts
+    // of 50 full frames every 100 ms (5.8 Mb/s on average) wait up to ~55 ms in it, none is
+    // lost. b1 sends a steady flow on the fast path.
+    let bound = "{ latency_us = 1000, max_loss = 0.01 }";
+    let mut h1 = host_with_slos(1, ms(0), bound, bound, |_| {});
+    let shaped = udp(A1, A2, IP_A1, IP_A2, 9000, 1400);
+    let steady = udp(B1, B2, IP_B1, IP_B2, 7, 1400);
+    let (a1, b1) = (h1.port_of("a1"), h1.port_of("b1"));
+    let (mut out, mut sent) = (0, 0);
+    for step in 0..1_000 {
+        let now = ms(step);
+        if step % 100 == 0 {
+            for _ in 0..50 {
+                h1.inject(now, a1, &shaped);
+            }
+        }
+        h1.inject(now, b1, &steady);
+        sent += 1;
+        h1.poll(now);
+        out += h1.take(UPLINK).len();
+    }
+    assert_eq!(out, 500 + sent, "nothing lost");
+    let report = h1.engine.slo_report(ms(1_000));
+    let a = tenant(&report, "a");
+    assert_eq!(kinds(a), [ViolationKind::Latency], "{a:?}");
+    let v = &a.open_violations[0];
+    assert_eq!((v.kind, v.started_at), (ViolationKind::Latency, ms(0)));
+    assert!(v.worst_value > 40_000.0 && v.bound == 1_000.0, "{v:?}");
+    assert_eq!(a.totals.lost_packets, 0);
+    assert!(a.totals.latency_p99_us.unwrap() > 40_000.0);
+    // Why: the frames waited in the shaped class, not in the fast path.
+    assert_eq!(a.why.waited_shaped_class, 500);
+    assert_eq!(a.why.waited_limiter, 0);
+    let late = a.why.late.unwrap();
+    assert!(late.shaped_class > 400, "{late:?}");
+    assert_eq!(
+        (late.egress_queue, late.ingress_queue, late.limiter),
+        (0, 0, 0)
+    );
+    assert_eq!(a.why.drops.total(), 0);
+
+    let b = tenant(&report, "b");
+    assert!(b.met && kinds(b).is_empty(), "{b:?}");
+    assert_eq!(b.totals.delivered_packets, sent as u64);
+    assert!(b.totals.latency_p99_us.unwrap() < 1_000.0);
+    assert_eq!(b.why.late.unwrap().egress_queue, 0);
+}
+
+#[test]
+fn a_live_change_keeps_the_conformance_of_tenants_whose_slo_did_not_change() {
+    let loss = "{ max_loss = 0.01 }";
+    let mut old = host_with_slos(2, ms(0), loss, loss, |c| c.vms[2].max_pps = Some(1_000));
+    let to_a2 = encapsulated("a1", &udp(A1, A2, IP_A1, IP_A2, 7, 200));
+    for step in 0..300 {
+        for _ in 0..3 {
+            old.inject(ms(step), UPLINK, &to_a2);
+        }
+        old.poll(ms(step));
+        old.take(old.port_of("a2"));
+        old.take(UPLINK);
+    }
+    // b's SLO changes, a's does not.
+    let mut new = host_with_slos(2, ms(300), loss, "{ max_loss = 0.02 }", |_| {});
+    new.engine.carry_slo_from(&mut old.engine);
+    let report = new.engine.slo_report(ms(300));
+    let a = tenant(&report, "a");
+    assert_eq!(kinds(a), [ViolationKind::Loss]);
+    assert_eq!(a.totals.windows, 3);
+    assert_eq!(
+        tenant(&report, "b").totals.windows,
+        0,
+        "a new SLO starts afresh"
+    );
+}
