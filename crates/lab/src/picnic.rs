@@ -87,7 +87,7 @@ pub fn switch_config(
             api: None,
             frame_pool: 16384,
             batch: 64,
-            spin_us: 50,
+            spin_us: 0,
             nice: Some(scenario.picnic.nice),
             slice_us: (scenario.sched_slice_us > 0).then_some(scenario.sched_slice_us),
             cpus: (!scenario.picnic.cpus.is_empty()).then(|| scenario.picnic.cpus.clone()),
@@ -272,13 +272,14 @@ fn summary_lines(snap: &Snapshot) -> Vec<String> {
         .iter()
         .map(|v| {
             format!(
-                "{:<10} tx {:>8} rx {:>8} cost {:>6.1} ms ingress wait p99 < {} us limits {:?} drops [{}]",
+                "{:<10} tx {:>8} rx {:>8} cost {:>6.1} ms ingress wait p99 < {} us limits {:?} waited in limiter {} drops [{}]",
                 v.name,
                 v.counters.tx_packets,
                 v.counters.rx_packets,
                 v.counters.cost_ns as f64 / 1e6,
                 v.counters.ingress_wait.quantile_us(0.99).unwrap_or(0),
                 v.applied_limits.iter().map(|(d, r)| (*d, r / 1_000_000)).collect::<Vec<_>>(),
+                v.counters.waited_limiter,
                 drops(&v.counters.drops)
             )
         })
@@ -286,7 +287,7 @@ fn summary_lines(snap: &Snapshot) -> Vec<String> {
     let s = &snap.switch;
     lines.push(format!(
         "switch     uplink rx {} tx {} feedback sent {} received {} drops [{}] cpu {:.1} ms \
-         (VMs {:.1}, unattributed {:.1}, idle loop {:.1})",
+         (VMs {:.1}, unattributed {:.1}, idle loop {:.1}) model {}",
         s.uplink_rx_packets,
         s.uplink_tx_packets,
         s.feedback_sent,
@@ -296,6 +297,10 @@ fn summary_lines(snap: &Snapshot) -> Vec<String> {
         snap.vms.iter().map(|v| v.counters.cost_ns).sum::<u64>() as f64 / 1e6,
         s.unattributed_ns as f64 / 1e6,
         s.overhead_ns as f64 / 1e6,
+        snap.cost_model.as_ref().map_or("-".into(), |m| format!(
+            "{:.0} ns/iteration + {:.0} ns/frame + {:.2} ns/byte",
+            m.fixed_ns, m.per_frame_ns, m.per_byte_ns
+        )),
     ));
     lines
 }
