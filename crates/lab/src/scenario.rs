@@ -614,12 +614,15 @@ to = "b"
             "incast.toml",
             "shuffle-priority.toml",
             "memcached-bursts.toml",
+            "pps-flood.toml",
+            "cpu-steal.toml",
         ] {
             let path = Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../../scenarios")
                 .join(file);
             let s = Scenario::load(&path).unwrap();
             assert!(s.workloads.len() >= 2, "{file}");
+            assert!(s.picnic.work_ns == 0 || file == "ingress-flood.toml", "{file}");
         }
     }
 

@@ -19,7 +19,7 @@ use super::{Engine, IRON_PERIOD};
 use crate::directory::{TenantIdx, VmIdx};
 
 /// cgroup v1 refuses a CFS quota under 1 ms.
-const CGROUP_MIN_QUOTA: Duration = Duration::from_millis(1);
+pub(super) const CGROUP_MIN_QUOTA: Duration = Duration::from_millis(1);
 
 /// The frames and bytes each VM had handled since the last charge.
 #[derive(Debug, Default)]

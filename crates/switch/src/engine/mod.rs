@@ -97,7 +97,19 @@ impl Engine {
             .map_err(|e| anyhow::anyhow!("cpu accounting: {e}"))?;
             for (t, tenant) in dir.tenants.iter().enumerate() {
                 if let Some(q) = tenant.cpu_quota {
-                    let quota = Duration::from_nanos((IRON_PERIOD.as_nanos() as f64 * q) as u64);
+                    let allocation = Duration::from_nanos((IRON_PERIOD.as_nanos() as f64 * q) as u64);
+                    // With a cgroup, switch work and the cgroup's quota share the allocation
+                    // (Iron 3.2), and the cgroup never gets less than cgroup v1's minimum:
+                    // the switch's part stops that much short, so together they stay within it.
+                    let quota = match tenant.cgroup {
+                        Some(_) => Duration::from_nanos(
+                            allocation
+                                .as_nanos()
+                                .saturating_sub(cpu::CGROUP_MIN_QUOTA.as_nanos())
+                                .max(100_000),
+                        ),
+                        None => allocation,
+                    };
                     iron_index[t] = Some(
                         accounts
                             .add_tenant(quota)
