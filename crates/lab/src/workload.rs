@@ -369,7 +369,7 @@ fn send(wl: &Workload, ep: &Endpoints, w: Window) -> Result<SenderSide> {
         WorkloadKind::Iperf3 => iperf3_client(ep, wl.flows(), w),
         WorkloadKind::Sockperf => sockperf_client(ep, wl, w),
         WorkloadKind::CpuBurn => {
-            let rounds = crate::cpu_burn::calibrate();
+            let rounds = crate::cpu_burn::rounds_per_unit();
             let mut hist = new_histogram()?;
             let units = crate::cpu_burn::burn(rounds, w.start, w.stop, &mut hist)?;
             Ok(SenderSide {
