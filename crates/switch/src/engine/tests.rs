@@ -89,6 +89,14 @@ pub(super) fn config(host: u32, capacity_mbps: u64) -> Config {
     Config::parse(&text).unwrap()
 }
 
+/// No extra processing: the loop's own cost is all there is.
+pub(super) struct NoWork;
+impl Work for NoWork {
+    fn process(&mut self, _t: TenantIdx, _f: &mut Frame) -> u64 {
+        0
+    }
+}
+
 /// Processing that costs a fixed number of ns per frame.
 struct FixedWork(u64);
 impl Work for FixedWork {
