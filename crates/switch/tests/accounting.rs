@@ -135,3 +135,78 @@ fn charges_add_up_to_the_threads_cpu_time_the_kernel_reports() {
         assert!(v.counters.cost_ns > 0, "{} charged nothing", v.name);
     }
 }
+
+/// Iron 3.2 end to end with a real cgroup (root, cgroup v1 cpu controller): a tenant with a
+/// 0.3-core allocation floods its own VMs; the switch sets the group's period to 10 ms,
+/// lowers its quota below the allocation by the work it does for the tenant, never charges
+/// the tenant more than its allocation per period, drops its frames before any work once
+/// it is spent, and gives the allocation back when it stops.
+#[test]
+fn a_tenants_cgroup_pays_for_the_switch_work_done_for_it() {
+    let root = std::path::Path::new("/sys/fs/cgroup/cpu");
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !root.join("cpu.cfs_quota_us").exists() {
+        eprintln!("skipped: needs root and the cgroup v1 cpu controller at {}", root.display());
+        return;
+    }
+    let group = root.join(format!("picnic-accounting-test-{}", std::process::id()));
+    std::fs::create_dir_all(&group).unwrap();
+    let read = |f: &str| -> u64 {
+        std::fs::read_to_string(group.join(f)).unwrap().trim().parse().unwrap()
+    };
+    let text = CONFIG.replace(
+        "name = \"small\"\nvni = 100",
+        &format!(
+            "name = \"small\"\nvni = 100\ncpu_quota = 0.3\ncgroup = \"{}\"",
+            group.display()
+        ),
+    );
+    let cfg = Config::parse(&text).unwrap();
+    let clock = Clock::new();
+    let engine = Engine::new(&cfg, clock.now()).unwrap();
+    let mut ports: Vec<Box<dyn Port>> = Vec::new();
+    let mut handles = Vec::new();
+    for name in ["up0", "s1", "s2", "l1", "l2"] {
+        let (p, h) = MemoryPort::new(name);
+        ports.push(Box::new(p));
+        handles.push(h);
+    }
+    let mut switch = Switch::with_ports(cfg, engine, ports, clock);
+    let stop = switch.stop_flag();
+    let shared = switch.shared();
+    let dataplane = std::thread::spawn(move || switch.run());
+    let small = udp(1, 2, 64);
+    let start = Instant::now();
+    let mut lowest_quota = u64::MAX;
+    while start.elapsed() < Duration::from_millis(1000) {
+        while handles[1].inject(&small) {}
+        while handles[2].pop_sent().is_some() {}
+        if start.elapsed() > Duration::from_millis(100) {
+            lowest_quota = lowest_quota.min(read("cpu.cfs_quota_us"));
+            assert_eq!(read("cpu.cfs_period_us"), 10_000);
+        }
+        std::thread::sleep(Duration::from_micros(300));
+    }
+    let elapsed = start.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    dataplane.join().unwrap().unwrap();
+    let restored = read("cpu.cfs_quota_us");
+    std::fs::remove_dir(&group).unwrap();
+    let published = shared.snapshot.lock().unwrap().clone().unwrap();
+    let snap = &published.switch;
+    let tenant = snap.tenants.iter().find(|t| t.name == "small").unwrap();
+    println!(
+        "lowest quota {lowest_quota} us of 3000; charged {:.1} ms in {:.0} ms; \
+         throttled drops {}",
+        tenant.cost_ns as f64 / 1e6,
+        elapsed.as_secs_f64() * 1e3,
+        tenant.cpu_throttle_drops
+    );
+    assert!(lowest_quota < 3000, "the quota never went below the allocation");
+    assert!(lowest_quota >= 1000, "cgroup v1's minimum");
+    assert_eq!(restored, 3000, "the allocation is given back at stop");
+    // Charged at most its allocation (less the group's 1 ms minimum) per 10 ms period, plus
+    // one period of debt.
+    let periods = elapsed.as_nanos() as u64 / 10_000_000 + 2;
+    assert!(tenant.cost_ns <= periods * 2_000_000, "{} ns", tenant.cost_ns);
+}
