@@ -2,14 +2,15 @@
 //! a VM, to frames of nobody, or to the loop's own overhead, and that total agrees with what
 //! the kernel reports for the thread (/proc/thread-self/schedstat). In-memory ports, no root.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etherparse::PacketBuilder;
 use picnic_switch::config::Config;
 use picnic_switch::engine::Engine;
-use picnic_switch::port::{MemoryPort, Port};
-use picnic_switch::runner::{Clock, Switch};
+use picnic_switch::port::{MemoryPort, MemoryPortHandle, Port};
+use picnic_switch::runner::{Clock, Shared, Switch};
 
 const CONFIG: &str = r#"
 [switch]
@@ -70,15 +71,16 @@ fn udp(src: u8, dst: u8, payload: usize) -> Vec<u8> {
     out
 }
 
-/// The thread's CPU time as the scheduler accounts it, ns.
-fn schedstat_ns() -> u64 {
-    let s = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap();
-    s.split_whitespace().next().unwrap().parse().unwrap()
-}
-
-#[test]
-fn charges_add_up_to_the_threads_cpu_time_the_kernel_reports() {
-    let cfg = Config::parse(CONFIG).unwrap();
+/// A switch over in-memory ports (uplink, s1, s2, l1, l2) running on its own thread, which
+/// returns its CPU time as the kernel accounts it over the run, ns.
+fn start(
+    cfg: Config,
+) -> (
+    Vec<MemoryPortHandle>,
+    Arc<AtomicBool>,
+    Arc<Shared>,
+    std::thread::JoinHandle<u64>,
+) {
     let clock = Clock::new();
     let engine = Engine::new(&cfg, clock.now()).unwrap();
     let mut ports: Vec<Box<dyn Port>> = Vec::new();
@@ -89,13 +91,24 @@ fn charges_add_up_to_the_threads_cpu_time_the_kernel_reports() {
         handles.push(h);
     }
     let mut switch = Switch::with_ports(cfg, engine, ports, clock);
-    let stop = switch.stop_flag();
-    let shared = switch.shared();
+    let (stop, shared) = (switch.stop_flag(), switch.shared());
     let dataplane = std::thread::spawn(move || {
         let before = schedstat_ns();
         switch.run().unwrap();
         schedstat_ns() - before
     });
+    (handles, stop, shared, dataplane)
+}
+
+/// The thread's CPU time as the scheduler accounts it, ns.
+fn schedstat_ns() -> u64 {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap();
+    s.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn charges_add_up_to_the_threads_cpu_time_the_kernel_reports() {
+    let (handles, stop, shared, dataplane) = start(Config::parse(CONFIG).unwrap());
     // A mixed load: 64 B frames from s1 to s2 and 1400 B frames from l1 to l2, drained on
     // the far side, for a second and a half.
     let (small, large) = (udp(1, 2, 64), udp(3, 4, 1400));
@@ -161,20 +174,7 @@ fn a_tenants_cgroup_pays_for_the_switch_work_done_for_it() {
             group.display()
         ),
     );
-    let cfg = Config::parse(&text).unwrap();
-    let clock = Clock::new();
-    let engine = Engine::new(&cfg, clock.now()).unwrap();
-    let mut ports: Vec<Box<dyn Port>> = Vec::new();
-    let mut handles = Vec::new();
-    for name in ["up0", "s1", "s2", "l1", "l2"] {
-        let (p, h) = MemoryPort::new(name);
-        ports.push(Box::new(p));
-        handles.push(h);
-    }
-    let mut switch = Switch::with_ports(cfg, engine, ports, clock);
-    let stop = switch.stop_flag();
-    let shared = switch.shared();
-    let dataplane = std::thread::spawn(move || switch.run());
+    let (handles, stop, shared, dataplane) = start(Config::parse(&text).unwrap());
     let small = udp(1, 2, 64);
     let start = Instant::now();
     let mut lowest_quota = u64::MAX;
@@ -189,7 +189,7 @@ fn a_tenants_cgroup_pays_for_the_switch_work_done_for_it() {
     }
     let elapsed = start.elapsed();
     stop.store(true, Ordering::Relaxed);
-    dataplane.join().unwrap().unwrap();
+    dataplane.join().unwrap();
     let restored = read("cpu.cfs_quota_us");
     std::fs::remove_dir(&group).unwrap();
     let published = shared.snapshot.lock().unwrap().clone().unwrap();
