@@ -52,7 +52,7 @@ impl CostFit {
         }
         self.observations += 1;
         // Refitting is a 3x3 solve: cheap, but not needed every iteration.
-        if self.observations % 64 == 0 || self.fitted.is_none() {
+        if self.observations.is_multiple_of(64) || self.fitted.is_none() {
             self.fitted = self.solve();
         }
     }
@@ -127,11 +127,12 @@ fn solve_subset(xx: &[[f64; 3]; 3], xy: &[f64; 3], vars: &[usize]) -> Option<[f6
         if scale.abs() < 1e-9 * (1.0 + xx[vars[col]][vars[col]].abs()) {
             return None;
         }
-        for r in 0..n {
+        let pivot_row = a[col];
+        for (r, row) in a.iter_mut().enumerate().take(n) {
             if r != col {
-                let f = a[r][col] / scale;
-                for c in col..=n {
-                    a[r][c] -= f * a[col][c];
+                let f = row[col] / scale;
+                for (x, p) in row.iter_mut().zip(pivot_row).skip(col).take(n + 1 - col) {
+                    *x -= f * p;
                 }
             }
         }
