@@ -151,6 +151,8 @@ impl Engine {
     /// the overhead and the unattributed part add up to the measured time exactly.
     pub fn charge_cpu(&mut self, now: Instant, cpu_ns: u64) {
         self.counters.cpu_ns += cpu_ns;
+        self.share.roll(now);
+        self.share.busy(cpu_ns);
         let ledger = &mut self.cpu;
         let (packets, bytes) = ledger.touched.iter().fold(ledger.unattributed, |acc, &v| {
             (acc.0 + ledger.tally[v].0, acc.1 + ledger.tally[v].1)
@@ -166,6 +168,7 @@ impl Engine {
                 let _ = iron.charge(now, account, Duration::from_nanos(ns));
             }
             ledger.direct[v] = 0;
+            self.share.charge(tenant, ns);
         }
         let cpu_ns = cpu_ns - direct_total;
         ledger.fit.observe(packets as u64, bytes, cpu_ns);
@@ -203,6 +206,7 @@ impl Engine {
             let v = entry.tenant;
             self.vm_counters[v].cost_ns += ns;
             let tenant = self.dir.vms[v].tenant;
+            self.share.charge(tenant, ns);
             if let (Some(iron), Some(account)) = (self.iron.as_mut(), self.iron_index[tenant]) {
                 let _ = iron.charge(now, account, Duration::from_nanos(ns));
             }

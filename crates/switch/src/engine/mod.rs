@@ -12,6 +12,7 @@
 //! caller's [`Work`] so it can be charged to the tenant it was spent for (Iron 3).
 
 mod cpu;
+mod share;
 mod egress;
 mod ingress;
 mod slo;
@@ -66,6 +67,8 @@ pub struct Engine {
     pps_in: Vec<Option<TokenBucket>>,
     /// Frames handled per VM since the loop last charged its CPU time.
     cpu: cpu::CpuLedger,
+    /// Per-tenant CPU used in the current period of a saturated loop (read-side fairness).
+    share: share::FairShare,
     /// SLO monitors of the tenants that have one (DESIGN.md 3.9).
     slo: slo::SloTracker,
     /// Whether both schedulers share the dominant resource (CPU or link time) instead of
@@ -124,6 +127,7 @@ impl Engine {
         let ports = dir.port_count();
         let dir_vms = dir.vms.len();
         let (pps_out, pps_in) = (pps_buckets(&dir, now), pps_buckets(&dir, now));
+        let share = share::FairShare::new(tenant_weights(&dir), now);
         let slo = slo::SloTracker::new(&dir, now)?;
         Ok(Engine {
             vm_counters: vec![VmCounters::default(); dir.vms.len()],
@@ -139,6 +143,7 @@ impl Engine {
             pps_out,
             pps_in,
             cpu: cpu::CpuLedger::new(dir_vms),
+            share,
             slo,
             cpu_fair: cfg.isolation.cpu_fair,
             tx: (0..ports)
@@ -164,6 +169,7 @@ impl Engine {
                         .as_ref()
                         .is_none_or(|b| b.available(now) > 0)
                     && !self.cpu_throttled(*vm)
+                    && !(self.cpu_fair && self.share.over(self.dir.vms[*vm].tenant))
             }
             _ => true,
         }
@@ -234,7 +240,13 @@ impl Engine {
             .flatten()
             .filter_map(|b| b.next_token_at())
             .min();
-        [self.egress.poll_at(), self.ingress.poll_at(), iron, pps]
+        [
+            self.egress.poll_at(),
+            self.ingress.poll_at(),
+            iron,
+            pps,
+            self.share.poll_at(),
+        ]
             .into_iter()
             .flatten()
             .min()
@@ -524,6 +536,16 @@ fn cost_kind(cfg: &Config) -> CostKind {
     } else {
         CostKind::Bytes
     }
+}
+
+/// Each tenant's weight on this host: the sum of its local VMs' guarantees, as in the
+/// schedulers' tenant nodes (0 without local VMs).
+fn tenant_weights(dir: &Directory) -> Vec<u64> {
+    let mut w = vec![0u64; dir.tenants.len()];
+    for (v, _) in dir.local_vms() {
+        w[dir.vms[v].tenant] += dir.vms[v].min_bps;
+    }
+    w
 }
 
 /// A packets/s bucket for every local VM with `max_pps` (burst: 1 ms of its rate, at
