@@ -37,8 +37,8 @@ pub struct CommonArgs {
     /// Run every mode this many times and report min/median/max.
     #[arg(long, default_value_t = 1)]
     pub repeat: u32,
-    /// Only these modes (comma-separated: picnic, picnic-off, bridge, picnic-alone,
-    /// victim-alone). Ratios compare each mode with the victim alone on the same dataplane.
+    /// Only these modes (comma-separated: picnic, picnic-off, picnic-bytes (byte-fair
+    /// schedulers), bridge, picnic-alone, victim-alone). Ratios compare each mode with the victim alone on the same dataplane.
     #[arg(long, value_delimiter = ',')]
     pub modes: Vec<String>,
 }
@@ -75,11 +75,12 @@ fn options(common: &CommonArgs, out: Option<PathBuf>) -> anyhow::Result<RunOptio
         modes.push(match m {
             "picnic" => Mode::picnic(),
             "picnic-off" => Mode::picnic_off(),
+            "picnic-bytes" => Mode::picnic_bytes(),
             "bridge" => Mode::bridge(),
             "picnic-alone" => Mode::picnic_alone(),
             "victim-alone" => Mode::victim_alone(),
             other => anyhow::bail!(
-                "--modes: unknown mode '{other}' (picnic, picnic-off, bridge, picnic-alone, victim-alone)"
+                "--modes: unknown mode '{other}' (picnic, picnic-off, picnic-bytes, bridge, picnic-alone, victim-alone)"
             ),
         });
     }

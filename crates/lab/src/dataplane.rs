@@ -14,6 +14,11 @@ pub trait Dataplane: Send {
     fn setup(&mut self, host: &HostView) -> Result<()>;
     /// Stops whatever `setup` started (processes, threads). Links vanish with the namespace.
     fn teardown(&mut self, host: &HostView) -> Result<()>;
+    /// CPU the dataplane measured and charged to each tenant so far, ns (empty when it
+    /// does not measure it, as a kernel bridge).
+    fn tenant_cpu_ns(&self) -> Vec<(String, u64)> {
+        Vec::new()
+    }
 }
 
 /// Makes a fresh dataplane for a host; a mode of a run holds one.

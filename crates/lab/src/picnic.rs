@@ -143,9 +143,16 @@ impl PicnicSwitch {
     /// tenant with `cpu_cores` has that allocation in the switch too, and its cgroup on the
     /// host is charged for the switch's work (Iron); without, the switch charges nobody.
     pub fn factory(isolated: bool) -> DataplaneFactory {
+        Self::factory_with(isolated, true)
+    }
+
+    /// [`PicnicSwitch::factory`] with the schedulers' cost chosen: `cpu_fair` false makes
+    /// them byte-fair (the comparison of the `picnic-bytes` mode).
+    pub fn factory_with(isolated: bool, cpu_fair: bool) -> DataplaneFactory {
         Arc::new(move |scenario, topo, host, placement| {
             match switch_config(scenario, topo, host, isolated) {
                 Ok(mut config) => {
+                    config.isolation.cpu_fair &= cpu_fair;
                     if isolated {
                         charge_cgroups(&mut config, placement, &host.name);
                     }
@@ -229,6 +236,12 @@ impl Dataplane for PicnicSwitch {
             }
         }
         Ok(())
+    }
+
+    fn tenant_cpu_ns(&self) -> Vec<(String, u64)> {
+        self.snapshot()
+            .map(|s| s.tenants.iter().map(|t| (t.name.clone(), t.cost_ns)).collect())
+            .unwrap_or_default()
     }
 
     fn teardown(&mut self, host: &HostView) -> Result<()> {

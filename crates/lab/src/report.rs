@@ -177,6 +177,31 @@ impl ModeReport {
     }
 }
 
+impl ModeReport {
+    /// Adds `cpu_share_error` (median over repetitions) from the CPU the dataplanes charged
+    /// each tenant in each repetition: the largest relative deviation of a competing tenant's
+    /// switch CPU from its weighted share of what the competitors got together (PicNIC's
+    /// CPU-fair queuing: equal guarantees, equal CPU). Competitors as for `share_error`.
+    pub fn add_cpu_share_error(&mut self, scenario: &Scenario, cpu: &[BTreeMap<String, u64>]) {
+        let values: Vec<f64> = self
+            .repetitions
+            .iter()
+            .zip(cpu)
+            .filter_map(|(rep, cpu)| {
+                let comp = competitors(scenario, rep)?;
+                let used: Vec<f64> = comp
+                    .iter()
+                    .map(|(t, _)| cpu.get(*t).copied().map(|ns| ns as f64))
+                    .collect::<Option<_>>()?;
+                weighted_error(&used, &comp.iter().map(|c| c.1).collect::<Vec<_>>())
+            })
+            .collect();
+        if let Some(v) = median(&values) {
+            self.metrics.insert("cpu_share_error".into(), v);
+        }
+    }
+}
+
 /// Per-tenant figures of one repetition (SLO not yet judged).
 fn tenant_metrics(
     scenario: &Scenario,
@@ -302,7 +327,12 @@ fn median_metrics(reps: &[&TenantMetrics]) -> TenantMetrics {
 }
 
 /// Scenario-level metrics (values of pass marks without a tenant prefix).
-pub const SCENARIO_METRICS: &[&str] = &["share_error", "convergence_ms", "completion_order"];
+pub const SCENARIO_METRICS: &[&str] = &[
+    "share_error",
+    "convergence_ms",
+    "completion_order",
+    "cpu_share_error",
+];
 
 /// Relative band around its weighted share a tenant's rate must stay in to count as
 /// converged (see [`convergence_ms`]).
@@ -316,6 +346,7 @@ fn scenario_metric(key: &str, scenario: &Scenario, rep: &[WorkloadResult]) -> Op
         "share_error" => share_error(scenario, rep),
         "convergence_ms" => convergence_ms(scenario, rep),
         "completion_order" => completion_order(scenario, rep),
+        // From the dataplanes' charges, not from the workloads: see `add_cpu_share_error`.
         _ => None,
     }
 }
@@ -1235,5 +1266,27 @@ to = "b2"
         ] {
             assert!(Check::parse(m).is_ok(), "{m}");
         }
+    }
+
+    #[test]
+    fn cpu_share_error_weighs_the_dataplanes_charges_like_share_error_weighs_rates() {
+        let s = Scenario::parse(SHARES).unwrap();
+        let bulk = |name: &str, tenant: &str| WorkloadResult {
+            kind: WorkloadKind::TcpBulk,
+            ..transfer(name, tenant, vec![1000; 10], None)
+        };
+        let rep = vec![bulk("wa", "a"), bulk("wb", "b")];
+        let mut m = ModeReport::new(&s, "picnic", true, vec![rep.clone(), rep]).unwrap();
+        // Guarantees 100:50; charged 500 and 400 ns: b's share is 300, off by 100/300.
+        let cpu = |a: u64, b: u64| BTreeMap::from([("a".to_string(), a), ("b".to_string(), b)]);
+        m.add_cpu_share_error(&s, &[cpu(500, 400), cpu(600, 300)]);
+        // The median of 1/3 and 0 (600:300 is exact).
+        let v = m.metrics["cpu_share_error"];
+        assert!((v - 1.0 / 6.0).abs() < 1e-9, "{v}");
+        // A dataplane that measures nothing leaves the metric out (its check then fails).
+        let mut bridge = m.clone();
+        bridge.metrics.clear();
+        bridge.add_cpu_share_error(&s, &[BTreeMap::new(), BTreeMap::new()]);
+        assert!(!bridge.metrics.contains_key("cpu_share_error"));
     }
 }

@@ -9,6 +9,7 @@ use crate::scenario::{Scenario, WorkloadKind};
 use crate::topology::{HostView, Topology};
 use crate::workload::{self, WorkloadResult};
 use anyhow::{Context, Result};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// One way of running a scenario: a dataplane in every host, with or without attackers.
@@ -48,6 +49,12 @@ impl Mode {
     /// (a) picnic switches with every isolation mechanism on.
     pub fn picnic() -> Mode {
         Mode::new("picnic", true, PicnicSwitch::factory(true)).with_taps()
+    }
+
+    /// picnic switches with every isolation mechanism but byte-fair schedulers instead of
+    /// CPU-fair ones (PicNIC's comparison; `isolation.cpu_fair = false`).
+    pub fn picnic_bytes() -> Mode {
+        Mode::new("picnic-bytes", true, PicnicSwitch::factory_with(true, false)).with_taps()
     }
 
     /// (b) picnic switches with isolation off (forwarding and policy only).
@@ -158,6 +165,7 @@ pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> Result<Outcome> {
     let mut reports = Vec::new();
     for mode in &opts.modes {
         let mut reps = Vec::new();
+        let mut cpu = Vec::new();
         for rep in 0..opts.repeat.max(1) {
             say(format!(
                 "mode {} run {}/{}",
@@ -165,8 +173,9 @@ pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> Result<Outcome> {
                 rep + 1,
                 opts.repeat.max(1)
             ));
-            let results =
+            let (results, tenant_cpu) =
                 run_mode(&scenario, mode, &say).with_context(|| format!("mode {}", mode.name))?;
+            cpu.push(tenant_cpu);
             for r in &results {
                 say(format!(
                     "  {:<12} {:>9.1} Mb/s  loss {:.3}%{}",
@@ -182,12 +191,9 @@ pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> Result<Outcome> {
             }
             reps.push(results);
         }
-        reports.push(ModeReport::new(
-            &scenario,
-            &mode.name,
-            mode.attackers,
-            reps,
-        )?);
+        let mut report = ModeReport::new(&scenario, &mode.name, mode.attackers, reps)?;
+        report.add_cpu_share_error(&scenario, &cpu);
+        reports.push(report);
     }
     let summary = Summary::new(&scenario, &reports, opts.judge.as_deref())?;
     let table = summary.table();
@@ -239,12 +245,13 @@ impl Drop for Dataplanes {
 }
 
 /// Builds a testbed, sets up `mode`'s dataplane on every host, runs the workloads (all, or
-/// the victim's only) and tears everything down.
+/// the victim's only) and tears everything down. Returns the workloads' results and the CPU
+/// the dataplanes charged to each tenant (summed over hosts; empty for kernel bridges).
 pub fn run_mode(
     scenario: &Scenario,
     mode: &Mode,
     say: &dyn Fn(String),
-) -> Result<Vec<WorkloadResult>> {
+) -> Result<(Vec<WorkloadResult>, BTreeMap<String, u64>)> {
     let mut testbed = Testbed::new()?;
     let vm_count: usize = scenario.tenants.iter().map(|t| t.vms.len()).sum();
     say(format!(
@@ -283,10 +290,16 @@ pub fn run_mode(
         scenario.duration_ms
     ));
     let results = workload::run_placed(scenario, &topo, &workloads, &placement)?;
+    let mut tenant_cpu = BTreeMap::new();
+    for (_, dp) in &dataplanes.0 {
+        for (tenant, ns) in dp.tenant_cpu_ns() {
+            *tenant_cpu.entry(tenant).or_insert(0) += ns;
+        }
+    }
     // The switches give the groups their allocations back when they stop.
     drop(dataplanes);
     drop(placement);
     testbed.teardown()?;
     say("  torn down".into());
-    Ok(results)
+    Ok((results, tenant_cpu))
 }

@@ -616,6 +616,7 @@ to = "b"
             "memcached-bursts.toml",
             "pps-flood.toml",
             "cpu-steal.toml",
+            "cpu-fair.toml",
         ] {
             let path = Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../../scenarios")
