@@ -183,9 +183,9 @@ fn for_each_share(
     // Entries standing for no packet count as one, so the fixed part is always split.
     let count = |p: &BatchPacket| p.packets.max(1) as u128;
     let n: u128 = packets.iter().map(count).sum();
-    let total_weight = packets
-        .iter()
-        .fold(0u128, |w, p| w.saturating_add(model.weight(p.packets, p.bytes)));
+    let total_weight = packets.iter().fold(0u128, |w, p| {
+        w.saturating_add(model.weight(p.packets, p.bytes))
+    });
     // `variable * weight` must fit in u128: drop low weight bits beyond 64 (relative error
     // under 2^-63). Cumulative weights stay monotone and end at the total, so the split
     // stays exact.

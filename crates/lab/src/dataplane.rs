@@ -24,9 +24,8 @@ pub trait Dataplane: Send {
 /// Makes a fresh dataplane for a host; a mode of a run holds one.
 /// It sees the whole scenario and topology, since an overlay dataplane needs to know every
 /// host and VM, and the tenants' cgroups (a dataplane may charge them for its work).
-pub type DataplaneFactory = Arc<
-    dyn Fn(&Scenario, &Topology, &HostView, &Placement) -> Box<dyn Dataplane> + Send + Sync,
->;
+pub type DataplaneFactory =
+    Arc<dyn Fn(&Scenario, &Topology, &HostView, &Placement) -> Box<dyn Dataplane> + Send + Sync>;
 
 /// Name of the bridge [`LinuxBridge`] creates in each host namespace.
 pub const HOST_BRIDGE: &str = "br0";

@@ -240,7 +240,12 @@ impl Dataplane for PicnicSwitch {
 
     fn tenant_cpu_ns(&self) -> Vec<(String, u64)> {
         self.snapshot()
-            .map(|s| s.tenants.iter().map(|t| (t.name.clone(), t.cost_ns)).collect())
+            .map(|s| {
+                s.tenants
+                    .iter()
+                    .map(|t| (t.name.clone(), t.cost_ns))
+                    .collect()
+            })
             .unwrap_or_default()
     }
 

@@ -54,7 +54,12 @@ impl Mode {
     /// picnic switches with every isolation mechanism but byte-fair schedulers instead of
     /// CPU-fair ones (PicNIC's comparison; `isolation.cpu_fair = false`).
     pub fn picnic_bytes() -> Mode {
-        Mode::new("picnic-bytes", true, PicnicSwitch::factory_with(true, false)).with_taps()
+        Mode::new(
+            "picnic-bytes",
+            true,
+            PicnicSwitch::factory_with(true, false),
+        )
+        .with_taps()
     }
 
     /// (b) picnic switches with isolation off (forwarding and policy only).

@@ -623,7 +623,10 @@ to = "b"
                 .join(file);
             let s = Scenario::load(&path).unwrap();
             assert!(s.workloads.len() >= 2, "{file}");
-            assert!(s.picnic.work_ns == 0 || file == "ingress-flood.toml", "{file}");
+            assert!(
+                s.picnic.work_ns == 0 || file == "ingress-flood.toml",
+                "{file}"
+            );
         }
     }
 

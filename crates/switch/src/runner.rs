@@ -16,9 +16,9 @@ use std::time::Instant as StdInstant;
 use anyhow::Context;
 use picnic_core::{Duration, Instant};
 
+use crate::cgroup::CpuQuota;
 use crate::config::{BackendKind, Config};
 use crate::directory::{PortIdx, TenantIdx, UPLINK};
-use crate::cgroup::CpuQuota;
 use crate::engine::{Engine, SloReport, Snapshot, Work, IRON_PERIOD};
 use crate::frame::{Frame, FramePool};
 use crate::port::{
@@ -398,12 +398,14 @@ impl Switch {
             .tenants
             .iter()
             .enumerate()
-            .map(|(i, t)| match (&t.cgroup, self.cfg.isolation.cpu_accounting) {
-                (Some(dir), true) => CpuQuota::open(dir, IRON_PERIOD)
-                    .map(Some)
-                    .with_context(|| format!("tenants[{i}].cgroup")),
-                _ => Ok(None),
-            })
+            .map(
+                |(i, t)| match (&t.cgroup, self.cfg.isolation.cpu_accounting) {
+                    (Some(dir), true) => CpuQuota::open(dir, IRON_PERIOD)
+                        .map(Some)
+                        .with_context(|| format!("tenants[{i}].cgroup")),
+                    _ => Ok(None),
+                },
+            )
             .collect()
     }
 

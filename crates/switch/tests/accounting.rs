@@ -142,7 +142,11 @@ fn charges_add_up_to_the_threads_cpu_time_the_kernel_reports() {
     assert_eq!(charged + c.unattributed_ns + c.overhead_ns, c.cpu_ns);
     // And what was split is the thread's CPU time as the kernel counts it, within 5%.
     let err = (c.cpu_ns as f64 - kernel_ns as f64).abs() / kernel_ns as f64;
-    assert!(err < 0.05, "measured {} ns, kernel {kernel_ns} ns", c.cpu_ns);
+    assert!(
+        err < 0.05,
+        "measured {} ns, kernel {kernel_ns} ns",
+        c.cpu_ns
+    );
     // Both tenants' VMs were charged for their frames (sender and receiver side).
     for v in &snap.vms {
         assert!(v.counters.cost_ns > 0, "{} charged nothing", v.name);
@@ -159,13 +163,20 @@ fn a_tenants_cgroup_pays_for_the_switch_work_done_for_it() {
     let root = std::path::Path::new("/sys/fs/cgroup/cpu");
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 || !root.join("cpu.cfs_quota_us").exists() {
-        eprintln!("skipped: needs root and the cgroup v1 cpu controller at {}", root.display());
+        eprintln!(
+            "skipped: needs root and the cgroup v1 cpu controller at {}",
+            root.display()
+        );
         return;
     }
     let group = root.join(format!("picnic-accounting-test-{}", std::process::id()));
     std::fs::create_dir_all(&group).unwrap();
     let read = |f: &str| -> u64 {
-        std::fs::read_to_string(group.join(f)).unwrap().trim().parse().unwrap()
+        std::fs::read_to_string(group.join(f))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
     };
     let text = CONFIG.replace(
         "name = \"small\"\nvni = 100",
@@ -202,11 +213,18 @@ fn a_tenants_cgroup_pays_for_the_switch_work_done_for_it() {
         elapsed.as_secs_f64() * 1e3,
         tenant.cpu_throttle_drops
     );
-    assert!(lowest_quota < 3000, "the quota never went below the allocation");
+    assert!(
+        lowest_quota < 3000,
+        "the quota never went below the allocation"
+    );
     assert!(lowest_quota >= 1000, "cgroup v1's minimum");
     assert_eq!(restored, 3000, "the allocation is given back at stop");
     // Charged at most its allocation (less the group's 1 ms minimum) per 10 ms period, plus
     // one period of debt.
     let periods = elapsed.as_nanos() as u64 / 10_000_000 + 2;
-    assert!(tenant.cost_ns <= periods * 2_000_000, "{} ns", tenant.cost_ns);
+    assert!(
+        tenant.cost_ns <= periods * 2_000_000,
+        "{} ns",
+        tenant.cost_ns
+    );
 }

@@ -58,8 +58,7 @@ fn the_fitted_model_charges_large_frames_more_than_small_ones() {
         h.take(0);
         let handled = 2 * (small + large);
         let bytes = 2 * (small * 106 + large * 1442);
-        h.engine
-            .charge_cpu(t, 200 + 400 * handled + bytes / 2);
+        h.engine.charge_cpu(t, 200 + 400 * handled + bytes / 2);
     }
     let m = h.engine.snapshot().cost_model.unwrap();
     assert!((m.per_frame_ns - 400.0).abs() < 5.0, "{m:?}");
@@ -123,7 +122,10 @@ fn max_pps_holds_the_port_back_and_drops_the_excess_arriving_from_the_uplink() {
     for _ in 0..63 {
         h.inject(t, b1, &udp(B1, B2, IP_B1, IP_B2, 7, 64));
     }
-    assert!(h.engine.rx_ready(t, b1, 64), "one frame of the 64-frame burst is left");
+    assert!(
+        h.engine.rx_ready(t, b1, 64),
+        "one frame of the 64-frame burst is left"
+    );
     // A batch read may overshoot: the 65th frame puts the bucket one token in debt.
     h.inject(t, b1, &udp(B1, B2, IP_B1, IP_B2, 7, 64));
     h.inject(t, b1, &udp(B1, B2, IP_B1, IP_B2, 7, 64));
@@ -188,12 +190,18 @@ fn saturated_cpu_shares(cpu_fair: bool) -> (u64, u64) {
 fn cpu_fair_queuing_gives_equal_guarantees_equal_cpu_whatever_their_frame_size() {
     let (a, b) = saturated_cpu_shares(true);
     let ratio = a as f64 / b as f64;
-    assert!((0.9..=1.1).contains(&ratio), "CPU-fair: 64 B tenant / 1400 B tenant = {ratio}");
+    assert!(
+        (0.9..=1.1).contains(&ratio),
+        "CPU-fair: 64 B tenant / 1400 B tenant = {ratio}"
+    );
     println!("CPU-fair CPU ratio 64 B / 1400 B tenant: {ratio:.3}");
     // Byte-fair queuing in the same setting gives the 64 B tenant the same bytes, so many
     // times the frames and the CPU.
     let (a, b) = saturated_cpu_shares(false);
     let ratio = a as f64 / b as f64;
-    assert!(ratio > 3.0, "byte-fair: 64 B tenant / 1400 B tenant = {ratio}");
+    assert!(
+        ratio > 3.0,
+        "byte-fair: 64 B tenant / 1400 B tenant = {ratio}"
+    );
     println!("byte-fair CPU ratio 64 B / 1400 B tenant: {ratio:.2}");
 }

@@ -12,9 +12,9 @@
 //! caller's [`Work`] so it can be charged to the tenant it was spent for (Iron 3).
 
 mod cpu;
-mod share;
 mod egress;
 mod ingress;
+mod share;
 mod slo;
 
 use picnic_core::bucket::TokenBucket;
@@ -87,43 +87,43 @@ impl Engine {
         let egress = Egress::new(cfg, &dir, now)?;
         let ingress = Ingress::new(cfg, &dir, now)?;
         let mut iron_index = vec![None; dir.tenants.len()];
-        let iron = if cfg.isolation.cpu_accounting
-            && dir.tenants.iter().any(|t| t.cpu_quota.is_some())
-        {
-            let mut accounts = CpuAccounts::new(
-                now,
-                IronConfig {
-                    period: IRON_PERIOD,
-                    early_drop_percent: Some(10),
-                },
-            )
-            .map_err(|e| anyhow::anyhow!("cpu accounting: {e}"))?;
-            for (t, tenant) in dir.tenants.iter().enumerate() {
-                if let Some(q) = tenant.cpu_quota {
-                    let allocation = Duration::from_nanos((IRON_PERIOD.as_nanos() as f64 * q) as u64);
-                    // With a cgroup, switch work and the cgroup's quota share the allocation
-                    // (Iron 3.2), and the cgroup never gets less than cgroup v1's minimum:
-                    // the switch's part stops that much short, so together they stay within it.
-                    let quota = match tenant.cgroup {
-                        Some(_) => Duration::from_nanos(
-                            allocation
-                                .as_nanos()
-                                .saturating_sub(cpu::CGROUP_MIN_QUOTA.as_nanos())
-                                .max(100_000),
-                        ),
-                        None => allocation,
-                    };
-                    iron_index[t] = Some(
-                        accounts
-                            .add_tenant(quota)
-                            .map_err(|e| anyhow::anyhow!("tenants[{t}].cpu_quota: {e}"))?,
-                    );
+        let iron =
+            if cfg.isolation.cpu_accounting && dir.tenants.iter().any(|t| t.cpu_quota.is_some()) {
+                let mut accounts = CpuAccounts::new(
+                    now,
+                    IronConfig {
+                        period: IRON_PERIOD,
+                        early_drop_percent: Some(10),
+                    },
+                )
+                .map_err(|e| anyhow::anyhow!("cpu accounting: {e}"))?;
+                for (t, tenant) in dir.tenants.iter().enumerate() {
+                    if let Some(q) = tenant.cpu_quota {
+                        let allocation =
+                            Duration::from_nanos((IRON_PERIOD.as_nanos() as f64 * q) as u64);
+                        // With a cgroup, switch work and the cgroup's quota share the allocation
+                        // (Iron 3.2), and the cgroup never gets less than cgroup v1's minimum:
+                        // the switch's part stops that much short, so together they stay within it.
+                        let quota = match tenant.cgroup {
+                            Some(_) => Duration::from_nanos(
+                                allocation
+                                    .as_nanos()
+                                    .saturating_sub(cpu::CGROUP_MIN_QUOTA.as_nanos())
+                                    .max(100_000),
+                            ),
+                            None => allocation,
+                        };
+                        iron_index[t] = Some(
+                            accounts
+                                .add_tenant(quota)
+                                .map_err(|e| anyhow::anyhow!("tenants[{t}].cpu_quota: {e}"))?,
+                        );
+                    }
                 }
-            }
-            Some(accounts)
-        } else {
-            None
-        };
+                Some(accounts)
+            } else {
+                None
+            };
         let ports = dir.port_count();
         let dir_vms = dir.vms.len();
         let (pps_out, pps_in) = (pps_buckets(&dir, now), pps_buckets(&dir, now));
@@ -247,9 +247,9 @@ impl Engine {
             pps,
             self.share.poll_at(),
         ]
-            .into_iter()
-            .flatten()
-            .min()
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     fn on_timeout(&mut self, now: Instant) {

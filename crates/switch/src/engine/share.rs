@@ -75,8 +75,7 @@ impl FairShare {
             .filter(|&t| self.used[t] > 0 || self.active_before[t])
             .map(|t| self.weights[t] as u128)
             .sum();
-        let allowance =
-            PERIOD.as_nanos() as u128 * self.weights[tenant] as u128 / active.max(1);
+        let allowance = PERIOD.as_nanos() as u128 * self.weights[tenant] as u128 / active.max(1);
         self.used[tenant] as u128 > allowance
     }
 

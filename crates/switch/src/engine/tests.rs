@@ -374,7 +374,10 @@ fn without_isolation_a_shaped_backlog_blocks_the_vm_queue_head_of_line() {
         for ms in 1..=30 {
             h1.poll(Instant::ZERO + Duration::from_millis(ms));
         }
-        assert!(h1.engine.rx_ready(Instant::ZERO, port, 64), "isolated {isolated}");
+        assert!(
+            h1.engine.rx_ready(Instant::ZERO, port, 64),
+            "isolated {isolated}"
+        );
     }
 }
 
