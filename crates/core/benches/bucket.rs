@@ -4,7 +4,7 @@
 //! fixed step per call, as it would between packets.
 
 use divan::{black_box, Bencher};
-use picnic_core::bucket::{Shaper, SharedBucket, TokenBucket, TokenCache};
+use picnic_core::bucket::{Shaper, TokenBucket};
 use picnic_core::meter::RateMeter;
 use picnic_core::{Duration, Instant};
 
@@ -50,18 +50,6 @@ fn shaper_enqueue_dequeue(bencher: Bencher) {
         now += STEP;
         let _ = shaper.enqueue(black_box(7u32), PACKET);
         black_box(shaper.dequeue(now))
-    });
-}
-
-/// A per-core cache serving 1500-byte packets, borrowing 16 kB chunks.
-#[divan::bench]
-fn token_cache_try_consume(bencher: Bencher) {
-    let mut now = Instant::ZERO;
-    let mut shared = SharedBucket::new(RATE, BURST, now);
-    let mut cache = TokenCache::new(16 * 1024);
-    bencher.bench_local(|| {
-        now += STEP;
-        black_box(cache.try_consume(now, &mut shared, black_box(PACKET)))
     });
 }
 

@@ -1,4 +1,4 @@
-//! Token buckets, shapers and per-CPU token caches.
+//! Token buckets and shapers.
 //!
 //! - [`TokenBucket`](crate::bucket::TokenBucket): rate + burst over abstract
 //!   tokens (bytes, packets or nanoseconds of CPU), refilled from the caller's
@@ -7,10 +7,6 @@
 //! - [`Shaper`](crate::bucket::Shaper): a bounded FIFO gated by a bucket, so a
 //!   shaped class has its own queue and never blocks fast-path traffic
 //!   (PicNIC section 2.1).
-//! - [`SharedBucket`](crate::bucket::SharedBucket) and
-//!   [`TokenCache`](crate::bucket::TokenCache): a global bucket and per-core
-//!   caches borrowing tokens in chunks, so the hot path touches only core-local
-//!   state (EyeQ section 4 "multi-queue rate limiter"; FairNIC section 4.4).
 //!
 //! There is no "unlimited" bucket: a class without a limit simply has no
 //! bucket (`Option<TokenBucket>` = `None`), which costs nothing on the fast path.
@@ -367,100 +363,6 @@ impl<T> Shaper<T> {
     /// The gating bucket, to reconfigure it live ([`TokenBucket::set_rate`]).
     pub fn bucket_mut(&mut self) -> &mut TokenBucket {
         &mut self.bucket
-    }
-}
-
-/// The global bucket that [`TokenCache`]s borrow from (EyeQ section 4: the
-/// rate limiter's total tokens, behind the limiter's lock).
-///
-/// No threads here: the caller keeps it behind whatever lock it uses and
-/// passes `&mut` to the caches.
-#[derive(Clone, Debug)]
-pub struct SharedBucket {
-    bucket: TokenBucket,
-}
-
-impl SharedBucket {
-    /// A shared bucket of `rate_per_sec` tokens per second and capacity `burst`, starting full.
-    pub fn new(rate_per_sec: u64, burst: u64, now: Instant) -> Self {
-        SharedBucket {
-            bucket: TokenBucket::new(rate_per_sec, burst, now),
-        }
-    }
-
-    /// The underlying bucket.
-    pub fn bucket(&self) -> &TokenBucket {
-        &self.bucket
-    }
-
-    /// The underlying bucket, to reconfigure it or to consume from it directly.
-    pub fn bucket_mut(&mut self) -> &mut TokenBucket {
-        &mut self.bucket
-    }
-}
-
-/// A per-core cache of tokens borrowed from a [`SharedBucket`].
-///
-/// Consumption is served from the local count; only when it runs short does the
-/// cache touch the shared bucket, borrowing what it lacks or a whole `chunk`,
-/// whichever is larger (EyeQ section 4: a per-CPU token count `t_c`, borrowing
-/// from the global tokens only when it runs out; FairNIC section 4.4).
-///
-/// Conformance: tokens leave the shared bucket only into caches, so from the
-/// start the caches together never consume more than `rate * t + burst`. Over
-/// an arbitrary interval the slack is what the caches held at its start: after
-/// a borrow a cache holds less than `chunk` tokens, so over any interval the
-/// aggregate is at most `rate * dt + burst + caches * (chunk - 1)`. Backlogged
-/// caches strand at most `chunk - 1` tokens each.
-#[derive(Clone, Debug)]
-pub struct TokenCache {
-    local: u64,
-    chunk: u64,
-}
-
-impl TokenCache {
-    /// An empty cache borrowing at least `chunk` tokens at a time (0: exactly what it needs).
-    pub fn new(chunk: u64) -> Self {
-        TokenCache { local: 0, chunk }
-    }
-
-    /// Tokens held locally.
-    pub fn local_tokens(&self) -> u64 {
-        self.local
-    }
-
-    /// Takes `n` tokens, from the local count if it suffices, else borrowing the
-    /// shortfall (or a chunk) from `shared`; all or nothing.
-    pub fn try_consume(&mut self, now: Instant, shared: &mut SharedBucket, n: u64) -> bool {
-        if n <= self.local {
-            self.local -= n;
-            return true;
-        }
-        let short = n - self.local;
-        let borrowed = shared
-            .bucket
-            .consume_up_to(now, short, short.max(self.chunk));
-        if borrowed == 0 {
-            return false;
-        }
-        self.local = borrowed - short;
-        true
-    }
-
-    /// How long after `now` until `n` tokens can be taken, given what `shared`
-    /// holds; `None` if never.
-    pub fn time_until(&self, now: Instant, shared: &SharedBucket, n: u64) -> Option<Duration> {
-        match n.checked_sub(self.local) {
-            None | Some(0) => Some(Duration::ZERO),
-            Some(short) => shared.bucket.time_until(now, short),
-        }
-    }
-
-    /// Returns the locally held tokens to `shared` (when the core goes idle),
-    /// so other cores can use them.
-    pub fn release(&mut self, now: Instant, shared: &mut SharedBucket) {
-        shared.bucket.refund(now, self.local);
-        self.local = 0;
     }
 }
 

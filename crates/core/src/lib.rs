@@ -3,7 +3,7 @@
 //! Every mechanism here is a plain struct fed with packet descriptors and `now`,
 //! returning decisions. No sockets, threads or clock reads (DESIGN.md section 2).
 
-/// Token buckets, shapers and per-CPU token caches (EyeQ 4, FairNIC 4.4).
+/// Token buckets and shapers (EyeQ 4, FairNIC 4.4, PicNIC 2.1).
 pub mod bucket;
 /// The measured per-frame cost model of a dataplane loop (Iron 3.1).
 pub mod cost;
