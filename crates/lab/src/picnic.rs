@@ -105,7 +105,6 @@ pub fn switch_config(
         },
         ingress: IngressSection {
             capacity_mbps: host.access_link_mbps,
-            work_ns: scenario.picnic.work_ns,
             ..Default::default()
         },
         egress: EgressSection::default(),

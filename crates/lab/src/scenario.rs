@@ -55,9 +55,6 @@ pub struct Scenario {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PicnicSettings {
-    /// Synthetic processing cost per frame in the ingress engine, ns: makes the engine the
-    /// bottleneck as a heavy rule set would (PicNIC's variable capacity).
-    pub work_ns: u64,
     /// Nice value of the switch threads (they share the cores with the tenants here).
     pub nice: i8,
     /// CPUs the switch threads run on; empty: wherever the scheduler puts them.
@@ -67,7 +64,6 @@ pub struct PicnicSettings {
 impl Default for PicnicSettings {
     fn default() -> Self {
         PicnicSettings {
-            work_ns: 0,
             nice: -10,
             cpus: Vec::new(),
         }
@@ -330,9 +326,6 @@ impl Scenario {
 
     /// Checks cross-references and ranges; the error names the offending field.
     pub fn validate(&self) -> Result<()> {
-        if self.picnic.work_ns > 1_000_000 {
-            bail!("field `picnic.work_ns`: at most 1000000 ns per frame");
-        }
         if !(-20..=19).contains(&self.picnic.nice) {
             bail!("field `picnic.nice`: must be in -20..=19");
         }
@@ -623,10 +616,6 @@ to = "b"
                 .join(file);
             let s = Scenario::load(&path).unwrap();
             assert!(s.workloads.len() >= 2, "{file}");
-            assert!(
-                s.picnic.work_ns == 0 || file == "ingress-flood.toml",
-                "{file}"
-            );
         }
     }
 
