@@ -149,20 +149,9 @@ const RING_SLOTS: u32 = 2048;
 /// 50 us sleep wakes after 105-162 us here (DESIGN.md 7), while blocking on the ring wakes
 /// on the frame. W_P and W_C start as guesses and are estimated as frames flow.
 fn ring_wait(max_spin: Duration) -> AdaptiveWait {
-    let params = Params {
-        l: RING_SLOTS,
-        wp: 10_000.0,
-        wc: 1_000.0,
-        kp: 1,
-        kc: 1,
-        np: 3_000.0,
-        nc: 3_000.0,
-        sp: 3_500.0,
-        sc: 3_500.0,
-    };
     AdaptiveWait::new(WaitConfig {
         role: Role::Consumer,
-        params,
+        params: Params::measured_ring(RING_SLOTS),
         max_spin,
         max_sleep: Duration::ZERO,
     })

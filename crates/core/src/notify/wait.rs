@@ -255,17 +255,7 @@ mod tests {
     fn ring() -> AdaptiveWait {
         AdaptiveWait::new(WaitConfig {
             role: Role::Consumer,
-            params: Params {
-                l: 2048,
-                wp: 10_000.0,
-                wc: 1_000.0,
-                kp: 1,
-                kc: 1,
-                np: 3_000.0,
-                nc: 3_000.0,
-                sp: 3_500.0,
-                sc: 3_500.0,
-            },
+            params: Params::measured_ring(2048),
             max_spin: Duration::from_micros(50),
             max_sleep: Duration::ZERO,
         })
