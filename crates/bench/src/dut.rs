@@ -316,6 +316,10 @@ pub fn picnic_config(isolated: bool) -> Result<Config> {
         switch: SwitchSection {
             host_id: 1,
             api: None,
+            api_socket_mode: 0o600,
+            api_token_file: None,
+            feedback_key_file: None,
+            state_file: None,
             frame_pool: 16384,
             batch: 64,
             spin_us: 50,
@@ -370,6 +374,8 @@ pub fn picnic_config(isolated: bool) -> Result<Config> {
                 min_mbps: 1000,
                 max_mbps: Some(100_000),
                 max_pps: None,
+                ipv6: Vec::new(),
+                allow_ethertypes: Vec::new(),
                 port: Some(PortEntry {
                     ifname: TENANT_DEV.into(),
                     backend: Default::default(),
@@ -386,6 +392,8 @@ pub fn picnic_config(isolated: bool) -> Result<Config> {
                 min_mbps: 1000,
                 max_mbps: None,
                 max_pps: None,
+                ipv6: Vec::new(),
+                allow_ethertypes: Vec::new(),
                 port: None,
                 shaped: Vec::new(),
             },

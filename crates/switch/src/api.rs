@@ -352,6 +352,19 @@ fn metrics(published: &Published) -> String {
             })
             .inc_by(n);
     }
+    let fb_rejected = Family::<ReasonLabels, Counter>::default();
+    reg.register(
+        "feedback_rejected",
+        "Congestion feedback refused before it was applied, by reason",
+        fb_rejected.clone(),
+    );
+    for (reason, n) in snap.switch.feedback_rejected.iter() {
+        fb_rejected
+            .get_or_create(&ReasonLabels {
+                reason: reason.into(),
+            })
+            .inc_by(n);
+    }
     let regimes = Family::<PortRegimeLabels, Gauge>::default();
     reg.register(
         "port_wait_regime",

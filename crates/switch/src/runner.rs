@@ -37,6 +37,13 @@ impl Clock {
     pub fn now(&self) -> Instant {
         Instant::from_nanos(self.0.elapsed().as_nanos() as u64)
     }
+    /// Wall-clock time at this clock's zero, ns since the UNIX epoch (feedback nonces).
+    pub fn wall_at_zero_ns(&self) -> u64 {
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        (wall.as_nanos() as u64).saturating_sub(self.0.elapsed().as_nanos() as u64)
+    }
 }
 impl Default for Clock {
     fn default() -> Self {
@@ -181,7 +188,13 @@ impl Switch {
     /// Opens every port of the config and builds the engines. Prints the backend of each port.
     pub fn open(cfg: Config) -> anyhow::Result<Switch> {
         let clock = Clock::new();
-        let engine = Engine::new(&cfg, clock.now())?;
+        let mut engine = Engine::new(&cfg, clock.now())?;
+        if let Some(path) = &cfg.switch.feedback_key_file {
+            let key = crate::config::read_secret(path, "switch.feedback_key_file")?;
+            engine
+                .set_feedback_key(&key, clock.wall_at_zero_ns())
+                .map_err(|e| anyhow::anyhow!("switch.feedback_key_file: {e}"))?;
+        }
         let mut ports = vec![open_port(
             &cfg.uplink.ifname,
             cfg.uplink.backend,
@@ -526,6 +539,7 @@ impl Switch {
         }
         engine.counters = self.engine.counters.clone();
         engine.carry_slo_from(&mut self.engine);
+        engine.carry_feedback_auth_from(&mut self.engine);
         let mut old_engine = std::mem::replace(&mut self.engine, engine);
         for p in 0..old_engine.dir.port_count() {
             for f in old_engine.tx_queue(p).drain(..) {
