@@ -15,6 +15,7 @@ use picnic_wire::classify::{classify, FrameSummary, Network};
 use picnic_wire::ecn::mark_ce;
 use picnic_wire::overlay::{entropy_source_port, ENCAP_OVERHEAD};
 
+use super::antispoof;
 use super::slo::Waited;
 use super::{cost_kind, ps_per_byte, sender_config, vm_scheduler, Engine};
 use crate::config::{Config, Mac};
@@ -240,7 +241,9 @@ impl Engine {
         let Ok(summary) = classify(frame.data()) else {
             return self.drop_frame(now, pool, frame, Some(vm), DropReason::Malformed);
         };
-        if self.isolation.anti_spoofing && self.is_spoofed(vm, &summary) {
+        if self.isolation.anti_spoofing
+            && antispoof::is_spoofed(&self.dir.vms[vm], &summary, frame.data())
+        {
             return self.drop_frame(now, pool, frame, Some(vm), DropReason::Spoofed);
         }
         if let Network::Arp(arp) = summary.network {
@@ -335,18 +338,6 @@ impl Engine {
                 Some(vm),
                 DropReason::EgressQueueFull,
             );
-        }
-    }
-
-    fn is_spoofed(&self, vm: VmIdx, s: &FrameSummary) -> bool {
-        let v = &self.dir.vms[vm];
-        if s.src_mac != v.mac.0 {
-            return true;
-        }
-        match s.network {
-            Network::Ipv4 { src, .. } => src != v.ip,
-            Network::Arp(arp) => arp.sender_mac != v.mac.0 || arp.sender_ip != v.ip,
-            _ => false,
         }
     }
 

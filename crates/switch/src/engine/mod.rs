@@ -11,6 +11,7 @@
 //! evaluation, delivery) is spent after the scheduler chose the frame, and is measured by the
 //! caller's [`Work`] so it can be charged to the tenant it was spent for (Iron 3).
 
+pub mod antispoof;
 mod cpu;
 mod egress;
 pub mod feedback;
