@@ -187,9 +187,8 @@ impl PicnicSwitch {
     /// The latest counters the switch published (every 100 ms while it runs; after
     /// teardown, its final ones). None before setup or before its first publication.
     pub fn snapshot(&self) -> Option<Snapshot> {
-        let shared = self.shared.as_ref()?;
-        let latest = shared.snapshot.lock().ok()?;
-        latest.as_ref().map(|published| published.switch.clone())
+        let latest = self.shared.as_ref()?.latest()?;
+        Some(latest.switch.clone())
     }
 }
 

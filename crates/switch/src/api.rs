@@ -86,8 +86,7 @@ fn handle(
         .trim_matches('/')
         .split('/')
         .collect();
-    let config = shared.config.lock().unwrap().clone();
-    let Some(config) = config else {
+    let Some(config) = shared.config() else {
         return error(503, "switch starting");
     };
     match (method, path.as_slice()) {
@@ -104,26 +103,26 @@ fn handle(
             "text/plain; version=0.0.4",
             latest(shared).map(|p| metrics(&p)).unwrap_or_default(),
         ),
-        (Method::Get, ["config"]) => json(200, &config),
+        (Method::Get, ["config"]) => json(200, &*config),
         (Method::Get, ["tenants"]) => json(200, &config.tenants),
         (Method::Get, ["vms"]) => json(200, &config.vms),
         (Method::Get, ["hosts"]) => json(200, &config.hosts),
-        (Method::Post, ["tenants"]) => change(config, commands, |c| {
+        (Method::Post, ["tenants"]) => change((*config).clone(), commands, |c| {
             c.tenants
                 .push(serde_json::from_str::<TenantEntry>(body).map_err(|e| format!("body: {e}"))?);
             Ok(())
         }),
-        (Method::Post, ["vms"]) => change(config, commands, |c| {
+        (Method::Post, ["vms"]) => change((*config).clone(), commands, |c| {
             c.vms
                 .push(serde_json::from_str::<VmEntry>(body).map_err(|e| format!("body: {e}"))?);
             Ok(())
         }),
-        (Method::Post, ["hosts"]) => change(config, commands, |c| {
+        (Method::Post, ["hosts"]) => change((*config).clone(), commands, |c| {
             c.hosts
                 .push(serde_json::from_str::<HostEntry>(body).map_err(|e| format!("body: {e}"))?);
             Ok(())
         }),
-        (Method::Put, ["vms", name]) => change(config, commands, |c| {
+        (Method::Put, ["vms", name]) => change((*config).clone(), commands, |c| {
             let vm: VmEntry = serde_json::from_str(body).map_err(|e| format!("body: {e}"))?;
             let slot = c
                 .vms
@@ -133,7 +132,7 @@ fn handle(
             *slot = vm;
             Ok(())
         }),
-        (Method::Delete, ["vms", name]) => change(config, commands, |c| {
+        (Method::Delete, ["vms", name]) => change((*config).clone(), commands, |c| {
             let n = c.vms.len();
             c.vms.retain(|v| v.name != *name);
             if c.vms.len() == n {
@@ -142,7 +141,7 @@ fn handle(
                 Ok(())
             }
         }),
-        (Method::Delete, ["tenants", name]) => change(config, commands, |c| {
+        (Method::Delete, ["tenants", name]) => change((*config).clone(), commands, |c| {
             if c.vms.iter().any(|v| v.tenant == *name) {
                 return Err(format!("tenant '{name}' still has VMs; remove them first"));
             }
@@ -154,7 +153,7 @@ fn handle(
                 Ok(())
             }
         }),
-        (Method::Delete, ["hosts", id]) => change(config, commands, |c| {
+        (Method::Delete, ["hosts", id]) => change((*config).clone(), commands, |c| {
             let id: u32 = id.parse().map_err(|_| format!("'{id}' is not a host id"))?;
             let n = c.hosts.len();
             c.hosts.retain(|h| h.id != id);
@@ -168,10 +167,9 @@ fn handle(
     }
 }
 
-/// The latest published snapshot, cloned out of the mutex (a pointer copy): the lock is
-/// released before the caller serializes anything.
+/// The latest published snapshot: an `Arc` load, no lock (see [`Shared`]).
 fn latest(shared: &Shared) -> Option<Arc<Published>> {
-    shared.snapshot.lock().unwrap().clone()
+    shared.latest()
 }
 
 /// Applies `edit` to a copy of the config, validates it and hands it to the run loop.
@@ -542,12 +540,12 @@ mod tests {
         }
         let now = Instant::ZERO + Duration::from_millis(300);
         let shared = Shared::default();
-        *shared.config.lock().unwrap() = Some(cfg);
-        *shared.snapshot.lock().unwrap() = Some(Arc::new(Published {
+        shared.set_config(cfg);
+        shared.publish(Published {
             switch: engine.snapshot(),
             ports: Vec::new(),
             slo: engine.slo_report(now),
-        }));
+        });
         shared
     }
 
@@ -586,11 +584,73 @@ mod tests {
         assert_eq!(red["totals"]["delivered_packets"], 300);
         assert_eq!(red["window"]["start_ns"], 300_000_000);
 
-        // /stats is unchanged by it; the lock is free again after both.
+        // /stats is unchanged by it.
         let (status, _, stats) = get(&shared, "/stats");
         assert_eq!(status, 200);
         assert!(!serde_json::from_str::<serde_json::Value>(&stats).unwrap()["slo"].is_object());
-        assert!(shared.snapshot.try_lock().is_ok());
+    }
+
+    /// A writer that blocks (a scrape whose client reads slowly) until told to go on.
+    struct StalledClient {
+        started: mpsc::Sender<()>,
+        go_on: mpsc::Receiver<()>,
+        stalled: bool,
+    }
+    impl std::io::Write for StalledClient {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if !self.stalled {
+                self.stalled = true;
+                let _ = self.started.send(());
+                let _ = self.go_on.recv();
+            }
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_stalled_scrape_does_not_hold_up_the_dataplanes_publish() {
+        let shared = Arc::new(shared());
+        let (started_tx, started) = mpsc::channel();
+        let (go_on, go_on_rx) = mpsc::channel();
+        // A scrape that took the snapshot and is stuck serializing it to its client.
+        let scrape = {
+            let shared = shared.clone();
+            std::thread::spawn(move || {
+                let snapshot = latest(&shared).unwrap();
+                let client = StalledClient {
+                    started: started_tx,
+                    go_on: go_on_rx,
+                    stalled: false,
+                };
+                serde_json::to_writer(client, &*snapshot).unwrap();
+                snapshot.switch.host_id
+            })
+        };
+        started.recv().unwrap();
+        // Meanwhile the dataplane publishes, from another thread, without waiting for it.
+        let (done_tx, done) = mpsc::channel();
+        let publisher = {
+            let shared = shared.clone();
+            std::thread::spawn(move || {
+                let mut next = (*shared.latest().unwrap()).clone();
+                next.switch.host_id = 42;
+                shared.publish(next);
+                done_tx.send(()).unwrap();
+            })
+        };
+        // Generous: a publish that waited for the scrape would never finish, it is held.
+        assert!(
+            done.recv_timeout(StdDuration::from_secs(30)).is_ok(),
+            "publish blocked behind a held scrape"
+        );
+        publisher.join().unwrap();
+        assert_eq!(latest(&shared).unwrap().switch.host_id, 42);
+        go_on.send(()).unwrap();
+        // The scrape finished with the snapshot it started with.
+        assert_eq!(scrape.join().unwrap(), 1);
     }
 
     #[test]

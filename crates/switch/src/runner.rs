@@ -10,7 +10,9 @@
 //! core (DESIGN.md section 7).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc};
+
+use arc_swap::ArcSwapOption;
 use std::time::Instant as StdInstant;
 
 use anyhow::Context;
@@ -120,13 +122,31 @@ pub struct Published {
     pub slo: SloReport,
 }
 
-/// Shared with the API thread: the latest snapshot and the current config. The snapshot is
-/// behind an `Arc` so a reader holds the lock only to clone the pointer, never while it
-/// serializes (the loop takes the same lock to publish).
+/// Shared with the API thread: the latest snapshot and the current config, each an `Arc`
+/// swapped atomically (`arc-swap`): the loop publishes without taking a lock, and a reader
+/// that holds a snapshot for as long as it likes (a slow scrape) never delays the loop.
 #[derive(Default)]
 pub struct Shared {
-    pub snapshot: Mutex<Option<Arc<Published>>>,
-    pub config: Mutex<Option<Config>>,
+    snapshot: ArcSwapOption<Published>,
+    config: ArcSwapOption<Config>,
+}
+
+impl Shared {
+    /// The latest published snapshot (None before the first).
+    pub fn latest(&self) -> Option<Arc<Published>> {
+        self.snapshot.load_full()
+    }
+    /// Replaces the published snapshot; never waits for readers.
+    pub fn publish(&self, published: Published) {
+        self.snapshot.store(Some(Arc::new(published)));
+    }
+    /// The running config (None before the loop started).
+    pub fn config(&self) -> Option<Arc<Config>> {
+        self.config.load_full()
+    }
+    pub fn set_config(&self, cfg: Config) {
+        self.config.store(Some(Arc::new(cfg)));
+    }
 }
 
 pub struct Switch {
@@ -267,7 +287,7 @@ impl Switch {
         let mut next_publish = self.clock.now();
         let mut fds = Vec::new();
         let mut spin_until: Option<Instant> = None;
-        *self.shared.config.lock().unwrap() = Some(self.cfg.clone());
+        self.shared.set_config(self.cfg.clone());
         if let Some(nice) = self.cfg.switch.nice {
             if let Err(e) = crate::sched::set_thread_nice(nice.into()) {
                 eprintln!(
@@ -465,12 +485,11 @@ impl Switch {
                 }
             })
             .collect();
-        let published = Arc::new(Published {
+        self.shared.publish(Published {
             switch: self.engine.snapshot(),
             ports,
             slo: self.engine.slo_report(now),
         });
-        *self.shared.snapshot.lock().unwrap() = Some(published);
     }
 
     fn apply_commands(&mut self) {
@@ -548,7 +567,7 @@ impl Switch {
         }
         drop(old_engine);
         self.ports = ports;
-        *self.shared.config.lock().unwrap() = Some(cfg.clone());
+        self.shared.set_config(cfg.clone());
         self.cfg = cfg;
         Ok(())
     }
