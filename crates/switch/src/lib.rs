@@ -7,6 +7,7 @@ pub mod config;
 pub mod directory;
 pub mod engine;
 pub mod frame;
+pub mod persist;
 pub mod port;
 pub mod runner;
 pub mod sched;
