@@ -508,7 +508,8 @@ impl Switch {
     }
 
     /// Rebuilds the engines for a new config, keeping ports that stay and opening new ones.
-    /// Frames queued in the old engines are released; counters of VMs that stay carry over.
+    /// Every frame the old engines held returns to the pool; counters of VMs that stay carry
+    /// over.
     fn reconfigure(&mut self, cfg: Config) -> anyhow::Result<()> {
         cfg.validate()?;
         if cfg.uplink.ifname != self.cfg.uplink.ifname
@@ -560,12 +561,7 @@ impl Switch {
         engine.carry_slo_from(&mut self.engine);
         engine.carry_feedback_auth_from(&mut self.engine);
         let mut old_engine = std::mem::replace(&mut self.engine, engine);
-        for p in 0..old_engine.dir.port_count() {
-            for f in old_engine.tx_queue(p).drain(..) {
-                self.pool.put(f);
-            }
-        }
-        drop(old_engine);
+        old_engine.release_frames(&mut self.pool);
         self.ports = ports;
         self.shared.set_config(cfg.clone());
         self.cfg = cfg;

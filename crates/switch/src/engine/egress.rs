@@ -144,6 +144,26 @@ impl Egress {
         }
     }
 
+    /// Takes every queued frame out (leaf queues, shaped classes, limiters).
+    pub(super) fn take_frames(&mut self) -> Vec<Frame> {
+        let mut frames = Vec::new();
+        let mut queues: Vec<QueueId> = self.queue_of.iter().flatten().copied().collect();
+        queues.sort_unstable();
+        queues.dedup();
+        for q in queues {
+            if let Ok(items) = self.wfq.remove_queue(q) {
+                frames.extend(items.into_iter().map(|item| item.0));
+            }
+        }
+        self.queue_of.iter_mut().for_each(|q| *q = None);
+        for shaper in self.shapers.values_mut() {
+            frames.extend(shaper.drain().map(|item| item.0));
+        }
+        self.shapers.clear();
+        frames.extend(self.scratch.drain(..).map(|item| item.0));
+        frames
+    }
+
     /// Whether any of `vm`'s shaped classes or limiters has frames waiting.
     pub(super) fn shaped_backlog(&self, vm: VmIdx) -> bool {
         self.shapers

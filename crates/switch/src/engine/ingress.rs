@@ -199,6 +199,21 @@ impl Ingress {
         })
     }
 
+    /// Takes every queued frame out; the VMs' queues are gone afterwards.
+    pub(super) fn take_frames(&mut self) -> Vec<Frame> {
+        let mut queues: Vec<QueueId> = self.queue_of.iter().flatten().copied().collect();
+        queues.sort_unstable();
+        queues.dedup();
+        let mut frames = Vec::new();
+        for q in queues {
+            if let Ok(items) = self.wfq.remove_queue(q) {
+                frames.extend(items.into_iter().map(|item| item.0));
+            }
+        }
+        self.queue_of.iter_mut().for_each(|q| *q = None);
+        frames
+    }
+
     pub(super) fn queue_len(&self, vm: VmIdx) -> usize {
         self.queue_of[vm]
             .and_then(|q| self.wfq.queue_len(q))

@@ -244,6 +244,23 @@ impl Engine {
         done
     }
 
+    /// Returns every frame this engine holds (queued in either direction, in shaped and
+    /// limiter queues, waiting for transmit) to `pool`; the engine is empty afterwards.
+    /// Call it before dropping an engine, or the pool shrinks by what it held.
+    pub fn release_frames(&mut self, pool: &mut FramePool) {
+        for frame in self.egress.take_frames() {
+            pool.put(frame);
+        }
+        for frame in self.ingress.take_frames() {
+            pool.put(frame);
+        }
+        for q in &mut self.tx {
+            for frame in q.drain(..) {
+                pool.put(frame);
+            }
+        }
+    }
+
     /// Frames waiting to be sent on `port`.
     pub fn tx_queue(&mut self, port: PortIdx) -> &mut Vec<Frame> {
         &mut self.tx[port]
@@ -611,6 +628,8 @@ fn sender_config(cfg: &Config) -> eyeq::SenderConfig {
 mod cpu_tests;
 #[cfg(test)]
 mod feedback_tests;
+#[cfg(test)]
+mod lifecycle_tests;
 #[cfg(test)]
 mod slo_tests;
 #[cfg(test)]
