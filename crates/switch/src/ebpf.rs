@@ -400,3 +400,133 @@ impl SoftirqAccounting {
         })
     }
 }
+
+/// The runner's side of the programs: moves the engine's throttle set into the uplink's XDP
+/// map, the XDP drop counts and the ports' softirq time into the engine. Everything is
+/// optional: a switch without an AF_XDP uplink has no early drop, one whose softirq programs
+/// did not load has no softirq accounting.
+#[derive(Default)]
+pub struct KernelLink {
+    early_drop: Option<EarlyDrop>,
+    softirq: Option<SoftirqAccounting>,
+    throttles: Vec<XdpThrottle>,
+    drops: Vec<(u32, usize, u64)>,
+    slots: Vec<u32>,
+    deltas: Vec<SoftirqDelta>,
+    next_softirq_read: picnic_core::Instant,
+}
+
+/// How often the ports' softirq time is read and charged: Iron's period.
+const SOFTIRQ_READ_PERIOD: picnic_core::Duration = crate::engine::IRON_PERIOD;
+
+impl KernelLink {
+    /// The link for a switch with the uplink's early drop (if its port has one) and, when
+    /// `softirq` is on, softirq accounting of `ports` (name, slot). A softirq accounting that
+    /// cannot load is reported in one line and left off.
+    pub fn open(early_drop: Option<EarlyDrop>, softirq: bool, ports: &[(String, u32)]) -> Self {
+        let softirq = if softirq {
+            match SoftirqAccounting::open() {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    eprintln!(
+                        "picnic switch: softirq accounting off: {e} (tenants are charged for \
+                         the switch's own work only)"
+                    );
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let mut link = KernelLink {
+            early_drop,
+            softirq,
+            ..Default::default()
+        };
+        if let Err(e) = link.set_ports(ports) {
+            eprintln!("picnic switch: softirq accounting off: {e}");
+            link.softirq = None;
+        }
+        link
+    }
+
+    /// Whether the uplink drops throttled VMs' frames in XDP.
+    pub fn early_drop_on(&self) -> bool {
+        self.early_drop.is_some()
+    }
+
+    /// Whether the ports' softirq time is measured and charged.
+    pub fn softirq_on(&self) -> bool {
+        self.softirq.is_some()
+    }
+
+    /// Tracks the softirq time of `ports` (interface name in this namespace, slot); after a
+    /// reconfiguration too.
+    pub fn set_ports(&mut self, ports: &[(String, u32)]) -> io::Result<()> {
+        let Some(s) = self.softirq.as_mut() else {
+            return Ok(());
+        };
+        let mut tracked = Vec::with_capacity(ports.len());
+        for (name, slot) in ports {
+            let Ok(cname) = std::ffi::CString::new(name.as_str()) else {
+                continue;
+            };
+            // SAFETY: `cname` is a NUL-terminated string that outlives the call.
+            let index = unsafe { libc::if_nametoindex(cname.as_ptr()) };
+            if index != 0 {
+                tracked.push((index, *slot));
+            }
+        }
+        s.set_ports(&tracked)
+    }
+
+    /// Marks the calling thread as the switch's dataplane thread.
+    pub fn set_dataplane_thread(&mut self) {
+        if let Some(s) = self.softirq.as_mut() {
+            // SAFETY: gettid has no arguments and cannot fail.
+            let tid = unsafe { libc::gettid() } as u32;
+            if let Err(e) = s.set_switch_thread(tid) {
+                eprintln!("picnic switch: warning: softirq accounting: {e}");
+            }
+        }
+    }
+
+    /// Per loop iteration: the engine's throttle set into the XDP map (a system call only
+    /// for a VM whose state changed) and, once per Iron period, the ports' softirq time into
+    /// the engine.
+    pub fn tick(&mut self, engine: &mut crate::engine::Engine, now: picnic_core::Instant) {
+        if let Some(early) = self.early_drop.as_mut() {
+            engine.xdp_throttles(now, &mut self.throttles);
+            if let Err(e) = early.apply(&self.throttles) {
+                eprintln!("picnic switch: early drop off: {e}");
+                self.early_drop = None;
+            }
+        }
+        if let Some(s) = self.softirq.as_mut() {
+            if now >= self.next_softirq_read {
+                self.next_softirq_read = now + SOFTIRQ_READ_PERIOD;
+                s.new_usage(&mut self.deltas);
+                for d in &self.deltas {
+                    engine.charge_softirq(now, d);
+                }
+            }
+        }
+    }
+
+    /// When publishing (and before the engine is replaced): the XDP drop counts into the
+    /// engine's drop counters, the host's softirq totals into its switch counters.
+    pub fn publish(&mut self, engine: &mut crate::engine::Engine, now: picnic_core::Instant) {
+        if let Some(early) = self.early_drop.as_mut() {
+            self.slots.clear();
+            self.slots
+                .extend(engine.dir.local_vms().map(|(_, p)| p as u32));
+            early.new_drops(&self.slots, &mut self.drops);
+            for &(slot, reason, n) in &self.drops {
+                engine.on_xdp_drops(now, slot as usize, reason, n);
+            }
+        }
+        if let Some(s) = self.softirq.as_ref() {
+            engine.counters.softirq = Some(s.totals());
+        }
+    }
+}

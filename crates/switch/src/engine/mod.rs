@@ -598,6 +598,8 @@ fn sender_config(cfg: &Config) -> eyeq::SenderConfig {
 #[cfg(test)]
 mod cpu_tests;
 #[cfg(test)]
+mod kernel_tests;
+#[cfg(test)]
 mod slo_tests;
 #[cfg(test)]
 mod tests;
