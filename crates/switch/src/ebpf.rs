@@ -254,7 +254,8 @@ pub struct SoftirqAccounting {
     ports: BpfHashMap<MapData, u64, u32>,
     usage: PerCpuArray<MapData, Usage>,
     totals: PerCpuArray<MapData, SoftirqTotals>,
-    /// This process's network namespace (its nsfs inode number, the kernel's `ns.inum`).
+    /// The network namespace of the thread that opened it (its nsfs inode number, the
+    /// kernel's `ns.inum`): the switch's, where its ports are.
     netns: u64,
     /// Tracked slots and what was already handed to the engine.
     seen: Vec<(u32, Usage)>,
@@ -292,9 +293,9 @@ impl SoftirqAccounting {
             PerCpuArray::try_from(take(&mut bpf, "usage")?).map_err(|e| aya_error(e, "usage"))?;
         let totals =
             PerCpuArray::try_from(take(&mut bpf, "totals")?).map_err(|e| aya_error(e, "totals"))?;
-        let netns = std::fs::metadata("/proc/self/ns/net")
+        let netns = std::fs::metadata("/proc/thread-self/ns/net")
             .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
-            .map_err(|e| io::Error::new(e.kind(), format!("/proc/self/ns/net: {e}")))?;
+            .map_err(|e| io::Error::new(e.kind(), format!("/proc/thread-self/ns/net: {e}")))?;
         Ok(SoftirqAccounting {
             _bpf: bpf,
             config,

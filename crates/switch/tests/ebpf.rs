@@ -160,3 +160,144 @@ fn xdp_drops_throttled_vms_frames_before_the_socket_and_counts_them() {
         assert_eq!(pool.available(), pool.capacity(), "no frame leaked");
     });
 }
+
+/// The calling thread's id.
+fn gettid() -> u32 {
+    // SAFETY: gettid has no arguments and cannot fail.
+    unsafe { libc::gettid() as u32 }
+}
+
+/// Sends 64 B frames through `port` for `how_long`, as fast as the kernel takes them;
+/// returns how many it sent.
+fn flood(port: &mut AfPacketPort, pool: &mut FramePool, how_long: Duration) -> u64 {
+    let frame = geneve_to(1, B1, 0); // any 64 B+ frame: nobody on the far side parses it
+    let end = std::time::Instant::now() + how_long;
+    let mut batch = Vec::new();
+    while std::time::Instant::now() < end {
+        while batch.len() < 64 {
+            let mut f = pool.get().unwrap();
+            f.fill_from(&frame[..64]);
+            batch.push(f);
+        }
+        port.send_batch(&mut batch, pool).unwrap();
+    }
+    for f in batch.drain(..) {
+        pool.put(f);
+    }
+    port.stats().tx_frames
+}
+
+/// Packets interface `ifname` of `ns` received (/proc/thread-self/net/dev: this thread's
+/// namespace, where /sys would show the host's).
+fn rx_packets(ns: &Netns, ifname: &str) -> u64 {
+    ns.enter(|| {
+        let dev = std::fs::read_to_string("/proc/thread-self/net/dev").unwrap();
+        let line = dev
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{ifname}:")))
+            .unwrap();
+        let fields: Vec<&str> = line.split(':').nth(1).unwrap().split_whitespace().collect();
+        fields[1].parse().unwrap()
+    })
+}
+
+/// The softirq programs see both directions of a veth port: a VM's frames received on the
+/// switch-side end (from VM), the switch's frames received on the VM-side peer in another
+/// namespace (to VM); the switch's own thread's softirq time is kept apart; every packet the
+/// switch-side end received is counted once; an idle port gets nothing.
+#[test]
+fn softirq_time_is_attributed_to_the_port_and_direction_it_was_spent_for() {
+    if !is_root() {
+        return;
+    }
+    let (sw, vm) = (Netns::new(), Netns::new());
+    for (a, b) in [("pnsa", "pnsb"), ("pnsc", "pnsd")] {
+        sw.veth_pair(a, b);
+        sw.ip(&format!("link set {b} netns {}", vm.name));
+        vm.ip(&format!("link set {b} up"));
+    }
+    let mut acct = match sw.enter(picnic_switch::ebpf::SoftirqAccounting::open) {
+        Ok(a) => a,
+        Err(e) if !have_programs(&e) => return,
+        Err(e) => panic!("{e}"),
+    };
+    let index = |name: &str| {
+        let name = std::ffi::CString::new(name).unwrap();
+        // SAFETY: `name` is NUL-terminated and outlives the call.
+        sw.enter(|| unsafe { libc::if_nametoindex(name.as_ptr()) })
+    };
+    // Registered from a thread in the switch's namespace (the one `open` saw).
+    acct.set_ports(&[(index("pnsa"), 1), (index("pnsc"), 2)])
+        .unwrap();
+    let mut usage = Vec::new();
+    acct.new_usage(&mut usage);
+    let before = rx_packets(&sw, "pnsa");
+
+    // The VM behind pnsa floods its port for a second.
+    let sent = vm.enter(|| {
+        let mut port = AfPacketPort::open("pnsb", AfPacketOptions::default()).unwrap();
+        flood(&mut port, &mut FramePool::new(1024), Duration::from_secs(1))
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let received = rx_packets(&sw, "pnsa") - before;
+    acct.new_usage(&mut usage);
+    println!("after the VM's flood ({sent} sent, {received} received): {usage:?}");
+    let a = usage
+        .iter()
+        .find(|d| d.slot == 1)
+        .expect("port 1 has usage");
+    assert_eq!(a.packets, received, "each received frame once");
+    assert!(
+        a.from_vm_ns > 10_000_000,
+        "a second's flood costs > 10 ms: {a:?}"
+    );
+    assert!(a.from_vm_ns > 20 * a.to_vm_ns, "{a:?}");
+    let idle = usage
+        .iter()
+        .find(|d| d.slot == 2)
+        .copied()
+        .unwrap_or_default();
+    assert!(
+        a.from_vm_ns >= 10 * (idle.from_vm_ns + idle.to_vm_ns).max(1),
+        "idle port {idle:?}"
+    );
+
+    // The switch's frames to the VM: from a thread that is not the switch's dataplane they
+    // are charged to the port (to VM); from the dataplane thread they are its own time.
+    let mut to_vm = |as_switch: bool| {
+        sw.enter(|| {
+            if as_switch {
+                acct.set_switch_thread(gettid()).unwrap();
+            }
+            let mut port = AfPacketPort::open("pnsa", AfPacketOptions::default()).unwrap();
+            flood(
+                &mut port,
+                &mut FramePool::new(1024),
+                Duration::from_millis(500),
+            );
+            acct.set_switch_thread(0).unwrap();
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        acct.new_usage(&mut usage);
+        usage
+            .iter()
+            .find(|d| d.slot == 1)
+            .copied()
+            .unwrap_or_default()
+    };
+    let other = to_vm(false);
+    println!("switch -> VM from another thread: {other:?}");
+    assert!(other.to_vm_ns > 5_000_000, "{other:?}");
+    assert!(
+        other.to_vm_ns > 10 * (other.from_vm_ns + other.in_switch_ns),
+        "{other:?}"
+    );
+    let own = to_vm(true);
+    println!("switch -> VM from the dataplane thread: {own:?}");
+    assert!(own.in_switch_ns > 5_000_000, "{own:?}");
+    // Only what ksoftirqd took over from the dataplane thread is charged.
+    assert!(own.in_switch_ns > 5 * own.to_vm_ns, "{own:?}");
+    let t = acct.totals();
+    println!("totals: {t:?}");
+    assert!(t.attributed_ns + t.switch_ns + t.untracked_ns <= t.net_rx_ns + 1_000_000);
+}
