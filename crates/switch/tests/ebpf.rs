@@ -301,3 +301,201 @@ fn softirq_time_is_attributed_to_the_port_and_direction_it_was_spent_for() {
     println!("totals: {t:?}");
     assert!(t.attributed_ns + t.switch_ns + t.untracked_ns <= t.net_rx_ns + 1_000_000);
 }
+
+/// A switch with an AF_PACKET uplink and two tenants of one VM each; `a1` is the flooder.
+const SWITCH: &str = r#"
+[switch]
+host_id = 1
+[uplink]
+ifname = "pnwu"
+[[hosts]]
+id = 1
+underlay_ip = "198.19.0.1"
+mac = "02:00:00:00:01:01"
+[[tenants]]
+name = "a"
+vni = 100
+cpu_quota = 1.0
+[[tenants]]
+name = "b"
+vni = 200
+cpu_quota = 1.0
+[[vms]]
+name = "a1"
+id = 1
+tenant = "a"
+host = 1
+mac = "02:00:00:00:00:a1"
+ip = "198.18.0.1"
+port = { ifname = "pnwa" }
+[[vms]]
+name = "b1"
+id = 2
+tenant = "b"
+host = 1
+mac = "02:00:00:00:00:b1"
+ip = "198.18.0.2"
+port = { ifname = "pnwc" }
+"#;
+
+/// Softirq time of all CPUs so far (/proc/stat, sampled on the scheduler tick), ns.
+fn proc_stat_softirq_ns() -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap();
+    let cpu: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse().unwrap())
+        .collect();
+    // user nice system idle iowait irq softirq, in USER_HZ (100 per second) units.
+    cpu[6] * 10_000_000
+}
+
+/// The kernel's tick period (CONFIG_HZ), ns; 10 ms (HZ 100, the coarsest) when unknown.
+fn tick_ns() -> f64 {
+    let out = std::process::Command::new("sh")
+        .args([
+            "-c",
+            "zcat /proc/config.gz 2>/dev/null | grep '^CONFIG_HZ='",
+        ])
+        .output()
+        .ok();
+    let hz = out
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().strip_prefix("CONFIG_HZ=")?.parse::<f64>().ok())
+        .unwrap_or(100.0);
+    1e9 / hz
+}
+
+/// Iron on a running switch: a VM flooding its port makes its tenant's softirq charge grow
+/// (in /stats, and in the tenant's CPU charge), an idle tenant's does not, and the softirq
+/// time attributed is no more than the kernel's softirq time over the same interval.
+#[test]
+fn a_flooding_tenant_is_charged_its_ports_softirq_time_on_a_running_switch() {
+    if !is_root() {
+        return;
+    }
+    let (sw, vm) = (Netns::new(), Netns::new());
+    sw.veth_pair("pnwu", "pnwv");
+    for (a, b) in [("pnwa", "pnwb"), ("pnwc", "pnwd")] {
+        sw.veth_pair(a, b);
+        sw.ip(&format!("link set {b} netns {}", vm.name));
+        vm.ip(&format!("link set {b} up"));
+    }
+    let cfg = picnic_switch::config::Config::parse(SWITCH).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let (published, on, stat_ns, wall) = std::thread::scope(|s| {
+        let stat_before = proc_stat_softirq_ns();
+        let started = std::time::Instant::now();
+        s.spawn(|| {
+            sw.enter(|| {
+                let mut switch = picnic_switch::runner::Switch::open(cfg).unwrap();
+                let on = switch
+                    .describe_ports()
+                    .iter()
+                    .any(|l| l.contains("softirq"));
+                tx.send((switch.stop_flag(), switch.shared(), on)).unwrap();
+                switch.run().unwrap();
+            })
+        });
+        let (stop, shared, on) = rx.recv().unwrap();
+        if on {
+            // a1's VM sends 64 B frames to a MAC nobody has (the switch drops them).
+            let mut frame = Vec::new();
+            etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 0xa1], [2, 0, 0, 0, 0, 0xee])
+                .ipv4([198, 18, 0, 1], [198, 18, 0, 99], 64)
+                .udp(40000, 7)
+                .write(&mut frame, &[0u8; 18])
+                .unwrap();
+            vm.enter(|| {
+                let mut port = AfPacketPort::open("pnwb", AfPacketOptions::default()).unwrap();
+                let mut pool = FramePool::new(1024);
+                let end = std::time::Instant::now() + Duration::from_secs(2);
+                let mut batch = Vec::new();
+                while std::time::Instant::now() < end {
+                    while batch.len() < 64 {
+                        let mut f = pool.get().unwrap();
+                        f.fill_from(&frame);
+                        batch.push(f);
+                    }
+                    port.send_batch(&mut batch, &mut pool).unwrap();
+                }
+            });
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        // The scope joins the switch, which publishes once more as it stops.
+        (shared, on, stat_before, started)
+    });
+    if !on {
+        println!("skipped: softirq accounting did not load (see the switch's line above)");
+        return;
+    }
+    let stat_ns = proc_stat_softirq_ns() - stat_ns;
+    let wall_ns = wall.elapsed().as_nanos() as f64;
+    let snap = published.snapshot.lock().unwrap().clone().unwrap();
+    let tenant = |n: &str| {
+        snap.switch
+            .tenants
+            .iter()
+            .find(|t| t.name == n)
+            .unwrap()
+            .clone()
+    };
+    let (a, b) = (tenant("a"), tenant("b"));
+    let totals = snap
+        .switch
+        .switch
+        .softirq
+        .expect("softirq totals in /stats");
+    println!(
+        "a: softirq {:.1} ms, charged {:.1} ms; b: softirq {:.1} ms; totals {totals:?}; \
+         /proc/stat softirq {:.1} ms",
+        a.softirq_ns as f64 / 1e6,
+        a.cpu_charged_ns as f64 / 1e6,
+        b.softirq_ns as f64 / 1e6,
+        stat_ns as f64 / 1e6
+    );
+    let a1 = &snap
+        .switch
+        .vms
+        .iter()
+        .find(|v| v.name == "a1")
+        .unwrap()
+        .counters;
+    println!(
+        "a1: {} frames into the switch, {} in softirq: switch {:.0} ns/frame, softirq {:.0} \
+         ns/packet",
+        a1.tx_packets,
+        a1.softirq_packets,
+        a1.cost_ns as f64 / a1.tx_packets.max(1) as f64,
+        a1.softirq_ns as f64 / a1.softirq_packets.max(1) as f64
+    );
+    assert!(a.softirq_ns > 20_000_000, "2 s of flood cost > 20 ms");
+    assert!(
+        a.softirq_ns >= 10 * b.softirq_ns,
+        "idle b: {} ns",
+        b.softirq_ns
+    );
+    assert!(
+        a.cpu_charged_ns >= a.softirq_ns,
+        "the charge includes the softirq time"
+    );
+    assert!(totals.attributed_ns <= totals.net_rx_ns);
+    // /proc/stat samples the state of each CPU on every tick: the count of softirq ticks
+    // out of N is binomial, so it may fall short of the true time by up to 3 standard
+    // deviations (sqrt(N p (1 - p)) ticks), plus 10 ms of USER_HZ rounding.
+    let tick = tick_ns();
+    let n = wall_ns * cpus / tick;
+    let p = (stat_ns as f64 / (wall_ns * cpus)).clamp(0.01, 0.99);
+    let margin = 3.0 * (n * p * (1.0 - p)).sqrt() * tick + 10e6;
+    println!("margin {:.1} ms ({n:.0} ticks, p {p:.3})", margin / 1e6);
+    assert!(
+        (a.softirq_ns + b.softirq_ns) as f64 <= stat_ns as f64 + margin,
+        "attributed {} ns > kernel softirq {stat_ns} ns + {margin:.0}",
+        a.softirq_ns + b.softirq_ns
+    );
+}
