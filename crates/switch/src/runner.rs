@@ -110,6 +110,10 @@ pub struct PortView {
 pub struct Published {
     pub switch: Snapshot,
     pub ports: Vec<PortView>,
+    /// The frame pool: free frames and capacity (a frame not free is queued in an engine or
+    /// a port's transmit batch; all are back when the queues drain).
+    pub pool_free: usize,
+    pub pool_capacity: usize,
     #[serde(skip)]
     pub slo: SloReport,
 }
@@ -325,7 +329,7 @@ impl Switch {
             self.engine.cgroup_quotas(now, &mut quotas);
             for &(tenant, quota) in &quotas {
                 if let Some(Some(group)) = cgroups.get_mut(tenant) {
-                    if let Err(e) = group.set(quota) {
+                    if let Err(e) = group.refill(quota).map(drop) {
                         eprintln!("picnic switch: warning: {e:#}");
                     }
                 }
@@ -443,7 +447,9 @@ impl Switch {
         for (t, group) in self.cfg.tenants.iter().zip(cgroups.iter_mut()) {
             if let (Some(group), Some(cores)) = (group.as_mut(), t.cpu_quota) {
                 let allocation = IRON_PERIOD.as_nanos() as f64 * cores;
-                let _ = group.set(Duration::from_nanos(allocation as u64));
+                if let Err(e) = group.release(Duration::from_nanos(allocation as u64)) {
+                    eprintln!("picnic switch: warning: restoring a tenant's quota: {e:#}");
+                }
             }
         }
     }
@@ -496,6 +502,8 @@ impl Switch {
         let published = Arc::new(Published {
             switch: self.engine.snapshot(),
             ports,
+            pool_free: self.pool.available(),
+            pool_capacity: self.pool.capacity(),
             slo: self.engine.slo_report(now),
         });
         *self.shared.snapshot.lock().unwrap() = Some(published);
