@@ -33,6 +33,12 @@ pub const MAX_SLOTS: usize = 1024;
 /// Reasons counted per slot by the XDP program, in its order.
 const XDP_REASONS: usize = 2;
 
+/// Whether the build compiled the eBPF programs (it had clang). Without them AF_XDP ports,
+/// early drop and softirq accounting are unavailable.
+pub fn programs_built() -> bool {
+    !XDP_PORT.is_empty() && !SOFTIRQ.is_empty()
+}
+
 /// The error of an aya call as an `io::Error` that keeps the kind of the system call's error
 /// (so "permission denied" stays recognisable) and says what was being done.
 fn aya_error(err: impl std::error::Error + 'static, what: &str) -> io::Error {
