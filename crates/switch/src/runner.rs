@@ -15,6 +15,7 @@ use std::time::Instant as StdInstant;
 
 use anyhow::Context;
 use picnic_core::{Duration, Instant};
+use picnic_wire::overlay::ENCAP_OVERHEAD;
 
 use crate::cgroup::CpuQuota;
 use crate::config::{BackendKind, Config};
@@ -163,22 +164,41 @@ fn ring_wait(max_spin: Duration) -> AdaptiveWait {
 }
 
 /// Opens a port with the backend the config names, with an error that says what to fix.
-pub fn open_port(ifname: &str, backend: BackendKind, field: &str) -> anyhow::Result<Box<dyn Port>> {
+/// GSO super-frames read on it are segmented into frames of at most `max_frame` bytes
+/// ([`vm_max_frame`] for VM ports).
+pub fn open_port(
+    ifname: &str,
+    backend: BackendKind,
+    field: &str,
+    max_frame: usize,
+) -> anyhow::Result<Box<dyn Port>> {
     let port: Box<dyn Port> = match backend {
         BackendKind::AfPacket => Box::new(
-            AfPacketPort::open(ifname, AfPacketOptions::default())
-                .with_context(|| format!("{field}: cannot open '{ifname}'"))?,
+            AfPacketPort::open(
+                ifname,
+                AfPacketOptions {
+                    max_frame,
+                    ..Default::default()
+                },
+            )
+            .with_context(|| format!("{field}: cannot open '{ifname}'"))?,
         ),
         BackendKind::AfXdp => Box::new(
             AfXdpPort::open(ifname, AfXdpOptions::default())
                 .with_context(|| format!("{field}: cannot open '{ifname}' with AF_XDP"))?,
         ),
         BackendKind::Tap => Box::new(
-            TapPort::open(ifname)
+            TapPort::open(ifname, max_frame)
                 .with_context(|| format!("{field}: cannot open TAP '{ifname}'"))?,
         ),
     };
     Ok(port)
+}
+
+/// The longest frame a VM may send that still fits the uplink once encapsulated (the
+/// engine's egress check); VM ports segment super-frames to it.
+pub fn vm_max_frame(cfg: &Config) -> usize {
+    (cfg.uplink.mtu + 14).saturating_sub(ENCAP_OVERHEAD)
 }
 
 impl Switch {
@@ -190,6 +210,7 @@ impl Switch {
             &cfg.uplink.ifname,
             cfg.uplink.backend,
             "uplink.ifname",
+            cfg.uplink.mtu + 14,
         )?];
         for (i, vm) in cfg.vms.iter().enumerate() {
             if let Some(p) = vm.port.as_ref().filter(|_| vm.host == cfg.switch.host_id) {
@@ -197,6 +218,7 @@ impl Switch {
                     &p.ifname,
                     p.backend,
                     &format!("vms[{i}].port.ifname"),
+                    vm_max_frame(&cfg),
                 )?);
             }
         }
@@ -504,8 +526,12 @@ impl Switch {
                     .position(|o| o.as_ref().is_some_and(|o| o.name() == p.ifname));
                 match reuse {
                     Some(j) => ports.push(old[j].take().expect("present")),
-                    None => match open_port(&p.ifname, p.backend, &format!("vms[{i}].port.ifname"))
-                    {
+                    None => match open_port(
+                        &p.ifname,
+                        p.backend,
+                        &format!("vms[{i}].port.ifname"),
+                        vm_max_frame(&cfg),
+                    ) {
                         Ok(port) => ports.push(port),
                         Err(e) => {
                             // Put everything back as it was.
