@@ -20,6 +20,7 @@ use picnic_wire::overlay::ENCAP_OVERHEAD;
 use crate::cgroup::CpuQuota;
 use crate::config::{BackendKind, Config};
 use crate::directory::{PortIdx, TenantIdx, UPLINK};
+use crate::ebpf::{EarlyDrop, KernelLink};
 use crate::engine::{Engine, SloReport, Snapshot, Work, IRON_PERIOD};
 use crate::frame::{Frame, FramePool};
 use crate::port::{
@@ -139,6 +140,8 @@ pub struct Switch {
     commands: Option<mpsc::Receiver<Command>>,
     /// Per port: the adaptive wait of its receive ring and frames read from it so far.
     waits: Vec<(AdaptiveWait, u64)>,
+    /// The eBPF programs' maps: the uplink's early drop, the ports' softirq time.
+    kernel: KernelLink,
 }
 
 /// Batches read from the uplink per loop iteration (one from each tenant port).
@@ -201,17 +204,43 @@ pub fn vm_max_frame(cfg: &Config) -> usize {
     (cfg.uplink.mtu + 14).saturating_sub(ENCAP_OVERHEAD)
 }
 
+/// Opens the uplink; an AF_XDP uplink also gives the maps of its early drop.
+fn open_uplink(cfg: &Config) -> anyhow::Result<(Box<dyn Port>, Option<EarlyDrop>)> {
+    let ifname = &cfg.uplink.ifname;
+    if cfg.uplink.backend != BackendKind::AfXdp {
+        return Ok((
+            open_port(
+                ifname,
+                cfg.uplink.backend,
+                "uplink.ifname",
+                cfg.uplink.mtu + 14,
+            )?,
+            None,
+        ));
+    }
+    let mut port = AfXdpPort::open(ifname, AfXdpOptions::default())
+        .with_context(|| format!("uplink.ifname: cannot open '{ifname}' with AF_XDP"))?;
+    let early = port.early_drop();
+    Ok((Box::new(port), early))
+}
+
+/// The tenant ports (every port but the uplink) as (interface name, slot = port index).
+fn tenant_ports(ports: &[Box<dyn Port>]) -> Vec<(String, u32)> {
+    ports
+        .iter()
+        .enumerate()
+        .skip(1)
+        .map(|(i, p)| (p.name().to_string(), i as u32))
+        .collect()
+}
+
 impl Switch {
     /// Opens every port of the config and builds the engines. Prints the backend of each port.
     pub fn open(cfg: Config) -> anyhow::Result<Switch> {
         let clock = Clock::new();
         let engine = Engine::new(&cfg, clock.now())?;
-        let mut ports = vec![open_port(
-            &cfg.uplink.ifname,
-            cfg.uplink.backend,
-            "uplink.ifname",
-            cfg.uplink.mtu + 14,
-        )?];
+        let (uplink, early_drop) = open_uplink(&cfg)?;
+        let mut ports = vec![uplink];
         for (i, vm) in cfg.vms.iter().enumerate() {
             if let Some(p) = vm.port.as_ref().filter(|_| vm.host == cfg.switch.host_id) {
                 ports.push(open_port(
@@ -222,7 +251,11 @@ impl Switch {
                 )?);
             }
         }
-        Ok(Self::with_ports(cfg, engine, ports, clock))
+        let softirq = cfg.isolation.cpu_accounting && cfg.isolation.softirq_accounting;
+        let kernel = KernelLink::open(early_drop, softirq, &tenant_ports(&ports));
+        let mut switch = Self::with_ports(cfg, engine, ports, clock);
+        switch.kernel = kernel;
+        Ok(switch)
     }
 
     /// Builds a switch over already opened ports (port 0 the uplink, then local VMs in config
@@ -247,16 +280,25 @@ impl Switch {
             shared: Arc::new(Shared::default()),
             commands: None,
             waits: Vec::new(),
+            kernel: KernelLink::default(),
             cfg,
         }
     }
 
     pub fn describe_ports(&self) -> Vec<String> {
-        self.ports
+        let mut lines: Vec<String> = self
+            .ports
             .iter()
             .enumerate()
             .map(|(i, p)| format!("port {i} {}: {}", p.name(), p.backend()))
-            .collect()
+            .collect();
+        if self.kernel.early_drop_on() {
+            lines.push("uplink XDP early drop of throttled VMs: on".into());
+        }
+        if self.kernel.softirq_on() {
+            lines.push("softirq accounting (eBPF tracepoints): on".into());
+        }
+        lines
     }
 
     /// Set to true to make [`Switch::run`] return.
@@ -300,6 +342,7 @@ impl Switch {
         }
         let mut cgroups = self.open_cgroups()?;
         let mut quotas = Vec::new();
+        self.kernel.set_dataplane_thread();
         let mut cpu_mark = thread_cpu_ns();
         while !self.stop.load(Ordering::Relaxed) {
             let now = self.clock.now();
@@ -308,6 +351,7 @@ impl Switch {
             let cpu_now = thread_cpu_ns();
             self.engine.charge_cpu(now, cpu_now - cpu_mark);
             cpu_mark = cpu_now;
+            self.kernel.tick(&mut self.engine, now);
             self.engine.cgroup_quotas(now, &mut quotas);
             for &(tenant, quota) in &quotas {
                 if let Some(Some(group)) = cgroups.get_mut(tenant) {
@@ -462,6 +506,7 @@ impl Switch {
     }
 
     fn publish(&mut self, now: Instant) {
+        self.kernel.publish(&mut self.engine, now);
         let ports = self
             .ports
             .iter()
@@ -553,6 +598,8 @@ impl Switch {
             }
         }
         let mut engine = Engine::new(&cfg, self.clock.now())?;
+        // XDP drops counted so far belong to the old engine's VMs (carried over by name).
+        self.kernel.publish(&mut self.engine, self.clock.now());
         for (i, vm) in engine.dir.vms.iter().enumerate() {
             if let Some(j) = self.engine.dir.vms.iter().position(|o| o.name == vm.name) {
                 engine.vm_counters[i] = self.engine.vm_counters[j].clone();
@@ -568,6 +615,9 @@ impl Switch {
         }
         drop(old_engine);
         self.ports = ports;
+        if let Err(e) = self.kernel.set_ports(&tenant_ports(&self.ports)) {
+            eprintln!("picnic switch: warning: softirq accounting: {e}");
+        }
         *self.shared.config.lock().unwrap() = Some(cfg.clone());
         self.cfg = cfg;
         Ok(())

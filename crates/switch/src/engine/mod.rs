@@ -14,6 +14,7 @@
 mod cpu;
 mod egress;
 mod ingress;
+mod kernel;
 mod share;
 mod slo;
 
@@ -34,6 +35,7 @@ use picnic_core::wfq::{Cap, CostKind, QueueId, QueueLimits, Wfq};
 
 pub use egress::Egress;
 pub use ingress::Ingress;
+pub use kernel::{SoftirqDelta, XdpThrottle, XDP_CPU, XDP_PPS};
 pub use slo::{kind_name, Late, SloReport, TenantSlo, Totals, Why, WindowView, SLO_WINDOW};
 
 /// Extra per-frame processing done after the ingress scheduler picked a frame: the optional
@@ -65,6 +67,8 @@ pub struct Engine {
     /// Per local VM with `max_pps`: packets it may send into / receive from the switch.
     pps_out: Vec<Option<TokenBucket>>,
     pps_in: Vec<Option<TokenBucket>>,
+    /// Per VM: whether the uplink's XDP program holds it back for its packet budget.
+    xdp_pps: Vec<bool>,
     /// Frames handled per VM since the loop last charged its CPU time.
     cpu: cpu::CpuLedger,
     /// Per-tenant CPU used in the current period of a saturated loop (read-side fairness).
@@ -142,6 +146,7 @@ impl Engine {
             iron_index,
             pps_out,
             pps_in,
+            xdp_pps: vec![false; dir_vms],
             cpu: cpu::CpuLedger::new(dir_vms),
             share,
             slo,
@@ -246,6 +251,7 @@ impl Engine {
             iron,
             pps,
             self.share.poll_at(),
+            self.xdp_poll_at(),
         ]
         .into_iter()
         .flatten()
@@ -404,6 +410,14 @@ impl Engine {
                         .map(|s| s.throttle_drops + s.early_drops)
                         .unwrap_or(0),
                     cpu_charged_ns: stats.map(|s| s.charged_ns).unwrap_or(0),
+                    softirq_ns: self
+                        .dir
+                        .vms
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, v)| v.tenant == t)
+                        .map(|(i, _)| self.vm_counters[i].softirq_ns)
+                        .sum(),
                 }
             })
             .collect();
@@ -462,6 +476,8 @@ pub struct TenantSnapshot {
     pub cost_ns: u64,
     pub cpu_throttle_drops: u64,
     pub cpu_charged_ns: u64,
+    /// Kernel softirq time on the tenant's ports charged to it (eBPF), ns.
+    pub softirq_ns: u64,
 }
 
 /// The scheduler tree both engines use (PicNIC's per-VM queues, EyeQ's weights): a node per
@@ -581,6 +597,8 @@ fn sender_config(cfg: &Config) -> eyeq::SenderConfig {
 
 #[cfg(test)]
 mod cpu_tests;
+#[cfg(test)]
+mod kernel_tests;
 #[cfg(test)]
 mod slo_tests;
 #[cfg(test)]
