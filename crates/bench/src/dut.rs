@@ -316,6 +316,10 @@ pub fn picnic_config(isolated: bool) -> Result<Config> {
         switch: SwitchSection {
             host_id: 1,
             api: None,
+            api_socket_mode: 0o600,
+            api_token_file: None,
+            feedback_key_file: None,
+            state_file: None,
             frame_pool: 16384,
             batch: 64,
             spin_us: 50,
@@ -370,6 +374,8 @@ pub fn picnic_config(isolated: bool) -> Result<Config> {
                 min_mbps: 1000,
                 max_mbps: Some(100_000),
                 max_pps: None,
+                ipv6: Vec::new(),
+                allow_ethertypes: Vec::new(),
                 port: Some(PortEntry {
                     ifname: TENANT_DEV.into(),
                     backend: Default::default(),
@@ -386,6 +392,8 @@ pub fn picnic_config(isolated: bool) -> Result<Config> {
                 min_mbps: 1000,
                 max_mbps: None,
                 max_pps: None,
+                ipv6: Vec::new(),
+                allow_ethertypes: Vec::new(),
                 port: None,
                 shaped: Vec::new(),
             },
@@ -410,8 +418,8 @@ fn run_picnic(cfg: Config, stop: Arc<AtomicBool>, tid: Arc<AtomicU64>) -> Result
     let result = switch.run();
     let _ = watcher.join();
     result?;
-    let snap = shared.snapshot.lock().map_err(|_| anyhow!("poisoned"))?;
-    Ok(match snap.as_ref() {
+    let snap = shared.latest();
+    Ok(match snap.as_deref() {
         Some(published) => format!(
             "picnic: uplink tx {} drops {:?}",
             published.switch.switch.uplink_tx_packets,

@@ -78,6 +78,8 @@ pub fn switch_config(
                 min_mbps: tenant.min_mbps.max(1),
                 max_mbps: (tenant.max_mbps > 0).then_some(tenant.max_mbps),
                 max_pps: None,
+                ipv6: Vec::new(),
+                allow_ethertypes: Vec::new(),
                 port: (h.index == host.index).then(|| PortEntry {
                     ifname: vm.host_port.clone(),
                     backend: if vm.tap {
@@ -94,6 +96,10 @@ pub fn switch_config(
         switch: SwitchSection {
             host_id: host.index as u32 + 1,
             api: None,
+            api_socket_mode: 0o600,
+            api_token_file: None,
+            feedback_key_file: None,
+            state_file: None,
             frame_pool: 16384,
             batch: 64,
             spin_us: 0,
@@ -191,14 +197,9 @@ impl PicnicSwitch {
     /// every 100 ms while the switch runs, the final ones after teardown. Empty before the
     /// first publication.
     pub fn ports(&self) -> Vec<PortView> {
-        let Some(shared) = self.shared.as_ref() else {
-            return Vec::new();
-        };
-        let Ok(latest) = shared.snapshot.lock() else {
-            return Vec::new();
-        };
-        latest
+        self.shared
             .as_ref()
+            .and_then(|shared| shared.latest())
             .map(|published| published.ports.clone())
             .unwrap_or_default()
     }
@@ -206,16 +207,14 @@ impl PicnicSwitch {
     /// The latest counters the switch published (every 100 ms while it runs; after
     /// teardown, its final ones). None before setup or before its first publication.
     pub fn snapshot(&self) -> Option<Snapshot> {
-        let shared = self.shared.as_ref()?;
-        let latest = shared.snapshot.lock().ok()?;
-        latest.as_ref().map(|published| published.switch.clone())
+        let latest = self.shared.as_ref()?.latest()?;
+        Some(latest.switch.clone())
     }
 
     /// The switch's latest SLO report (as `GET /slo`), with the same timing as `snapshot`.
     pub fn slo_report(&self) -> Option<SloReport> {
-        let shared = self.shared.as_ref()?;
-        let latest = shared.snapshot.lock().ok()?;
-        latest.as_ref().map(|published| published.slo.clone())
+        let latest = self.shared.as_ref()?.latest()?;
+        Some(latest.slo.clone())
     }
 }
 

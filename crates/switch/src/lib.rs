@@ -8,6 +8,7 @@ pub mod directory;
 pub mod ebpf;
 pub mod engine;
 pub mod frame;
+pub mod persist;
 pub mod port;
 pub mod runner;
 pub mod sched;

@@ -10,7 +10,9 @@
 //! core (DESIGN.md section 7).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc};
+
+use arc_swap::ArcSwapOption;
 use std::time::Instant as StdInstant;
 
 use anyhow::Context;
@@ -38,6 +40,13 @@ impl Clock {
     }
     pub fn now(&self) -> Instant {
         Instant::from_nanos(self.0.elapsed().as_nanos() as u64)
+    }
+    /// Wall-clock time at this clock's zero, ns since the UNIX epoch (feedback nonces).
+    pub fn wall_at_zero_ns(&self) -> u64 {
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        (wall.as_nanos() as u64).saturating_sub(self.0.elapsed().as_nanos() as u64)
     }
 }
 impl Default for Clock {
@@ -119,13 +128,31 @@ pub struct Published {
     pub slo: SloReport,
 }
 
-/// Shared with the API thread: the latest snapshot and the current config. The snapshot is
-/// behind an `Arc` so a reader holds the lock only to clone the pointer, never while it
-/// serializes (the loop takes the same lock to publish).
+/// Shared with the API thread: the latest snapshot and the current config, each an `Arc`
+/// swapped atomically (`arc-swap`): the loop publishes without taking a lock, and a reader
+/// that holds a snapshot for as long as it likes (a slow scrape) never delays the loop.
 #[derive(Default)]
 pub struct Shared {
-    pub snapshot: Mutex<Option<Arc<Published>>>,
-    pub config: Mutex<Option<Config>>,
+    snapshot: ArcSwapOption<Published>,
+    config: ArcSwapOption<Config>,
+}
+
+impl Shared {
+    /// The latest published snapshot (None before the first).
+    pub fn latest(&self) -> Option<Arc<Published>> {
+        self.snapshot.load_full()
+    }
+    /// Replaces the published snapshot; never waits for readers.
+    pub fn publish(&self, published: Published) {
+        self.snapshot.store(Some(Arc::new(published)));
+    }
+    /// The running config (None before the loop started).
+    pub fn config(&self) -> Option<Arc<Config>> {
+        self.config.load_full()
+    }
+    pub fn set_config(&self, cfg: Config) {
+        self.config.store(Some(Arc::new(cfg)));
+    }
 }
 
 pub struct Switch {
@@ -238,7 +265,13 @@ impl Switch {
     /// Opens every port of the config and builds the engines. Prints the backend of each port.
     pub fn open(cfg: Config) -> anyhow::Result<Switch> {
         let clock = Clock::new();
-        let engine = Engine::new(&cfg, clock.now())?;
+        let mut engine = Engine::new(&cfg, clock.now())?;
+        if let Some(path) = &cfg.switch.feedback_key_file {
+            let key = crate::config::read_secret(path, "switch.feedback_key_file")?;
+            engine
+                .set_feedback_key(&key, clock.wall_at_zero_ns())
+                .map_err(|e| anyhow::anyhow!("switch.feedback_key_file: {e}"))?;
+        }
         let (uplink, early_drop) = open_uplink(&cfg)?;
         let mut ports = vec![uplink];
         for (i, vm) in cfg.vms.iter().enumerate() {
@@ -322,7 +355,7 @@ impl Switch {
         let mut next_publish = self.clock.now();
         let mut fds = Vec::new();
         let mut spin_until: Option<Instant> = None;
-        *self.shared.config.lock().unwrap() = Some(self.cfg.clone());
+        self.shared.set_config(self.cfg.clone());
         if let Some(nice) = self.cfg.switch.nice {
             if let Err(e) = crate::sched::set_thread_nice(nice.into()) {
                 eprintln!(
@@ -525,14 +558,13 @@ impl Switch {
                 }
             })
             .collect();
-        let published = Arc::new(Published {
+        self.shared.publish(Published {
             switch: self.engine.snapshot(),
             ports,
             pool_free: self.pool.available(),
             pool_capacity: self.pool.capacity(),
             slo: self.engine.slo_report(now),
         });
-        *self.shared.snapshot.lock().unwrap() = Some(published);
     }
 
     fn apply_commands(&mut self) {
@@ -551,7 +583,8 @@ impl Switch {
     }
 
     /// Rebuilds the engines for a new config, keeping ports that stay and opening new ones.
-    /// Frames queued in the old engines are released; counters of VMs that stay carry over.
+    /// Every frame the old engines held returns to the pool; counters of VMs that stay carry
+    /// over.
     fn reconfigure(&mut self, cfg: Config) -> anyhow::Result<()> {
         cfg.validate()?;
         if cfg.uplink.ifname != self.cfg.uplink.ifname
@@ -607,18 +640,14 @@ impl Switch {
         }
         engine.counters = self.engine.counters.clone();
         engine.carry_slo_from(&mut self.engine);
+        engine.carry_feedback_auth_from(&mut self.engine);
         let mut old_engine = std::mem::replace(&mut self.engine, engine);
-        for p in 0..old_engine.dir.port_count() {
-            for f in old_engine.tx_queue(p).drain(..) {
-                self.pool.put(f);
-            }
-        }
-        drop(old_engine);
+        old_engine.release_frames(&mut self.pool);
         self.ports = ports;
         if let Err(e) = self.kernel.set_ports(&tenant_ports(&self.ports)) {
             eprintln!("picnic switch: warning: softirq accounting: {e}");
         }
-        *self.shared.config.lock().unwrap() = Some(cfg.clone());
+        self.shared.set_config(cfg.clone());
         self.cfg = cfg;
         Ok(())
     }
