@@ -16,7 +16,7 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use picnic_lab::netns::{self, NsThread, Testbed};
+use picnic_netns::{self as netns, NsThread, Testbed};
 use picnic_switch::config::{
     BackendKind, Config, EgressSection, HostEntry, IngressSection, Isolation, Mac, PortEntry,
     SwitchSection, TenantEntry, UplinkSection, VmEntry,

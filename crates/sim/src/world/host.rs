@@ -1,4 +1,4 @@
-//! Hosts: each runs the switch's own [`Engine`], built from the lab's switch config, between
+//! Hosts: each runs the switch's own [`Engine`], built from the scenario's switch config, between
 //! its VMs' transmit rings and its NIC. A poll feeds the engine what arrived, lets it work at
 //! the modelled CPU cost ([`CostModel`]) and moves what it left: tunnel frames onto the
 //! host's uplink, tenant frames to the applications. The CPU is busy for that cost, so the
@@ -8,8 +8,9 @@ use std::collections::{HashMap, VecDeque};
 
 use anyhow::{anyhow, Context, Result};
 use picnic_core::Instant;
-use picnic_lab::picnic::switch_config;
-use picnic_lab::topology::Topology;
+use picnic_scenario::plan::Topology;
+use picnic_scenario::switch::dataplane_config;
+use picnic_scenario::Dataplane;
 use picnic_switch::directory::{TenantIdx, UPLINK};
 use picnic_switch::engine::{Engine, Work};
 use picnic_switch::frame::Frame;
@@ -117,9 +118,12 @@ fn parse_mac(s: &str) -> Result<[u8; 6]> {
     Ok(m.0)
 }
 
-/// Builds every host of every replica with the lab's switch config (`isolated`: every
-/// isolation mechanism on); `queue_bytes` is an access link's buffer (for the budget).
-pub(super) fn build_hosts(spec: &Spec, isolated: bool, queue_bytes: u64) -> Result<BuiltHosts> {
+/// Builds every host of every replica with the scenario's switch config for `dataplane`; `queue_bytes` is an access link's buffer (for the budget).
+pub(super) fn build_hosts(
+    spec: &Spec,
+    dataplane: Dataplane,
+    queue_bytes: u64,
+) -> Result<BuiltHosts> {
     let sc = &spec.scenario;
     let sim = &spec.sim;
     let replicas = sim.replicas;
@@ -128,10 +132,11 @@ pub(super) fn build_hosts(spec: &Spec, isolated: bool, queue_bytes: u64) -> Resu
     let mut hosts: Vec<Option<Host>> = (0..total_hosts).map(|_| None).collect();
     let mut vm_locs = Vec::new();
     for r in 0..replicas {
-        let topo = Topology::plan_detached(sc, &format!("r{r}"));
+        let run_id = format!("r{r}");
+        let topo = Topology::plan(sc, &run_id, &|role| format!("sim-{run_id}-{role}"));
         let mut locs = HashMap::new();
         for hv in &topo.hosts {
-            let mut cfg = switch_config(sc, &topo, hv, isolated)?;
+            let mut cfg = dataplane_config(sc, &topo, hv, dataplane)?;
             cfg.switch.nice = None;
             let engine = Engine::new(&cfg, Instant::ZERO)
                 .with_context(|| format!("engine of host {}", hv.name))?;
