@@ -20,7 +20,7 @@ use std::collections::HashMap;
 
 use anyhow::Result;
 use picnic_scenario::{Mode, WorkloadResult};
-use picnic_switch::frame::{Frame, FramePool};
+use picnic_switch::frame::FramePool;
 use picnic_wire::overlay::ENCAP_OVERHEAD;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -60,8 +60,6 @@ struct Net {
     app_blocked: u64,
     /// Sends refused because the pool had no frame within its budget.
     pool_exhausted: u64,
-    /// Frames a host poll takes (kept to reuse its allocation).
-    scratch: Vec<Frame>,
     /// Frames the last host poll delivered to VMs.
     deliveries: Vec<Delivery>,
     /// Applications whose VM ring has room again.
@@ -107,7 +105,6 @@ impl World {
             cons: Conservation::default(),
             app_blocked: 0,
             pool_exhausted: 0,
-            scratch: Vec::new(),
             deliveries: Vec::new(),
             wake: Vec::new(),
         };

@@ -584,4 +584,4 @@ mod cpu_tests;
 #[cfg(test)]
 mod slo_tests;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
