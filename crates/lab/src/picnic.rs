@@ -9,7 +9,7 @@ use anyhow::{anyhow, Context, Result};
 use picnic_scenario::switch::dataplane_config;
 use picnic_scenario::Dataplane as Kind;
 use picnic_switch::config::Config;
-use picnic_switch::engine::Snapshot;
+use picnic_switch::engine::{SloReport, Snapshot};
 use picnic_switch::runner::{Shared, Switch};
 use picnic_wire::overlay::ENCAP_OVERHEAD;
 
@@ -80,6 +80,13 @@ impl PicnicSwitch {
         let shared = self.shared.as_ref()?;
         let latest = shared.snapshot.lock().ok()?;
         latest.as_ref().map(|published| published.switch.clone())
+    }
+
+    /// The switch's latest SLO report (as `GET /slo`), with the same timing as `snapshot`.
+    pub fn slo_report(&self) -> Option<SloReport> {
+        let shared = self.shared.as_ref()?;
+        let latest = shared.snapshot.lock().ok()?;
+        latest.as_ref().map(|published| published.slo.clone())
     }
 }
 
@@ -155,9 +162,41 @@ impl Dataplane for PicnicSwitch {
                     eprintln!("[picnic {}] {line}", host.name);
                 }
             }
+            if let Some(report) = self.slo_report() {
+                for line in slo_lines(&report) {
+                    eprintln!("[picnic {}] {line}", host.name);
+                }
+            }
         }
         Ok(())
     }
+}
+
+/// One line per tenant with traffic through this switch: its SLO as the switch judges it
+/// (latency through the switch, loss, windows violated).
+fn slo_lines(report: &SloReport) -> Vec<String> {
+    let us = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
+    report
+        .tenants
+        .iter()
+        .filter(|t| t.totals.delivered_packets + t.totals.lost_packets > 0)
+        .map(|t| {
+            let s = &t.totals;
+            format!(
+                "slo {:<8} through switch p50 {} p99 {} p99.9 {} us, delivered {} lost {} \
+                 ({:.3}%), windows violated {}/{}",
+                t.tenant,
+                us(s.latency_p50_us),
+                us(s.latency_p99_us),
+                us(s.latency_p999_us),
+                s.delivered_packets,
+                s.lost_packets,
+                s.loss_fraction * 100.0,
+                s.violated_windows,
+                s.windows
+            )
+        })
+        .collect()
 }
 
 /// A dataplane whose config could not be made; fails at setup with the reason.

@@ -5,6 +5,7 @@
 //! has its own queue so it never blocks the VM's fast-path traffic).
 
 use anyhow::{anyhow, Context, Result};
+use picnic_core::slo::Slo;
 use picnic_switch::config::{
     BackendKind, Config, EgressSection, HostEntry, IngressSection, Isolation, PortEntry,
     ShapedClass, SwitchSection, TenantEntry, UplinkSection, VmEntry,
@@ -46,7 +47,15 @@ pub fn switch_config(
             vni: vni_of(t),
             cpu_quota: None,
             cgroup: None,
-            slo: None,
+            // Every tenant's SLO runs in the switch, so its own view (latency through the
+            // switch, loss by reason) is printed beside the lab's end-to-end figures.
+            slo: Some(Slo {
+                min_bps: tenant.min_mbps * 1_000_000,
+                max_bps: (tenant.max_mbps > 0).then_some(tenant.max_mbps * 1_000_000),
+                latency_us: tenant.latency_p99_us.map(|us| us.ceil() as u64),
+                max_loss: tenant.loss_max,
+                ..Slo::default()
+            }),
         })
         .collect();
     let mut vms = Vec::new();

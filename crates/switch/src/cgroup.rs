@@ -9,18 +9,44 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use picnic_core::Duration;
 
-/// The CPU quota files of one cgroup.
+/// The longest CFS period the kernel accepts (v1 `cpu.cfs_period_us`, v2 `cpu.max`), us.
+const KERNEL_PERIOD_MAX_US: u64 = 1_000_000;
+
+/// The smallest quota the kernel accepts, ns (1 ms).
+const MIN_QUOTA_NS: i128 = 1_000_000;
+
+/// Longest debt carried, in budgets: a tenant that keeps overrunning stays at the minimum
+/// quota, and its debt is bounded so that it recovers within this many periods once it stops.
+const MAX_DEBT_PERIODS: i128 = 100;
+
+/// The CPU quota files of one cgroup, driven by the switch as the group's period clock.
+///
+/// Writing a quota refills the group's CFS runtime and forgives the overrun the kernel has
+/// noted on each CPU (`tg_set_cfs_bandwidth`), so a switch that rewrote a 10 ms-period quota
+/// every 10 ms would hand the group up to two budgets per period and cancel every throttle.
+/// The switch therefore sets the kernel's period to its 1 s maximum and writes the budget of
+/// each of its own periods at the period's start: that write is the period's refill (one
+/// extra kernel refill a second is the residual). The overrun the kernel no longer carries
+/// (a thread runs until the next tick notices its runtime is spent: up to 4 ms at HZ=250)
+/// the switch carries itself: it reads the group's CPU time and pays the excess back out of
+/// the next budgets, as Iron's Algorithm 1 lets a container's runtime go negative and
+/// repays it in the next period.
 #[derive(Debug)]
 pub struct CpuQuota {
     dir: PathBuf,
     v2: bool,
+    /// The accounting period the budgets are for, us (restored as the kernel's at release).
     period_us: u64,
-    /// The last quota written, us (writes are skipped when it does not change).
-    last_us: Option<u64>,
+    /// The group's CPU time and the budget it was entitled to at the last refill, ns.
+    last: Option<(u64, u64)>,
+    /// CPU time used beyond the budgets so far, ns (never negative: unused budget is not
+    /// saved up).
+    debt_ns: i128,
 }
 
 impl CpuQuota {
-    /// Opens `dir` and sets its CFS period to `period` (the switch's accounting period).
+    /// Opens `dir` for budgets of `period` (the switch's accounting period) and lengthens the
+    /// kernel's CFS period so that only the switch's writes refill the group.
     pub fn open(dir: &Path, period: Duration) -> Result<CpuQuota> {
         let v1 = dir.join("cpu.cfs_quota_us");
         let v2 = dir.join("cpu.max");
@@ -39,29 +65,92 @@ impl CpuQuota {
             dir: dir.to_path_buf(),
             v2: v2_mode,
             period_us: (period.as_nanos() / 1_000).max(1_000),
-            last_us: None,
+            last: None,
+            debt_ns: 0,
         };
-        if !q.v2 {
-            // v1 refuses a period below the current quota: lift the quota limit first.
-            q.write("cpu.cfs_quota_us", "-1")?;
-            q.write("cpu.cfs_period_us", &q.period_us.to_string())?;
-        }
+        q.set_period(KERNEL_PERIOD_MAX_US)?;
         Ok(q)
     }
 
-    /// Sets the quota for each period.
-    pub fn set(&mut self, quota: Duration) -> Result<()> {
-        let us = (quota.as_nanos() / 1_000).max(1_000);
-        if self.last_us == Some(us) {
-            return Ok(());
+    /// Hands the group its entitlement `budget` for the switch period starting now, less the
+    /// debt of earlier overruns, at least the kernel's 1 ms minimum, or nothing when the debt
+    /// leaves less than half of that; returns the quota written (zero: none). Call once per
+    /// period, even when the budget is unchanged: the write is the refill.
+    pub fn refill(&mut self, budget: Duration) -> Result<Duration> {
+        let used = self.used_ns()?;
+        if let Some((used_before, entitled)) = self.last {
+            // Threads that left the group take their time with them: never a negative use.
+            let overrun = used.saturating_sub(used_before) as i128 - entitled as i128;
+            let cap = MAX_DEBT_PERIODS * budget.as_nanos().max(1_000_000) as i128;
+            self.debt_ns = (self.debt_ns + overrun).clamp(0, cap);
         }
+        self.last = Some((used, budget.as_nanos()));
+        let left = budget.as_nanos() as i128 - self.debt_ns;
+        if left < MIN_QUOTA_NS / 2 {
+            // Nothing (or less than half the kernel's minimum) left: no refill this period.
+            // The group stays throttled once what it has is spent, and the kernel keeps its
+            // overrun on the books because nothing was written.
+            return Ok(Duration::ZERO);
+        }
+        let quota_ns = left.max(MIN_QUOTA_NS) as u64;
+        self.write_quota(quota_ns / 1_000, KERNEL_PERIOD_MAX_US)?;
+        Ok(Duration::from_nanos(quota_ns))
+    }
+
+    /// CPU time the group's threads have used, ns: v2's `cpu.stat` `usage_usec`; v1's cpu
+    /// controller keeps none (that is cpuacct's, not always mounted beside it), so the sum of
+    /// the scheduler's run time of the threads in `tasks`.
+    fn used_ns(&self) -> Result<u64> {
         if self.v2 {
-            self.write("cpu.max", &format!("{us} {}", self.period_us))?;
-        } else {
-            self.write("cpu.cfs_quota_us", &us.to_string())?;
+            let stat = self.read("cpu.stat")?;
+            let usec = stat
+                .lines()
+                .find_map(|l| l.strip_prefix("usage_usec "))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .with_context(|| {
+                    format!("{}: no usage_usec", self.dir.join("cpu.stat").display())
+                })?;
+            return Ok(usec * 1_000);
         }
-        self.last_us = Some(us);
-        Ok(())
+        let tasks = self.read("tasks")?;
+        Ok(tasks
+            .lines()
+            .filter_map(|tid| {
+                // A thread may exit between the two reads: it then counts nothing.
+                let stat = fs::read_to_string(format!("/proc/{}/schedstat", tid.trim())).ok()?;
+                stat.split_whitespace().next()?.parse::<u64>().ok()
+            })
+            .sum())
+    }
+
+    fn read(&self, file: &str) -> Result<String> {
+        let path = self.dir.join(file);
+        fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
+    }
+
+    /// Gives the group back a plain quota of `allocation` per accounting period (the switch
+    /// stops driving it).
+    pub fn release(&mut self, allocation: Duration) -> Result<()> {
+        let us = (allocation.as_nanos() / 1_000).max(1_000);
+        self.set_period(self.period_us)?;
+        self.write_quota(us, self.period_us)
+    }
+
+    fn set_period(&self, period_us: u64) -> Result<()> {
+        if self.v2 {
+            return Ok(()); // cpu.max carries the period with every quota
+        }
+        // v1 refuses a period below the current quota: lift the quota limit first.
+        self.write("cpu.cfs_quota_us", "-1")?;
+        self.write("cpu.cfs_period_us", &period_us.to_string())
+    }
+
+    fn write_quota(&self, us: u64, period_us: u64) -> Result<()> {
+        if self.v2 {
+            self.write("cpu.max", &format!("{us} {period_us}"))
+        } else {
+            self.write("cpu.cfs_quota_us", &us.to_string())
+        }
     }
 
     fn write(&self, file: &str, value: &str) -> Result<()> {
@@ -103,26 +192,62 @@ mod tests {
     }
 
     #[test]
-    fn v1_sets_the_period_then_quotas_in_microseconds() {
-        let g = fake_group(&[("cpu.cfs_quota_us", "-1"), ("cpu.cfs_period_us", "100000")]);
+    fn v1_budgets_are_refills_under_a_1s_kernel_period_and_release_restores_the_period() {
+        let g = fake_group(&[
+            ("cpu.cfs_quota_us", "-1"),
+            ("cpu.cfs_period_us", "100000"),
+            ("tasks", ""),
+        ]);
         let mut q = CpuQuota::open(g.path(), Duration::from_millis(10)).unwrap();
         let read = |f: &str| fs::read_to_string(g.path().join(f)).unwrap();
-        assert_eq!(read("cpu.cfs_period_us"), "10000");
-        q.set(Duration::from_micros(4_200)).unwrap();
+        assert_eq!(read("cpu.cfs_period_us"), "1000000");
+        q.refill(Duration::from_micros(4_200)).unwrap();
         assert_eq!(read("cpu.cfs_quota_us"), "4200");
-        // Below cgroup v1's 1 ms minimum the minimum is written.
-        q.set(Duration::from_micros(10)).unwrap();
+        // Below cgroup v1's 1 ms minimum the minimum is written...
+        q.refill(Duration::from_micros(700)).unwrap();
         assert_eq!(read("cpu.cfs_quota_us"), "1000");
+        // ...and below half of it nothing: no refill this period.
+        q.refill(Duration::from_micros(10)).unwrap();
+        assert_eq!(read("cpu.cfs_quota_us"), "1000");
+        q.release(Duration::from_millis(3)).unwrap();
+        assert_eq!(read("cpu.cfs_period_us"), "10000");
+        assert_eq!(read("cpu.cfs_quota_us"), "3000");
     }
 
     #[test]
     fn v2_writes_quota_and_period_to_cpu_max() {
-        let g = fake_group(&[("cpu.max", "max 100000")]);
+        let g = fake_group(&[("cpu.max", "max 100000"), ("cpu.stat", "usage_usec 0\n")]);
         let mut q = CpuQuota::open(g.path(), Duration::from_millis(10)).unwrap();
-        q.set(Duration::from_millis(5)).unwrap();
+        let read = || fs::read_to_string(g.path().join("cpu.max")).unwrap();
+        q.refill(Duration::from_millis(5)).unwrap();
+        assert_eq!(read(), "5000 1000000");
+        q.release(Duration::from_millis(3)).unwrap();
+        assert_eq!(read(), "3000 10000");
+    }
+
+    #[test]
+    fn overruns_are_paid_back_out_of_the_next_budgets_and_unused_budget_is_not_saved() {
+        let g = fake_group(&[("cpu.max", "max 100000"), ("cpu.stat", "usage_usec 0\n")]);
+        let mut q = CpuQuota::open(g.path(), Duration::from_millis(10)).unwrap();
+        let used =
+            |us: u64| fs::write(g.path().join("cpu.stat"), format!("usage_usec {us}\n")).unwrap();
+        let ms = Duration::from_millis;
+        assert_eq!(q.refill(ms(3)).unwrap(), ms(3));
+        // 7 ms used on a 3 ms budget (a tick's overrun): 4 ms of debt, nothing left: no
+        // refill this period.
+        used(7_000);
+        assert_eq!(q.refill(ms(3)).unwrap(), Duration::ZERO);
+        // 1 ms used (what was left in the group): 2 ms of debt, 1 ms of budget left.
+        used(8_000);
+        assert_eq!(q.refill(ms(3)).unwrap(), ms(1));
+        // 1 ms used: debt paid, the full budget again.
+        used(9_000);
+        assert_eq!(q.refill(ms(3)).unwrap(), ms(3));
+        // Nothing used for a period: no credit beyond the budget.
+        assert_eq!(q.refill(ms(3)).unwrap(), ms(3));
         assert_eq!(
             fs::read_to_string(g.path().join("cpu.max")).unwrap(),
-            "5000 10000"
+            "3000 1000000"
         );
     }
 

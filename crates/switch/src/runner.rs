@@ -326,7 +326,7 @@ impl Switch {
             self.engine.cgroup_quotas(now, &mut quotas);
             for &(tenant, quota) in &quotas {
                 if let Some(Some(group)) = cgroups.get_mut(tenant) {
-                    if let Err(e) = group.set(quota) {
+                    if let Err(e) = group.refill(quota).map(drop) {
                         eprintln!("picnic switch: warning: {e:#}");
                     }
                 }
@@ -425,7 +425,9 @@ impl Switch {
         for (t, group) in self.cfg.tenants.iter().zip(cgroups.iter_mut()) {
             if let (Some(group), Some(cores)) = (group.as_mut(), t.cpu_quota) {
                 let allocation = IRON_PERIOD.as_nanos() as f64 * cores;
-                let _ = group.set(Duration::from_nanos(allocation as u64));
+                if let Err(e) = group.release(Duration::from_nanos(allocation as u64)) {
+                    eprintln!("picnic switch: warning: restoring a tenant's quota: {e:#}");
+                }
             }
         }
     }

@@ -154,10 +154,12 @@ fn charges_add_up_to_the_threads_cpu_time_the_kernel_reports() {
 }
 
 /// Iron 3.2 end to end with a real cgroup (root, cgroup v1 cpu controller): a tenant with a
-/// 0.3-core allocation floods its own VMs; the switch sets the group's period to 10 ms,
-/// lowers its quota below the allocation by the work it does for the tenant, never charges
-/// the tenant more than its allocation per period, drops its frames before any work once
-/// it is spent, and gives the allocation back when it stops.
+/// 0.3-core allocation floods its own VMs while a thread of the tenant burns CPU in its
+/// group; the switch drives the group's refills (kernel period 1 s, one budget written per
+/// 10 ms period), lowers each budget below the allocation by the work it does for the
+/// tenant, so that the tenant's thread and the switch's work for it together stay within the
+/// allocation; it never charges the tenant more than its allocation per period, drops its
+/// frames before any work once it is spent, and gives the allocation back when it stops.
 #[test]
 fn a_tenants_cgroup_pays_for_the_switch_work_done_for_it() {
     let root = std::path::Path::new("/sys/fs/cgroup/cpu");
@@ -187,6 +189,22 @@ fn a_tenants_cgroup_pays_for_the_switch_work_done_for_it() {
     );
     let (handles, stop, shared, dataplane) = start(Config::parse(&text).unwrap());
     let small = udp(1, 2, 64);
+    // The tenant's own work: a thread in its group burning CPU for the whole run.
+    let burning = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let tasks = group.join("tasks");
+    let burner = {
+        let burning = burning.clone();
+        std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+            std::fs::write(&tasks, tid.to_string()).unwrap();
+            let mut x = 0u64;
+            while burning.load(Ordering::Relaxed) {
+                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+            }
+            picnic_switch::runner::thread_cpu_ns()
+        })
+    };
     let start = Instant::now();
     let mut lowest_quota = u64::MAX;
     while start.elapsed() < Duration::from_millis(1000) {
@@ -194,22 +212,26 @@ fn a_tenants_cgroup_pays_for_the_switch_work_done_for_it() {
         while handles[2].pop_sent().is_some() {}
         if start.elapsed() > Duration::from_millis(100) {
             lowest_quota = lowest_quota.min(read("cpu.cfs_quota_us"));
-            assert_eq!(read("cpu.cfs_period_us"), 10_000);
+            assert_eq!(read("cpu.cfs_period_us"), 1_000_000);
         }
         std::thread::sleep(Duration::from_micros(300));
     }
     let elapsed = start.elapsed();
+    burning.store(false, Ordering::Relaxed);
+    let burned_ns = burner.join().unwrap();
     stop.store(true, Ordering::Relaxed);
     dataplane.join().unwrap();
     let restored = read("cpu.cfs_quota_us");
+    let restored_period = read("cpu.cfs_period_us");
     std::fs::remove_dir(&group).unwrap();
     let published = shared.snapshot.lock().unwrap().clone().unwrap();
     let snap = &published.switch;
     let tenant = snap.tenants.iter().find(|t| t.name == "small").unwrap();
     println!(
-        "lowest quota {lowest_quota} us of 3000; charged {:.1} ms in {:.0} ms; \
-         throttled drops {}",
+        "lowest quota {lowest_quota} us of 3000; charged {:.1} ms, tenant thread {:.1} ms \
+         in {:.0} ms; throttled drops {}",
         tenant.cost_ns as f64 / 1e6,
+        burned_ns as f64 / 1e6,
         elapsed.as_secs_f64() * 1e3,
         tenant.cpu_throttle_drops
     );
@@ -219,6 +241,17 @@ fn a_tenants_cgroup_pays_for_the_switch_work_done_for_it() {
     );
     assert!(lowest_quota >= 1000, "cgroup v1's minimum");
     assert_eq!(restored, 3000, "the allocation is given back at stop");
+    assert_eq!(restored_period, 10_000, "with the accounting period");
+    // The thread and the switch's work for the tenant share the allocation (0.3 cores): the
+    // budget written each period is what is left of it. Margin: the first 100 ms before the
+    // first charge, one period's overrun, the kernel's own refill once a second.
+    let allocation_ns = elapsed.as_nanos() as f64 * 0.3;
+    let used_ns = (burned_ns + tenant.cost_ns) as f64;
+    assert!(
+        used_ns <= allocation_ns * 1.1 + 5e6,
+        "tenant thread {burned_ns} ns + switch work {} ns exceed the allocation {allocation_ns} ns",
+        tenant.cost_ns
+    );
     // Charged at most its allocation (less the group's 1 ms minimum) per 10 ms period, plus
     // one period of debt.
     let periods = elapsed.as_nanos() as u64 / 10_000_000 + 2;

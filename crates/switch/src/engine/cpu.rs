@@ -117,11 +117,12 @@ impl CpuLedger {
 }
 
 impl Engine {
-    /// The CPU quota each tenant's cgroup gets for the Iron period that starts at `now`:
-    /// its allocation minus the switch work charged to it in the period that ended (Iron
-    /// 3.2: the container pays for its network processing), at least 1 ms (cgroup v1's
-    /// minimum). Fills `out` with (tenant, quota) once per period, leaves it empty between
-    /// boundaries; the caller writes the cgroup files.
+    /// The CPU budget each tenant's cgroup is entitled to for the Iron period that starts at
+    /// `now`: its allocation minus the switch work charged to it in the period that ended
+    /// (Iron 3.2: the container pays for its network processing), possibly zero. Fills `out`
+    /// with (tenant, budget) once per period, leaves it empty between boundaries; the caller
+    /// writes the cgroup files (`CpuQuota::refill`, which applies the kernel's 1 ms minimum
+    /// and carries the group's own overruns).
     pub fn cgroup_quotas(&mut self, now: Instant, out: &mut Vec<(TenantIdx, Duration)>) {
         out.clear();
         let Some(iron) = self.iron.as_mut() else {
@@ -139,7 +140,7 @@ impl Engine {
                 continue;
             };
             let allocation = Duration::from_nanos((IRON_PERIOD.as_nanos() as f64 * cores) as u64);
-            if let Ok(q) = iron.cgroup_quota(now, account, allocation, CGROUP_MIN_QUOTA) {
+            if let Ok(q) = iron.cgroup_quota(now, account, allocation, Duration::ZERO) {
                 out.push((t, q));
             }
         }
