@@ -2,7 +2,7 @@
 //!
 //! One thread polls every port in turn (a VM port only when its egress queue has room:
 //! backpressure), hands frames to the engines, runs the schedulers and sends what they
-//! produced. When there is nothing to do it asks each port's adaptive wait (Rizzo et al.,
+//! produced: one [`Driver::iterate`], the policy the simulator runs too. When there is nothing to do it asks each port's adaptive wait (Rizzo et al.,
 //! `picnic_core::notify`) whether to spin or to block: while a port's producer is expected to
 //! deliver its next frame sooner than a notification and wake-up cost, the loop polls (spin,
 //! at most `spin_us`), otherwise it blocks on the ports' descriptors until the engines' next
@@ -21,14 +21,14 @@ use picnic_wire::overlay::ENCAP_OVERHEAD;
 
 use crate::cgroup::CpuQuota;
 use crate::config::{BackendKind, Config};
-use crate::directory::{PortIdx, TenantIdx, UPLINK};
+use crate::directory::{PortIdx, TenantIdx};
+use crate::driver::{Driver, Io};
 use crate::ebpf::{EarlyDrop, KernelLink};
 use crate::engine::{Engine, SloReport, Snapshot, Work, IRON_PERIOD};
 use crate::frame::{Frame, FramePool};
 use crate::port::{
     wait_readable, AfPacketOptions, AfPacketPort, AfXdpOptions, AfXdpPort, Port, PortStats, TapPort,
 };
-use crate::stats::DropReason;
 use picnic_core::notify::{AdaptiveWait, Params, Role, WaitConfig, WaitDecision};
 
 /// Monotonic nanoseconds since the switch started, as the engines' `now`.
@@ -171,9 +171,6 @@ pub struct Switch {
     kernel: KernelLink,
 }
 
-/// Batches read from the uplink per loop iteration (one from each tenant port).
-const UPLINK_READ_ROUNDS: usize = 8;
-
 /// Receive ring slots, the queue length L of the Rizzo model.
 const RING_SLOTS: u32 = 2048;
 
@@ -191,6 +188,50 @@ fn ring_wait(max_spin: Duration) -> AdaptiveWait {
         max_sleep: Duration::ZERO,
     })
     .expect("valid model parameters")
+}
+
+/// The ports as the driver's [`Io`]: each read feeds the adaptive wait of the port's ring.
+struct PortIo<'a> {
+    ports: &'a mut [Box<dyn Port>],
+    waits: &'a mut [(AdaptiveWait, u64)],
+    work: &'a mut SpinWork,
+}
+
+impl Io for PortIo<'_> {
+    fn recv(
+        &mut self,
+        now: Instant,
+        port: PortIdx,
+        pool: &mut FramePool,
+        rx: &mut Vec<Frame>,
+        max: usize,
+    ) -> anyhow::Result<usize> {
+        let n = self.ports[port]
+            .recv_batch(pool, rx, max)
+            .with_context(|| format!("receive on {}", self.ports[port].name()))?;
+        if n > 0 {
+            let (wait, seen) = &mut self.waits[port];
+            *seen += n as u64;
+            wait.observe(now, *seen);
+        }
+        Ok(n)
+    }
+
+    fn send(
+        &mut self,
+        port: PortIdx,
+        queue: &mut Vec<Frame>,
+        pool: &mut FramePool,
+    ) -> anyhow::Result<()> {
+        self.ports[port]
+            .send_batch(queue, pool)
+            .with_context(|| format!("send on {}", self.ports[port].name()))?;
+        Ok(())
+    }
+
+    fn work(&mut self) -> &mut dyn Work {
+        self.work
+    }
 }
 
 /// Opens a port with the backend the config names, with an error that says what to fix.
@@ -351,7 +392,7 @@ impl Switch {
     pub fn run(&mut self) -> anyhow::Result<()> {
         let batch = self.cfg.switch.batch;
         let spin = Duration::from_micros(self.cfg.switch.spin_us);
-        let mut rx: Vec<Frame> = Vec::with_capacity(batch);
+        let mut driver = Driver::new(batch);
         let mut next_publish = self.clock.now();
         let mut fds = Vec::new();
         let mut spin_until: Option<Instant> = None;
@@ -403,33 +444,14 @@ impl Switch {
                     .map(|_| (ring_wait(spin), 0))
                     .collect();
             }
-            let mut busy = 0;
-            for p in 0..self.ports.len() {
-                if !self.engine.rx_ready(now, p, batch) {
-                    continue;
-                }
-                // The shared uplink ring is drained further than it is processed: reading and
-                // classifying is cheap, and overload must land in per-VM queues (dropping only
-                // the guilty VM's frames), not overflow the ring for everyone (PicNIC 2.2).
-                let rounds = if p == UPLINK { UPLINK_READ_ROUNDS } else { 1 };
-                for _ in 0..rounds {
-                    let n = self.ports[p]
-                        .recv_batch(&mut self.pool, &mut rx, batch)
-                        .with_context(|| format!("receive on {}", self.ports[p].name()))?;
-                    if n > 0 {
-                        self.engine.on_frames(now, p, &mut rx, &mut self.pool);
-                        busy += n;
-                        let (wait, seen) = &mut self.waits[p];
-                        *seen += n as u64;
-                        wait.observe(now, *seen);
-                    }
-                    if n < batch {
-                        break;
-                    }
-                }
-            }
-            busy += self.engine.poll(now, batch, &mut self.work, &mut self.pool);
-            self.transmit()?;
+            let mut io = PortIo {
+                ports: &mut self.ports,
+                waits: &mut self.waits,
+                work: &mut self.work,
+            };
+            let busy = driver
+                .iterate(now, &mut self.engine, &mut io, &mut self.pool)?
+                .busy();
             if busy > 0 {
                 let took = self.clock.now() - now;
                 for (wait, _) in &mut self.waits {
@@ -511,31 +533,6 @@ impl Switch {
                 }
             }
         }
-    }
-
-    fn transmit(&mut self) -> anyhow::Result<()> {
-        let limit = self.cfg.switch.batch * 4;
-        for p in 0..self.ports.len() {
-            let q = self.engine.tx_queue(p);
-            if q.is_empty() {
-                continue;
-            }
-            self.ports[p]
-                .send_batch(q, &mut self.pool)
-                .with_context(|| format!("send on {}", self.ports[p].name()))?;
-            // A port that cannot keep up must not make memory grow: drop its oldest excess.
-            let q = self.engine.tx_queue(p);
-            if q.len() > limit {
-                let excess = q.len() - limit;
-                for f in q.drain(..excess) {
-                    self.pool.put(f);
-                }
-                for _ in 0..excess {
-                    self.engine.counters.drops.add(DropReason::NoBuffer);
-                }
-            }
-        }
-        Ok(())
     }
 
     fn publish(&mut self, now: Instant) {

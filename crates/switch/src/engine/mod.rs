@@ -651,4 +651,4 @@ mod lifecycle_tests;
 #[cfg(test)]
 mod slo_tests;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
