@@ -483,6 +483,12 @@ fn metrics(published: &Published) -> String {
         "Processing CPU charged to the tenant (Iron)",
         tenant_cost.clone(),
     );
+    let softirq = Family::<TenantLabels, Counter>::default();
+    reg.register(
+        "tenant_softirq_ns",
+        "Kernel softirq time on the tenant's ports charged to it (eBPF)",
+        softirq.clone(),
+    );
     let throttled = Family::<TenantLabels, Counter>::default();
     reg.register(
         "tenant_cpu_throttle_drops",
@@ -529,6 +535,7 @@ fn metrics(published: &Published) -> String {
             tenant: t.name.clone(),
         };
         tenant_cost.get_or_create(&l).inc_by(t.cpu_charged_ns);
+        softirq.get_or_create(&l).inc_by(t.softirq_ns);
         throttled.get_or_create(&l).inc_by(t.cpu_throttle_drops);
     }
     for (reason, n) in snap.switch.drops.iter() {

@@ -5,6 +5,8 @@ pub mod api;
 pub mod cgroup;
 pub mod config;
 pub mod directory;
+pub mod driver;
+pub mod ebpf;
 pub mod engine;
 pub mod frame;
 pub mod persist;

@@ -16,6 +16,7 @@ mod cpu;
 mod egress;
 pub mod feedback;
 mod ingress;
+mod kernel;
 mod share;
 mod slo;
 
@@ -36,6 +37,7 @@ use picnic_core::wfq::{Cap, CostKind, NodeId, QueueId, QueueLimits, Wfq};
 
 pub use egress::Egress;
 pub use ingress::Ingress;
+pub use kernel::{SoftirqDelta, XdpThrottle, XDP_CPU, XDP_PPS};
 pub use slo::{kind_name, Late, SloReport, TenantSlo, Totals, Why, WindowView, SLO_WINDOW};
 
 /// Extra per-frame processing done after the ingress scheduler picked a frame: the optional
@@ -67,6 +69,8 @@ pub struct Engine {
     /// Per local VM with `max_pps`: packets it may send into / receive from the switch.
     pps_out: Vec<Option<TokenBucket>>,
     pps_in: Vec<Option<TokenBucket>>,
+    /// Per VM: whether the uplink's XDP program holds it back for its packet budget.
+    xdp_pps: Vec<bool>,
     /// Frames handled per VM since the loop last charged its CPU time.
     cpu: cpu::CpuLedger,
     /// Per-tenant CPU used in the current period of a saturated loop (read-side fairness).
@@ -147,6 +151,7 @@ impl Engine {
             iron_index,
             pps_out,
             pps_in,
+            xdp_pps: vec![false; dir_vms],
             cpu: cpu::CpuLedger::new(dir_vms),
             share,
             slo,
@@ -311,6 +316,7 @@ impl Engine {
             iron,
             pps,
             self.share.poll_at(),
+            self.xdp_poll_at(),
         ]
         .into_iter()
         .flatten()
@@ -477,6 +483,14 @@ impl Engine {
                         .map(|s| s.throttle_drops + s.early_drops)
                         .unwrap_or(0),
                     cpu_charged_ns: stats.map(|s| s.charged_ns).unwrap_or(0),
+                    softirq_ns: self
+                        .dir
+                        .vms
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, v)| v.tenant == t)
+                        .map(|(i, _)| self.vm_counters[i].softirq_ns)
+                        .sum(),
                 }
             })
             .collect();
@@ -535,6 +549,8 @@ pub struct TenantSnapshot {
     pub cost_ns: u64,
     pub cpu_throttle_drops: u64,
     pub cpu_charged_ns: u64,
+    /// Kernel softirq time on the tenant's ports charged to it (eBPF), ns.
+    pub softirq_ns: u64,
 }
 
 /// The scheduler tree both engines use (PicNIC's per-VM queues, EyeQ's weights): a node per
@@ -663,8 +679,10 @@ mod cpu_tests;
 #[cfg(test)]
 mod feedback_tests;
 #[cfg(test)]
+mod kernel_tests;
+#[cfg(test)]
 mod lifecycle_tests;
 #[cfg(test)]
 mod slo_tests;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
