@@ -390,8 +390,8 @@ fn run_picnic(cfg: Config, stop: Arc<AtomicBool>, tid: Arc<AtomicU64>) -> Result
     let result = switch.run();
     let _ = watcher.join();
     result?;
-    let snap = shared.snapshot.lock().map_err(|_| anyhow!("poisoned"))?;
-    Ok(match snap.as_ref() {
+    let snap = shared.latest();
+    Ok(match snap.as_deref() {
         Some(published) => format!(
             "picnic: uplink tx {} drops {:?}",
             published.switch.switch.uplink_tx_packets,

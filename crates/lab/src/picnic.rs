@@ -10,7 +10,7 @@ use picnic_scenario::switch::dataplane_config;
 use picnic_scenario::Dataplane as Kind;
 use picnic_switch::config::Config;
 use picnic_switch::engine::{SloReport, Snapshot};
-use picnic_switch::runner::{Shared, Switch};
+use picnic_switch::runner::{PortView, Shared, Switch};
 use picnic_wire::overlay::ENCAP_OVERHEAD;
 
 use crate::cgroup::Placement;
@@ -74,26 +74,36 @@ impl PicnicSwitch {
         &self.config
     }
 
+    /// The ports' counters as last published (uplink first, then the local VMs' ports):
+    /// every 100 ms while the switch runs, the final ones after teardown. Empty before the
+    /// first publication.
+    pub fn ports(&self) -> Vec<PortView> {
+        self.shared
+            .as_ref()
+            .and_then(|shared| shared.latest())
+            .map(|published| published.ports.clone())
+            .unwrap_or_default()
+    }
+
     /// The latest counters the switch published (every 100 ms while it runs; after
     /// teardown, its final ones). None before setup or before its first publication.
     pub fn snapshot(&self) -> Option<Snapshot> {
-        let shared = self.shared.as_ref()?;
-        let latest = shared.snapshot.lock().ok()?;
-        latest.as_ref().map(|published| published.switch.clone())
+        let latest = self.shared.as_ref()?.latest()?;
+        Some(latest.switch.clone())
     }
 
     /// The switch's latest SLO report (as `GET /slo`), with the same timing as `snapshot`.
     pub fn slo_report(&self) -> Option<SloReport> {
-        let shared = self.shared.as_ref()?;
-        let latest = shared.snapshot.lock().ok()?;
-        latest.as_ref().map(|published| published.slo.clone())
+        let latest = self.shared.as_ref()?.latest()?;
+        Some(latest.slo.clone())
     }
 }
 
 impl Dataplane for PicnicSwitch {
     fn setup(&mut self, host: &HostView) -> Result<()> {
-        // The overlay adds its headers: tenants get a smaller MTU so TCP never black-holes,
-        // and their checksums must be complete (AF_PACKET forwards frames as they are).
+        // The overlay adds its headers: tenants get a smaller MTU so TCP never black-holes.
+        // Their offloads stay at the Linux defaults: the switch's ports complete partial
+        // checksums and segment TSO super-frames.
         let tenant_mtu = (host.mtu as usize - ENCAP_OVERHEAD).to_string();
         for vm in &host.vms {
             // A TAP VM's interface is still the TAP in the host namespace here; it keeps
@@ -104,7 +114,6 @@ impl Dataplane for PicnicSwitch {
                 (&vm.ns, &vm.dev)
             };
             netns::ip(ns, &["link", "set", dev, "mtu", &tenant_mtu])?;
-            netns::tx_offload_off(ns, dev)?;
         }
         let config = self.config.clone();
         let (ready_tx, ready_rx) = mpsc::channel();

@@ -72,6 +72,8 @@ pub fn switch_config(
                 min_mbps: tenant.min_mbps.max(1),
                 max_mbps: (tenant.max_mbps > 0).then_some(tenant.max_mbps),
                 max_pps: None,
+                ipv6: Vec::new(),
+                allow_ethertypes: Vec::new(),
                 port: (h.index == host.index).then(|| PortEntry {
                     ifname: vm.host_port.clone(),
                     backend: if vm.tap {
@@ -88,6 +90,10 @@ pub fn switch_config(
         switch: SwitchSection {
             host_id: host.index as u32 + 1,
             api: None,
+            api_socket_mode: 0o600,
+            api_token_file: None,
+            feedback_key_file: None,
+            state_file: None,
             frame_pool: 16384,
             batch: 64,
             spin_us: 0,
