@@ -431,7 +431,7 @@ to = "b"
         assert_eq!(rows, ["v", "v/attack", "x"]);
         assert_eq!(side.ip_protocol(), 17);
         assert_eq!(x1.ip_protocol(), 6);
-        assert_eq!(x1.port(&s), Some(crate::results::BASE_PORT + 2));
+        assert_eq!(x1.port(&s), Some(crate::BASE_PORT + 2));
     }
 
     #[test]
