@@ -666,7 +666,7 @@ ip = "198.18.0.2"
         );
     }
 
-    /// Found by the switch_config fuzz target (docs/fuzzing.md): values that validated but
+    /// Found writing the switch_config fuzz target (docs/fuzzing.md): values that validated but
     /// overflowed when the engine turned them into bits/s or bytes (a panic with overflow
     /// checks, silently wrong weights and caps without), or that no machine can hold.
     #[test]
