@@ -291,6 +291,13 @@ fn metrics(published: &Published) -> String {
         "Sum of feedback-set limits applied to the VM's traffic",
         applied.clone(),
     );
+    let pool_free = Gauge::<i64>::default();
+    reg.register(
+        "pool_free_frames",
+        "Free frames in the preallocated pool (the rest are queued)",
+        pool_free.clone(),
+    );
+    pool_free.set(published.pool_free as i64);
     let tenant_cost = Family::<TenantLabels, Counter>::default();
     reg.register(
         "tenant_cpu_charged_ns",
@@ -533,6 +540,8 @@ mod tests {
         *shared.snapshot.lock().unwrap() = Some(Arc::new(Published {
             switch: engine.snapshot(),
             ports: Vec::new(),
+            pool_free: pool.available(),
+            pool_capacity: pool.capacity(),
             slo: engine.slo_report(now),
         }));
         shared

@@ -109,6 +109,10 @@ pub struct PortView {
 pub struct Published {
     pub switch: Snapshot,
     pub ports: Vec<PortView>,
+    /// The frame pool: free frames and capacity (a frame not free is queued in an engine or
+    /// a port's transmit batch; all are back when the queues drain).
+    pub pool_free: usize,
+    pub pool_capacity: usize,
     #[serde(skip)]
     pub slo: SloReport,
 }
@@ -457,6 +461,8 @@ impl Switch {
         let published = Arc::new(Published {
             switch: self.engine.snapshot(),
             ports,
+            pool_free: self.pool.available(),
+            pool_capacity: self.pool.capacity(),
             slo: self.engine.slo_report(now),
         });
         *self.shared.snapshot.lock().unwrap() = Some(published);
