@@ -666,9 +666,10 @@ ip = "198.18.0.2"
         );
     }
 
-    /// Found writing the switch_config fuzz target (docs/fuzzing.md): values that validated but
-    /// overflowed when the engine turned them into bits/s or bytes (a panic with overflow
-    /// checks, silently wrong weights and caps without), or that no machine can hold.
+    /// Values that validated but overflowed when the engine turned them into bits/s or bytes
+    /// (a panic with overflow checks, silently wrong weights and caps without), or that no
+    /// machine can hold. Seen writing the fuzz targets; the api_body target hit `max_mbps`
+    /// (docs/fuzzing.md, seed `fuzz/seeds/api_body/crash-max-mbps-overflow`).
     #[test]
     fn out_of_range_numbers_are_refused_naming_the_field() {
         let vm = "port = { ifname = \"a1\" }";
