@@ -2,7 +2,7 @@
 //!
 //! One thread polls every port in turn (a VM port only when its egress queue has room:
 //! backpressure), hands frames to the engines, runs the schedulers and sends what they
-//! produced. When there is nothing to do it asks each port's adaptive wait (Rizzo et al.,
+//! produced: one [`Driver::iterate`], the policy the simulator runs too. When there is nothing to do it asks each port's adaptive wait (Rizzo et al.,
 //! `picnic_core::notify`) whether to spin or to block: while a port's producer is expected to
 //! deliver its next frame sooner than a notification and wake-up cost, the loop polls (spin,
 //! at most `spin_us`), otherwise it blocks on the ports' descriptors until the engines' next
@@ -10,21 +10,25 @@
 //! core (DESIGN.md section 7).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc};
+
+use arc_swap::ArcSwapOption;
 use std::time::Instant as StdInstant;
 
 use anyhow::Context;
 use picnic_core::{Duration, Instant};
+use picnic_wire::overlay::ENCAP_OVERHEAD;
 
 use crate::cgroup::CpuQuota;
 use crate::config::{BackendKind, Config};
-use crate::directory::{PortIdx, TenantIdx, UPLINK};
+use crate::directory::{PortIdx, TenantIdx};
+use crate::driver::{Driver, Io};
+use crate::ebpf::{EarlyDrop, KernelLink};
 use crate::engine::{Engine, SloReport, Snapshot, Work, IRON_PERIOD};
 use crate::frame::{Frame, FramePool};
 use crate::port::{
     wait_readable, AfPacketOptions, AfPacketPort, AfXdpOptions, AfXdpPort, Port, PortStats, TapPort,
 };
-use crate::stats::DropReason;
 use picnic_core::notify::{AdaptiveWait, Params, Role, WaitConfig, WaitDecision};
 
 /// Monotonic nanoseconds since the switch started, as the engines' `now`.
@@ -36,6 +40,13 @@ impl Clock {
     }
     pub fn now(&self) -> Instant {
         Instant::from_nanos(self.0.elapsed().as_nanos() as u64)
+    }
+    /// Wall-clock time at this clock's zero, ns since the UNIX epoch (feedback nonces).
+    pub fn wall_at_zero_ns(&self) -> u64 {
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        (wall.as_nanos() as u64).saturating_sub(self.0.elapsed().as_nanos() as u64)
     }
 }
 impl Default for Clock {
@@ -117,13 +128,31 @@ pub struct Published {
     pub slo: SloReport,
 }
 
-/// Shared with the API thread: the latest snapshot and the current config. The snapshot is
-/// behind an `Arc` so a reader holds the lock only to clone the pointer, never while it
-/// serializes (the loop takes the same lock to publish).
+/// Shared with the API thread: the latest snapshot and the current config, each an `Arc`
+/// swapped atomically (`arc-swap`): the loop publishes without taking a lock, and a reader
+/// that holds a snapshot for as long as it likes (a slow scrape) never delays the loop.
 #[derive(Default)]
 pub struct Shared {
-    pub snapshot: Mutex<Option<Arc<Published>>>,
-    pub config: Mutex<Option<Config>>,
+    snapshot: ArcSwapOption<Published>,
+    config: ArcSwapOption<Config>,
+}
+
+impl Shared {
+    /// The latest published snapshot (None before the first).
+    pub fn latest(&self) -> Option<Arc<Published>> {
+        self.snapshot.load_full()
+    }
+    /// Replaces the published snapshot; never waits for readers.
+    pub fn publish(&self, published: Published) {
+        self.snapshot.store(Some(Arc::new(published)));
+    }
+    /// The running config (None before the loop started).
+    pub fn config(&self) -> Option<Arc<Config>> {
+        self.config.load_full()
+    }
+    pub fn set_config(&self, cfg: Config) {
+        self.config.store(Some(Arc::new(cfg)));
+    }
 }
 
 pub struct Switch {
@@ -138,10 +167,9 @@ pub struct Switch {
     commands: Option<mpsc::Receiver<Command>>,
     /// Per port: the adaptive wait of its receive ring and frames read from it so far.
     waits: Vec<(AdaptiveWait, u64)>,
+    /// The eBPF programs' maps: the uplink's early drop, the ports' softirq time.
+    kernel: KernelLink,
 }
-
-/// Batches read from the uplink per loop iteration (one from each tenant port).
-const UPLINK_READ_ROUNDS: usize = 8;
 
 /// Receive ring slots, the queue length L of the Rizzo model.
 const RING_SLOTS: u32 = 2048;
@@ -162,45 +190,150 @@ fn ring_wait(max_spin: Duration) -> AdaptiveWait {
     .expect("valid model parameters")
 }
 
+/// The ports as the driver's [`Io`]: each read feeds the adaptive wait of the port's ring.
+struct PortIo<'a> {
+    ports: &'a mut [Box<dyn Port>],
+    waits: &'a mut [(AdaptiveWait, u64)],
+    work: &'a mut SpinWork,
+}
+
+impl Io for PortIo<'_> {
+    fn recv(
+        &mut self,
+        now: Instant,
+        port: PortIdx,
+        pool: &mut FramePool,
+        rx: &mut Vec<Frame>,
+        max: usize,
+    ) -> anyhow::Result<usize> {
+        let n = self.ports[port]
+            .recv_batch(pool, rx, max)
+            .with_context(|| format!("receive on {}", self.ports[port].name()))?;
+        if n > 0 {
+            let (wait, seen) = &mut self.waits[port];
+            *seen += n as u64;
+            wait.observe(now, *seen);
+        }
+        Ok(n)
+    }
+
+    fn send(
+        &mut self,
+        port: PortIdx,
+        queue: &mut Vec<Frame>,
+        pool: &mut FramePool,
+    ) -> anyhow::Result<()> {
+        self.ports[port]
+            .send_batch(queue, pool)
+            .with_context(|| format!("send on {}", self.ports[port].name()))?;
+        Ok(())
+    }
+
+    fn work(&mut self) -> &mut dyn Work {
+        self.work
+    }
+}
+
 /// Opens a port with the backend the config names, with an error that says what to fix.
-pub fn open_port(ifname: &str, backend: BackendKind, field: &str) -> anyhow::Result<Box<dyn Port>> {
+/// GSO super-frames read on it are segmented into frames of at most `max_frame` bytes
+/// ([`vm_max_frame`] for VM ports).
+pub fn open_port(
+    ifname: &str,
+    backend: BackendKind,
+    field: &str,
+    max_frame: usize,
+) -> anyhow::Result<Box<dyn Port>> {
     let port: Box<dyn Port> = match backend {
         BackendKind::AfPacket => Box::new(
-            AfPacketPort::open(ifname, AfPacketOptions::default())
-                .with_context(|| format!("{field}: cannot open '{ifname}'"))?,
+            AfPacketPort::open(
+                ifname,
+                AfPacketOptions {
+                    max_frame,
+                    ..Default::default()
+                },
+            )
+            .with_context(|| format!("{field}: cannot open '{ifname}'"))?,
         ),
         BackendKind::AfXdp => Box::new(
             AfXdpPort::open(ifname, AfXdpOptions::default())
                 .with_context(|| format!("{field}: cannot open '{ifname}' with AF_XDP"))?,
         ),
         BackendKind::Tap => Box::new(
-            TapPort::open(ifname)
+            TapPort::open(ifname, max_frame)
                 .with_context(|| format!("{field}: cannot open TAP '{ifname}'"))?,
         ),
     };
     Ok(port)
 }
 
+/// The longest frame a VM may send that still fits the uplink once encapsulated (the
+/// engine's egress check); VM ports segment super-frames to it.
+pub fn vm_max_frame(cfg: &Config) -> usize {
+    (cfg.uplink.mtu + 14).saturating_sub(ENCAP_OVERHEAD)
+}
+
+/// Opens the uplink; an AF_XDP uplink also gives the maps of its early drop.
+fn open_uplink(cfg: &Config) -> anyhow::Result<(Box<dyn Port>, Option<EarlyDrop>)> {
+    let ifname = &cfg.uplink.ifname;
+    if cfg.uplink.backend != BackendKind::AfXdp {
+        return Ok((
+            open_port(
+                ifname,
+                cfg.uplink.backend,
+                "uplink.ifname",
+                cfg.uplink.mtu + 14,
+            )?,
+            None,
+        ));
+    }
+    let mut port = AfXdpPort::open(ifname, AfXdpOptions::default())
+        .with_context(|| format!("uplink.ifname: cannot open '{ifname}' with AF_XDP"))?;
+    let early = port.early_drop();
+    Ok((Box::new(port), early))
+}
+
+/// The tenant ports (every port but the uplink) as (interface name, slot = port index).
+fn tenant_ports(ports: &[Box<dyn Port>]) -> Vec<(String, u32)> {
+    ports
+        .iter()
+        .enumerate()
+        .skip(1)
+        .map(|(i, p)| (p.name().to_string(), i as u32))
+        .collect()
+}
+
 impl Switch {
     /// Opens every port of the config and builds the engines. Prints the backend of each port.
     pub fn open(cfg: Config) -> anyhow::Result<Switch> {
         let clock = Clock::new();
-        let engine = Engine::new(&cfg, clock.now())?;
-        let mut ports = vec![open_port(
-            &cfg.uplink.ifname,
-            cfg.uplink.backend,
-            "uplink.ifname",
-        )?];
+        let mut engine = Engine::new(&cfg, clock.now())?;
+        if let Some(path) = &cfg.switch.feedback_key_file {
+            let key = crate::config::read_secret(path, "switch.feedback_key_file")?;
+            engine
+                .set_feedback_key(&key, clock.wall_at_zero_ns())
+                .map_err(|e| anyhow::anyhow!("switch.feedback_key_file: {e}"))?;
+        }
+        let (uplink, early_drop) = open_uplink(&cfg)?;
+        let mut ports = vec![uplink];
         for (i, vm) in cfg.vms.iter().enumerate() {
             if let Some(p) = vm.port.as_ref().filter(|_| vm.host == cfg.switch.host_id) {
                 ports.push(open_port(
                     &p.ifname,
                     p.backend,
                     &format!("vms[{i}].port.ifname"),
+                    vm_max_frame(&cfg),
                 )?);
             }
         }
-        Ok(Self::with_ports(cfg, engine, ports, clock))
+        // Only while Iron runs (some tenant has an allocation): the tracepoints cost every
+        // packet of the host (docs/switch.md "eBPF").
+        let softirq = cfg.isolation.cpu_accounting
+            && cfg.isolation.softirq_accounting
+            && cfg.tenants.iter().any(|t| t.cpu_quota.is_some());
+        let kernel = KernelLink::open(early_drop, softirq, &tenant_ports(&ports));
+        let mut switch = Self::with_ports(cfg, engine, ports, clock);
+        switch.kernel = kernel;
+        Ok(switch)
     }
 
     /// Builds a switch over already opened ports (port 0 the uplink, then local VMs in config
@@ -225,16 +358,25 @@ impl Switch {
             shared: Arc::new(Shared::default()),
             commands: None,
             waits: Vec::new(),
+            kernel: KernelLink::default(),
             cfg,
         }
     }
 
     pub fn describe_ports(&self) -> Vec<String> {
-        self.ports
+        let mut lines: Vec<String> = self
+            .ports
             .iter()
             .enumerate()
             .map(|(i, p)| format!("port {i} {}: {}", p.name(), p.backend()))
-            .collect()
+            .collect();
+        if self.kernel.early_drop_on() {
+            lines.push("uplink XDP early drop of throttled VMs: on".into());
+        }
+        if self.kernel.softirq_on() {
+            lines.push("softirq accounting (eBPF tracepoints): on".into());
+        }
+        lines
     }
 
     /// Set to true to make [`Switch::run`] return.
@@ -254,11 +396,11 @@ impl Switch {
     pub fn run(&mut self) -> anyhow::Result<()> {
         let batch = self.cfg.switch.batch;
         let spin = Duration::from_micros(self.cfg.switch.spin_us);
-        let mut rx: Vec<Frame> = Vec::with_capacity(batch);
+        let mut driver = Driver::new(batch);
         let mut next_publish = self.clock.now();
         let mut fds = Vec::new();
         let mut spin_until: Option<Instant> = None;
-        *self.shared.config.lock().unwrap() = Some(self.cfg.clone());
+        self.shared.set_config(self.cfg.clone());
         if let Some(nice) = self.cfg.switch.nice {
             if let Err(e) = crate::sched::set_thread_nice(nice.into()) {
                 eprintln!(
@@ -278,6 +420,7 @@ impl Switch {
         }
         let mut cgroups = self.open_cgroups()?;
         let mut quotas = Vec::new();
+        self.kernel.set_dataplane_thread();
         let mut cpu_mark = thread_cpu_ns();
         while !self.stop.load(Ordering::Relaxed) {
             let now = self.clock.now();
@@ -286,6 +429,7 @@ impl Switch {
             let cpu_now = thread_cpu_ns();
             self.engine.charge_cpu(now, cpu_now - cpu_mark);
             cpu_mark = cpu_now;
+            self.kernel.tick(&mut self.engine, now);
             self.engine.cgroup_quotas(now, &mut quotas);
             for &(tenant, quota) in &quotas {
                 if let Some(Some(group)) = cgroups.get_mut(tenant) {
@@ -304,33 +448,14 @@ impl Switch {
                     .map(|_| (ring_wait(spin), 0))
                     .collect();
             }
-            let mut busy = 0;
-            for p in 0..self.ports.len() {
-                if !self.engine.rx_ready(now, p, batch) {
-                    continue;
-                }
-                // The shared uplink ring is drained further than it is processed: reading and
-                // classifying is cheap, and overload must land in per-VM queues (dropping only
-                // the guilty VM's frames), not overflow the ring for everyone (PicNIC 2.2).
-                let rounds = if p == UPLINK { UPLINK_READ_ROUNDS } else { 1 };
-                for _ in 0..rounds {
-                    let n = self.ports[p]
-                        .recv_batch(&mut self.pool, &mut rx, batch)
-                        .with_context(|| format!("receive on {}", self.ports[p].name()))?;
-                    if n > 0 {
-                        self.engine.on_frames(now, p, &mut rx, &mut self.pool);
-                        busy += n;
-                        let (wait, seen) = &mut self.waits[p];
-                        *seen += n as u64;
-                        wait.observe(now, *seen);
-                    }
-                    if n < batch {
-                        break;
-                    }
-                }
-            }
-            busy += self.engine.poll(now, batch, &mut self.work, &mut self.pool);
-            self.transmit()?;
+            let mut io = PortIo {
+                ports: &mut self.ports,
+                waits: &mut self.waits,
+                work: &mut self.work,
+            };
+            let busy = driver
+                .iterate(now, &mut self.engine, &mut io, &mut self.pool)?
+                .busy();
             if busy > 0 {
                 let took = self.clock.now() - now;
                 for (wait, _) in &mut self.waits {
@@ -414,32 +539,8 @@ impl Switch {
         }
     }
 
-    fn transmit(&mut self) -> anyhow::Result<()> {
-        let limit = self.cfg.switch.batch * 4;
-        for p in 0..self.ports.len() {
-            let q = self.engine.tx_queue(p);
-            if q.is_empty() {
-                continue;
-            }
-            self.ports[p]
-                .send_batch(q, &mut self.pool)
-                .with_context(|| format!("send on {}", self.ports[p].name()))?;
-            // A port that cannot keep up must not make memory grow: drop its oldest excess.
-            let q = self.engine.tx_queue(p);
-            if q.len() > limit {
-                let excess = q.len() - limit;
-                for f in q.drain(..excess) {
-                    self.pool.put(f);
-                }
-                for _ in 0..excess {
-                    self.engine.counters.drops.add(DropReason::NoBuffer);
-                }
-            }
-        }
-        Ok(())
-    }
-
     fn publish(&mut self, now: Instant) {
+        self.kernel.publish(&mut self.engine, now);
         let ports = self
             .ports
             .iter()
@@ -458,14 +559,13 @@ impl Switch {
                 }
             })
             .collect();
-        let published = Arc::new(Published {
+        self.shared.publish(Published {
             switch: self.engine.snapshot(),
             ports,
             pool_free: self.pool.available(),
             pool_capacity: self.pool.capacity(),
             slo: self.engine.slo_report(now),
         });
-        *self.shared.snapshot.lock().unwrap() = Some(published);
     }
 
     fn apply_commands(&mut self) {
@@ -484,7 +584,8 @@ impl Switch {
     }
 
     /// Rebuilds the engines for a new config, keeping ports that stay and opening new ones.
-    /// Frames queued in the old engines are released; counters of VMs that stay carry over.
+    /// Every frame the old engines held returns to the pool; counters of VMs that stay carry
+    /// over.
     fn reconfigure(&mut self, cfg: Config) -> anyhow::Result<()> {
         cfg.validate()?;
         if cfg.uplink.ifname != self.cfg.uplink.ifname
@@ -504,8 +605,12 @@ impl Switch {
                     .position(|o| o.as_ref().is_some_and(|o| o.name() == p.ifname));
                 match reuse {
                     Some(j) => ports.push(old[j].take().expect("present")),
-                    None => match open_port(&p.ifname, p.backend, &format!("vms[{i}].port.ifname"))
-                    {
+                    None => match open_port(
+                        &p.ifname,
+                        p.backend,
+                        &format!("vms[{i}].port.ifname"),
+                        vm_max_frame(&cfg),
+                    ) {
                         Ok(port) => ports.push(port),
                         Err(e) => {
                             // Put everything back as it was.
@@ -527,6 +632,8 @@ impl Switch {
             }
         }
         let mut engine = Engine::new(&cfg, self.clock.now())?;
+        // XDP drops counted so far belong to the old engine's VMs (carried over by name).
+        self.kernel.publish(&mut self.engine, self.clock.now());
         for (i, vm) in engine.dir.vms.iter().enumerate() {
             if let Some(j) = self.engine.dir.vms.iter().position(|o| o.name == vm.name) {
                 engine.vm_counters[i] = self.engine.vm_counters[j].clone();
@@ -534,15 +641,14 @@ impl Switch {
         }
         engine.counters = self.engine.counters.clone();
         engine.carry_slo_from(&mut self.engine);
+        engine.carry_feedback_auth_from(&mut self.engine);
         let mut old_engine = std::mem::replace(&mut self.engine, engine);
-        for p in 0..old_engine.dir.port_count() {
-            for f in old_engine.tx_queue(p).drain(..) {
-                self.pool.put(f);
-            }
-        }
-        drop(old_engine);
+        old_engine.release_frames(&mut self.pool);
         self.ports = ports;
-        *self.shared.config.lock().unwrap() = Some(cfg.clone());
+        if let Err(e) = self.kernel.set_ports(&tenant_ports(&self.ports)) {
+            eprintln!("picnic switch: warning: softirq accounting: {e}");
+        }
+        self.shared.set_config(cfg.clone());
         self.cfg = cfg;
         Ok(())
     }

@@ -35,10 +35,14 @@ pub enum DropReason {
     PpsLimit,
     /// No free frame buffer (pool exhausted).
     NoBuffer,
+    /// As `CpuThrottled`, dropped by the uplink's XDP program before reaching the switch.
+    CpuThrottledXdp,
+    /// As `PpsLimit`, dropped by the uplink's XDP program before reaching the switch.
+    PpsLimitXdp,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 14] = [
+    pub const ALL: [DropReason; 16] = [
         DropReason::Malformed,
         DropReason::Spoofed,
         DropReason::UnknownDestination,
@@ -53,6 +57,8 @@ impl DropReason {
         DropReason::CpuThrottled,
         DropReason::PpsLimit,
         DropReason::NoBuffer,
+        DropReason::CpuThrottledXdp,
+        DropReason::PpsLimitXdp,
     ];
     pub fn as_str(self) -> &'static str {
         match self {
@@ -70,6 +76,8 @@ impl DropReason {
             DropReason::CpuThrottled => "cpu_throttled",
             DropReason::PpsLimit => "pps_limit",
             DropReason::NoBuffer => "no_buffer",
+            DropReason::CpuThrottledXdp => "cpu_throttled_xdp",
+            DropReason::PpsLimitXdp => "pps_limit_xdp",
         }
     }
 }
@@ -92,6 +100,9 @@ impl Serialize for Drops {
 impl Drops {
     pub fn add(&mut self, r: DropReason) {
         self.0[r as usize] += 1;
+    }
+    pub fn add_n(&mut self, r: DropReason, n: u64) {
+        self.0[r as usize] += n;
     }
     pub fn get(&self, r: DropReason) -> u64 {
         self.0[r as usize]
@@ -123,6 +134,15 @@ pub struct VmCounters {
     pub drops: Drops,
     /// Dataplane CPU time charged for this VM's frames (both directions, I/O included), ns.
     pub cost_ns: u64,
+    /// Kernel NET_RX softirq time on the VM's port outside the switch's thread, charged to
+    /// its tenant (eBPF, docs/switch.md "eBPF"), ns; the packets it handled; the part run by
+    /// ksoftirqd or on an idle CPU (charged to no task by the kernel).
+    pub softirq_ns: u64,
+    pub softirq_packets: u64,
+    pub softirq_kthread_ns: u64,
+    /// Softirq time on the VM's port run by the switch's own thread (part of its `cost_ns`
+    /// already), ns.
+    pub softirq_in_switch_ns: u64,
     /// Time frames to this VM waited in its ingress queue.
     pub ingress_wait: WaitHistogram,
     /// Frames of the VM that went through one of its shaped classes' queues instead of the
@@ -173,6 +193,49 @@ impl Serialize for WaitHistogram {
     }
 }
 
+/// Why feedback was refused.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum FeedbackReject {
+    Forged,
+    Unauthenticated,
+    Replayed,
+    OutOfRange,
+}
+
+/// Refused feedback by reason (`/stats` `switch.feedback_rejected`, `/metrics`
+/// `picnic_feedback_rejected_total{reason}`).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct FeedbackRejects {
+    /// Not from the host that owns the endpoint (or unknown endpoint, host or VNI).
+    pub forged: u64,
+    /// Missing or wrong authentication tag (deployments with a key).
+    pub unauthenticated: u64,
+    /// A nonce seen before, below the window, or outside the clock-skew bound.
+    pub replayed: u64,
+    /// A rate of 0 or above `engine::feedback::MAX_FEEDBACK_BPS`.
+    pub out_of_range: u64,
+}
+
+impl FeedbackRejects {
+    pub fn add(&mut self, r: FeedbackReject) {
+        match r {
+            FeedbackReject::Forged => self.forged += 1,
+            FeedbackReject::Unauthenticated => self.unauthenticated += 1,
+            FeedbackReject::Replayed => self.replayed += 1,
+            FeedbackReject::OutOfRange => self.out_of_range += 1,
+        }
+    }
+    /// (reason, count) for metrics.
+    pub fn iter(&self) -> [(&'static str, u64); 4] {
+        [
+            ("forged", self.forged),
+            ("unauthenticated", self.unauthenticated),
+            ("replayed", self.replayed),
+            ("out_of_range", self.out_of_range),
+        ]
+    }
+}
+
 /// Switch-wide counters for frames not attributable to a VM.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct SwitchCounters {
@@ -180,6 +243,8 @@ pub struct SwitchCounters {
     pub uplink_tx_packets: u64,
     pub feedback_sent: u64,
     pub feedback_received: u64,
+    /// Feedback refused before it was applied, by reason (see `engine::feedback`).
+    pub feedback_rejected: FeedbackRejects,
     pub arp_replies: u64,
     /// Frames marked ECN CE by a filling limiter queue.
     pub ecn_marked: u64,
@@ -191,4 +256,23 @@ pub struct SwitchCounters {
     pub unattributed_ns: u64,
     /// CPU spent in loop iterations that handled no frame (waiting, polling), ns.
     pub overhead_ns: u64,
+    /// All NET_RX softirq time on this host and how it was attributed (None while softirq
+    /// accounting is off).
+    pub softirq: Option<SoftirqTotals>,
+}
+
+/// The host's NET_RX softirq time as the softirq accounting programs measured it, ns.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[repr(C)]
+pub struct SoftirqTotals {
+    /// Every NET_RX softirq run on every CPU.
+    pub net_rx_ns: u64,
+    pub windows: u64,
+    /// On tenant ports, outside the switch's thread: charged to their tenants.
+    pub attributed_ns: u64,
+    /// On tenant ports, inside the switch's own thread (already in its measured CPU time).
+    pub switch_ns: u64,
+    /// On other devices, or runs that handed no packet to the stack.
+    pub untracked_ns: u64,
+    pub packets: u64,
 }

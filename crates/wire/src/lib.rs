@@ -5,6 +5,8 @@
 //! - [`feedback`]: picnic's Geneve option carrying receiver-driven congestion feedback, and
 //!   standalone feedback packets.
 //! - [`overlay`]: allocation-free encapsulation and decapsulation over Ethernet/IPv4/UDP 6081.
+//! - [`offload`]: a VM's transmit offloads finished in software: the virtio-net header,
+//!   partial checksum completion and TSO/USO segmentation.
 //! - [`mod@classify`]: the cheap classification of a tenant frame done before scheduling.
 //!
 //! Ethernet, IPv4, IPv6, UDP, TCP and ARP come from [`etherparse`], re-exported so users
@@ -15,12 +17,13 @@ pub mod ecn;
 pub mod error;
 pub mod feedback;
 pub mod geneve;
+pub mod offload;
 pub mod overlay;
 
 pub use classify::{classify, ArpSummary, FrameSummary, Network, Ports};
 pub use error::Error;
 pub use etherparse;
-pub use feedback::{standalone_feedback, FeedbackOption};
+pub use feedback::{standalone_feedback, FeedbackAuth, FeedbackOption};
 pub use geneve::{GeneveOption, GenevePacket, GeneveRepr};
 pub use overlay::{
     decap, encap, encap_headers, encap_headers_len, entropy_source_port, Decapped, OuterHeaders,

@@ -11,9 +11,12 @@
 //! evaluation, delivery) is spent after the scheduler chose the frame, and is measured by the
 //! caller's [`Work`] so it can be charged to the tenant it was spent for (Iron 3).
 
+pub mod antispoof;
 mod cpu;
 mod egress;
+pub mod feedback;
 mod ingress;
+mod kernel;
 mod share;
 mod slo;
 
@@ -34,6 +37,7 @@ use picnic_core::wfq::{Cap, CostKind, QueueId, QueueLimits, Wfq};
 
 pub use egress::Egress;
 pub use ingress::Ingress;
+pub use kernel::{SoftirqDelta, XdpThrottle, XDP_CPU, XDP_PPS};
 pub use slo::{kind_name, Late, SloReport, TenantSlo, Totals, Why, WindowView, SLO_WINDOW};
 
 /// Extra per-frame processing done after the ingress scheduler picked a frame: the optional
@@ -65,12 +69,17 @@ pub struct Engine {
     /// Per local VM with `max_pps`: packets it may send into / receive from the switch.
     pps_out: Vec<Option<TokenBucket>>,
     pps_in: Vec<Option<TokenBucket>>,
+    /// Per VM: whether the uplink's XDP program holds it back for its packet budget.
+    xdp_pps: Vec<bool>,
     /// Frames handled per VM since the loop last charged its CPU time.
     cpu: cpu::CpuLedger,
     /// Per-tenant CPU used in the current period of a saturated loop (read-side fairness).
     share: share::FairShare,
     /// SLO monitors of the tenants that have one (DESIGN.md 3.9).
     slo: slo::SloTracker,
+    /// The deployment's feedback key with this host's nonces and replay windows, when
+    /// feedback is authenticated (see [`feedback`]).
+    feedback_auth: Option<feedback::FeedbackAuthState>,
     /// Whether both schedulers share the dominant resource (CPU or link time) instead of
     /// bytes.
     cpu_fair: bool,
@@ -142,15 +151,31 @@ impl Engine {
             iron_index,
             pps_out,
             pps_in,
+            xdp_pps: vec![false; dir_vms],
             cpu: cpu::CpuLedger::new(dir_vms),
             share,
             slo,
+            feedback_auth: None,
             cpu_fair: cfg.isolation.cpu_fair,
             tx: (0..ports)
                 .map(|_| Vec::with_capacity(cfg.switch.batch * 2))
                 .collect(),
             counters: SwitchCounters::default(),
         })
+    }
+
+    /// Authenticates the feedback this host sends and requires it on the feedback it
+    /// receives, with the deployment's `key`; `wall_at_zero_ns` is the wall-clock time at
+    /// this engine's `Instant::ZERO` (ns since the UNIX epoch), for the nonces' timestamps.
+    pub fn set_feedback_key(&mut self, key: &[u8], wall_at_zero_ns: u64) -> Result<(), String> {
+        self.feedback_auth = Some(feedback::FeedbackAuthState::new(key, wall_at_zero_ns)?);
+        Ok(())
+    }
+
+    /// Takes over `old`'s feedback key, nonces and replay windows (a rebuilt engine must not
+    /// reuse a nonce or accept a replay).
+    pub fn carry_feedback_auth_from(&mut self, old: &mut Engine) {
+        self.feedback_auth = old.feedback_auth.take();
     }
 
     /// Whether the caller should read `port` now. A VM port whose egress queue cannot take
@@ -224,6 +249,23 @@ impl Engine {
         done
     }
 
+    /// Returns every frame this engine holds (queued in either direction, in shaped and
+    /// limiter queues, waiting for transmit) to `pool`; the engine is empty afterwards.
+    /// Call it before dropping an engine, or the pool shrinks by what it held.
+    pub fn release_frames(&mut self, pool: &mut FramePool) {
+        for frame in self.egress.take_frames() {
+            pool.put(frame);
+        }
+        for frame in self.ingress.take_frames() {
+            pool.put(frame);
+        }
+        for q in &mut self.tx {
+            for frame in q.drain(..) {
+                pool.put(frame);
+            }
+        }
+    }
+
     /// Frames waiting to be sent on `port`.
     pub fn tx_queue(&mut self, port: PortIdx) -> &mut Vec<Frame> {
         &mut self.tx[port]
@@ -246,6 +288,7 @@ impl Engine {
             iron,
             pps,
             self.share.poll_at(),
+            self.xdp_poll_at(),
         ]
         .into_iter()
         .flatten()
@@ -317,6 +360,7 @@ impl Engine {
     /// Sends congestion feedback about local VM `vm` to host `to` in a standalone packet.
     fn send_feedback(
         &mut self,
+        now: Instant,
         pool: &mut FramePool,
         to: u32,
         vm: VmIdx,
@@ -330,15 +374,22 @@ impl Engine {
         let v = &self.dir.vms[vm];
         let fb = FeedbackOption {
             dst_endpoint: v.id,
-            rate_bps: rate_bytes_per_sec.saturating_mul(8),
+            // At least 1 b/s: receivers refuse 0 as out of range.
+            rate_bps: rate_bytes_per_sec
+                .saturating_mul(8)
+                .clamp(1, feedback::MAX_FEEDBACK_BPS),
             seq,
         };
-        let geneve = standalone_feedback(self.dir.tenants[v.tenant].vni, fb);
+        let vni = self.dir.tenants[v.tenant].vni;
+        let mut geneve = standalone_feedback(vni, fb);
         let (Some(me), Some(peer)) = (self.dir.hosts.get(&self.host_id), self.dir.hosts.get(&to))
         else {
             pool.put(frame);
             return;
         };
+        if let Some(auth) = self.feedback_auth.as_mut() {
+            geneve.feedback_auth = Some(auth.sign(now, me.underlay_ip, peer.underlay_ip, vni, &fb));
+        }
         let outer = OuterHeaders {
             src_mac: me.mac.0,
             dst_mac: peer.mac.0,
@@ -404,6 +455,14 @@ impl Engine {
                         .map(|s| s.throttle_drops + s.early_drops)
                         .unwrap_or(0),
                     cpu_charged_ns: stats.map(|s| s.charged_ns).unwrap_or(0),
+                    softirq_ns: self
+                        .dir
+                        .vms
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, v)| v.tenant == t)
+                        .map(|(i, _)| self.vm_counters[i].softirq_ns)
+                        .sum(),
                 }
             })
             .collect();
@@ -462,6 +521,8 @@ pub struct TenantSnapshot {
     pub cost_ns: u64,
     pub cpu_throttle_drops: u64,
     pub cpu_charged_ns: u64,
+    /// Kernel softirq time on the tenant's ports charged to it (eBPF), ns.
+    pub softirq_ns: u64,
 }
 
 /// The scheduler tree both engines use (PicNIC's per-VM queues, EyeQ's weights): a node per
@@ -582,6 +643,12 @@ fn sender_config(cfg: &Config) -> eyeq::SenderConfig {
 #[cfg(test)]
 mod cpu_tests;
 #[cfg(test)]
+mod feedback_tests;
+#[cfg(test)]
+mod kernel_tests;
+#[cfg(test)]
+mod lifecycle_tests;
+#[cfg(test)]
 mod slo_tests;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -1,6 +1,7 @@
 //! Scaffolding shared by the root integration tests of the port backends (tests/ports.rs,
 //! tests/afxdp.rs): a `pn-t-*` network namespace guard with veth setup, the skip-without-root
-//! check, and builders and checks of the tests' numbered frames.
+//! check, and builders and checks of the tests' numbered frames. Each test binary uses part of it.
+#![allow(dead_code)]
 
 use std::os::fd::AsRawFd;
 use std::process::Command;
@@ -25,6 +26,17 @@ pub fn is_root() -> bool {
         println!("skipped: needs root for network namespaces/AF_PACKET");
     }
     root
+}
+
+/// Whether the switch's eBPF programs were built (the build had clang); prints why a test
+/// skips when not.
+#[allow(dead_code)] // tests/ports.rs opens no AF_XDP port
+pub fn have_ebpf() -> bool {
+    let built = picnic_switch::ebpf::programs_built();
+    if !built {
+        println!("skipped: the eBPF programs were not built (no clang; scripts/setup.sh)");
+    }
+    built
 }
 
 /// A network namespace (`pn-t-*`) that exists for the guard's lifetime.

@@ -1,5 +1,6 @@
-//! Network namespaces, veth pairs, bridges and HTB shaping, driven through `ip`, `tc`,
-//! `bridge` and `ethtool`, plus running code inside a namespace.
+//! picnic-netns: network namespaces, veth pairs, bridges and HTB shaping, driven through
+//! `ip`, `tc`, `bridge` and `ethtool`, plus running code inside a namespace. The lab's
+//! testbeds and the benchmark's are built with it.
 //!
 //! Every object the lab creates lives inside a namespace named `pn-<run id>-...`; links are
 //! created directly inside their namespaces (`ip -n NS link add ... peer ... netns NS2`), so
@@ -192,16 +193,6 @@ impl Testbed {
         })
     }
 
-    /// A testbed that creates nothing (no cleanup, no Ctrl-C handler), for planning a
-    /// topology as data in tests.
-    #[cfg(test)]
-    pub(crate) fn unbuilt(run_id: &str) -> Testbed {
-        Testbed {
-            run_id: run_id.to_owned(),
-            namespaces: Vec::new(),
-        }
-    }
-
     /// The run id that every namespace name of this testbed contains.
     pub fn run_id(&self) -> &str {
         &self.run_id
@@ -365,8 +356,9 @@ pub fn shape_htb(ns: &str, dev: &str, rate_mbps: u64, queue_bytes: u64) -> Resul
     .map(drop)
 }
 
-/// Turns transmit checksum offload off (`ethtool -K dev tx off`): needed where a
-/// userspace switch forwards TCP with AF_PACKET/AF_XDP (DESIGN.md 7).
+/// Turns transmit checksum offload off (`ethtool -K dev tx off`, which also turns TSO off):
+/// for forwarders that pass frames as they are (the benchmark's raw and OVS baselines) and
+/// for comparisons. picnic's ports complete checksums and segment super-frames themselves.
 pub fn tx_offload_off(ns: &str, dev: &str) -> Result<()> {
     cmd(
         "ip",
