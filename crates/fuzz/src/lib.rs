@@ -298,10 +298,10 @@ pub fn switch_config(bytes: &[u8]) {
         .unwrap_or_else(|e| panic!("serialized config does not validate: {e}\n{json}"));
 }
 
-/// A lab scenario file (`picnic_lab::scenario::Scenario::parse`: TOML, then validation),
+/// A lab scenario file (`picnic_scenario::Scenario::parse`: TOML, then validation),
 /// and the lookups the lab does on a valid one.
 pub fn scenario(bytes: &[u8]) {
-    use picnic_lab::scenario::Scenario;
+    use picnic_scenario::Scenario;
     let Ok(text) = std::str::from_utf8(bytes) else {
         return;
     };

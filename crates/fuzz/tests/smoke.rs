@@ -70,7 +70,7 @@ fn seeds_reach_the_code_behind_the_parsers() {
         .count();
     assert!(configs >= 2, "only {configs} switch_config seeds are valid");
     let scenarios = text("scenario")
-        .filter(|t| picnic_lab::scenario::Scenario::parse(t).is_ok())
+        .filter(|t| picnic_scenario::Scenario::parse(t).is_ok())
         .count();
     assert!(scenarios >= 2, "only {scenarios} scenario seeds are valid");
     let frames = seeds("wire")
