@@ -18,7 +18,10 @@ impl Scenario {
             bail!("field `picnic.cpus`: CPU {cpu} does not exist (this machine has {online})");
         }
         if self.sched_slice_us != 0
-            && !picnic_switch::sched::SLICE_RANGE_NS.contains(&(self.sched_slice_us * 1000))
+            && !self
+                .sched_slice_us
+                .checked_mul(1000)
+                .is_some_and(|ns| picnic_switch::sched::SLICE_RANGE_NS.contains(&ns))
         {
             bail!("field `sched_slice_us`: 0 (kernel default) or 100..=100000");
         }
@@ -301,6 +304,16 @@ to = "b"
             let s = Scenario::load(&path).unwrap();
             assert!(s.workloads.len() >= 2, "{file}");
         }
+    }
+
+    /// 18446744073709652 us is 100384 ns after wrapping: it was accepted as a valid slice.
+    #[test]
+    fn a_slice_that_overflows_in_ns_is_refused() {
+        let e = err(&BASE.replace(
+            "duration_ms = 1000",
+            "duration_ms = 1000\nsched_slice_us = 18446744073709652",
+        ));
+        assert!(e.contains("sched_slice_us"), "{e}");
     }
 
     #[test]
