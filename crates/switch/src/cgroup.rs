@@ -17,7 +17,7 @@ const MIN_QUOTA_NS: i128 = 1_000_000;
 
 /// Longest debt carried, in budgets: a tenant that keeps overrunning stays at the minimum
 /// quota, and its debt is bounded so that it recovers within this many periods once it stops.
-const MAX_DEBT_PERIODS: i128 = 100;
+const MAX_DEBT_PERIODS: i128 = 10;
 
 /// The CPU quota files of one cgroup, driven by the switch as the group's period clock.
 ///
@@ -80,7 +80,16 @@ impl CpuQuota {
         let used = self.used_ns()?;
         if let Some((used_before, entitled)) = self.last {
             // Threads that left the group take their time with them: never a negative use.
-            let overrun = used.saturating_sub(used_before) as i128 - entitled as i128;
+            // A period's use can be no more than every CPU for the whole period (and some
+            // slack for a late refill): a larger step is a thread that joined with the run
+            // time it had before, so that period's overrun is unknown and not charged.
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+            let step = used.saturating_sub(used_before);
+            let overrun = if step > 2 * self.period_us * 1_000 * cpus {
+                0
+            } else {
+                step as i128 - entitled as i128
+            };
             let cap = MAX_DEBT_PERIODS * budget.as_nanos().max(1_000_000) as i128;
             self.debt_ns = (self.debt_ns + overrun).clamp(0, cap);
         }
@@ -244,6 +253,9 @@ mod tests {
         used(9_000);
         assert_eq!(q.refill(ms(3)).unwrap(), ms(3));
         // Nothing used for a period: no credit beyond the budget.
+        assert_eq!(q.refill(ms(3)).unwrap(), ms(3));
+        // A thread joining with a second of earlier run time is no overrun.
+        used(1_009_000);
         assert_eq!(q.refill(ms(3)).unwrap(), ms(3));
         assert_eq!(
             fs::read_to_string(g.path().join("cpu.max")).unwrap(),
