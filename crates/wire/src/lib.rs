@@ -5,6 +5,7 @@
 //! - [`feedback`]: picnic's Geneve option carrying receiver-driven congestion feedback, and
 //!   standalone feedback packets.
 //! - [`overlay`]: allocation-free encapsulation and decapsulation over Ethernet/IPv4/UDP 6081.
+//! - [`seal`]: PSP-like AES-GCM sealing of a tunnel packet's inner frame with per-tenant keys.
 //! - [`mod@classify`]: the cheap classification of a tenant frame done before scheduling.
 //!
 //! Ethernet, IPv4, IPv6, UDP, TCP and ARP come from [`etherparse`], re-exported so users
@@ -16,6 +17,7 @@ pub mod error;
 pub mod feedback;
 pub mod geneve;
 pub mod overlay;
+pub mod seal;
 
 pub use classify::{classify, ArpSummary, FrameSummary, Network, Ports};
 pub use error::Error;
