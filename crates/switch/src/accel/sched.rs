@@ -5,8 +5,11 @@
 //! token cache, the tenant's base bucket or, past its base, the overflow pool within its AIMD
 //! allowance. The limiter's capacity is what the workers sustain, so admitted jobs never
 //! queue behind a hog inside the engine, and each tenant's base is its weighted share of the
-//! capacity. Workers visit the tenants round robin, so among tenants holding tokens nobody
-//! waits for more than one job of each other tenant.
+//! capacity. Among the tenants holding tokens, workers serve the one with the earliest
+//! virtual start (start-time fair queueing by token cost over weight): when the workers run
+//! slower than the capacity the limiter assumes (a busy host: PicNIC's variable capacity),
+//! the limiter admits everyone and this order alone keeps the shares weighted, and a tenant
+//! sending little is served next.
 //!
 //! Not isolated: one shared FIFO in arrival order and no limiter, the engine of a stack that
 //! does not isolate its accelerators (FairNIC 6.4's baseline).
@@ -18,6 +21,9 @@ use picnic_core::{Duration, Instant};
 
 /// The largest job: a whole frame buffer.
 const MAX_JOB_BYTES: u64 = crate::frame::FRAME_CAP as u64;
+
+/// Scale of virtual time, so that cost / weight keeps its precision.
+const VSCALE: u128 = 1 << 20;
 
 /// A queued job: its tenant, its size (bytes, the token cost's input), when it arrived.
 struct Queued<T> {
@@ -49,7 +55,15 @@ pub(crate) struct EngineQueues<T> {
     limiter: Option<SharedEngineLimiter>,
     /// Per tenant: a denied tenant is not asked again before this time.
     blocked_until: Vec<Instant>,
-    cursor: usize,
+    /// Start-time fair queueing among the tenants the limiter admits (Goyal et al.,
+    /// SIGCOMM'96): per tenant the virtual start of its next job, advanced by each job's
+    /// cost over its weight; `vnow` is the start tag of the job last started.
+    vstart: Vec<u128>,
+    vnow: u128,
+    weights: Vec<u64>,
+    cost: TokenCost,
+    /// Scratch for `pick`, kept so picking does not allocate.
+    order: Vec<usize>,
 }
 
 impl<T> EngineQueues<T> {
@@ -96,7 +110,11 @@ impl<T> EngineQueues<T> {
             depth: if isolated { depth } else { depth * tenants.max(1) },
             limiter,
             blocked_until: vec![Instant::ZERO; tenants],
-            cursor: 0,
+            vstart: vec![0; tenants],
+            vnow: 0,
+            weights: weights.iter().map(|&w| w.max(1)).collect(),
+            cost,
+            order: Vec::with_capacity(tenants),
         })
     }
 
@@ -105,6 +123,12 @@ impl<T> EngineQueues<T> {
         let q = if self.limiter.is_some() { tenant } else { 0 };
         match self.queues.get_mut(q) {
             Some(queue) if queue.len() < self.depth => {
+                if queue.is_empty() {
+                    // A tenant coming back from idle starts now: no credit for idle time.
+                    if let Some(v) = self.vstart.get_mut(tenant) {
+                        *v = (*v).max(self.vnow);
+                    }
+                }
                 queue.push_back(Queued {
                     tenant,
                     size,
@@ -125,7 +149,7 @@ impl<T> EngineQueues<T> {
 
     /// The next job for `worker`, if any may start now.
     pub(crate) fn pick(&mut self, now: Instant, worker: usize) -> Pick<T> {
-        let Some(limiter) = self.limiter.as_mut() else {
+        if self.limiter.is_none() {
             return match self.queues[0].pop_front() {
                 Some(q) => Pick::Run {
                     tenant: q.tenant,
@@ -135,27 +159,44 @@ impl<T> EngineQueues<T> {
                 None => Pick::Idle,
             };
         };
-        let n = self.queues.len();
+        // Tenants with work, in order of virtual start: when the limiter admits several (the
+        // workers are slower than the capacity it assumes, e.g. on a busy host), the engine
+        // still goes to them in proportion to their weights, by cost.
+        let mut order = std::mem::take(&mut self.order);
+        order.clear();
+        order.extend((0..self.queues.len()).filter(|&t| !self.queues[t].is_empty()));
+        order.sort_by_key(|&t| self.vstart[t]);
+        let picked = self.first_admitted(now, worker, &order);
+        self.order = order;
+        picked
+    }
+
+    /// Runs the first tenant of `order` the limiter admits.
+    fn first_admitted(&mut self, now: Instant, worker: usize, order: &[usize]) -> Pick<T> {
+        let Some(limiter) = self.limiter.as_mut() else {
+            return Pick::Idle;
+        };
         let mut wait: Option<Instant> = None;
-        for i in 0..n {
-            let t = (self.cursor + i) % n;
-            let Some(front) = self.queues[t].front() else {
-                continue;
-            };
+        for &t in order {
             if self.blocked_until[t] > now {
                 wait = Some(wait.map_or(self.blocked_until[t], |w| w.min(self.blocked_until[t])));
                 continue;
             }
+            let size = self.queues[t].front().map_or(0, |q| q.size);
             // `new` sized every bucket for the largest frame, so the limiter cannot refuse a
             // job as too large; were it to, the job runs rather than waiting forever.
-            match limiter.try_acquire(now, worker, t, front.size) {
+            match limiter.try_acquire(now, worker, t, size) {
                 Ok(Verdict::Denied { retry_at }) => {
                     self.blocked_until[t] = retry_at;
                     wait = Some(wait.map_or(retry_at, |w| w.min(retry_at)));
                 }
                 Ok(Verdict::Granted { .. }) | Err(_) => {
-                    self.cursor = (t + 1) % n;
-                    let q = self.queues[t].pop_front().expect("front checked above");
+                    let Some(q) = self.queues[t].pop_front() else {
+                        continue;
+                    };
+                    self.vnow = self.vstart[t];
+                    self.vstart[t] +=
+                        (self.cost.of(size) as u128) * VSCALE / self.weights[t] as u128;
                     return Pick::Run {
                         tenant: t,
                         waited: now.saturating_since(q.at),
@@ -205,7 +246,7 @@ mod tests {
         let mut q: EngineQueues<()> =
             EngineQueues::new(Instant::ZERO, weights, 64, workers, CAPACITY, cost, isolated)
                 .unwrap();
-        let worker_rate = 2 * CAPACITY / workers as u64;
+        let worker_rate = SPEED.with(|s| s.get()) * CAPACITY / 100 / workers as u64;
         let mut busy_until = vec![Instant::ZERO; workers];
         let mut next_arrival = vec![Instant::ZERO; weights.len()];
         let mut out = vec![(0u64, 0u64, Duration::ZERO); weights.len()];
@@ -243,6 +284,11 @@ mod tests {
     }
 
     const NANOS: u64 = 1_000_000_000;
+    thread_local! {
+        /// Workers' speed in percent of the capacity the limiter admits (FairNIC sets the
+        /// limit below what the unit sustains: 200 by default).
+        static SPEED: std::cell::Cell<u64> = const { std::cell::Cell::new(200) };
+    }
     /// Tokens/s the limiter admits (a token is a ns of a worker at half speed).
     const CAPACITY: u64 = 2_000_000_000;
 
@@ -263,6 +309,18 @@ mod tests {
             assert!(rate <= 1.02 * CAPACITY as f64, "{rate} tokens/s");
             assert!(rate >= 0.9 * CAPACITY as f64, "{rate} tokens/s");
         }
+    }
+
+    #[test]
+    fn shares_stay_weighted_when_the_workers_are_slower_than_assumed() {
+        // A busy host: the workers sustain half the capacity, so the limiter admits both
+        // tenants all the time and the fair order alone decides.
+        SPEED.with(|s| s.set(50));
+        let load = [Load::Backlog(64), Load::Backlog(64)];
+        let out = run(true, &[1, 3], &[1500, 64], &load, 100);
+        SPEED.with(|s| s.set(200));
+        let share = out[1].0 as f64 / (out[0].0 + out[1].0) as f64;
+        assert!((share - 0.75).abs() <= 0.075, "small tenant got {share:.3}, want 0.75");
     }
 
     #[test]

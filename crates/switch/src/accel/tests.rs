@@ -177,9 +177,11 @@ fn small_tenant_keeps_its_share_against_a_bulk_hog() {
     // 64-byte ones; equal weights.
     let mut cfg = config(1, true, 25);
     cfg.workers = 1;
+    // Deep queues so both tenants stay backlogged between this loop's refills.
+    cfg.queue_jobs = 2048;
     let a = Accel::start(&cfg, &[1, 1], vec![ring(1, 1), ring(1, 2)]).unwrap();
     let cost = a.cost();
-    let mut pool = FramePool::new(512);
+    let mut pool = FramePool::new(4096);
     let sizes = [1400usize, 64];
     let mut tokens = [0u64; 2];
     let mut done = Vec::new();
@@ -199,7 +201,7 @@ fn small_tenant_keeps_its_share_against_a_bulk_hog() {
             tokens[c.tenant] += cost.of(c.frame.len() as u64 - 32);
             pool.put(c.frame);
         }
-        std::thread::sleep(std::time::Duration::from_micros(200));
+        std::thread::yield_now();
     }
     let share = tokens[1] as f64 / (tokens[0] + tokens[1]) as f64;
     assert!(
