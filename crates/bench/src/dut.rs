@@ -18,8 +18,8 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use picnic_lab::netns::{self, NsThread, Testbed};
 use picnic_switch::config::{
-    BackendKind, Config, EgressSection, HostEntry, IngressSection, Isolation, Mac, PortEntry,
-    SwitchSection, TenantEntry, UplinkSection, VmEntry,
+    AccelSection, BackendKind, Config, EgressSection, HostEntry, IngressSection, Isolation, Mac,
+    PortEntry, SwitchSection, TenantEntry, UplinkSection, VmEntry,
 };
 use picnic_switch::frame::{Frame, FramePool};
 use picnic_switch::port::{
@@ -339,6 +339,7 @@ pub fn picnic_config(isolated: bool) -> Result<Config> {
             ..Default::default()
         },
         egress: EgressSection::default(),
+        accel: AccelSection::default(),
         hosts: vec![
             HostEntry {
                 id: 1,
@@ -358,6 +359,11 @@ pub fn picnic_config(isolated: bool) -> Result<Config> {
             cpu_quota: Some(1.0),
             cgroup: None,
             slo: None,
+            encrypt: false,
+            key: None,
+            key_file: None,
+            key_epoch: 1,
+            accel_weight: 1,
         }],
         vms: vec![
             VmEntry {

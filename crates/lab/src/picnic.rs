@@ -8,8 +8,8 @@ use std::sync::{mpsc, Arc};
 use anyhow::{anyhow, Context, Result};
 use picnic_core::slo::Slo;
 use picnic_switch::config::{
-    BackendKind, Config, EgressSection, HostEntry, IngressSection, Isolation, PortEntry,
-    SwitchSection, TenantEntry, UplinkSection, VmEntry,
+    AccelSection, BackendKind, Config, EgressSection, HostEntry, IngressSection, Isolation,
+    PortEntry, SwitchSection, TenantEntry, UplinkSection, VmEntry,
 };
 use picnic_switch::engine::{SloReport, Snapshot};
 use picnic_switch::runner::{Shared, Switch};
@@ -62,6 +62,11 @@ pub fn switch_config(
                 max_loss: tenant.loss_max,
                 ..Slo::default()
             }),
+            encrypt: false,
+            key: None,
+            key_file: None,
+            key_epoch: 1,
+            accel_weight: 1,
         })
         .collect();
     let mut vms = Vec::new();
@@ -117,6 +122,7 @@ pub fn switch_config(
             ..Default::default()
         },
         egress: EgressSection::default(),
+        accel: AccelSection::default(),
         hosts,
         tenants,
         vms,

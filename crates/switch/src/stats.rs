@@ -35,10 +35,18 @@ pub enum DropReason {
     PpsLimit,
     /// No free frame buffer (pool exhausted).
     NoBuffer,
+    /// A sealed frame whose tag did not verify, or sealed with a key epoch the tenant does
+    /// not hold (tampered, forged or stale; `accel`).
+    AuthFailed,
+    /// A plain overlay frame for a tenant that encrypts, or a sealed one for a tenant that
+    /// does not (never delivered: a forger could otherwise skip authentication).
+    Unsealed,
+    /// The shared engine's queue for the tenant was full, or the tenant has no key.
+    AccelBusy,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 14] = [
+    pub const ALL: [DropReason; 17] = [
         DropReason::Malformed,
         DropReason::Spoofed,
         DropReason::UnknownDestination,
@@ -53,6 +61,9 @@ impl DropReason {
         DropReason::CpuThrottled,
         DropReason::PpsLimit,
         DropReason::NoBuffer,
+        DropReason::AuthFailed,
+        DropReason::Unsealed,
+        DropReason::AccelBusy,
     ];
     pub fn as_str(self) -> &'static str {
         match self {
@@ -70,6 +81,9 @@ impl DropReason {
             DropReason::CpuThrottled => "cpu_throttled",
             DropReason::PpsLimit => "pps_limit",
             DropReason::NoBuffer => "no_buffer",
+            DropReason::AuthFailed => "auth_failed",
+            DropReason::Unsealed => "unsealed",
+            DropReason::AccelBusy => "accel_busy",
         }
     }
 }

@@ -66,7 +66,10 @@ impl fmt::Display for Error {
             }
             Error::TooLarge => write!(f, "packet would exceed the 65535-byte IPv4 limit"),
             Error::BadKeyLength(n) => {
-                write!(f, "key of {n} bytes: AES-GCM keys are 16 or 32 bytes (32 or 64 hex digits)")
+                write!(
+                    f,
+                    "key of {n} bytes: AES-GCM keys are 16 or 32 bytes (32 or 64 hex digits)"
+                )
             }
         }
     }

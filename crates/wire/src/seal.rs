@@ -197,11 +197,10 @@ impl fmt::Debug for TunnelKey {
 /// Rewrites the outer IPv4 total length (with its header checksum), the UDP length and the
 /// Geneve protocol of a packet whose UDP payload changes by `delta` bytes.
 fn fix_headers(buf: &mut [u8], at: &Layout, delta: isize, protocol: u16) -> Result<(), Error> {
-    let adjust = |v: u16| {
-u16::try_from(v as isize + delta).map_err(|_| Error::TooLarge)
-    };
+    let adjust = |v: u16| u16::try_from(v as isize + delta).map_err(|_| Error::TooLarge);
     let ip_bytes = &mut buf[at.ip..at.udp];
-    let (mut ip, _) = Ipv4Header::from_slice(ip_bytes).map_err(|_| Error::Malformed("outer IPv4 header"))?;
+    let (mut ip, _) =
+        Ipv4Header::from_slice(ip_bytes).map_err(|_| Error::Malformed("outer IPv4 header"))?;
     ip.total_len = adjust(ip.total_len)?;
     ip.header_checksum = ip.calc_header_checksum();
     let header = ip.to_bytes();
@@ -229,7 +228,9 @@ pub fn seal_in_place(
     let frame = buf.get(..len).ok_or(Error::Truncated)?;
     let (decapped, at) = tunnel_layout(frame)?;
     if decapped.geneve.protocol != PROTOCOL_ETHERNET || decapped.geneve.oam {
-        return Err(Error::Malformed("sealed payload: only tenant Ethernet frames are sealed"));
+        return Err(Error::Malformed(
+            "sealed payload: only tenant Ethernet frames are sealed",
+        ));
     }
     let sealed_len = at.end + SEAL_OVERHEAD;
     if buf.len() < sealed_len {
@@ -289,7 +290,9 @@ pub fn open_in_place<'k>(
     len: usize,
     key_for: impl FnOnce(u32) -> Option<&'k TunnelKey>,
 ) -> Result<usize, OpenError> {
-    let frame = buf.get(..len).ok_or(OpenError::Malformed(Error::Truncated))?;
+    let frame = buf
+        .get(..len)
+        .ok_or(OpenError::Malformed(Error::Truncated))?;
     let (decapped, at) = tunnel_layout(frame).map_err(OpenError::Malformed)?;
     if decapped.geneve.protocol != PROTOCOL_SEALED {
         return Err(OpenError::Malformed(Error::Malformed(
@@ -378,7 +381,12 @@ mod tests {
         let geneve_at = 14 + 20 + 8;
         // VNI, nonce, ciphertext, tag: each flip is detected. (A flipped VNI or epoch may
         // instead find no key; both drop the packet.)
-        for at in [geneve_at + 5, geneve_at + 8 + 6, geneve_at + 8 + 20, sealed - 1] {
+        for at in [
+            geneve_at + 5,
+            geneve_at + 8 + 6,
+            geneve_at + 8 + 20,
+            sealed - 1,
+        ] {
             let mut t = buf.clone();
             t[at] ^= 0x01;
             assert_eq!(
@@ -402,7 +410,10 @@ mod tests {
         let mut t = buf.clone();
         t[14 + 8] = 3;
         t[14 + 10..14 + 12].copy_from_slice(&[0, 0]);
-        let sum = Ipv4Header::from_slice(&t[14..34]).unwrap().0.calc_header_checksum();
+        let sum = Ipv4Header::from_slice(&t[14..34])
+            .unwrap()
+            .0
+            .calc_header_checksum();
         t[14 + 10..14 + 12].copy_from_slice(&sum.to_be_bytes());
         assert!(open_in_place(&mut t, sealed, |_| Some(&k)).is_ok());
     }
@@ -421,7 +432,10 @@ mod tests {
             open_in_place(&mut buf, len, |_| Some(&k)),
             Err(OpenError::Malformed(_))
         ));
-        assert_eq!(TunnelKey::new(&[0; 24]).err(), Some(Error::BadKeyLength(24)));
+        assert_eq!(
+            TunnelKey::new(&[0; 24]).err(),
+            Some(Error::BadKeyLength(24))
+        );
         assert!(TunnelKey::from_hex("zz").is_err());
         assert_eq!(TunnelKey::from_hex(&"ab".repeat(16)).unwrap().bits(), 128);
         assert_eq!(TunnelKey::from_hex(&"AB".repeat(32)).unwrap().bits(), 256);

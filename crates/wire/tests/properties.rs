@@ -4,12 +4,12 @@ use std::net::Ipv4Addr;
 
 use picnic_wire::etherparse::{Ipv4HeaderSlice, PacketBuilder};
 use picnic_wire::geneve::MAX_VNI;
+use picnic_wire::seal::{
+    open_in_place, seal_in_place, sealed_key_of, OpenError, SealHeader, TunnelKey, SEAL_OVERHEAD,
+};
 use picnic_wire::{
     classify, decap, encap, standalone_feedback, FeedbackOption, GenevePacket, GeneveRepr, Network,
     OuterHeaders, Ports,
-};
-use picnic_wire::seal::{
-    open_in_place, seal_in_place, sealed_key_of, OpenError, SealHeader, TunnelKey, SEAL_OVERHEAD,
 };
 use proptest::prelude::*;
 

@@ -93,7 +93,10 @@ impl KeyRing {
 
     /// The key of `epoch`, borrowed.
     pub fn key(&self, epoch: u32) -> Option<&TunnelKey> {
-        self.keys.iter().find(|(e, _)| *e == epoch).map(|(_, k)| &**k)
+        self.keys
+            .iter()
+            .find(|(e, _)| *e == epoch)
+            .map(|(_, k)| &**k)
     }
 
     /// The live epochs and which one seals, for the API.

@@ -36,7 +36,9 @@ use picnic_core::{Duration, Instant};
 use picnic_wire::seal::{open_in_place, seal_in_place, OpenError, SealHeader, TunnelKey};
 use serde::Serialize;
 
-use crate::frame::Frame;
+use crate::config::Config;
+use crate::engine::Engine;
+use crate::frame::{Frame, FramePool};
 pub use keys::{KeyError, KeyRing};
 use sched::{EngineQueues, Pick};
 
@@ -84,6 +86,13 @@ pub struct Completion {
     pub cpu_ns: u64,
     /// Time the job waited in its tenant's queue.
     pub waited: Duration,
+}
+
+/// Buffers [`Accel::exchange`] reuses between calls.
+#[derive(Default)]
+pub struct Exchange {
+    jobs: Vec<Job>,
+    done: Vec<Completion>,
 }
 
 /// The engine's configuration.
@@ -229,7 +238,9 @@ impl Accel {
             queues: Mutex::new(queues),
             work: Condvar::new(),
             counters: (0..weights.len()).map(|_| Counters::default()).collect(),
-            nonce: (0..weights.len()).map(|_| AtomicU64::new(wall_ns)).collect(),
+            nonce: (0..weights.len())
+                .map(|_| AtomicU64::new(wall_ns))
+                .collect(),
             keys: RwLock::new(rings),
             sender_id: cfg.sender_id,
             stop: AtomicBool::new(false),
@@ -324,6 +335,63 @@ impl Accel {
             .ok_or_else(|| anyhow::anyhow!("tenant does not use the engine"))?;
         ring.activate(epoch)?;
         Ok(())
+    }
+
+    /// The engine a config asks for, started: None when no tenant encrypts. Tenants are
+    /// indexed as in the config (and the engines' directory).
+    pub fn from_config(cfg: &Config) -> anyhow::Result<Option<Accel>> {
+        if !cfg.tenants.iter().any(|t| t.encrypt) {
+            return Ok(None);
+        }
+        let mut weights = Vec::with_capacity(cfg.tenants.len());
+        let mut rings = Vec::with_capacity(cfg.tenants.len());
+        for t in &cfg.tenants {
+            let mut ring = KeyRing::default();
+            if t.encrypt {
+                ring.install(t.key_epoch, t.load_key()?, true)?;
+                weights.push(t.accel_weight);
+            } else {
+                weights.push(0);
+            }
+            rings.push(ring);
+        }
+        let a = &cfg.accel;
+        let config = AccelConfig {
+            workers: a.workers,
+            queue_jobs: a.queue_jobs,
+            capacity_percent: a.capacity_percent,
+            cost: a.per_job_ns.zip(a.per_byte_ps).map(|(job, ps)| TokenCost {
+                per_request: job,
+                per_byte: ps.div_ceil(1000),
+            }),
+            isolated: cfg.isolation.accel,
+            sender_id: cfg.switch.host_id,
+        };
+        Accel::start(&config, &weights, rings).map(Some)
+    }
+
+    /// Hands the frames `engine` set aside to the workers and the finished ones back to it;
+    /// returns how many frames moved. Called by the run loop every iteration.
+    pub fn exchange(
+        &self,
+        engine: &mut Engine,
+        now: Instant,
+        pool: &mut FramePool,
+        scratch: &mut Exchange,
+    ) -> usize {
+        engine.take_accel_jobs(&mut scratch.jobs);
+        let mut moved = scratch.jobs.len();
+        for job in scratch.jobs.drain(..) {
+            if let Err(job) = self.submit(job) {
+                engine.on_accel_refused(now, job, pool);
+            }
+        }
+        self.completions(&mut scratch.done);
+        moved += scratch.done.len();
+        for done in scratch.done.drain(..) {
+            engine.on_accel_done(now, done, pool);
+        }
+        moved
     }
 
     /// Counters of every tenant.

@@ -69,7 +69,8 @@ pub(crate) struct EngineQueues<T> {
 impl<T> EngineQueues<T> {
     /// Queues for `weights.len()` tenants, each holding `depth` jobs, served by `workers`
     /// workers that together sustain `capacity` tokens per second at `cost` per job; with
-    /// `isolated`, each tenant's base rate is its weight's share of the capacity.
+    /// `isolated`, each tenant's base rate is its weight's share of the capacity (weight 0:
+    /// a tenant that does not use the engine).
     pub(crate) fn new(
         now: Instant,
         weights: &[u64],
@@ -81,17 +82,21 @@ impl<T> EngineQueues<T> {
     ) -> Result<Self, FairnicError> {
         let tenants = weights.len();
         let limiter = if isolated {
-            let total: u128 = weights.iter().map(|&w| w.max(1) as u128).sum();
+            // A tenant of weight 0 does not use the engine: its base is a token per second.
+            let total: u128 = weights.iter().map(|&w| w as u128).sum();
+            let idle = weights.iter().filter(|&&w| w == 0).count() as u64;
+            let shared = capacity.saturating_sub(idle) as u128;
             let bases: Vec<u64> = weights
                 .iter()
-                .map(|&w| ((capacity as u128 * w.max(1) as u128 / total.max(1)) as u64).max(1))
+                .map(|&w| ((shared * w as u128 / total.max(1)) as u64).max(1))
                 .collect();
             // Every tenant's bucket holds at least its largest job, so no job is refused.
             let mut config = FairnicConfig::new(capacity, workers, cost);
             let min_base = bases.iter().copied().min().unwrap_or(capacity).max(1);
             let largest = cost.of(MAX_JOB_BYTES) as u128;
             let fits = Duration::from_nanos(
-                (largest * picnic_core::time::NANOS_PER_SEC as u128).div_ceil(min_base as u128) as u64,
+                (largest * picnic_core::time::NANOS_PER_SEC as u128).div_ceil(min_base as u128)
+                    as u64,
             );
             config.base_burst = config.base_burst.max(fits);
             let mut limiter = SharedEngineLimiter::new(now, config)?;
@@ -107,7 +112,11 @@ impl<T> EngineQueues<T> {
             queues: (0..queues)
                 .map(|_| VecDeque::with_capacity(depth))
                 .collect(),
-            depth: if isolated { depth } else { depth * tenants.max(1) },
+            depth: if isolated {
+                depth
+            } else {
+                depth * tenants.max(1)
+            },
             limiter,
             blocked_until: vec![Instant::ZERO; tenants],
             vstart: vec![0; tenants],
@@ -119,7 +128,13 @@ impl<T> EngineQueues<T> {
     }
 
     /// Queues a job of `size` bytes for `tenant`; gives it back when the queue is full.
-    pub(crate) fn push(&mut self, now: Instant, tenant: usize, size: u64, item: T) -> Result<(), T> {
+    pub(crate) fn push(
+        &mut self,
+        now: Instant,
+        tenant: usize,
+        size: u64,
+        item: T,
+    ) -> Result<(), T> {
         let q = if self.limiter.is_some() { tenant } else { 0 };
         match self.queues.get_mut(q) {
             Some(queue) if queue.len() < self.depth => {
@@ -209,7 +224,10 @@ impl<T> EngineQueues<T> {
     }
 
     /// The limiter's counters for `tenant` (None when not isolated).
-    pub(crate) fn limiter_stats(&self, tenant: usize) -> Option<picnic_core::fairnic::TenantEngineStats> {
+    pub(crate) fn limiter_stats(
+        &self,
+        tenant: usize,
+    ) -> Option<picnic_core::fairnic::TenantEngineStats> {
         self.limiter.as_ref().and_then(|l| l.stats(tenant).ok())
     }
 }
@@ -243,9 +261,16 @@ mod tests {
             per_byte: 1,
         };
         let workers = 2;
-        let mut q: EngineQueues<()> =
-            EngineQueues::new(Instant::ZERO, weights, 64, workers, CAPACITY, cost, isolated)
-                .unwrap();
+        let mut q: EngineQueues<()> = EngineQueues::new(
+            Instant::ZERO,
+            weights,
+            64,
+            workers,
+            CAPACITY,
+            cost,
+            isolated,
+        )
+        .unwrap();
         let worker_rate = SPEED.with(|s| s.get()) * CAPACITY / 100 / workers as u64;
         let mut busy_until = vec![Instant::ZERO; workers];
         let mut next_arrival = vec![Instant::ZERO; weights.len()];
@@ -320,7 +345,10 @@ mod tests {
         let out = run(true, &[1, 3], &[1500, 64], &load, 100);
         SPEED.with(|s| s.set(200));
         let share = out[1].0 as f64 / (out[0].0 + out[1].0) as f64;
-        assert!((share - 0.75).abs() <= 0.075, "small tenant got {share:.3}, want 0.75");
+        assert!(
+            (share - 0.75).abs() <= 0.075,
+            "small tenant got {share:.3}, want 0.75"
+        );
     }
 
     #[test]
@@ -348,7 +376,13 @@ mod tests {
     #[test]
     fn a_tenant_alone_gets_the_whole_engine() {
         // Tenant 1 is idle: tenant 0 (weight 1 of 4) steals the rest from the overflow pool.
-        let out = run(true, &[1, 3], &[1500, 64], &[Load::Backlog(64), Load::Idle], 100);
+        let out = run(
+            true,
+            &[1, 3],
+            &[1500, 64],
+            &[Load::Backlog(64), Load::Idle],
+            100,
+        );
         let rate = out[0].0 as f64 / 0.1;
         assert!(
             rate >= 0.9 * CAPACITY as f64,

@@ -50,7 +50,13 @@ fn config(sender_id: u32, isolated: bool, capacity_percent: u64) -> AccelConfig 
 /// A plain tunnel packet of tenant `vni` with an inner frame of `inner` bytes.
 fn plain_frame(pool: &mut FramePool, vni: u32, inner: usize, fill: u8) -> Frame {
     let mut f = pool.get().unwrap();
-    let n = encap(&outer(), &GeneveRepr::ethernet(vni), &vec![fill; inner], f.buf_for_rx()).unwrap();
+    let n = encap(
+        &outer(),
+        &GeneveRepr::ethernet(vni),
+        &vec![fill; inner],
+        f.buf_for_rx(),
+    )
+    .unwrap();
     f.set_len(n);
     f
 }
@@ -61,7 +67,10 @@ fn one(accel: &Accel, job: Job) -> Completion {
     let mut out = Vec::new();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while out.is_empty() {
-        assert!(std::time::Instant::now() < deadline, "no completion in 10 s");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no completion in 10 s"
+        );
         accel.completions(&mut out);
         std::thread::yield_now();
     }
@@ -88,7 +97,10 @@ fn seal_then_open_restores_the_frame_and_tampering_is_counted() {
     let sealed = one(&a, job(0, Op::Seal, plain));
     assert_eq!(sealed.outcome, Outcome::Done);
     assert_eq!(sealed.cookie, 7);
-    assert_eq!(decap(sealed.frame.data()).unwrap().geneve.protocol, PROTOCOL_SEALED);
+    assert_eq!(
+        decap(sealed.frame.data()).unwrap().geneve.protocol,
+        PROTOCOL_SEALED
+    );
     let mut tampered = pool.get().unwrap();
     assert!(tampered.fill_from(sealed.frame.data()));
     let at = tampered.len() - 40;
@@ -127,22 +139,35 @@ fn rotation_with_two_live_keys_drops_nothing() {
         // Packets arrive two steps after they were sealed (in flight across the rotation).
         if in_flight.len() > 2 {
             let f = in_flight.remove(0);
-            assert_eq!(one(&b, job(0, Op::Open, f)).outcome, Outcome::Done, "step {step}");
+            assert_eq!(
+                one(&b, job(0, Op::Open, f)).outcome,
+                Outcome::Done,
+                "step {step}"
+            );
         }
     }
     for f in in_flight {
         assert_eq!(one(&b, job(0, Op::Open, f)).outcome, Outcome::Done);
     }
     let s = b.stats();
-    assert_eq!((s[0].opened, s[0].auth_failed, s[0].unknown_key), (12, 0, 0));
-    assert_eq!((s[0].key_epochs.clone(), s[0].sending_epoch), (vec![1, 2], Some(2)));
+    assert_eq!(
+        (s[0].opened, s[0].auth_failed, s[0].unknown_key),
+        (12, 0, 0)
+    );
+    assert_eq!(
+        (s[0].key_epochs.clone(), s[0].sending_epoch),
+        (vec![1, 2], Some(2))
+    );
     // A third epoch forgets epoch 1: its packets are then refused as unknown, not opened.
     let old = one(&b, job(0, Op::Seal, plain_frame(&mut pool, 5, 100, 0)));
     b.install_key(0, 3, key(3), true).unwrap();
     b.activate_key(0, 3).unwrap();
     b.install_key(0, 4, key(4), false).unwrap();
     assert_eq!(b.stats()[0].key_epochs, vec![3, 4]);
-    assert_eq!(one(&b, job(0, Op::Open, old.frame)).outcome, Outcome::UnknownKey);
+    assert_eq!(
+        one(&b, job(0, Op::Open, old.frame)).outcome,
+        Outcome::UnknownKey
+    );
     // An epoch cannot be given another key; re-installing the same key is harmless.
     assert!(b.install_key(0, 3, key(9), false).is_err());
     assert!(b.install_key(0, 3, key(3), false).is_ok());
@@ -172,33 +197,40 @@ fn a_full_queue_gives_the_job_back_and_counts_it() {
 
 #[test]
 fn small_tenant_keeps_its_share_against_a_bulk_hog() {
-    // One worker whose limiter admits a quarter of its time, so the limiter and not the
-    // (shared, busy) machine decides; tenant 0 keeps 1400-byte seals queued, tenant 1
-    // 64-byte ones; equal weights.
+    // One worker whose limiter admits a quarter of its time. Tenant 0 queues 1400-byte
+    // seals, tenant 1 64-byte ones, equal weights, both fully backlogged from the start
+    // (submitted alternately, so neither leads). Whether the limiter binds or the worker
+    // is slower than it (a busy machine), by the time tenant 1's backlog is done tenant 0
+    // must have had the same engine time in tokens, within 10%.
     let mut cfg = config(1, true, 25);
     cfg.workers = 1;
-    // Deep queues so both tenants stay backlogged between this loop's refills.
-    cfg.queue_jobs = 2048;
+    const JOBS: usize = 1024;
+    cfg.queue_jobs = JOBS;
     let a = Accel::start(&cfg, &[1, 1], vec![ring(1, 1), ring(1, 2)]).unwrap();
     let cost = a.cost();
-    let mut pool = FramePool::new(4096);
+    let mut pool = FramePool::new(2 * JOBS);
     let sizes = [1400usize, 64];
-    let mut tokens = [0u64; 2];
-    let mut done = Vec::new();
-    let start = std::time::Instant::now();
-    while start.elapsed() < std::time::Duration::from_millis(300) {
+    for _ in 0..JOBS {
         for t in 0..2 {
-            while pool.available() > 0 {
-                let f = plain_frame(&mut pool, 5, sizes[t], 1);
-                if let Err(j) = a.submit(job(t, Op::Seal, f)) {
-                    pool.put(j.frame);
-                    break;
-                }
-            }
+            let f = plain_frame(&mut pool, 5, sizes[t], 1);
+            assert!(a.submit(job(t, Op::Seal, f)).is_ok());
         }
+    }
+    let mut tokens = [0u64; 2];
+    let mut jobs = [0usize; 2];
+    let mut done = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while jobs[1] < JOBS {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "engine stalled: {jobs:?}"
+        );
         a.completions(&mut done);
         for c in done.drain(..) {
-            tokens[c.tenant] += cost.of(c.frame.len() as u64 - 32);
+            if jobs[1] < JOBS {
+                tokens[c.tenant] += cost.of(c.frame.len() as u64 - 32);
+                jobs[c.tenant] += 1;
+            }
             pool.put(c.frame);
         }
         std::thread::yield_now();
@@ -206,8 +238,6 @@ fn small_tenant_keeps_its_share_against_a_bulk_hog() {
     let share = tokens[1] as f64 / (tokens[0] + tokens[1]) as f64;
     assert!(
         (0.45..=0.55).contains(&share),
-        "small tenant had {share:.3} of the engine's tokens, its weight is 0.5 ({tokens:?})"
+        "small tenant had {share:.3} of the engine's tokens, its weight is 0.5 ({tokens:?}, jobs {jobs:?})"
     );
-    let s = a.stats();
-    assert!(s[0].limiter.as_ref().unwrap().denied > 0, "the hog was never limited");
 }

@@ -14,6 +14,7 @@
 mod cpu;
 mod egress;
 mod ingress;
+mod sealing;
 mod share;
 mod slo;
 
@@ -34,6 +35,7 @@ use picnic_core::wfq::{Cap, CostKind, QueueId, QueueLimits, Wfq};
 
 pub use egress::Egress;
 pub use ingress::Ingress;
+pub use sealing::AccelUse;
 pub use slo::{kind_name, Late, SloReport, TenantSlo, Totals, Why, WindowView, SLO_WINDOW};
 
 /// Extra per-frame processing done after the ingress scheduler picked a frame: the optional
@@ -76,6 +78,10 @@ pub struct Engine {
     cpu_fair: bool,
     /// Frames waiting for each port's transmit, filled by the engines, drained by the caller.
     tx: Vec<Vec<Frame>>,
+    /// Frames of encrypting tenants waiting to be sealed or opened (`sealing.rs`).
+    accel_jobs: Vec<crate::accel::Job>,
+    /// Per tenant: its use of the shared engine.
+    accel_use: Vec<AccelUse>,
     pub vm_counters: Vec<VmCounters>,
     pub counters: SwitchCounters,
 }
@@ -126,6 +132,7 @@ impl Engine {
             };
         let ports = dir.port_count();
         let dir_vms = dir.vms.len();
+        let dir_tenants = dir.tenants.len();
         let (pps_out, pps_in) = (pps_buckets(&dir, now), pps_buckets(&dir, now));
         let share = share::FairShare::new(tenant_weights(&dir), now);
         let slo = slo::SloTracker::new(&dir, now)?;
@@ -149,6 +156,8 @@ impl Engine {
             tx: (0..ports)
                 .map(|_| Vec::with_capacity(cfg.switch.batch * 2))
                 .collect(),
+            accel_jobs: Vec::with_capacity(cfg.switch.batch * 2),
+            accel_use: vec![AccelUse::default(); dir_tenants],
             counters: SwitchCounters::default(),
         })
     }
@@ -404,6 +413,7 @@ impl Engine {
                         .map(|s| s.throttle_drops + s.early_drops)
                         .unwrap_or(0),
                     cpu_charged_ns: stats.map(|s| s.charged_ns).unwrap_or(0),
+                    accel: tenant.encrypt.then(|| self.accel_use[t].clone()),
                 }
             })
             .collect();
@@ -462,6 +472,9 @@ pub struct TenantSnapshot {
     pub cost_ns: u64,
     pub cpu_throttle_drops: u64,
     pub cpu_charged_ns: u64,
+    /// Use of the shared encryption engine (tenants with `encrypt = true`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accel: Option<AccelUse>,
 }
 
 /// The scheduler tree both engines use (PicNIC's per-VM queues, EyeQ's weights): a node per
@@ -581,6 +594,8 @@ fn sender_config(cfg: &Config) -> eyeq::SenderConfig {
 
 #[cfg(test)]
 mod cpu_tests;
+#[cfg(test)]
+mod sealing_tests;
 #[cfg(test)]
 mod slo_tests;
 #[cfg(test)]
