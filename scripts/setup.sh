@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
-for pair in ip:iproute2 tc:iproute2 bridge:iproute2 iperf3:iperf3 sockperf:sockperf memcached:memcached ethtool:ethtool ping:iputils-ping taskset:util-linux; do
+for pair in ip:iproute2 tc:iproute2 bridge:iproute2 iperf3:iperf3 sockperf:sockperf memcached:memcached ethtool:ethtool ping:iputils-ping taskset:util-linux clang:clang; do
   cmd=${pair%%:*}; pkg=${pair##*:}
   command -v "$cmd" >/dev/null 2>&1 || need_apt+=("$pkg")
 done

@@ -365,8 +365,9 @@ pub fn shape_htb(ns: &str, dev: &str, rate_mbps: u64, queue_bytes: u64) -> Resul
     .map(drop)
 }
 
-/// Turns transmit checksum offload off (`ethtool -K dev tx off`): needed where a
-/// userspace switch forwards TCP with AF_PACKET/AF_XDP (DESIGN.md 7).
+/// Turns transmit checksum offload off (`ethtool -K dev tx off`, which also turns TSO off):
+/// for forwarders that pass frames as they are (the benchmark's raw and OVS baselines) and
+/// for comparisons. picnic's ports complete checksums and segment super-frames themselves.
 pub fn tx_offload_off(ns: &str, dev: &str) -> Result<()> {
     cmd(
         "ip",

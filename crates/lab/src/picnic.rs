@@ -12,7 +12,7 @@ use picnic_switch::config::{
     PortEntry, SwitchSection, TenantEntry, UplinkSection, VmEntry,
 };
 use picnic_switch::engine::{SloReport, Snapshot};
-use picnic_switch::runner::{Shared, Switch};
+use picnic_switch::runner::{PortView, Shared, Switch};
 use picnic_wire::overlay::ENCAP_OVERHEAD;
 
 use crate::cgroup::Placement;
@@ -193,6 +193,22 @@ impl PicnicSwitch {
         &self.config
     }
 
+    /// The ports' counters as last published (uplink first, then the local VMs' ports):
+    /// every 100 ms while the switch runs, the final ones after teardown. Empty before the
+    /// first publication.
+    pub fn ports(&self) -> Vec<PortView> {
+        let Some(shared) = self.shared.as_ref() else {
+            return Vec::new();
+        };
+        let Ok(latest) = shared.snapshot.lock() else {
+            return Vec::new();
+        };
+        latest
+            .as_ref()
+            .map(|published| published.ports.clone())
+            .unwrap_or_default()
+    }
+
     /// The latest counters the switch published (every 100 ms while it runs; after
     /// teardown, its final ones). None before setup or before its first publication.
     pub fn snapshot(&self) -> Option<Snapshot> {
@@ -211,8 +227,9 @@ impl PicnicSwitch {
 
 impl Dataplane for PicnicSwitch {
     fn setup(&mut self, host: &HostView) -> Result<()> {
-        // The overlay adds its headers: tenants get a smaller MTU so TCP never black-holes,
-        // and their checksums must be complete (AF_PACKET forwards frames as they are).
+        // The overlay adds its headers: tenants get a smaller MTU so TCP never black-holes.
+        // Their offloads stay at the Linux defaults: the switch's ports complete partial
+        // checksums and segment TSO super-frames.
         let tenant_mtu = (host.mtu as usize - ENCAP_OVERHEAD).to_string();
         for vm in &host.vms {
             // A TAP VM's interface is still the TAP in the host namespace here; it keeps
@@ -223,7 +240,6 @@ impl Dataplane for PicnicSwitch {
                 (&vm.ns, &vm.dev)
             };
             netns::ip(ns, &["link", "set", dev, "mtu", &tenant_mtu])?;
-            netns::tx_offload_off(ns, dev)?;
         }
         let config = self.config.clone();
         let (ready_tx, ready_rx) = mpsc::channel();

@@ -162,6 +162,7 @@ pub fn run_scenario(path: &Path, opts: &RunOptions) -> Result<Outcome> {
 pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> Result<Outcome> {
     netns::preflight(&required_tools(&scenario))?;
     set_lab_slice(scenario);
+    let _bandwidth_slice = crate::cgroup::FineBandwidthSlice::for_scenario(scenario);
     let say = |msg: String| {
         if opts.progress {
             eprintln!("[lab {}] {msg}", scenario.name);

@@ -11,6 +11,9 @@
 //! | POST /tenants, /vms, /hosts | add one (JSON body: the config entry)              |
 //! | PUT /vms/NAME          | replace a VM entry (e.g. new min/max bandwidth)           |
 //! | DELETE /tenants/NAME, /vms/NAME, /hosts/ID | remove one                         |
+//! | GET /tenants/NAME/key  | an encrypting tenant's key epochs and fingerprints        |
+//! | PUT /tenants/NAME/key  | rotate: `{"epoch", "key" (hex), "activate"}` installs a key, |
+//! |                        | `{"epoch", "activate": true}` seals with an installed one   |
 //!
 //! Changes are validated like the config file (errors name the field) and applied by the
 //! run loop between batches. Readers clone the published snapshot (an `Arc`) out of its
@@ -142,6 +145,9 @@ fn handle(
                 Ok(())
             }
         }),
+        (Method::Get | Method::Put, ["tenants", name, "key"]) => {
+            tenant_key(method, name, body, shared)
+        }
         (Method::Delete, ["tenants", name]) => change(config, commands, |c| {
             if c.vms.iter().any(|v| v.tenant == *name) {
                 return Err(format!("tenant '{name}' still has VMs; remove them first"));
@@ -170,6 +176,42 @@ fn handle(
 
 /// The latest published snapshot, cloned out of the mutex (a pointer copy): the lock is
 /// released before the caller serializes anything.
+/// The body of `PUT /tenants/NAME/key`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyChange {
+    epoch: u32,
+    /// 32 or 64 hex digits; absent: activate the installed `epoch`.
+    key: Option<String>,
+    #[serde(default)]
+    activate: bool,
+}
+
+/// Key rotation without loss (`accel::KeyRing`): applied at once, the run loop is not
+/// involved. The key itself is never shown, only its fingerprint.
+fn tenant_key(method: &Method, name: &str, body: &str, shared: &Shared) -> Reply {
+    let keys = shared.accel_keys.lock().unwrap().clone();
+    let Some(keys) = keys else {
+        return error(404, "no tenant encrypts (set encrypt = true and a key)");
+    };
+    let result = match method {
+        Method::Put => serde_json::from_str::<KeyChange>(body)
+            .map_err(|e| anyhow::anyhow!("body: {e}"))
+            .and_then(|c| match (c.key, c.activate) {
+                (Some(hex), activate) => picnic_wire::seal::TunnelKey::from_hex(&hex)
+                    .map_err(|e| anyhow::anyhow!("key: {e}"))
+                    .and_then(|k| keys.install(name, c.epoch, k, activate)),
+                (None, true) => keys.activate(name, c.epoch),
+                (None, false) => Err(anyhow::anyhow!("give a key to install, or activate: true")),
+            }),
+        _ => Ok(()),
+    };
+    match result.and_then(|()| keys.describe(name)) {
+        Ok(view) => json(200, view),
+        Err(e) => error(400, format!("{e:#}")),
+    }
+}
+
 fn latest(shared: &Shared) -> Option<Arc<Published>> {
     shared.snapshot.lock().unwrap().clone()
 }
@@ -291,11 +333,24 @@ fn metrics(published: &Published) -> String {
         "Sum of feedback-set limits applied to the VM's traffic",
         applied.clone(),
     );
+    let pool_free = Gauge::<i64>::default();
+    reg.register(
+        "pool_free_frames",
+        "Free frames in the preallocated pool (the rest are queued)",
+        pool_free.clone(),
+    );
+    pool_free.set(published.pool_free as i64);
     let tenant_cost = Family::<TenantLabels, Counter>::default();
     reg.register(
         "tenant_cpu_charged_ns",
         "Processing CPU charged to the tenant (Iron)",
         tenant_cost.clone(),
+    );
+    let softirq = Family::<TenantLabels, Counter>::default();
+    reg.register(
+        "tenant_softirq_ns",
+        "Kernel softirq time on the tenant's ports charged to it (eBPF)",
+        softirq.clone(),
     );
     let throttled = Family::<TenantLabels, Counter>::default();
     reg.register(
@@ -343,6 +398,7 @@ fn metrics(published: &Published) -> String {
             tenant: t.name.clone(),
         };
         tenant_cost.get_or_create(&l).inc_by(t.cpu_charged_ns);
+        softirq.get_or_create(&l).inc_by(t.softirq_ns);
         throttled.get_or_create(&l).inc_by(t.cpu_throttle_drops);
     }
     for (reason, n) in snap.switch.drops.iter() {
@@ -533,6 +589,8 @@ mod tests {
         *shared.snapshot.lock().unwrap() = Some(Arc::new(Published {
             switch: engine.snapshot(),
             ports: Vec::new(),
+            pool_free: pool.available(),
+            pool_capacity: pool.capacity(),
             slo: engine.slo_report(now),
         }));
         shared

@@ -177,6 +177,10 @@ pub struct Isolation {
     pub feedback: bool,
     /// Per-tenant processing-CPU accounting with quota/period throttling (Iron 3).
     pub cpu_accounting: bool,
+    /// With `cpu_accounting`: the kernel's softirq time on each tenant port, measured with
+    /// eBPF on tracepoints, is charged to the tenant too (docs/switch.md "eBPF"). When the
+    /// programs cannot load the switch says so in one line and charges its own work only.
+    pub softirq_accounting: bool,
     /// Both schedulers share each frame's dominant resource, its measured CPU or its link
     /// time (PicNIC's CPU-fair WFQ); off: they share bytes.
     pub cpu_fair: bool,
@@ -193,6 +197,7 @@ impl Default for Isolation {
             ingress_wfq: true,
             feedback: true,
             cpu_accounting: true,
+            softirq_accounting: true,
             cpu_fair: true,
             accel: true,
         }
@@ -208,6 +213,7 @@ impl Isolation {
             ingress_wfq: false,
             feedback: false,
             cpu_accounting: false,
+            softirq_accounting: false,
             cpu_fair: false,
             accel: false,
         }

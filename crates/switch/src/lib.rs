@@ -6,6 +6,7 @@ pub mod api;
 pub mod cgroup;
 pub mod config;
 pub mod directory;
+pub mod ebpf;
 pub mod engine;
 pub mod frame;
 pub mod port;

@@ -9,16 +9,20 @@
 //! deadline. Several switches share 2 cores in the lab, so an idle switch must not burn a
 //! core (DESIGN.md section 7).
 
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant as StdInstant;
 
 use anyhow::Context;
 use picnic_core::{Duration, Instant};
+use picnic_wire::overlay::ENCAP_OVERHEAD;
 
+use crate::accel::{Accel, AccelView, Exchange};
 use crate::cgroup::CpuQuota;
 use crate::config::{BackendKind, Config};
 use crate::directory::{PortIdx, TenantIdx, UPLINK};
+use crate::ebpf::{EarlyDrop, KernelLink};
 use crate::engine::{Engine, SloReport, Snapshot, Work, IRON_PERIOD};
 use crate::frame::{Frame, FramePool};
 use crate::port::{
@@ -109,6 +113,13 @@ pub struct PortView {
 pub struct Published {
     pub switch: Snapshot,
     pub ports: Vec<PortView>,
+    /// The frame pool: free frames and capacity (a frame not free is queued in an engine or
+    /// a port's transmit batch; all are back when the queues drain).
+    pub pool_free: usize,
+    pub pool_capacity: usize,
+    /// The shared encryption engine, when a tenant encrypts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accel: Option<AccelView>,
     #[serde(skip)]
     pub slo: SloReport,
 }
@@ -120,6 +131,8 @@ pub struct Published {
 pub struct Shared {
     pub snapshot: Mutex<Option<Arc<Published>>>,
     pub config: Mutex<Option<Config>>,
+    /// The encrypting tenants' keys, for rotation through the API (None: nobody encrypts).
+    pub accel_keys: Mutex<Option<crate::accel::AccelKeys>>,
 }
 
 pub struct Switch {
@@ -134,6 +147,11 @@ pub struct Switch {
     commands: Option<mpsc::Receiver<Command>>,
     /// Per port: the adaptive wait of its receive ring and frames read from it so far.
     waits: Vec<(AdaptiveWait, u64)>,
+    /// The eBPF programs' maps: the uplink's early drop, the ports' softirq time.
+    kernel: KernelLink,
+    /// The shared encryption engine, when a tenant encrypts, and its exchange buffers.
+    accel: Option<Accel>,
+    accel_scratch: Exchange,
 }
 
 /// Batches read from the uplink per loop iteration (one from each tenant port).
@@ -159,22 +177,78 @@ fn ring_wait(max_spin: Duration) -> AdaptiveWait {
 }
 
 /// Opens a port with the backend the config names, with an error that says what to fix.
-pub fn open_port(ifname: &str, backend: BackendKind, field: &str) -> anyhow::Result<Box<dyn Port>> {
+/// GSO super-frames read on it are segmented into frames of at most `max_frame` bytes
+/// ([`vm_max_frame`] for VM ports).
+pub fn open_port(
+    ifname: &str,
+    backend: BackendKind,
+    field: &str,
+    max_frame: usize,
+) -> anyhow::Result<Box<dyn Port>> {
     let port: Box<dyn Port> = match backend {
         BackendKind::AfPacket => Box::new(
-            AfPacketPort::open(ifname, AfPacketOptions::default())
-                .with_context(|| format!("{field}: cannot open '{ifname}'"))?,
+            AfPacketPort::open(
+                ifname,
+                AfPacketOptions {
+                    max_frame,
+                    ..Default::default()
+                },
+            )
+            .with_context(|| format!("{field}: cannot open '{ifname}'"))?,
         ),
         BackendKind::AfXdp => Box::new(
             AfXdpPort::open(ifname, AfXdpOptions::default())
                 .with_context(|| format!("{field}: cannot open '{ifname}' with AF_XDP"))?,
         ),
         BackendKind::Tap => Box::new(
-            TapPort::open(ifname)
+            TapPort::open(ifname, max_frame)
                 .with_context(|| format!("{field}: cannot open TAP '{ifname}'"))?,
         ),
     };
     Ok(port)
+}
+
+/// The longest frame a VM may send that still fits the uplink once encapsulated (the
+/// engine's egress check); VM ports segment super-frames to it.
+pub fn vm_max_frame(cfg: &Config) -> usize {
+    (cfg.uplink.mtu + 14).saturating_sub(ENCAP_OVERHEAD)
+}
+
+/// [`vm_max_frame`] for a VM of `tenant`: less the sealing overhead when the tenant
+/// encrypts.
+fn vm_max_frame_of(cfg: &Config, tenant: &str) -> usize {
+    let encrypts = cfg.tenants.iter().any(|t| t.name == tenant && t.encrypt);
+    vm_max_frame(cfg).saturating_sub(if encrypts { picnic_wire::seal::SEAL_OVERHEAD } else { 0 })
+}
+
+/// Opens the uplink; an AF_XDP uplink also gives the maps of its early drop.
+fn open_uplink(cfg: &Config) -> anyhow::Result<(Box<dyn Port>, Option<EarlyDrop>)> {
+    let ifname = &cfg.uplink.ifname;
+    if cfg.uplink.backend != BackendKind::AfXdp {
+        return Ok((
+            open_port(
+                ifname,
+                cfg.uplink.backend,
+                "uplink.ifname",
+                cfg.uplink.mtu + 14,
+            )?,
+            None,
+        ));
+    }
+    let mut port = AfXdpPort::open(ifname, AfXdpOptions::default())
+        .with_context(|| format!("uplink.ifname: cannot open '{ifname}' with AF_XDP"))?;
+    let early = port.early_drop();
+    Ok((Box::new(port), early))
+}
+
+/// The tenant ports (every port but the uplink) as (interface name, slot = port index).
+fn tenant_ports(ports: &[Box<dyn Port>]) -> Vec<(String, u32)> {
+    ports
+        .iter()
+        .enumerate()
+        .skip(1)
+        .map(|(i, p)| (p.name().to_string(), i as u32))
+        .collect()
 }
 
 impl Switch {
@@ -182,21 +256,25 @@ impl Switch {
     pub fn open(cfg: Config) -> anyhow::Result<Switch> {
         let clock = Clock::new();
         let engine = Engine::new(&cfg, clock.now())?;
-        let mut ports = vec![open_port(
-            &cfg.uplink.ifname,
-            cfg.uplink.backend,
-            "uplink.ifname",
-        )?];
+        let (uplink, early_drop) = open_uplink(&cfg)?;
+        let mut ports = vec![uplink];
         for (i, vm) in cfg.vms.iter().enumerate() {
             if let Some(p) = vm.port.as_ref().filter(|_| vm.host == cfg.switch.host_id) {
                 ports.push(open_port(
                     &p.ifname,
                     p.backend,
                     &format!("vms[{i}].port.ifname"),
+                    vm_max_frame_of(&cfg, &vm.tenant),
                 )?);
             }
         }
-        Ok(Self::with_ports(cfg, engine, ports, clock))
+        let softirq = cfg.isolation.cpu_accounting && cfg.isolation.softirq_accounting;
+        let kernel = KernelLink::open(early_drop, softirq, &tenant_ports(&ports));
+        let accel = Accel::from_config(&cfg)?;
+        let mut switch = Self::with_ports(cfg, engine, ports, clock);
+        switch.kernel = kernel;
+        switch.set_accel(accel);
+        Ok(switch)
     }
 
     /// Builds a switch over already opened ports (port 0 the uplink, then local VMs in config
@@ -221,16 +299,27 @@ impl Switch {
             shared: Arc::new(Shared::default()),
             commands: None,
             waits: Vec::new(),
+            kernel: KernelLink::default(),
+            accel: None,
+            accel_scratch: Exchange::default(),
             cfg,
         }
     }
 
     pub fn describe_ports(&self) -> Vec<String> {
-        self.ports
+        let mut lines: Vec<String> = self
+            .ports
             .iter()
             .enumerate()
             .map(|(i, p)| format!("port {i} {}: {}", p.name(), p.backend()))
-            .collect()
+            .collect();
+        if self.kernel.early_drop_on() {
+            lines.push("uplink XDP early drop of throttled VMs: on".into());
+        }
+        if self.kernel.softirq_on() {
+            lines.push("softirq accounting (eBPF tracepoints): on".into());
+        }
+        lines
     }
 
     /// Set to true to make [`Switch::run`] return.
@@ -274,6 +363,7 @@ impl Switch {
         }
         let mut cgroups = self.open_cgroups()?;
         let mut quotas = Vec::new();
+        self.kernel.set_dataplane_thread();
         let mut cpu_mark = thread_cpu_ns();
         while !self.stop.load(Ordering::Relaxed) {
             let now = self.clock.now();
@@ -282,6 +372,7 @@ impl Switch {
             let cpu_now = thread_cpu_ns();
             self.engine.charge_cpu(now, cpu_now - cpu_mark);
             cpu_mark = cpu_now;
+            self.kernel.tick(&mut self.engine, now);
             self.engine.cgroup_quotas(now, &mut quotas);
             for &(tenant, quota) in &quotas {
                 if let Some(Some(group)) = cgroups.get_mut(tenant) {
@@ -326,6 +417,9 @@ impl Switch {
                 }
             }
             busy += self.engine.poll(now, batch, &mut self.work, &mut self.pool);
+            if let Some(accel) = &self.accel {
+                busy += accel.exchange(&mut self.engine, now, &mut self.pool, &mut self.accel_scratch);
+            }
             self.transmit()?;
             if busy > 0 {
                 let took = self.clock.now() - now;
@@ -374,6 +468,8 @@ impl Switch {
                     .filter(|&p| self.engine.rx_ready(now, p, batch))
                     .filter_map(|p| self.ports[p].raw_fd()),
             );
+            // The shared engine's results wake the loop too.
+            fds.extend(self.accel.as_ref().and_then(Accel::notify_fd).map(|fd| fd.as_raw_fd()));
             wait_readable(&fds, std::time::Duration::from_nanos(timeout.as_nanos()))?;
         }
         self.publish(self.clock.now());
@@ -436,6 +532,7 @@ impl Switch {
     }
 
     fn publish(&mut self, now: Instant) {
+        self.kernel.publish(&mut self.engine, now);
         let ports = self
             .ports
             .iter()
@@ -457,6 +554,9 @@ impl Switch {
         let published = Arc::new(Published {
             switch: self.engine.snapshot(),
             ports,
+            pool_free: self.pool.available(),
+            pool_capacity: self.pool.capacity(),
+            accel: self.accel.as_ref().map(|a| a.view(&self.cfg)),
             slo: self.engine.slo_report(now),
         });
         *self.shared.snapshot.lock().unwrap() = Some(published);
@@ -498,8 +598,12 @@ impl Switch {
                     .position(|o| o.as_ref().is_some_and(|o| o.name() == p.ifname));
                 match reuse {
                     Some(j) => ports.push(old[j].take().expect("present")),
-                    None => match open_port(&p.ifname, p.backend, &format!("vms[{i}].port.ifname"))
-                    {
+                    None => match open_port(
+                        &p.ifname,
+                        p.backend,
+                        &format!("vms[{i}].port.ifname"),
+                        vm_max_frame_of(&cfg, &vm.tenant),
+                    ) {
                         Ok(port) => ports.push(port),
                         Err(e) => {
                             // Put everything back as it was.
@@ -521,6 +625,8 @@ impl Switch {
             }
         }
         let mut engine = Engine::new(&cfg, self.clock.now())?;
+        // XDP drops counted so far belong to the old engine's VMs (carried over by name).
+        self.kernel.publish(&mut self.engine, self.clock.now());
         for (i, vm) in engine.dir.vms.iter().enumerate() {
             if let Some(j) = self.engine.dir.vms.iter().position(|o| o.name == vm.name) {
                 engine.vm_counters[i] = self.engine.vm_counters[j].clone();
@@ -528,6 +634,7 @@ impl Switch {
         }
         engine.counters = self.engine.counters.clone();
         engine.carry_slo_from(&mut self.engine);
+        let accel = Accel::from_config_after(&cfg, self.accel.as_ref())?;
         let mut old_engine = std::mem::replace(&mut self.engine, engine);
         for p in 0..old_engine.dir.port_count() {
             for f in old_engine.tx_queue(p).drain(..) {
@@ -535,10 +642,27 @@ impl Switch {
             }
         }
         drop(old_engine);
+        self.set_accel(accel);
         self.ports = ports;
+        if let Err(e) = self.kernel.set_ports(&tenant_ports(&self.ports)) {
+            eprintln!("picnic switch: warning: softirq accounting: {e}");
+        }
         *self.shared.config.lock().unwrap() = Some(cfg.clone());
         self.cfg = cfg;
         Ok(())
+    }
+
+    /// Replaces the shared engine; the old one's frames go back to the pool.
+    fn set_accel(&mut self, accel: Option<Accel>) {
+        if let Some(old) = self.accel.take() {
+            let mut frames = Vec::new();
+            old.shutdown(&mut frames);
+            for f in frames {
+                self.pool.put(f);
+            }
+        }
+        *self.shared.accel_keys.lock().unwrap() = accel.as_ref().map(Accel::keys);
+        self.accel = accel;
     }
 
     pub fn port_index(&self, name: &str) -> Option<PortIdx> {

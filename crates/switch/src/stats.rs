@@ -35,6 +35,10 @@ pub enum DropReason {
     PpsLimit,
     /// No free frame buffer (pool exhausted).
     NoBuffer,
+    /// As `CpuThrottled`, dropped by the uplink's XDP program before reaching the switch.
+    CpuThrottledXdp,
+    /// As `PpsLimit`, dropped by the uplink's XDP program before reaching the switch.
+    PpsLimitXdp,
     /// A sealed frame whose tag did not verify, or sealed with a key epoch the tenant does
     /// not hold (tampered, forged or stale; `accel`).
     AuthFailed,
@@ -46,7 +50,7 @@ pub enum DropReason {
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 17] = [
+    pub const ALL: [DropReason; 19] = [
         DropReason::Malformed,
         DropReason::Spoofed,
         DropReason::UnknownDestination,
@@ -61,6 +65,8 @@ impl DropReason {
         DropReason::CpuThrottled,
         DropReason::PpsLimit,
         DropReason::NoBuffer,
+        DropReason::CpuThrottledXdp,
+        DropReason::PpsLimitXdp,
         DropReason::AuthFailed,
         DropReason::Unsealed,
         DropReason::AccelBusy,
@@ -81,6 +87,8 @@ impl DropReason {
             DropReason::CpuThrottled => "cpu_throttled",
             DropReason::PpsLimit => "pps_limit",
             DropReason::NoBuffer => "no_buffer",
+            DropReason::CpuThrottledXdp => "cpu_throttled_xdp",
+            DropReason::PpsLimitXdp => "pps_limit_xdp",
             DropReason::AuthFailed => "auth_failed",
             DropReason::Unsealed => "unsealed",
             DropReason::AccelBusy => "accel_busy",
@@ -106,6 +114,9 @@ impl Serialize for Drops {
 impl Drops {
     pub fn add(&mut self, r: DropReason) {
         self.0[r as usize] += 1;
+    }
+    pub fn add_n(&mut self, r: DropReason, n: u64) {
+        self.0[r as usize] += n;
     }
     pub fn get(&self, r: DropReason) -> u64 {
         self.0[r as usize]
@@ -137,6 +148,15 @@ pub struct VmCounters {
     pub drops: Drops,
     /// Dataplane CPU time charged for this VM's frames (both directions, I/O included), ns.
     pub cost_ns: u64,
+    /// Kernel NET_RX softirq time on the VM's port outside the switch's thread, charged to
+    /// its tenant (eBPF, docs/switch.md "eBPF"), ns; the packets it handled; the part run by
+    /// ksoftirqd or on an idle CPU (charged to no task by the kernel).
+    pub softirq_ns: u64,
+    pub softirq_packets: u64,
+    pub softirq_kthread_ns: u64,
+    /// Softirq time on the VM's port run by the switch's own thread (part of its `cost_ns`
+    /// already), ns.
+    pub softirq_in_switch_ns: u64,
     /// Time frames to this VM waited in its ingress queue.
     pub ingress_wait: WaitHistogram,
     /// Frames of the VM that went through one of its shaped classes' queues instead of the
@@ -205,4 +225,23 @@ pub struct SwitchCounters {
     pub unattributed_ns: u64,
     /// CPU spent in loop iterations that handled no frame (waiting, polling), ns.
     pub overhead_ns: u64,
+    /// All NET_RX softirq time on this host and how it was attributed (None while softirq
+    /// accounting is off).
+    pub softirq: Option<SoftirqTotals>,
+}
+
+/// The host's NET_RX softirq time as the softirq accounting programs measured it, ns.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[repr(C)]
+pub struct SoftirqTotals {
+    /// Every NET_RX softirq run on every CPU.
+    pub net_rx_ns: u64,
+    pub windows: u64,
+    /// On tenant ports, outside the switch's thread: charged to their tenants.
+    pub attributed_ns: u64,
+    /// On tenant ports, inside the switch's own thread (already in its measured CPU time).
+    pub switch_ns: u64,
+    /// On other devices, or runs that handed no packet to the stack.
+    pub untracked_ns: u64,
+    pub packets: u64,
 }

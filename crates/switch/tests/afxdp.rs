@@ -6,7 +6,7 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{collect, exchange, is_root, is_test_frame, seq_of, test_frame, Netns};
+use common::{collect, exchange, have_ebpf, is_root, is_test_frame, seq_of, test_frame, Netns};
 use picnic_switch::frame::{Frame, FramePool};
 use picnic_switch::port::{AfXdpOptions, AfXdpPort, Backend, Port, XdpMode};
 
@@ -52,7 +52,7 @@ fn frames_cross_both_ways(mode: XdpMode, expected: XdpMode, a_name: &str, b_name
 
 #[test]
 fn af_xdp_frames_cross_a_veth_intact_both_ways_native() {
-    if !is_root() {
+    if !is_root() || !have_ebpf() {
         return;
     }
     frames_cross_both_ways(XdpMode::Auto, XdpMode::Native, "pnxa", "pnxb");
@@ -60,7 +60,7 @@ fn af_xdp_frames_cross_a_veth_intact_both_ways_native() {
 
 #[test]
 fn af_xdp_frames_cross_a_veth_intact_both_ways_generic() {
-    if !is_root() {
+    if !is_root() || !have_ebpf() {
         return;
     }
     frames_cross_both_ways(XdpMode::Generic, XdpMode::Generic, "pnxc", "pnxd");
@@ -68,7 +68,7 @@ fn af_xdp_frames_cross_a_veth_intact_both_ways_generic() {
 
 #[test]
 fn af_xdp_refuses_a_second_port_on_the_interface_and_reopens_after_drop() {
-    if !is_root() {
+    if !is_root() || !have_ebpf() {
         return;
     }
     let ns = Netns::new();
@@ -89,7 +89,7 @@ fn af_xdp_refuses_a_second_port_on_the_interface_and_reopens_after_drop() {
 /// whole: `send_batch` keeps what the TX ring cannot take and a later call sends it.
 #[test]
 fn af_xdp_sends_bursts_larger_than_its_rings() {
-    if !is_root() {
+    if !is_root() || !have_ebpf() {
         return;
     }
     let ns = Netns::new();
@@ -132,7 +132,7 @@ fn af_xdp_sends_bursts_larger_than_its_rings() {
 
 #[test]
 fn af_xdp_refuses_an_mtu_too_large_for_its_frames() {
-    if !is_root() {
+    if !is_root() || !have_ebpf() {
         return;
     }
     let ns = Netns::new();

@@ -6,6 +6,8 @@
 //!   standalone feedback packets.
 //! - [`overlay`]: allocation-free encapsulation and decapsulation over Ethernet/IPv4/UDP 6081.
 //! - [`seal`]: PSP-like AES-GCM sealing of a tunnel packet's inner frame with per-tenant keys.
+//! - [`offload`]: a VM's transmit offloads finished in software: the virtio-net header,
+//!   partial checksum completion and TSO/USO segmentation.
 //! - [`mod@classify`]: the cheap classification of a tenant frame done before scheduling.
 //!
 //! Ethernet, IPv4, IPv6, UDP, TCP and ARP come from [`etherparse`], re-exported so users
@@ -16,6 +18,7 @@ pub mod ecn;
 pub mod error;
 pub mod feedback;
 pub mod geneve;
+pub mod offload;
 pub mod overlay;
 pub mod seal;
 

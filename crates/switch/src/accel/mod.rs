@@ -88,6 +88,20 @@ pub struct Completion {
     pub waited: Duration,
 }
 
+/// The engine as `/stats` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct AccelView {
+    pub workers: usize,
+    pub isolated: bool,
+    /// Tokens (worker ns) per second the limiter admits.
+    pub capacity_tokens_per_sec: u64,
+    /// Token cost of a job: `per_job + per_byte * bytes`.
+    pub cost_per_job: u64,
+    pub cost_per_byte: u64,
+    /// Per encrypting tenant, by name.
+    pub tenants: std::collections::BTreeMap<String, TenantAccelStats>,
+}
+
 /// Buffers [`Accel::exchange`] reuses between calls.
 #[derive(Default)]
 pub struct Exchange {
@@ -201,10 +215,13 @@ impl Shared {
 /// The running engine; dropping it stops the workers.
 pub struct Accel {
     shared: Arc<Shared>,
+    /// Tenant names, by index (for carrying keys over a reconfiguration).
+    names: Vec<String>,
     results: Receiver<Completion>,
     workers: Vec<JoinHandle<()>>,
     cost: TokenCost,
     capacity: u64,
+    workers_count: usize,
 }
 
 impl Accel {
@@ -263,10 +280,12 @@ impl Accel {
             .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(Accel {
             shared,
+            names: Vec::new(),
             results,
             workers,
             cost,
             capacity,
+            workers_count: cfg.workers,
         })
     }
 
@@ -340,14 +359,34 @@ impl Accel {
     /// The engine a config asks for, started: None when no tenant encrypts. Tenants are
     /// indexed as in the config (and the engines' directory).
     pub fn from_config(cfg: &Config) -> anyhow::Result<Option<Accel>> {
+        Accel::from_config_after(cfg, None)
+    }
+
+    /// As [`Accel::from_config`], keeping the keys `previous` holds for tenants of the same
+    /// name (keys rotated through the API survive a reconfiguration).
+    pub fn from_config_after(
+        cfg: &Config,
+        previous: Option<&Accel>,
+    ) -> anyhow::Result<Option<Accel>> {
         if !cfg.tenants.iter().any(|t| t.encrypt) {
             return Ok(None);
         }
+        let old_rings = previous.map(|p| {
+            let rings = p.shared.keys.read().unwrap_or_else(|e| e.into_inner());
+            (p.names.clone(), rings.clone())
+        });
         let mut weights = Vec::with_capacity(cfg.tenants.len());
         let mut rings = Vec::with_capacity(cfg.tenants.len());
         for t in &cfg.tenants {
             let mut ring = KeyRing::default();
-            if t.encrypt {
+            let kept = old_rings.as_ref().and_then(|(names, rings)| {
+                let i = names.iter().position(|n| *n == t.name)?;
+                rings.get(i).filter(|r| r.sending().is_some()).cloned()
+            });
+            if let (true, Some(kept)) = (t.encrypt, kept) {
+                ring = kept;
+                weights.push(t.accel_weight);
+            } else if t.encrypt {
                 ring.install(t.key_epoch, t.load_key()?, true)?;
                 weights.push(t.accel_weight);
             } else {
@@ -367,7 +406,45 @@ impl Accel {
             isolated: cfg.isolation.accel,
             sender_id: cfg.switch.host_id,
         };
-        Accel::start(&config, &weights, rings).map(Some)
+        let mut accel = Accel::start(&config, &weights, rings)?;
+        accel.names = cfg.tenants.iter().map(|t| t.name.clone()).collect();
+        Ok(Some(accel))
+    }
+
+    /// A handle on the tenants' keys for another thread (the API).
+    pub fn keys(&self) -> AccelKeys {
+        AccelKeys {
+            shared: Arc::clone(&self.shared),
+            names: self.names.clone(),
+        }
+    }
+
+    /// Stops the workers and gives back every frame still queued, being worked on or
+    /// finished, so the caller can return them to its pool.
+    pub fn shutdown(mut self, out: &mut Vec<Frame>) {
+        self.stop_workers(out);
+        let mut jobs = Vec::new();
+        lock(&self.shared.queues).drain_into(&mut jobs);
+        out.extend(jobs.into_iter().map(|j| j.frame));
+    }
+
+    fn stop_workers(&mut self, out: &mut Vec<Frame>) {
+        self.shared.stop.store(true, Ordering::Release);
+        {
+            let _guard = lock(&self.shared.queues);
+            self.shared.work.notify_all();
+        }
+        // Each worker finishes at most the job it holds; emptying the channel leaves room for
+        // those, so none blocks handing one back.
+        while let Ok(c) = self.results.try_recv() {
+            out.push(c.frame);
+        }
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+        while let Ok(c) = self.results.try_recv() {
+            out.push(c.frame);
+        }
     }
 
     /// Hands the frames `engine` set aside to the workers and the finished ones back to it;
@@ -424,6 +501,25 @@ impl Accel {
             .collect()
     }
 
+    /// The engine's state for `/stats`; tenants named from `cfg` (those that encrypt).
+    pub fn view(&self, cfg: &Config) -> AccelView {
+        let tenants = self
+            .stats()
+            .into_iter()
+            .zip(&cfg.tenants)
+            .filter(|(_, t)| t.encrypt)
+            .map(|(s, t)| (t.name.clone(), s))
+            .collect();
+        AccelView {
+            workers: self.workers_count,
+            isolated: cfg.isolation.accel,
+            capacity_tokens_per_sec: self.capacity,
+            cost_per_job: self.cost.per_request,
+            cost_per_byte: self.cost.per_byte,
+            tenants,
+        }
+    }
+
     /// The token cost model in use (tokens are worker ns).
     pub fn cost(&self) -> TokenCost {
         self.cost
@@ -437,16 +533,59 @@ impl Accel {
 
 impl Drop for Accel {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Release);
-        {
-            let _guard = lock(&self.shared.queues);
-            self.shared.work.notify_all();
-        }
-        // Each worker finishes at most the job it holds; emptying the channel leaves room for
-        // those, so none blocks handing one back.
-        while self.results.try_recv().is_ok() {}
-        for w in self.workers.drain(..) {
-            let _ = w.join();
+        self.stop_workers(&mut Vec::new());
+    }
+}
+
+/// The tenants' keys of a running engine, for the API thread.
+#[derive(Clone)]
+pub struct AccelKeys {
+    shared: Arc<Shared>,
+    names: Vec<String>,
+}
+
+impl AccelKeys {
+    /// Installs `key` as `epoch` for the tenant `name`, sealing with it when `activate`
+    /// (see [`KeyRing::install`]).
+    pub fn install(&self, name: &str, epoch: u32, key: TunnelKey, activate: bool) -> anyhow::Result<()> {
+        self.with_ring(name, |ring| Ok(ring.install(epoch, key, activate)?))
+    }
+
+    /// Makes the installed `epoch` the sending key of tenant `name`.
+    pub fn activate(&self, name: &str, epoch: u32) -> anyhow::Result<()> {
+        self.with_ring(name, |ring| Ok(ring.activate(epoch)?))
+    }
+
+    /// The live epochs of tenant `name`, the sending one, and each key's fingerprint (hex).
+    pub fn describe(&self, name: &str) -> anyhow::Result<serde_json::Value> {
+        self.with_ring(name, |ring| {
+            let (epochs, sending) = ring.epochs();
+            let keys: Vec<_> = epochs
+                .iter()
+                .map(|&e| {
+                    let fp = ring.key(e).map(|k| k.fingerprint()).unwrap_or_default();
+                    let hex: String = fp.iter().map(|b| format!("{b:02x}")).collect();
+                    serde_json::json!({ "epoch": e, "fingerprint": hex })
+                })
+                .collect();
+            Ok(serde_json::json!({ "tenant": name, "sending_epoch": sending, "keys": keys }))
+        })
+    }
+
+    fn with_ring<R>(
+        &self,
+        name: &str,
+        f: impl FnOnce(&mut KeyRing) -> anyhow::Result<R>,
+    ) -> anyhow::Result<R> {
+        let t = self
+            .names
+            .iter()
+            .position(|n| n == name)
+            .ok_or_else(|| anyhow::anyhow!("no tenant '{name}'"))?;
+        let mut rings = self.shared.keys.write().unwrap_or_else(|e| e.into_inner());
+        match rings.get_mut(t) {
+            Some(ring) if ring.sending().is_some() => f(ring),
+            _ => anyhow::bail!("tenant '{name}' does not encrypt (set encrypt = true and a key)"),
         }
     }
 }

@@ -156,6 +156,13 @@ impl<T> EngineQueues<T> {
         }
     }
 
+    /// Empties every queue into `out`, bypassing admission (the engine is stopping).
+    pub(crate) fn drain_into(&mut self, out: &mut Vec<T>) {
+        for q in &mut self.queues {
+            out.extend(q.drain(..).map(|q| q.item));
+        }
+    }
+
     /// Jobs queued for `tenant` (all tenants' when not isolated).
     pub(crate) fn queued(&self, tenant: usize) -> usize {
         let q = if self.limiter.is_some() { tenant } else { 0 };

@@ -14,6 +14,7 @@
 mod cpu;
 mod egress;
 mod ingress;
+mod kernel;
 mod sealing;
 mod share;
 mod slo;
@@ -35,6 +36,7 @@ use picnic_core::wfq::{Cap, CostKind, QueueId, QueueLimits, Wfq};
 
 pub use egress::Egress;
 pub use ingress::Ingress;
+pub use kernel::{SoftirqDelta, XdpThrottle, XDP_CPU, XDP_PPS};
 pub use sealing::AccelUse;
 pub use slo::{kind_name, Late, SloReport, TenantSlo, Totals, Why, WindowView, SLO_WINDOW};
 
@@ -67,6 +69,8 @@ pub struct Engine {
     /// Per local VM with `max_pps`: packets it may send into / receive from the switch.
     pps_out: Vec<Option<TokenBucket>>,
     pps_in: Vec<Option<TokenBucket>>,
+    /// Per VM: whether the uplink's XDP program holds it back for its packet budget.
+    xdp_pps: Vec<bool>,
     /// Frames handled per VM since the loop last charged its CPU time.
     cpu: cpu::CpuLedger,
     /// Per-tenant CPU used in the current period of a saturated loop (read-side fairness).
@@ -149,6 +153,7 @@ impl Engine {
             iron_index,
             pps_out,
             pps_in,
+            xdp_pps: vec![false; dir_vms],
             cpu: cpu::CpuLedger::new(dir_vms),
             share,
             slo,
@@ -255,6 +260,7 @@ impl Engine {
             iron,
             pps,
             self.share.poll_at(),
+            self.xdp_poll_at(),
         ]
         .into_iter()
         .flatten()
@@ -413,6 +419,14 @@ impl Engine {
                         .map(|s| s.throttle_drops + s.early_drops)
                         .unwrap_or(0),
                     cpu_charged_ns: stats.map(|s| s.charged_ns).unwrap_or(0),
+                    softirq_ns: self
+                        .dir
+                        .vms
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, v)| v.tenant == t)
+                        .map(|(i, _)| self.vm_counters[i].softirq_ns)
+                        .sum(),
                     accel: tenant.encrypt.then(|| self.accel_use[t].clone()),
                 }
             })
@@ -472,6 +486,8 @@ pub struct TenantSnapshot {
     pub cost_ns: u64,
     pub cpu_throttle_drops: u64,
     pub cpu_charged_ns: u64,
+    /// Kernel softirq time on the tenant's ports charged to it (eBPF), ns.
+    pub softirq_ns: u64,
     /// Use of the shared encryption engine (tenants with `encrypt = true`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accel: Option<AccelUse>,
@@ -595,8 +611,14 @@ fn sender_config(cfg: &Config) -> eyeq::SenderConfig {
 #[cfg(test)]
 mod cpu_tests;
 #[cfg(test)]
+mod feedback_tests;
+#[cfg(test)]
+mod kernel_tests;
+#[cfg(test)]
+mod lifecycle_tests;
+#[cfg(test)]
 mod sealing_tests;
 #[cfg(test)]
 mod slo_tests;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

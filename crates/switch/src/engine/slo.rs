@@ -134,6 +134,13 @@ impl SloTracker {
             t.monitor.record_lost(now, 1);
         }
     }
+
+    /// `n` frames of `tenant` lost at once (counted by the XDP program).
+    pub(super) fn lost_n(&mut self, now: Instant, tenant: TenantIdx, n: u64) {
+        if let Some(t) = self.get(tenant) {
+            t.monitor.record_lost(now, n);
+        }
+    }
 }
 
 impl Engine {

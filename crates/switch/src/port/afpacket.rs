@@ -19,16 +19,19 @@
 //!   (`PACKET_MR_PROMISC`: frames to any MAC are seen) and sets `PACKET_IGNORE_OUTGOING` so the
 //!   switch does not receive its own transmissions; frames marked `PACKET_OUTGOING` are also
 //!   skipped in case that option is missing.
-//! - **Checksum offload (chosen: the lab turns it off).** A veth peer with tx checksum offload
-//!   on hands over TCP/UDP frames whose L4 checksum is only partial (`CHECKSUM_PARTIAL`), and
-//!   with TSO on it hands over super-frames of up to 64 KiB. The lab therefore runs
-//!   `ethtool -K IF tx off` on every tenant-side veth (which also turns TSO off, so the kernel
-//!   segments before the veth). PACKET_AUXDATA is not used: it arrives as a recvmsg control
-//!   message, which a mmap ring never reads; the ring reports the same fact in `tp_status`
-//!   (`TP_STATUS_CSUMNOTREADY`), and such frames are counted in
-//!   [`PortStats::rx_csum_partial`] and forwarded unchanged, so a misconfigured lab shows up
-//!   in the stats instead of as silent loss. Frames longer than [`DATA_CAP`] (GRO/TSO
-//!   aggregates, jumbo frames) are counted in [`PortStats::rx_oversize`] and dropped.
+//! - **Offloads.** A veth whose peer has transmit checksum offload and TSO on (the Linux
+//!   defaults) hands over TCP/UDP frames with partial checksums (`CHECKSUM_PARTIAL`) and
+//!   super-frames of up to 64 KiB. The socket sets `PACKET_VNET_HDR`, so the kernel writes a
+//!   virtio-net header before every frame in the ring and the port completes checksums and
+//!   segments super-frames (see the `vnet` module); sends carry a zero header. A super-frame
+//!   does not fit a 2 KiB V2 slot: with `PACKET_COPY_THRESH` the kernel also queues the
+//!   whole frame on the socket and marks the slot `TP_STATUS_COPY`, and the port reads it
+//!   from there (recvmsg) into its super-frame buffer; the socket's receive buffer is raised
+//!   to 4 MiB (SO_RCVBUFFORCE) so copies are not refused while the ring has room. The V3
+//!   ring has no such copy: a super-frame longer than a block (minus its header) is truncated
+//!   by the kernel and counted in [`PortStats::rx_oversize`], so V3 with offloads wants
+//!   `block_size` of 128 KiB. Non-GSO frames longer than [`DATA_CAP`] (jumbo frames) are
+//!   counted there too and dropped.
 
 use std::cell::Cell;
 use std::io;
@@ -37,7 +40,13 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use super::sys::{ifindex, interface_not_found, join_promiscuous, set_int_opt, set_opt};
+use picnic_wire::offload::VNET_HDR_LEN;
+
+use super::sys::{
+    ifindex, interface_not_found, join_promiscuous, set_int_opt, set_opt, PACKET_COPY_THRESH,
+    PACKET_VNET_HDR, SO_RCVBUFFORCE, TP_STATUS_COPY,
+};
+use super::vnet::{Taken, VnetRx, TX_HDR};
 use super::{is_fatal_port_error, is_transient_send_error, os_error, Backend, Port, PortStats};
 use crate::frame::{Frame, FramePool, DATA_CAP};
 
@@ -46,6 +55,11 @@ use crate::frame::{Frame, FramePool, DATA_CAP};
 const RING_FRAME_SIZE: usize = 2048;
 /// Largest `vlen` sendmmsg accepts (UIO_MAXIOV).
 const MAX_TX_BATCH: usize = 1024;
+/// Receive buffer for the whole-frame copies of super-frames (`TP_STATUS_COPY`): about 60
+/// of them may wait while the ring holds their slots.
+const COPY_RCVBUF: libc::c_int = 4 << 20;
+/// Smallest `max_frame` accepted: room for headers and a useful segment.
+const MIN_MAX_FRAME: usize = 128;
 
 /// The receive ring layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -76,6 +90,10 @@ pub struct AfPacketOptions {
     pub block_timeout_ms: u32,
     /// Frames per sendmmsg call, 1 to 1024. Default 64.
     pub tx_batch: usize,
+    /// Longest frame (Ethernet header included) the port segments a GSO super-frame into;
+    /// at least 128, clamped to [`DATA_CAP`]. Default [`DATA_CAP`]; the switch gives VM
+    /// ports the uplink MTU less the overlay's overhead.
+    pub max_frame: usize,
 }
 
 impl Default for AfPacketOptions {
@@ -86,6 +104,7 @@ impl Default for AfPacketOptions {
             block_count: 64,
             block_timeout_ms: 1,
             tx_batch: 64,
+            max_frame: DATA_CAP,
         }
     }
 }
@@ -110,6 +129,12 @@ impl AfPacketOptions {
             return Err(format!(
                 "block_timeout_ms {} must be 1 to 1000",
                 self.block_timeout_ms
+            ));
+        }
+        if self.max_frame < MIN_MAX_FRAME {
+            return Err(format!(
+                "max_frame {} must be at least {MIN_MAX_FRAME}",
+                self.max_frame
             ));
         }
         if !(1..=MAX_TX_BATCH).contains(&self.tx_batch) {
@@ -140,11 +165,13 @@ pub struct AfPacketPort {
     pkts_left: u32,
     /// Offset in `cur_block` of the next frame header.
     pkt_offset: usize,
-    /// sendmmsg headers, each pointing at the matching entry of `iovs` (fixed at open; the
-    /// vectors never grow, so the pointers stay valid).
+    /// sendmmsg headers, each pointing at its pair of `iovs`: the virtio-net header, then the
+    /// frame (fixed at open; the vectors never grow, so the pointers stay valid).
     msgs: Vec<libc::mmsghdr>,
     iovs: Vec<libc::iovec>,
     stats: PortStats,
+    /// Offloads of received frames: checksum completion, segmentation.
+    vnet: VnetRx,
     /// tp_drops accumulated from PACKET_STATISTICS (which resets on each read).
     kernel_drops: Cell<u64>,
 }
@@ -198,6 +225,15 @@ impl AfPacketPort {
             version as libc::c_int,
         )
         .map_err(|e| os_error(e, ctx(&format!("PACKET_VERSION {:?}", opts.ring))))?;
+        // Before the ring: the kernel refuses both once it exists.
+        set_int_opt(sock, libc::SOL_PACKET, PACKET_VNET_HDR, 1)
+            .map_err(|e| os_error(e, ctx("PACKET_VNET_HDR")))?;
+        set_int_opt(sock, libc::SOL_PACKET, PACKET_COPY_THRESH, 1)
+            .map_err(|e| os_error(e, ctx("PACKET_COPY_THRESH")))?;
+        if set_int_opt(sock, libc::SOL_SOCKET, SO_RCVBUFFORCE, COPY_RCVBUF).is_err() {
+            // Without CAP_NET_ADMIN: as much as rmem_max allows.
+            let _ = set_int_opt(sock, libc::SOL_SOCKET, libc::SO_RCVBUF, COPY_RCVBUF);
+        }
         // Older kernels (< 4.20) lack it; outgoing frames are then skipped by pkttype in rx.
         let _ = set_int_opt(sock, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, 1);
         set_int_opt(sock, libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, 1)
@@ -257,14 +293,17 @@ impl AfPacketPort {
                 iov_base: ptr::null_mut(),
                 iov_len: 0,
             };
-            opts.tx_batch
+            2 * opts.tx_batch
         ];
         // SAFETY: mmsghdr is a plain C struct for which all-zero bytes are a valid value.
         let mut msgs: Vec<libc::mmsghdr> =
             vec![unsafe { MaybeUninit::zeroed().assume_init() }; opts.tx_batch];
-        for (msg, iov) in msgs.iter_mut().zip(iovs.iter_mut()) {
-            msg.msg_hdr.msg_iov = iov;
-            msg.msg_hdr.msg_iovlen = 1;
+        for (msg, pair) in msgs.iter_mut().zip(iovs.chunks_exact_mut(2)) {
+            // The kernel only reads the header, a static.
+            pair[0].iov_base = TX_HDR.as_ptr() as *mut libc::c_void;
+            pair[0].iov_len = TX_HDR.len();
+            msg.msg_hdr.msg_iov = pair.as_mut_ptr();
+            msg.msg_hdr.msg_iovlen = 2;
         }
 
         // From here on the port owns the ring, so an error below unmaps it through Drop.
@@ -282,6 +321,7 @@ impl AfPacketPort {
             msgs,
             iovs,
             stats: PortStats::default(),
+            vnet: VnetRx::new(opts.max_frame),
             kernel_drops: Cell::new(0),
         };
 
@@ -342,7 +382,11 @@ impl AfPacketPort {
     fn recv_v2(&mut self, pool: &mut FramePool, out: &mut Vec<Frame>, max: usize) -> usize {
         let slots = self.block_size * self.block_count / RING_FRAME_SIZE;
         let mut n = 0;
-        while n < max {
+        loop {
+            n += self.vnet.drain(pool, out, max - n, &mut self.stats);
+            if n >= max || self.vnet.busy() {
+                break;
+            }
             // SAFETY: cur_block < slots, so the slot lies inside the mapping.
             let slot = unsafe { self.ring.add(self.cur_block * RING_FRAME_SIZE) };
             // SAFETY: tp_status is the slot's first, 4-byte aligned word, shared with the kernel
@@ -363,35 +407,77 @@ impl AfPacketPort {
             };
             let data_at = hdr.tp_mac as usize;
             let snaplen = hdr.tp_snaplen as usize;
-            let mut stop = false;
-            if data_at + snaplen > RING_FRAME_SIZE {
+            let ours = pkttype != libc::PACKET_OUTGOING;
+            let before = out.len();
+            let mut taken = Taken::Done;
+            if st & TP_STATUS_COPY != 0 {
+                // Too big for the slot: the whole frame waits on the socket, in slot order.
+                self.recv_copy(ours, pool, out);
+            } else if data_at < VNET_HDR_LEN || data_at + snaplen > RING_FRAME_SIZE {
                 self.stats.rx_oversize += 1;
-            } else if pkttype != libc::PACKET_OUTGOING {
-                if snaplen < hdr.tp_len as usize || snaplen > DATA_CAP {
+            } else if ours {
+                if snaplen < hdr.tp_len as usize {
                     self.stats.rx_oversize += 1;
-                } else if let Some(mut frame) = pool.get() {
-                    // SAFETY: `data_at..data_at + snaplen` is inside the slot (checked above).
-                    let bytes = unsafe { std::slice::from_raw_parts(slot.add(data_at), snaplen) };
-                    frame.fill_from(bytes);
-                    if st & libc::TP_STATUS_CSUMNOTREADY != 0 {
-                        self.stats.rx_csum_partial += 1;
-                    }
-                    self.stats.rx_frames += 1;
-                    self.stats.rx_bytes += snaplen as u64;
-                    out.push(frame);
-                    n += 1;
                 } else {
-                    stop = true;
+                    // SAFETY: the header and `data_at..data_at + snaplen` are inside the slot
+                    // (checked above), which is ours until handed back below.
+                    let (vh, bytes) = unsafe {
+                        (
+                            std::slice::from_raw_parts(
+                                slot.add(data_at - VNET_HDR_LEN),
+                                VNET_HDR_LEN,
+                            ),
+                            std::slice::from_raw_parts(slot.add(data_at), snaplen),
+                        )
+                    };
+                    taken = self.vnet.take_slice(vh, bytes, pool, out, &mut self.stats);
                 }
             }
-            if stop {
+            if taken == Taken::NoFrame {
                 break;
             }
+            n += out.len() - before;
             // Release: our reads of the slot happen before the kernel may overwrite it.
             status.store(libc::TP_STATUS_KERNEL, Ordering::Release);
             self.cur_block = (self.cur_block + 1) % slots;
         }
         n
+    }
+
+    /// Reads the whole-frame copy the kernel queued for a `TP_STATUS_COPY` slot into the
+    /// super-frame buffer and takes it (or discards it when `ours` is false).
+    fn recv_copy(&mut self, ours: bool, pool: &mut FramePool, out: &mut Vec<Frame>) {
+        let mut vh = [0u8; VNET_HDR_LEN];
+        let buf = self.vnet.buf_mut();
+        let mut iov = [
+            libc::iovec {
+                iov_base: vh.as_mut_ptr().cast(),
+                iov_len: VNET_HDR_LEN,
+            },
+            libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: buf.len(),
+            },
+        ];
+        // SAFETY: msghdr is a plain C struct for which all-zero bytes are a valid value.
+        let mut msg: libc::msghdr = unsafe { MaybeUninit::zeroed().assume_init() };
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = iov.len();
+        // SAFETY: `msg` points at two live, exclusively borrowed buffers of the lengths said.
+        let ret = unsafe { libc::recvmsg(self.fd.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT) };
+        if !ours {
+            return;
+        }
+        if ret < VNET_HDR_LEN as isize {
+            // The copy was not there (cannot happen while the socket receives nothing else).
+            self.stats.rx_dropped += 1;
+        } else if msg.msg_flags & libc::MSG_TRUNC != 0 {
+            self.stats.rx_oversize += 1;
+        } else {
+            let len = ret as usize - VNET_HDR_LEN;
+            self.vnet
+                .take_buffered(&vh, len, pool, out, &mut self.stats);
+        }
     }
 }
 
@@ -437,7 +523,11 @@ impl Port for AfPacketPort {
             return Ok(self.recv_v2(pool, out, max));
         }
         let mut n = 0;
-        while n < max {
+        loop {
+            n += self.vnet.drain(pool, out, max - n, &mut self.stats);
+            if n >= max || self.vnet.busy() {
+                break;
+            }
             if !self.block_open {
                 // Acquire: the kernel's writes of the block happen before we read them.
                 let status = self.block_status(self.cur_block).load(Ordering::Acquire);
@@ -479,20 +569,26 @@ impl Port for AfPacketPort {
                 continue;
             }
             if pkttype != libc::PACKET_OUTGOING {
-                if snaplen < hdr.tp_len as usize || snaplen > DATA_CAP {
+                if snaplen < hdr.tp_len as usize || (hdr.tp_mac as usize) < VNET_HDR_LEN {
                     self.stats.rx_oversize += 1;
                 } else {
-                    let Some(mut frame) = pool.get() else { break };
-                    // SAFETY: `data_at..data_at + snaplen` is inside the block (checked above).
-                    let bytes = unsafe { std::slice::from_raw_parts(block.add(data_at), snaplen) };
-                    frame.fill_from(bytes);
-                    if hdr.tp_status & libc::TP_STATUS_CSUMNOTREADY != 0 {
-                        self.stats.rx_csum_partial += 1;
+                    // SAFETY: `data_at..data_at + snaplen` is inside the block (checked above)
+                    // and the virtio-net header right before it, after the frame's own header.
+                    let (vh, bytes) = unsafe {
+                        (
+                            std::slice::from_raw_parts(
+                                block.add(data_at - VNET_HDR_LEN),
+                                VNET_HDR_LEN,
+                            ),
+                            std::slice::from_raw_parts(block.add(data_at), snaplen),
+                        )
+                    };
+                    let before = out.len();
+                    if self.vnet.take_slice(vh, bytes, pool, out, &mut self.stats) == Taken::NoFrame
+                    {
+                        break;
                     }
-                    self.stats.rx_frames += 1;
-                    self.stats.rx_bytes += snaplen as u64;
-                    out.push(frame);
-                    n += 1;
+                    n += out.len() - before;
                 }
             }
             self.pkts_left -= 1;
@@ -507,13 +603,13 @@ impl Port for AfPacketPort {
     fn send_batch(&mut self, frames: &mut Vec<Frame>, pool: &mut FramePool) -> io::Result<usize> {
         let mut sent = 0;
         while !frames.is_empty() {
-            let batch = frames.len().min(self.iovs.len());
-            for (iov, frame) in self.iovs.iter_mut().zip(frames.iter()) {
-                iov.iov_base = frame.data().as_ptr() as *mut libc::c_void;
-                iov.iov_len = frame.len();
+            let batch = frames.len().min(self.msgs.len());
+            for (pair, frame) in self.iovs.chunks_exact_mut(2).zip(frames.iter()) {
+                pair[1].iov_base = frame.data().as_ptr() as *mut libc::c_void;
+                pair[1].iov_len = frame.len();
             }
-            // SAFETY: the first `batch` headers point at iovecs that point at the live data of
-            // the first `batch` frames, which are not touched until the call returns; the
+            // SAFETY: the first `batch` headers point at iovec pairs that point at the static
+            // virtio-net header and the live data of the first `batch` frames, which are not touched until the call returns; the
             // socket is bound, so no destination address is needed.
             let ret = unsafe {
                 libc::sendmmsg(

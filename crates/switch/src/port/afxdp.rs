@@ -1,7 +1,8 @@
 //! AF_XDP port: the fast path where the kernel allows it (DESIGN.md section 4, "Ports";
 //! section 7 measured on veth: XDP drop 1.6-1.9 Mpps, AF_XDP RX in copy mode 1.4 Mpps, against
-//! 0.75 Mpps for an AF_PACKET TPACKET_V3 ring). Pure Rust over system calls: no libbpf,
-//! libxdp or C toolchain.
+//! 0.75 Mpps for an AF_PACKET TPACKET_V3 ring). The socket and rings are system calls made
+//! here; the XDP program is C (`crates/switch/bpf/xdp_port.bpf.c`) loaded with aya
+//! ([`crate::ebpf`]).
 //!
 //! - **Socket and UMEM.** One AF_XDP socket bound to queue 0 of the interface in copy mode
 //!   (`XDP_COPY`: the only mode veth has). Its UMEM is an anonymous mapping of
@@ -9,11 +10,11 @@
 //!   buffers), the second half is the transmit buffer pool. The four rings (fill, RX, TX,
 //!   completion) are mmapped from the socket and each holds half the chunks, so the fill ring
 //!   always has room for every receive buffer handed back.
-//! - **Redirect program.** A six-instruction XDP program, loaded with `bpf(BPF_PROG_LOAD)` as
-//!   raw eBPF, calls `bpf_redirect_map(xskmap, ctx->rx_queue_index, XDP_PASS)`: frames of
+//! - **XDP program.** `bpf_redirect_map(xskmap, ctx->rx_queue_index, XDP_PASS)`: frames of
 //!   queue 0 go to the socket, anything else to the kernel stack. The XSKMAP holds the socket
-//!   at key 0. The program is attached with a BPF link (`BPF_LINK_CREATE`), so it is detached
-//!   when the port is dropped, also when the process dies. Attach mode: [`XdpMode::Auto`]
+//!   at key 0. On the uplink the same program drops the frames of throttled VMs first
+//!   ([`AfXdpPort::early_drop`]). It is attached with a BPF link (`BPF_LINK_CREATE`), so it is
+//!   detached when the port is dropped, also when the process dies. Attach mode: [`XdpMode::Auto`]
 //!   tries the driver's native XDP first (veth has it) and falls back to generic (skb) XDP,
 //!   which every device supports; [`AfXdpPort::attach_mode`] says which one is in use.
 //! - **RX**: descriptors are taken from the RX ring, each frame is copied once into a pool
@@ -42,6 +43,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::sys::{get_opt, ifindex, ifreq_named, join_promiscuous, set_opt};
 use super::{ifname_cstring, is_fatal_port_error, os_error, Backend, Port, PortStats};
+use crate::ebpf::{AttachFlags, EarlyDrop, PortProgram};
 use crate::frame::{Frame, FramePool, DATA_CAP};
 
 /// Bytes of one UMEM chunk (one frame buffer).
@@ -60,24 +62,7 @@ const BIND_BUSY_RETRY: std::time::Duration = std::time::Duration::from_millis(50
 /// Socket option raising that budget (Linux >= 6.17; older kernels keep 32).
 const XDP_MAX_TX_SKB_BUDGET: libc::c_int = 9;
 
-// bpf(2) commands, map, program and attach types, helper id (include/uapi/linux/bpf.h).
-const BPF_MAP_CREATE: libc::c_int = 0;
-const BPF_MAP_UPDATE_ELEM: libc::c_int = 2;
-const BPF_PROG_LOAD: libc::c_int = 5;
-const BPF_LINK_CREATE: libc::c_int = 28;
-const BPF_MAP_TYPE_XSKMAP: u32 = 17;
-const BPF_PROG_TYPE_XDP: u32 = 6;
-const BPF_XDP: u32 = 37;
-const BPF_FUNC_REDIRECT_MAP: i32 = 51;
-const BPF_PSEUDO_MAP_FD: u8 = 1;
-const XDP_PASS: i32 = 2;
-/// Offset of `rx_queue_index` in `struct xdp_md`.
-const XDP_MD_RX_QUEUE_INDEX: i16 = 16;
-// XDP attach flags (include/uapi/linux/if_link.h).
-const XDP_FLAGS_SKB_MODE: u32 = 1 << 1;
-const XDP_FLAGS_DRV_MODE: u32 = 1 << 2;
-
-/// How the redirect program is attached to the interface.
+/// How the XDP program is attached to the interface.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum XdpMode {
     /// Native first, generic if the driver refuses (the default).
@@ -105,7 +90,7 @@ pub struct AfXdpOptions {
     /// UMEM chunks of 2 KiB, half for receiving and half for sending; a power of two from 64
     /// to 65536. Default 4096 (8 MiB per port; 2048-entry rings).
     pub frames: u32,
-    /// Attach mode of the redirect program.
+    /// Attach mode of the XDP program.
     pub mode: XdpMode,
 }
 
@@ -130,201 +115,9 @@ impl AfXdpOptions {
     }
 }
 
-/// One eBPF instruction (`struct bpf_insn`).
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct BpfInsn {
-    code: u8,
-    /// dst register in the low nibble, src register in the high one.
-    regs: u8,
-    off: i16,
-    imm: i32,
-}
-
-const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> BpfInsn {
-    BpfInsn {
-        code,
-        regs: (src << 4) | dst,
-        off,
-        imm,
-    }
-}
-
-/// The redirect program: `return bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_PASS);`
-fn redirect_program(map_fd: RawFd) -> [BpfInsn; 6] {
-    [
-        // r2 = *(u32 *)(r1 + offsetof(xdp_md, rx_queue_index))  (BPF_LDX | BPF_MEM | BPF_W)
-        insn(0x61, 2, 1, XDP_MD_RX_QUEUE_INDEX, 0),
-        // r1 = map (ld_imm64 with a map fd, two instruction slots)  (BPF_LD | BPF_IMM | BPF_DW)
-        insn(0x18, 1, BPF_PSEUDO_MAP_FD, 0, map_fd),
-        insn(0, 0, 0, 0, 0),
-        // r3 = XDP_PASS: the action when the queue has no socket  (BPF_ALU64 | BPF_MOV | BPF_K)
-        insn(0xb7, 3, 0, 0, XDP_PASS),
-        // r0 = bpf_redirect_map(r1, r2, r3)  (BPF_JMP | BPF_CALL)
-        insn(0x85, 0, 0, 0, BPF_FUNC_REDIRECT_MAP),
-        // return r0  (BPF_JMP | BPF_EXIT)
-        insn(0x95, 0, 0, 0, 0),
-    ]
-}
-
-/// `union bpf_attr` for BPF_MAP_CREATE (the leading fields used).
-#[repr(C)]
-struct MapCreateAttr {
-    map_type: u32,
-    key_size: u32,
-    value_size: u32,
-    max_entries: u32,
-    map_flags: u32,
-    inner_map_fd: u32,
-    numa_node: u32,
-    map_name: [u8; 16],
-}
-
-/// `union bpf_attr` for BPF_MAP_UPDATE_ELEM.
-#[repr(C)]
-struct MapUpdateAttr {
-    map_fd: u32,
-    key: u64,
-    value: u64,
-    flags: u64,
-}
-
-/// `union bpf_attr` for BPF_PROG_LOAD (the leading fields used).
-#[repr(C)]
-struct ProgLoadAttr {
-    prog_type: u32,
-    insn_cnt: u32,
-    insns: u64,
-    license: u64,
-    log_level: u32,
-    log_size: u32,
-    log_buf: u64,
-    kern_version: u32,
-    prog_flags: u32,
-    prog_name: [u8; 16],
-    prog_ifindex: u32,
-    expected_attach_type: u32,
-}
-
-/// `union bpf_attr` for BPF_LINK_CREATE (the leading fields used).
-#[repr(C)]
-struct LinkCreateAttr {
-    prog_fd: u32,
-    target_ifindex: u32,
-    attach_type: u32,
-    flags: u32,
-}
-
-/// bpf(2) returning a new descriptor.
-fn bpf_fd<T>(cmd: libc::c_int, attr: &mut T) -> io::Result<OwnedFd> {
-    // SAFETY: `attr` is a live, fully initialised bpf_attr prefix of `size_of::<T>()` bytes;
-    // the kernel zero-extends the rest. Pointers inside it point at live buffers.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            (attr as *mut T).cast::<libc::c_void>(),
-            size_of::<T>() as libc::c_uint,
-        )
-    };
-    if ret < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a non-negative return of these commands is a new descriptor we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(ret as RawFd) })
-}
-
-fn bpf_name(name: &str) -> [u8; 16] {
-    let mut out = [0u8; 16];
-    out[..name.len().min(15)].copy_from_slice(&name.as_bytes()[..name.len().min(15)]);
-    out
-}
-
 /// Whether an error means the caller lacks a capability.
 fn is_permission(err: &io::Error) -> bool {
     matches!(err.raw_os_error(), Some(libc::EPERM) | Some(libc::EACCES))
-}
-
-/// An XSKMAP holding `xsk` at key 0.
-fn create_xskmap(xsk: RawFd) -> io::Result<OwnedFd> {
-    let mut attr = MapCreateAttr {
-        map_type: BPF_MAP_TYPE_XSKMAP,
-        key_size: 4,
-        value_size: 4,
-        max_entries: 1,
-        map_flags: 0,
-        inner_map_fd: 0,
-        numa_node: 0,
-        map_name: bpf_name("pn_xsks"),
-    };
-    let map = bpf_fd(BPF_MAP_CREATE, &mut attr)?;
-    let key: u32 = 0;
-    let value: u32 = xsk as u32;
-    let mut update = MapUpdateAttr {
-        map_fd: map.as_raw_fd() as u32,
-        key: &key as *const u32 as u64,
-        value: &value as *const u32 as u64,
-        flags: 0,
-    };
-    // SAFETY: `update` is a live bpf_attr prefix whose key and value point at live u32s.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_MAP_UPDATE_ELEM,
-            (&mut update as *mut MapUpdateAttr).cast::<libc::c_void>(),
-            size_of::<MapUpdateAttr>() as libc::c_uint,
-        )
-    };
-    if ret < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(map)
-}
-
-/// Loads the redirect program for `map`; on a verifier refusal the error carries its log.
-fn load_program(map: RawFd) -> io::Result<OwnedFd> {
-    let insns = redirect_program(map);
-    let license = c"Dual MIT/GPL";
-    let mut attr = ProgLoadAttr {
-        prog_type: BPF_PROG_TYPE_XDP,
-        insn_cnt: insns.len() as u32,
-        insns: insns.as_ptr() as u64,
-        license: license.as_ptr() as u64,
-        log_level: 0,
-        log_size: 0,
-        log_buf: 0,
-        kern_version: 0,
-        prog_flags: 0,
-        prog_name: bpf_name("pn_xsk_redirect"),
-        prog_ifindex: 0,
-        expected_attach_type: BPF_XDP,
-    };
-    match bpf_fd(BPF_PROG_LOAD, &mut attr) {
-        Ok(fd) => Ok(fd),
-        Err(err) if err.raw_os_error() == Some(libc::EINVAL) => {
-            // Load again with the verifier log on, to say why.
-            let mut log = vec![0u8; 16 << 10];
-            attr.log_level = 1;
-            attr.log_size = log.len() as u32;
-            attr.log_buf = log.as_mut_ptr() as u64;
-            let again = bpf_fd(BPF_PROG_LOAD, &mut attr);
-            let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
-            let text = String::from_utf8_lossy(&log[..end]);
-            again.map_err(|e| os_error(e, format!("verifier: {}", text.trim())))
-        }
-        Err(err) => Err(err),
-    }
-}
-
-/// Attaches `prog` to interface `index` with a BPF link in `flags` mode.
-fn attach_link(prog: RawFd, index: u32, flags: u32) -> io::Result<OwnedFd> {
-    let mut attr = LinkCreateAttr {
-        prog_fd: prog as u32,
-        target_ifindex: index,
-        attach_type: BPF_XDP,
-        flags,
-    };
-    bpf_fd(BPF_LINK_CREATE, &mut attr)
 }
 
 /// A memory mapping unmapped on drop.
@@ -494,11 +287,9 @@ impl<T: Copy> Ring<T> {
 /// A port on an AF_XDP socket bound to queue 0 of one interface (see the module doc).
 pub struct AfXdpPort {
     name: String,
-    /// The attachment of the redirect program; dropped first, so the program is detached
-    /// before the socket goes away.
-    _link: OwnedFd,
-    _prog: OwnedFd,
-    _map: OwnedFd,
+    /// The XDP program and its link; dropped first, so the program is detached before the
+    /// socket goes away.
+    program: PortProgram,
     mode: XdpMode,
     rx: Ring<libc::xdp_desc>,
     tx: Ring<libc::xdp_desc>,
@@ -545,7 +336,7 @@ fn promiscuous_holder(index: u32) -> io::Result<OwnedFd> {
 
 impl AfXdpPort {
     /// Opens a port on queue 0 of interface `ifname` (in the calling thread's network
-    /// namespace): UMEM and rings set up, socket bound in copy mode, redirect program attached
+    /// namespace): UMEM and rings set up, socket bound in copy mode, XDP program attached
     /// as `opts.mode` says. Needs root (CAP_NET_RAW, CAP_BPF, CAP_NET_ADMIN).
     pub fn open(ifname: &str, opts: AfXdpOptions) -> io::Result<AfXdpPort> {
         let ctx = |what: &str| format!("af_xdp port '{ifname}': {what}");
@@ -714,10 +505,8 @@ impl AfXdpPort {
                 }
             }
         };
-        let map = create_xskmap(sock).map_err(bpf_err("bpf(BPF_MAP_CREATE XSKMAP)"))?;
-        let prog = load_program(map.as_raw_fd())
-            .map_err(bpf_err("bpf(BPF_PROG_LOAD) of the XDP program"))?;
-        let (link, mode) = attach(prog.as_raw_fd(), index, opts.mode).map_err(|(tried, e)| {
+        let mut program = PortProgram::load(sock).map_err(bpf_err("the XDP program"))?;
+        let mode = attach(&mut program, index, opts.mode).map_err(|(tried, e)| {
             let hint = match e.raw_os_error() {
                 Some(libc::EBUSY) | Some(libc::EEXIST) => {
                     " (the interface already has an XDP program: see `ip link show`)"
@@ -729,9 +518,7 @@ impl AfXdpPort {
 
         Ok(AfXdpPort {
             name: ifname.to_owned(),
-            _link: link,
-            _prog: prog,
-            _map: map,
+            program,
             mode,
             rx,
             tx,
@@ -743,6 +530,12 @@ impl AfXdpPort {
             tx_free,
             stats: PortStats::default(),
         })
+    }
+
+    /// The uplink's early drop: the maps through which the switch makes this port's XDP
+    /// program drop the frames of throttled VMs (taken once; None afterwards).
+    pub fn early_drop(&mut self) -> Option<EarlyDrop> {
+        self.program.early_drop()
     }
 
     /// The attach mode in use: [`XdpMode::Native`] or [`XdpMode::Generic`].
@@ -810,22 +603,25 @@ fn umem_at(umem: &Mapping, addr: u64, len: usize) -> Option<*mut u8> {
 /// Attaches with `mode`, trying native then generic for [`XdpMode::Auto`]; on failure gives
 /// the mode(s) tried and the last error.
 fn attach(
-    prog: RawFd,
+    program: &mut PortProgram,
     index: u32,
     mode: XdpMode,
-) -> Result<(OwnedFd, XdpMode), (String, io::Error)> {
+) -> Result<XdpMode, (String, io::Error)> {
     match mode {
-        XdpMode::Native => attach_link(prog, index, XDP_FLAGS_DRV_MODE)
-            .map(|l| (l, XdpMode::Native))
+        XdpMode::Native => program
+            .attach(index, AttachFlags::Native)
+            .map(|()| XdpMode::Native)
             .map_err(|e| ("native".into(), e)),
-        XdpMode::Generic => attach_link(prog, index, XDP_FLAGS_SKB_MODE)
-            .map(|l| (l, XdpMode::Generic))
+        XdpMode::Generic => program
+            .attach(index, AttachFlags::Generic)
+            .map(|()| XdpMode::Generic)
             .map_err(|e| ("generic (skb)".into(), e)),
-        XdpMode::Auto => match attach_link(prog, index, XDP_FLAGS_DRV_MODE) {
-            Ok(l) => Ok((l, XdpMode::Native)),
+        XdpMode::Auto => match program.attach(index, AttachFlags::Native) {
+            Ok(()) => Ok(XdpMode::Native),
             Err(native) if is_permission(&native) => Err(("native".into(), native)),
-            Err(native) => attach_link(prog, index, XDP_FLAGS_SKB_MODE)
-                .map(|l| (l, XdpMode::Generic))
+            Err(native) => program
+                .attach(index, AttachFlags::Generic)
+                .map(|()| XdpMode::Generic)
                 .map_err(|e| (format!("native ({native}), then generic (skb)"), e)),
         },
     }
@@ -965,16 +761,6 @@ mod tests {
             };
             assert!(opts.validate().is_err(), "{frames}");
         }
-    }
-
-    #[test]
-    fn redirect_program_encodes_registers() {
-        let prog = redirect_program(7);
-        assert_eq!(prog.len(), 6);
-        assert_eq!((prog[0].regs & 0xf, prog[0].regs >> 4), (2, 1));
-        assert_eq!((prog[1].regs >> 4, prog[1].imm), (BPF_PSEUDO_MAP_FD, 7));
-        assert_eq!(prog[4].imm, BPF_FUNC_REDIRECT_MAP);
-        assert_eq!(prog[5].code, 0x95);
     }
 
     #[test]

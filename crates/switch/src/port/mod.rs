@@ -11,6 +11,7 @@ mod afxdp;
 mod memory;
 mod sys;
 mod tap;
+mod vnet;
 
 pub use afpacket::{AfPacketOptions, AfPacketPort, RingVersion};
 pub use afxdp::{AfXdpOptions, AfXdpPort, XdpMode};
@@ -41,9 +42,14 @@ pub enum Backend {
 impl fmt::Display for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Backend::AfPacket => "af_packet (mmap rx ring, sendmmsg qdisc-bypass tx)",
+            Backend::AfPacket => {
+                "af_packet (mmap rx ring, sendmmsg qdisc-bypass tx, vnet_hdr: offloads completed)"
+            }
             Backend::AfXdp => "af_xdp (XDP redirect to an AF_XDP socket, copy mode, queue 0)",
-            Backend::Tap => "tap (/dev/net/tun IFF_TAP|IFF_NO_PI, read/write per frame)",
+            Backend::Tap => {
+                "tap (/dev/net/tun IFF_TAP|IFF_NO_PI|IFF_VNET_HDR, readv/writev per frame, \
+                 offloads completed)"
+            }
             Backend::Memory => "memory (in-process bounded queues)",
         })
     }
@@ -59,14 +65,20 @@ pub struct PortStats {
     /// Frames lost before the switch saw them: the kernel RX ring was full (AF_PACKET
     /// `tp_drops`) or the memory port's queue was full.
     pub rx_dropped: u64,
-    /// Received frames longer than [`crate::frame::DATA_CAP`] (jumbo or GRO/GSO-aggregated),
-    /// dropped.
+    /// Received frames longer than [`crate::frame::DATA_CAP`] that are not GSO super-frames
+    /// (jumbo frames), or that the kernel truncated, dropped.
     pub rx_oversize: u64,
-    /// Received frames whose L4 checksum was left for offload (AF_PACKET
-    /// `TP_STATUS_CSUMNOTREADY`): they are forwarded as they are and will arrive with a bad
-    /// checksum, so a non-zero value means tx checksum offload is still on at the sender
-    /// (see the `afpacket` module doc).
+    /// Received frames whose L4 checksum the sender left partial (transmit checksum offload,
+    /// the veth/TAP default: virtio-net `NEEDS_CSUM`), completed by the port (see `vnet`).
     pub rx_csum_partial: u64,
+    /// Received TSO/USO super-frames (virtio-net `gso_type`), segmented by the port.
+    pub rx_gso_frames: u64,
+    /// Frames made from those super-frames (also counted in `rx_frames`).
+    pub rx_gso_segments: u64,
+    /// Received frames dropped because their offload could not be finished: unknown GSO
+    /// type, checksum offsets outside the frame, malformed headers, or a UDP segment longer
+    /// than the port's frame limit.
+    pub rx_offload_errors: u64,
     /// Frames sent.
     pub tx_frames: u64,
     /// Bytes of those frames.

@@ -100,3 +100,15 @@ pub(super) fn join_promiscuous(fd: RawFd, index: u32) -> io::Result<()> {
     mreq.mr_type = libc::PACKET_MR_PROMISC as u16;
     set_opt(fd, libc::SOL_PACKET, libc::PACKET_ADD_MEMBERSHIP, &mreq)
 }
+
+/// `PACKET_VNET_HDR` (linux/if_packet.h): frames are read and written after a
+/// `struct virtio_net_hdr`. Not in the libc crate.
+pub(super) const PACKET_VNET_HDR: libc::c_int = 15;
+/// `PACKET_COPY_THRESH` (linux/if_packet.h): a frame too big for its TPACKET_V2 slot is also
+/// queued whole on the socket (`TP_STATUS_COPY`). Not in the libc crate.
+pub(super) const PACKET_COPY_THRESH: libc::c_int = 7;
+/// `TP_STATUS_COPY` (linux/if_packet.h). Not in the libc crate.
+pub(super) const TP_STATUS_COPY: u32 = 1 << 1;
+/// `SO_RCVBUFFORCE` (asm-generic/socket.h): SO_RCVBUF beyond `rmem_max`, for
+/// CAP_NET_ADMIN. Not in the libc crate for Linux.
+pub(super) const SO_RCVBUFFORCE: libc::c_int = 33;

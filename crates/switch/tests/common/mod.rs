@@ -27,6 +27,16 @@ pub fn is_root() -> bool {
     root
 }
 
+/// Whether the switch's eBPF programs were built (the build had clang); prints why a test
+/// skips when not.
+pub fn have_ebpf() -> bool {
+    let built = picnic_switch::ebpf::programs_built();
+    if !built {
+        println!("skipped: the eBPF programs were not built (no clang; scripts/setup.sh)");
+    }
+    built
+}
+
 /// A network namespace (`pn-t-*`) that exists for the guard's lifetime.
 pub struct Netns {
     /// The namespace's name (`ip netns` / `ip -n`).

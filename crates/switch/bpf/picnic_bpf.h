@@ -1,0 +1,59 @@
+/* The few definitions picnic's eBPF programs need, so that they build with clang alone (no
+ * kernel or libbpf headers): fixed-width types, the helpers used (ids from the helper list in
+ * include/uapi/linux/bpf.h, stable ABI), BTF map definitions as libbpf and aya read them, and
+ * the uapi structs and constants used. Kernel-internal structs are declared where they are
+ * used, with only the fields read and `preserve_access_index`, so the loader relocates their
+ * offsets against the running kernel's BTF (CO-RE). */
+#ifndef PICNIC_BPF_H
+#define PICNIC_BPF_H
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef int s32;
+typedef long long s64;
+
+#define SEC(name) __attribute__((section(name), used))
+#define __always_inline inline __attribute__((always_inline))
+
+/* BTF-defined maps (the ".maps" section). */
+#define __uint(name, val) int(*name)[val]
+#define __type(name, val) typeof(val) *name
+
+enum {
+	BPF_MAP_TYPE_HASH = 1,
+	BPF_MAP_TYPE_ARRAY = 2,
+	BPF_MAP_TYPE_PERCPU_ARRAY = 6,
+	BPF_MAP_TYPE_XSKMAP = 17,
+};
+
+/* Helpers (the numbers are their ids in enum bpf_func_id). */
+static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)1;
+static u64 (*bpf_ktime_get_ns)(void) = (void *)5;
+static u64 (*bpf_get_current_pid_tgid)(void) = (void *)14;
+static long (*bpf_redirect_map)(void *map, u64 key, u64 flags) = (void *)51;
+static long (*bpf_probe_read_kernel)(void *dst, u32 size, const void *src) = (void *)113;
+
+/* struct xdp_md (uapi). */
+struct xdp_md {
+	u32 data;
+	u32 data_end;
+	u32 data_meta;
+	u32 ingress_ifindex;
+	u32 rx_queue_index;
+	u32 egress_ifindex;
+};
+
+enum xdp_action {
+	XDP_ABORTED = 0,
+	XDP_DROP,
+	XDP_PASS,
+	XDP_TX,
+	XDP_REDIRECT,
+};
+
+#define bswap16(x) __builtin_bswap16(x)
+#define bswap32(x) __builtin_bswap32(x)
+
+#endif
