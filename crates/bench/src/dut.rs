@@ -9,6 +9,7 @@
 //! like. (A two-host shape would make picnic do two passes, egress and ingress, where the
 //! peers do one.)
 
+use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,11 +17,8 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use picnic_lab::netns::{self, NsThread, Testbed};
-use picnic_switch::config::{
-    AccelSection, BackendKind, Config, EgressSection, HostEntry, IngressSection, Isolation, Mac,
-    PortEntry, SwitchSection, TenantEntry, UplinkSection, VmEntry,
-};
+use picnic_netns::{self as netns, NsThread, Testbed};
+use picnic_switch::config::{BackendKind, Config, Isolation, Mac};
 use picnic_switch::frame::{Frame, FramePool};
 use picnic_switch::port::{
     wait_readable, AfPacketOptions, AfPacketPort, AfXdpOptions, AfXdpPort, Port,
@@ -312,92 +310,68 @@ fn raw_forwarder(xdp: bool, stop: Arc<AtomicBool>, tid: Arc<AtomicU64>) -> Resul
 /// remote VM `b` on host 2 behind the uplink; limits far above the offered load, so every
 /// mechanism runs and none binds.
 pub fn picnic_config(isolated: bool) -> Result<Config> {
-    let cfg = Config {
-        switch: SwitchSection {
-            host_id: 1,
-            api: None,
-            frame_pool: 16384,
-            batch: 64,
-            spin_us: 50,
-            nice: None,
-            slice_us: None,
-            cpus: None,
-        },
-        uplink: UplinkSection {
-            ifname: UPLINK_DEV.into(),
-            backend: Default::default(),
-            mtu: LINK_MTU as usize,
-            capacity_mbps: Some(100_000),
-        },
-        isolation: if isolated {
-            Isolation::default()
-        } else {
-            Isolation::off()
-        },
-        ingress: IngressSection {
-            capacity_mbps: 100_000,
-            ..Default::default()
-        },
-        egress: EgressSection::default(),
-        accel: AccelSection::default(),
-        hosts: vec![
-            HostEntry {
-                id: 1,
-                underlay_ip: [192, 168, 0, 1].into(),
-                mac: Mac([0x02, 0, 0, 0, 0, 0x01]),
-            },
-            HostEntry {
-                id: 2,
-                underlay_ip: [192, 168, 0, 2].into(),
-                mac: Mac([0x02, 0, 0, 0, 0, 0x02]),
-            },
-        ],
-        tenants: vec![TenantEntry {
-            name: "t".into(),
-            vni: 100,
-            // Iron accounting on, with a quota that does not bind.
-            cpu_quota: Some(1.0),
-            cgroup: None,
-            slo: None,
-            encrypt: false,
-            key: None,
-            key_file: None,
-            key_epoch: 1,
-            accel_weight: 1,
-        }],
-        vms: vec![
-            VmEntry {
-                name: "a".into(),
-                id: 1,
-                tenant: "t".into(),
-                host: 1,
-                mac: Mac(VM_MAC),
-                ip: VM_IP.into(),
-                min_mbps: 1000,
-                max_mbps: Some(100_000),
-                max_pps: None,
-                port: Some(PortEntry {
-                    ifname: TENANT_DEV.into(),
-                    backend: Default::default(),
-                }),
-                shaped: Vec::new(),
-            },
-            VmEntry {
-                name: "b".into(),
-                id: 2,
-                tenant: "t".into(),
-                host: 2,
-                mac: Mac(REMOTE_MAC),
-                ip: REMOTE_IP.into(),
-                min_mbps: 1000,
-                max_mbps: None,
-                max_pps: None,
-                port: None,
-                shaped: Vec::new(),
-            },
-        ],
-    };
-    cfg.validate().context("bench switch config")?;
+    // Written as a config file, so a new setting with a default needs no change here.
+    let text = format!(
+        r#"
+[switch]
+host_id = 1
+frame_pool = 16384
+batch = 64
+spin_us = 50
+
+[uplink]
+ifname = "{UPLINK_DEV}"
+mtu = {LINK_MTU}
+capacity_mbps = 100000
+
+[ingress]
+capacity_mbps = 100000
+
+[[hosts]]
+id = 1
+underlay_ip = "192.168.0.1"
+mac = "02:00:00:00:00:01"
+
+[[hosts]]
+id = 2
+underlay_ip = "192.168.0.2"
+mac = "02:00:00:00:00:02"
+
+# Iron accounting on, with a quota that does not bind.
+[[tenants]]
+name = "t"
+vni = 100
+cpu_quota = 1.0
+
+[[vms]]
+name = "a"
+id = 1
+tenant = "t"
+host = 1
+mac = "{vm_mac}"
+ip = "{vm_ip}"
+min_mbps = 1000
+max_mbps = 100000
+port = {{ ifname = "{TENANT_DEV}" }}
+
+[[vms]]
+name = "b"
+id = 2
+tenant = "t"
+host = 2
+mac = "{remote_mac}"
+ip = "{remote_ip}"
+min_mbps = 1000
+"#,
+        vm_mac = Mac(VM_MAC),
+        vm_ip = Ipv4Addr::from(VM_IP),
+        remote_mac = Mac(REMOTE_MAC),
+        remote_ip = Ipv4Addr::from(REMOTE_IP),
+    );
+    let mut cfg = Config::parse(&text).context("bench switch config")?;
+    if !isolated {
+        cfg.isolation = Isolation::off();
+    }
     Ok(cfg)
 }
 
@@ -416,8 +390,8 @@ fn run_picnic(cfg: Config, stop: Arc<AtomicBool>, tid: Arc<AtomicU64>) -> Result
     let result = switch.run();
     let _ = watcher.join();
     result?;
-    let snap = shared.snapshot.lock().map_err(|_| anyhow!("poisoned"))?;
-    Ok(match snap.as_ref() {
+    let snap = shared.latest();
+    Ok(match snap.as_deref() {
         Some(published) => format!(
             "picnic: uplink tx {} drops {:?}",
             published.switch.switch.uplink_tx_packets,

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use picnic_lab::netns;
+use picnic_netns as netns;
 use serde::Serialize;
 
 use dut::{Bed, Dut, DutKind};

@@ -351,7 +351,7 @@ pub fn ksoftirqd_pids() -> Vec<String> {
 /// Received packets of `dev` in namespace `ns` (the kernel's link counter: the sink costs
 /// nothing beyond the kernel dropping frames not addressed to it).
 pub fn rx_packets(ns: &str, dev: &str) -> Result<u64> {
-    let out = picnic_lab::netns::ip(ns, &["-j", "-s", "link", "show", "dev", dev])?;
+    let out = picnic_netns::ip(ns, &["-j", "-s", "link", "show", "dev", dev])?;
     let v: serde_json::Value = serde_json::from_str(&out).context("parsing `ip -j -s link`")?;
     v[0]["stats64"]["rx"]["packets"]
         .as_u64()

@@ -3,7 +3,8 @@
 
 use std::path::PathBuf;
 
-use picnic_lab::{run_loaded, Mode, RunOptions, Scenario};
+use picnic_lab::{run_loaded, RunOptions};
+use picnic_scenario::{Mode, Scenario};
 
 #[derive(clap::Subcommand)]
 pub enum LabCommand {
@@ -72,17 +73,7 @@ fn options(common: &CommonArgs, out: Option<PathBuf>) -> anyhow::Result<RunOptio
         common.modes.iter().map(|s| s.as_str()).collect()
     };
     for m in wanted {
-        modes.push(match m {
-            "picnic" => Mode::picnic(),
-            "picnic-off" => Mode::picnic_off(),
-            "picnic-bytes" => Mode::picnic_bytes(),
-            "bridge" => Mode::bridge(),
-            "picnic-alone" => Mode::picnic_alone(),
-            "victim-alone" => Mode::victim_alone(),
-            other => anyhow::bail!(
-                "--modes: unknown mode '{other}' (picnic, picnic-off, picnic-bytes, bridge, picnic-alone, victim-alone)"
-            ),
-        });
+        modes.push(Mode::named(m).map_err(|e| anyhow::anyhow!("--modes: {e}"))?);
     }
     Ok(RunOptions {
         modes,

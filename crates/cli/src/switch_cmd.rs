@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 
 use anyhow::Context;
 use picnic_switch::config::Config;
+use picnic_switch::persist;
 use picnic_switch::runner::Switch;
 
 #[derive(clap::Args)]
@@ -18,7 +19,11 @@ pub struct SwitchArgs {
 }
 
 pub fn run(args: SwitchArgs) -> anyhow::Result<()> {
-    let cfg = Config::load(&args.config)?;
+    let mut cfg = Config::load(&args.config)?;
+    // The hosts, tenants and VMs the API last left, if the switch ran before.
+    if let Some(state) = cfg.switch.state_file.clone() {
+        cfg = persist::restore(cfg, &state)?;
+    }
     if args.check {
         println!(
             "{}: ok ({} tenants, {} VMs, {} hosts)",
@@ -32,7 +37,7 @@ pub fn run(args: SwitchArgs) -> anyhow::Result<()> {
     if unsafe { libc::geteuid() } != 0 {
         anyhow::bail!("picnic switch opens raw packet sockets and TAP devices: run it as root (or with CAP_NET_RAW and CAP_NET_ADMIN)");
     }
-    let api = cfg.switch.api.clone();
+    let section = cfg.switch.clone();
     let mut switch = Switch::open(cfg).context("starting the switch")?;
     for line in switch.describe_ports() {
         eprintln!("picnic switch: {line}");
@@ -40,10 +45,13 @@ pub fn run(args: SwitchArgs) -> anyhow::Result<()> {
     let stop = switch.stop_flag();
     signal_hook::flag::register(signal_hook::consts::SIGINT, stop.clone())?;
     signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone())?;
-    if let Some(addr) = api {
+    if section.api.is_some() {
         let commands = switch.command_channel();
-        picnic_switch::api::spawn(&addr, switch.shared(), commands)?;
-        eprintln!("picnic switch: API on http://{addr} (/stats, /slo, /metrics, /config)");
+        let api = picnic_switch::api::spawn(&section, switch.shared(), commands)?;
+        eprintln!(
+            "picnic switch: API on {} (/stats, /slo, /metrics, /config)",
+            api.listening
+        );
     }
     eprintln!("picnic switch: running (Ctrl-C to stop)");
     switch.run()?;

@@ -334,6 +334,13 @@ impl<T> Shaper<T> {
         self.queue.pop_front().map(|q| q.item)
     }
 
+    /// Takes every queued item out in FIFO order without spending tokens, e.g. to release
+    /// them when the queue goes away.
+    pub fn drain(&mut self) -> impl Iterator<Item = T> + '_ {
+        self.queued = 0;
+        self.queue.drain(..).map(|q| q.item)
+    }
+
     /// When the head item becomes sendable (possibly already in the past);
     /// `None` if the queue is empty or the head can never pass (rate 0).
     pub fn poll_at(&self) -> Option<Instant> {

@@ -14,9 +14,9 @@
 //! Groups are named like the run's namespaces (`pn-<pid>x<n>-...`); groups of dead runs
 //! are removed at the next start.
 
-use crate::netns;
-use crate::scenario::Scenario;
 use anyhow::{anyhow, bail, Context, Result};
+use picnic_netns as netns;
+use picnic_scenario::Scenario;
 use std::path::{Path, PathBuf};
 
 /// Root of the cgroup file system.

@@ -1,10 +1,10 @@
 //! What runs in each host namespace and joins the VM ports to the uplink.
 
 use crate::cgroup::Placement;
-use crate::netns;
-use crate::scenario::Scenario;
-use crate::topology::{HostView, Topology};
 use anyhow::Result;
+use picnic_netns as netns;
+use picnic_scenario::plan::{HostView, Topology};
+use picnic_scenario::Scenario;
 use std::sync::Arc;
 
 /// The dataplane of one host: set up after the topology is built, torn down before the

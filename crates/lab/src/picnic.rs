@@ -1,136 +1,22 @@
 //! The picnic dataplane: one `picnic switch` per host namespace, configured from the
-//! topology (every host and VM, tenants as VNIs, guarantees from the scenario), run on a
-//! thread that entered the host's namespace so its sockets live there.
+//! topology by the scenario crate's mapping (`picnic_scenario::switch`), run on a thread
+//! that entered the host's namespace so its sockets live there.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 
 use anyhow::{anyhow, Context, Result};
-use picnic_core::slo::Slo;
-use picnic_switch::config::{
-    AccelSection, BackendKind, Config, EgressSection, HostEntry, IngressSection, Isolation,
-    PortEntry, SwitchSection, TenantEntry, UplinkSection, VmEntry,
-};
+use picnic_scenario::switch::dataplane_config;
+use picnic_scenario::Dataplane as Kind;
+use picnic_switch::config::Config;
 use picnic_switch::engine::{SloReport, Snapshot};
 use picnic_switch::runner::{PortView, Shared, Switch};
 use picnic_wire::overlay::ENCAP_OVERHEAD;
 
 use crate::cgroup::Placement;
 use crate::dataplane::{Dataplane, DataplaneFactory};
-use crate::netns::{self, NsThread};
-use crate::scenario::Scenario;
-use crate::topology::{HostView, Topology};
-
-/// VNI of the scenario's tenant number `t`.
-pub fn vni_of(t: usize) -> u32 {
-    100 + t as u32
-}
-
-/// The switch config of `host` in `topo`, with every isolation mechanism on or off.
-pub fn switch_config(
-    scenario: &Scenario,
-    topo: &Topology,
-    host: &HostView,
-    isolated: bool,
-) -> Result<Config> {
-    let hosts = topo
-        .hosts
-        .iter()
-        .map(|h| {
-            Ok(HostEntry {
-                id: h.index as u32 + 1,
-                underlay_ip: h.underlay_ip,
-                mac: h.uplink_mac.parse().map_err(|e| anyhow!("{e}"))?,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let tenants = scenario
-        .tenants
-        .iter()
-        .enumerate()
-        .map(|(t, tenant)| TenantEntry {
-            name: tenant.name.clone(),
-            vni: vni_of(t),
-            cpu_quota: None,
-            cgroup: None,
-            // Every tenant's SLO runs in the switch, so its own view (latency through the
-            // switch, loss by reason) is printed beside the lab's end-to-end figures.
-            slo: Some(Slo {
-                min_bps: tenant.min_mbps * 1_000_000,
-                max_bps: (tenant.max_mbps > 0).then_some(tenant.max_mbps * 1_000_000),
-                latency_us: tenant.latency_p99_us.map(|us| us.ceil() as u64),
-                max_loss: tenant.loss_max,
-                ..Slo::default()
-            }),
-            encrypt: false,
-            key: None,
-            key_file: None,
-            key_epoch: 1,
-            accel_weight: 1,
-        })
-        .collect();
-    let mut vms = Vec::new();
-    for h in &topo.hosts {
-        for vm in &h.vms {
-            let tenant = &scenario.tenants[vm.tenant_index];
-            vms.push(VmEntry {
-                name: vm.name.clone(),
-                id: vms.len() as u32 + 1,
-                tenant: vm.tenant.clone(),
-                host: h.index as u32 + 1,
-                mac: vm.mac.parse().map_err(|e| anyhow!("{e}"))?,
-                ip: vm.ip,
-                min_mbps: tenant.min_mbps.max(1),
-                max_mbps: (tenant.max_mbps > 0).then_some(tenant.max_mbps),
-                max_pps: None,
-                port: (h.index == host.index).then(|| PortEntry {
-                    ifname: vm.host_port.clone(),
-                    backend: if vm.tap {
-                        BackendKind::Tap
-                    } else {
-                        BackendKind::default()
-                    },
-                }),
-                shaped: crate::shaped::shaped_classes(scenario, topo, &vm.name),
-            });
-        }
-    }
-    let cfg = Config {
-        switch: SwitchSection {
-            host_id: host.index as u32 + 1,
-            api: None,
-            frame_pool: 16384,
-            batch: 64,
-            spin_us: 0,
-            nice: Some(scenario.picnic.nice),
-            slice_us: (scenario.sched_slice_us > 0).then_some(scenario.sched_slice_us),
-            cpus: (!scenario.picnic.cpus.is_empty()).then(|| scenario.picnic.cpus.clone()),
-        },
-        uplink: UplinkSection {
-            ifname: host.uplink.clone(),
-            backend: Default::default(),
-            mtu: host.mtu as usize,
-            capacity_mbps: Some(host.access_link_mbps),
-        },
-        isolation: if isolated {
-            Isolation::default()
-        } else {
-            Isolation::off()
-        },
-        ingress: IngressSection {
-            capacity_mbps: host.access_link_mbps,
-            ..Default::default()
-        },
-        egress: EgressSection::default(),
-        accel: AccelSection::default(),
-        hosts,
-        tenants,
-        vms,
-    };
-    cfg.validate()
-        .with_context(|| format!("generated switch config for host {}", host.name))?;
-    Ok(cfg)
-}
+use picnic_netns::{self as netns, NsThread};
+use picnic_scenario::plan::HostView;
 
 /// Gives every tenant with a cgroup on `host` its allocation in the switch and the group to
 /// charge (Iron 3.2).
@@ -153,20 +39,15 @@ pub struct PicnicSwitch {
 }
 
 impl PicnicSwitch {
-    /// A factory making a switch for every host, isolation on or off. With isolation, a
-    /// tenant with `cpu_cores` has that allocation in the switch too, and its cgroup on the
-    /// host is charged for the switch's work (Iron); without, the switch charges nobody.
-    pub fn factory(isolated: bool) -> DataplaneFactory {
-        Self::factory_with(isolated, true)
-    }
-
-    /// [`PicnicSwitch::factory`] with the schedulers' cost chosen: `cpu_fair` false makes
-    /// them byte-fair (the comparison of the `picnic-bytes` mode).
-    pub fn factory_with(isolated: bool, cpu_fair: bool) -> DataplaneFactory {
+    /// A factory making a switch for every host with the isolation and schedulers of
+    /// `dataplane` (a [`Kind::Picnic`]). With isolation, a tenant with `cpu_cores` has that
+    /// allocation in the switch too, and its cgroup on the host is charged for the switch's
+    /// work (Iron); without, the switch charges nobody.
+    pub fn factory(dataplane: Kind) -> DataplaneFactory {
+        let isolated = matches!(dataplane, Kind::Picnic { isolated: true, .. });
         Arc::new(move |scenario, topo, host, placement| {
-            match switch_config(scenario, topo, host, isolated) {
+            match dataplane_config(scenario, topo, host, dataplane) {
                 Ok(mut config) => {
-                    config.isolation.cpu_fair &= cpu_fair;
                     if isolated {
                         charge_cgroups(&mut config, placement, &host.name);
                     }
@@ -177,7 +58,7 @@ impl PicnicSwitch {
         })
     }
 
-    /// A switch running `config` (usually [`switch_config`]'s, possibly adjusted, e.g. with
+    /// A switch running `config` (usually `picnic_scenario::switch::switch_config`'s, possibly adjusted, e.g. with
     /// shaped classes); `isolated` only labels its errors.
     pub fn new(config: Config, isolated: bool) -> PicnicSwitch {
         PicnicSwitch {
@@ -197,14 +78,9 @@ impl PicnicSwitch {
     /// every 100 ms while the switch runs, the final ones after teardown. Empty before the
     /// first publication.
     pub fn ports(&self) -> Vec<PortView> {
-        let Some(shared) = self.shared.as_ref() else {
-            return Vec::new();
-        };
-        let Ok(latest) = shared.snapshot.lock() else {
-            return Vec::new();
-        };
-        latest
+        self.shared
             .as_ref()
+            .and_then(|shared| shared.latest())
             .map(|published| published.ports.clone())
             .unwrap_or_default()
     }
@@ -212,16 +88,14 @@ impl PicnicSwitch {
     /// The latest counters the switch published (every 100 ms while it runs; after
     /// teardown, its final ones). None before setup or before its first publication.
     pub fn snapshot(&self) -> Option<Snapshot> {
-        let shared = self.shared.as_ref()?;
-        let latest = shared.snapshot.lock().ok()?;
-        latest.as_ref().map(|published| published.switch.clone())
+        let latest = self.shared.as_ref()?.latest()?;
+        Some(latest.switch.clone())
     }
 
     /// The switch's latest SLO report (as `GET /slo`), with the same timing as `snapshot`.
     pub fn slo_report(&self) -> Option<SloReport> {
-        let shared = self.shared.as_ref()?;
-        let latest = shared.snapshot.lock().ok()?;
-        latest.as_ref().map(|published| published.slo.clone())
+        let latest = self.shared.as_ref()?.latest()?;
+        Some(latest.slo.clone())
     }
 }
 

@@ -5,10 +5,10 @@
 //! SVG needs no font files (the viewer draws the text), so plots work on a fresh machine
 //! without system fonts; plotters' bitmap backend would need a TTF for every label.
 
-use crate::report::ModeReport;
-use crate::scenario::Scenario;
-use crate::workload::BIN_MS;
 use anyhow::{anyhow, Context, Result};
+use picnic_scenario::ModeReport;
+use picnic_scenario::Scenario;
+use picnic_scenario::BIN_MS;
 use plotters::prelude::*;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

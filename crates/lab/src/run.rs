@@ -2,79 +2,24 @@
 
 use crate::cgroup::Placement;
 use crate::dataplane::{Dataplane, DataplaneFactory, LinuxBridge};
-use crate::netns::{self, Testbed};
 use crate::picnic::PicnicSwitch;
-use crate::report::{self, ModeReport, Summary};
-use crate::scenario::{Scenario, WorkloadKind};
-use crate::topology::{HostView, Topology};
-use crate::workload::{self, WorkloadResult};
+use crate::topology;
+use crate::workload;
 use anyhow::{Context, Result};
+use picnic_netns::{self as netns, Testbed};
+use picnic_scenario::plan::HostView;
+use picnic_scenario::{Dataplane as Kind, Mode, ModeReport, Scenario, Summary};
+use picnic_scenario::{WorkloadKind, WorkloadResult};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// One way of running a scenario: a dataplane in every host, with or without attackers.
-#[derive(Clone)]
-pub struct Mode {
-    /// Name shown in the table and used as key in summary.json.
-    pub name: String,
-    /// False runs only the victim tenant's workloads (the "victim alone" baseline).
-    pub attackers: bool,
-    /// Makes the dataplane of each host.
-    pub dataplane: DataplaneFactory,
-    /// The dataplane opens TAP devices, so VMs that ask for one get it (else a veth pair).
-    pub taps: bool,
-}
-
-impl Mode {
-    /// A mode with any dataplane (the lead adds `picnic` and `picnic-noiso` this way).
-    pub fn new(name: &str, attackers: bool, dataplane: DataplaneFactory) -> Mode {
-        Mode {
-            name: name.to_owned(),
-            attackers,
-            dataplane,
-            taps: false,
-        }
-    }
-
-    /// The same mode over a dataplane that opens TAP devices (picnic's switch).
-    fn with_taps(self) -> Mode {
-        Mode { taps: true, ..self }
-    }
-
-    /// (c) A Linux bridge per host, all workloads.
-    pub fn bridge() -> Mode {
-        Mode::new("bridge", true, LinuxBridge::factory())
-    }
-
-    /// (a) picnic switches with every isolation mechanism on.
-    pub fn picnic() -> Mode {
-        Mode::new("picnic", true, PicnicSwitch::factory(true)).with_taps()
-    }
-
-    /// picnic switches with every isolation mechanism but byte-fair schedulers instead of
-    /// CPU-fair ones (PicNIC's comparison; `isolation.cpu_fair = false`).
-    pub fn picnic_bytes() -> Mode {
-        Mode::new(
-            "picnic-bytes",
-            true,
-            PicnicSwitch::factory_with(true, false),
-        )
-        .with_taps()
-    }
-
-    /// (b) picnic switches with isolation off (forwarding and policy only).
-    pub fn picnic_off() -> Mode {
-        Mode::new("picnic-off", true, PicnicSwitch::factory(false)).with_taps()
-    }
-
-    /// (d) The victim alone through picnic switches: its no-attack value on picnic.
-    pub fn picnic_alone() -> Mode {
-        Mode::new("picnic-alone", false, PicnicSwitch::factory(true)).with_taps()
-    }
-
-    /// (d) The victim alone over Linux bridges.
-    pub fn victim_alone() -> Mode {
-        Mode::new("victim-alone", false, LinuxBridge::factory())
+/// The lab's dataplane of a mode: a Linux bridge per host for [`Kind::Bridge`], picnic
+/// switches otherwise; and whether it opens TAP devices, so VMs that ask for one get it
+/// (else a veth pair).
+fn dataplane_of(mode: &Mode) -> (DataplaneFactory, bool) {
+    match mode.dataplane {
+        Kind::Bridge => (LinuxBridge::factory(), false),
+        picnic @ Kind::Picnic { .. } => (PicnicSwitch::factory(picnic), true),
     }
 }
 
@@ -207,7 +152,7 @@ pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> Result<Outcome> {
         eprintln!("{table}");
     }
     if let Some(dir) = &opts.out {
-        report::write_outputs(dir, &summary, &reports)?;
+        picnic_scenario::write_outputs(dir, &summary, &reports)?;
         let plots = crate::plot::write_plots(dir, scenario, &reports)?;
         say(format!(
             "wrote {} and {} plots (.svg) in {}",
@@ -267,7 +212,8 @@ pub fn run_mode(
         vm_count,
         scenario.access_link_mbps
     ));
-    let topo = Topology::build(scenario, &mut testbed, mode.taps)?;
+    let (factory, taps) = dataplane_of(mode);
+    let topo = topology::build(scenario, &mut testbed, taps)?;
     let placement = Placement::create(scenario, testbed.run_id())?;
     for g in placement.groups() {
         say(format!(
@@ -277,13 +223,13 @@ pub fn run_mode(
     }
     let mut dataplanes = Dataplanes(Vec::new());
     for host in &topo.hosts {
-        let mut dp = (mode.dataplane)(scenario, &topo, host, &placement);
+        let mut dp = factory(scenario, &topo, host, &placement);
         dp.setup(host)
             .with_context(|| format!("dataplane setup on host {}", host.name))?;
         dataplanes.0.push((host.clone(), dp));
     }
-    if mode.taps {
-        topo.attach_taps()?;
+    if taps {
+        topology::attach_taps(&topo)?;
     }
     let workloads: Vec<_> = scenario
         .workloads

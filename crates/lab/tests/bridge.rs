@@ -2,8 +2,9 @@
 //! traffic, torn down afterwards. Prints "skipped: needs root" when not root.
 
 use picnic_lab::dataplane::{Dataplane, LinuxBridge};
-use picnic_lab::netns::{self, Testbed};
-use picnic_lab::{workload, Scenario, Topology};
+use picnic_lab::{topology, workload};
+use picnic_netns::{self as netns, Testbed};
+use picnic_scenario::Scenario;
 
 const SCENARIO: &str = r#"
 name = "bridge-test"
@@ -41,7 +42,7 @@ fn two_hosts_over_linux_bridges_carry_probe_and_flood_then_vanish() {
     let scenario = Scenario::parse(SCENARIO).unwrap();
     let mut testbed = Testbed::new().unwrap();
     let prefix = format!("{}{}", netns::PREFIX, testbed.run_id());
-    let topo = Topology::build(&scenario, &mut testbed, false).unwrap();
+    let topo = topology::build(&scenario, &mut testbed, false).unwrap();
     assert_eq!(testbed.namespaces().len(), 1 + 2 + 2);
     for host in &topo.hosts {
         LinuxBridge.setup(host).unwrap();

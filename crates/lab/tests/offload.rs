@@ -18,9 +18,11 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use picnic_lab::dataplane::Dataplane;
-use picnic_lab::netns::{self, Testbed};
-use picnic_lab::picnic::{switch_config, PicnicSwitch};
-use picnic_lab::{Scenario, Topology, VmView};
+use picnic_lab::picnic::PicnicSwitch;
+use picnic_netns::{self as netns, Testbed};
+use picnic_scenario::plan::{Topology, VmView};
+use picnic_scenario::switch::switch_config;
+use picnic_scenario::Scenario;
 use picnic_switch::port::PortStats;
 
 /// One test at a time: the transfer's rate is printed.
@@ -71,7 +73,7 @@ impl Lab {
     fn start() -> Lab {
         let scenario = Scenario::parse(SCENARIO).unwrap();
         let mut testbed = Testbed::new().unwrap();
-        let topo = Topology::build(&scenario, &mut testbed, true).unwrap();
+        let topo = picnic_lab::topology::build(&scenario, &mut testbed, true).unwrap();
         let mut switches = Vec::new();
         for host in &topo.hosts {
             let cfg = switch_config(&scenario, &topo, host, true).unwrap();
@@ -79,7 +81,7 @@ impl Lab {
             switch.setup(host).unwrap();
             switches.push(switch);
         }
-        topo.attach_taps().unwrap();
+        picnic_lab::topology::attach_taps(&topo).unwrap();
         Lab {
             topo,
             switches,

@@ -22,10 +22,12 @@ use std::time::{Duration, Instant};
 
 use etherparse::PacketBuilder;
 use picnic_lab::dataplane::Dataplane;
-use picnic_lab::netns::{self, Testbed};
-use picnic_lab::picnic::{switch_config, vni_of, PicnicSwitch};
-use picnic_lab::workload::{self, WorkloadResult, BASE_PORT, BIN_MS};
-use picnic_lab::{Scenario, Topology, VmView};
+use picnic_lab::picnic::PicnicSwitch;
+use picnic_lab::{topology, workload};
+use picnic_netns::{self as netns, Testbed};
+use picnic_scenario::plan::{Topology, VmView};
+use picnic_scenario::switch::{switch_config, vni_of};
+use picnic_scenario::{Mode, Scenario, WorkloadResult, BASE_PORT, BIN_MS};
 use picnic_switch::config::{Config, Mac, ShapedClass};
 use picnic_switch::engine::{Snapshot, VmSnapshot};
 use picnic_switch::stats::DropReason;
@@ -94,7 +96,7 @@ impl Lab {
     /// config, after `adjust(host index, config)`.
     fn start(scenario: Scenario, adjust: impl Fn(usize, &mut Config)) -> Lab {
         let mut testbed = Testbed::new().unwrap();
-        let topo = Topology::build(&scenario, &mut testbed, false).unwrap();
+        let topo = topology::build(&scenario, &mut testbed, false).unwrap();
         let mut lab = Lab {
             scenario,
             topo,
@@ -1070,7 +1072,7 @@ rate_pps = 500
 "#;
     let scenario = Scenario::parse(text).unwrap();
     let opts = picnic_lab::RunOptions {
-        modes: vec![picnic_lab::Mode::picnic(), picnic_lab::Mode::bridge()],
+        modes: vec![Mode::picnic(), Mode::bridge()],
         progress: false,
         ..Default::default()
     };

@@ -3,8 +3,9 @@
 //! root or when a tool is missing (scripts/setup.sh installs both).
 
 use picnic_lab::dataplane::{Dataplane, LinuxBridge};
-use picnic_lab::netns::{self, Testbed};
-use picnic_lab::{workload, Scenario, Topology};
+use picnic_lab::{topology, workload};
+use picnic_netns::{self as netns, Testbed};
+use picnic_scenario::Scenario;
 
 const SCENARIO: &str = r#"
 name = "tools-test"
@@ -48,7 +49,7 @@ fn sockperf_and_memcached_probes_measure_every_request() {
     }
     let scenario = Scenario::parse(SCENARIO).unwrap();
     let mut testbed = Testbed::new().unwrap();
-    let topo = Topology::build(&scenario, &mut testbed, false).unwrap();
+    let topo = topology::build(&scenario, &mut testbed, false).unwrap();
     for host in &topo.hosts {
         LinuxBridge.setup(host).unwrap();
     }

@@ -1,5 +1,5 @@
 //! Running every mode of a spec and writing the lab's outputs (summary.json, timeseries.csv,
-//! latency.csv through `picnic_lab::report`, so the keys are the lab's) plus the simulator's
+//! latency.csv through `picnic_scenario`'s report, so the keys are the lab's) plus the simulator's
 //! own: sim.json (events/s, wall time, conservation, queues), queues.csv, flows.csv,
 //! rates.csv (1 ms bins) and SVG plots.
 
@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use picnic_lab::report::{write_outputs, ModeReport, Summary};
+use picnic_scenario::{write_outputs, Mode, ModeReport, Summary};
 use plotters::prelude::*;
 
 use crate::spec::Spec;
@@ -36,18 +36,19 @@ pub fn run(spec: &Spec, seed: u64, out: Option<&Path>, progress: bool) -> Result
     };
     let mut reports = Vec::new();
     let mut stats = Vec::new();
-    for mode in &spec.sim.modes {
+    for name in &spec.sim.modes {
+        let mode = Mode::named(name)?;
         say(&format!(
-            "mode {mode}: {} hosts ({} replicas), {:?}, {} ms, seed {seed}",
+            "mode {name}: {} hosts ({} replicas), {:?}, {} ms, seed {seed}",
             spec.total_hosts(),
             spec.sim.replicas,
             spec.sim.topology,
             spec.scenario.duration_ms
         ));
-        let mut world = World::new(spec, mode, seed)?;
+        let mut world = World::new(spec, &mode, seed)?;
         let s = world.run(&mut say);
         say(&format!(
-            "mode {mode}: {:.1} M events in {:.2} s wall = {:.2} M events/s; frames balanced: {}; pool exhausted {}",
+            "mode {name}: {:.1} M events in {:.2} s wall = {:.2} M events/s; frames balanced: {}; pool exhausted {}",
             s.events as f64 / 1e6,
             s.wall_s,
             s.events_per_sec / 1e6,
@@ -55,12 +56,12 @@ pub fn run(spec: &Spec, seed: u64, out: Option<&Path>, progress: bool) -> Result
             s.pool_exhausted
         ));
         for line in extra_lines(&s) {
-            say(&format!("mode {mode}: {line}"));
+            say(&format!("mode {name}: {line}"));
         }
         reports.push(ModeReport::new(
             &spec.scenario,
-            mode,
-            mode != "victim-alone",
+            name,
+            mode.attackers,
             world.results(),
         )?);
         stats.push(s);
@@ -226,7 +227,7 @@ fn plots(dir: &Path, modes: &[ModeReport], stats: &[RunStats]) -> Result<()> {
             }
         }
         for (tenant, bins) in per {
-            let bin_ms = picnic_lab::workload::BIN_MS as f64;
+            let bin_ms = picnic_scenario::BIN_MS as f64;
             let pts = bins
                 .iter()
                 .enumerate()

@@ -4,7 +4,7 @@
 //! the lab's validation applies as is.
 
 use anyhow::{anyhow, bail, Context, Result};
-use picnic_lab::scenario::Scenario;
+use picnic_scenario::{Mode, Scenario};
 use serde::Deserialize;
 use std::path::Path;
 
@@ -236,9 +236,6 @@ pub struct Spec {
     pub sim: SimSection,
 }
 
-/// Modes the simulator knows.
-pub const MODES: &[&str] = &["picnic", "picnic-off", "victim-alone"];
-
 impl Spec {
     /// Reads a scenario file.
     pub fn load(path: &Path) -> Result<Spec> {
@@ -291,9 +288,7 @@ impl Spec {
             bail!("field `sim.modes`: needs at least one mode");
         }
         for m in &s.modes {
-            if !MODES.contains(&m.as_str()) {
-                bail!("field `sim.modes`: unknown mode {m:?} (known: {MODES:?})");
-            }
+            Mode::named(m).context("field `sim.modes`")?;
         }
         let tenant = |name: &str, field: &str| {
             self.scenario

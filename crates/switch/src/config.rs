@@ -3,8 +3,8 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::net::Ipv4Addr;
-use std::path::Path;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::path::{Path, PathBuf};
 
 use picnic_core::slo::Slo;
 use serde::{Deserialize, Serialize};
@@ -106,9 +106,29 @@ pub struct Config {
 pub struct SwitchSection {
     /// This host's id in `hosts`.
     pub host_id: u32,
-    /// Local control API (HTTP + Prometheus `/metrics`), e.g. "127.0.0.1:9100". Off when absent.
+    /// Local control API (HTTP + Prometheus `/metrics`): a Unix socket path (e.g.
+    /// "/run/picnic/host1.sock", created with `api_socket_mode`), or "tcp:127.0.0.1:9101",
+    /// which needs `api_token_file`. Off when absent.
     #[serde(default)]
     pub api: Option<String>,
+    /// File mode of the API's Unix socket: 0o600 (root only) or 0o660 (and the group).
+    #[serde(default = "default_api_socket_mode")]
+    pub api_socket_mode: u32,
+    /// File holding the bearer token a TCP API requires (`Authorization: Bearer TOKEN`, at
+    /// least 16 bytes; trailing newline ignored). Kept out of the config so `/config` and the
+    /// state file never show it.
+    #[serde(default)]
+    pub api_token_file: Option<PathBuf>,
+    /// File holding the deployment's feedback key (at least 32 bytes, trailing newline
+    /// ignored; e.g. `openssl rand -hex 32`), the same on every host: feedback is then authenticated
+    /// (HMAC-SHA256) and replays refused. None: feedback is only checked against the
+    /// directory (from the endpoint's owner host).
+    #[serde(default)]
+    pub feedback_key_file: Option<PathBuf>,
+    /// Where the running config is persisted (atomically) after every API change, and
+    /// restored from on start: its hosts, tenants and VMs replace the config file's.
+    #[serde(default)]
+    pub state_file: Option<PathBuf>,
     /// Frames in the preallocated buffer pool: the bound on memory under flood.
     #[serde(default = "default_pool")]
     pub frame_pool: usize,
@@ -132,6 +152,9 @@ pub struct SwitchSection {
     /// CPUs the dataplane thread runs on (e.g. cores kept for the dataplane). None: any.
     #[serde(default)]
     pub cpus: Option<Vec<usize>>,
+}
+fn default_api_socket_mode() -> u32 {
+    0o600
 }
 fn default_pool() -> usize {
     16384
@@ -334,8 +357,9 @@ pub struct TenantEntry {
     /// its frames from other hosts must be sealed too. Needs `key` or `key_file`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub encrypt: bool,
-    /// The tenant's key, 32 or 64 hex digits (AES-128 or AES-256-GCM). Never shown by the API.
-    #[serde(default, skip_serializing)]
+    /// The tenant's key, 32 or 64 hex digits (AES-128 or AES-256-GCM). The API shows it
+    /// redacted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
     /// A file holding the key in hex, read when the switch starts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -383,6 +407,14 @@ pub struct VmEntry {
     pub host: u32,
     pub mac: Mac,
     pub ip: Ipv4Addr,
+    /// IPv6 addresses the VM may send from (anti-spoofing), besides its link-local
+    /// address derived from `mac` (EUI-64, RFC 4291 appendix A), which is always allowed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ipv6: Vec<Ipv6Addr>,
+    /// EtherTypes beyond IPv4, IPv6 and ARP the VM may send (e.g. 0x88b5); anti-spoofing
+    /// drops every other one (default deny; the source MAC is still checked).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_ethertypes: Vec<u16>,
     /// Guaranteed bandwidth (the WFQ weight and the EyeQ B_i), Mb/s.
     #[serde(default = "default_min_mbps")]
     pub min_mbps: u64,
@@ -426,6 +458,35 @@ pub struct ShapedClass {
     pub rate_mbps: f64,
 }
 
+/// Where the control API listens (`switch.api`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ApiListen {
+    /// A Unix socket at this path (the default form).
+    Unix(PathBuf),
+    /// A TCP address; requests need the bearer token.
+    Tcp(String),
+}
+
+impl ApiListen {
+    /// Parses `switch.api`: `tcp:ADDR:PORT`, `unix:PATH`, or an absolute path.
+    pub fn parse(text: &str) -> Result<ApiListen, String> {
+        if let Some(addr) = text.strip_prefix("tcp:") {
+            return match addr.parse::<std::net::SocketAddr>() {
+                Ok(_) => Ok(ApiListen::Tcp(addr.to_string())),
+                Err(_) => Err(format!("'{addr}' is not an IP address and port")),
+            };
+        }
+        let path = text.strip_prefix("unix:").unwrap_or(text);
+        if path.starts_with('/') {
+            Ok(ApiListen::Unix(PathBuf::from(path)))
+        } else {
+            Err(format!(
+                "'{text}' is neither a socket path (/run/picnic/api.sock) nor tcp:ADDR:PORT"
+            ))
+        }
+    }
+}
+
 /// A config that failed validation, naming the field.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
@@ -444,6 +505,17 @@ fn err(field: impl Into<String>, problem: impl Into<String>) -> ConfigError {
         field: field.into(),
         problem: problem.into(),
     }
+}
+
+/// Reads a secret (feedback key, API token) from `path`, without a trailing newline; the
+/// error names the config `field`.
+pub fn read_secret(path: &Path, field: &str) -> anyhow::Result<Vec<u8>> {
+    let mut bytes = std::fs::read(path)
+        .map_err(|e| anyhow::anyhow!("{field}: cannot read {}: {e}", path.display()))?;
+    while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+        bytes.pop();
+    }
+    Ok(bytes)
 }
 
 impl Config {
@@ -480,6 +552,24 @@ impl Config {
             return Err(err(
                 "switch.cpus",
                 "must list at least one CPU (or be left out)",
+            ));
+        }
+        if let Some(api) = &self.switch.api {
+            match ApiListen::parse(api) {
+                Err(e) => return Err(err("switch.api", e)),
+                Ok(ApiListen::Tcp(_)) if self.switch.api_token_file.is_none() => {
+                    return Err(err(
+                        "switch.api_token_file",
+                        "a TCP API needs a bearer token file (or use a Unix socket path)",
+                    ))
+                }
+                Ok(_) => {}
+            }
+        }
+        if !matches!(self.switch.api_socket_mode, 0o600 | 0o660) {
+            return Err(err(
+                "switch.api_socket_mode",
+                "must be 0o600 (owner) or 0o660 (owner and group)",
             ));
         }
         if self.switch.batch == 0 || self.switch.batch > 1024 {
@@ -635,6 +725,25 @@ impl Config {
                     return Err(err(f("port"), "only VMs on this host have a port here"))
                 }
                 (None, false) => {}
+            }
+            if let Some(t) = v
+                .allow_ethertypes
+                .iter()
+                .find(|&&t| t < 0x0600 || matches!(t, 0x0800 | 0x86dd | 0x0806))
+            {
+                return Err(err(
+                    f("allow_ethertypes"),
+                    format!(
+                        "{t:#06x}: list EtherTypes >= 0x0600 other than IPv4, IPv6 and ARP (those are always checked)"
+                    ),
+                ));
+            }
+            if let Some(a) = v
+                .ipv6
+                .iter()
+                .find(|a| a.is_multicast() || a.is_unspecified())
+            {
+                return Err(err(f("ipv6"), format!("{a} is not a unicast address")));
             }
             for (j, s) in v.shaped.iter().enumerate() {
                 if !(s.rate_mbps > 0.0) {

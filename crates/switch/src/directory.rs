@@ -5,7 +5,7 @@
 // FxHash: the keys are small integers and addresses from the config, and a lookup per frame
 // with SipHash was a tenth of the engine's instructions (callgrind, docs/BENCHMARKS.md).
 use rustc_hash::FxHashMap as HashMap;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use crate::config::{Config, Mac, ShapedClass};
 
@@ -39,6 +39,10 @@ pub struct Vm {
     pub host: u32,
     pub mac: Mac,
     pub ip: Ipv4Addr,
+    /// IPv6 addresses the VM may send from: its config's and its EUI-64 link-local one.
+    pub ipv6: Vec<Ipv6Addr>,
+    /// EtherTypes beyond IPv4, IPv6 and ARP the VM may send.
+    pub allow_ethertypes: Vec<u16>,
     pub min_bps: u64,
     pub max_bps: Option<u64>,
     pub max_pps: Option<u64>,
@@ -119,6 +123,10 @@ impl Directory {
                 host: v.host,
                 mac: v.mac,
                 ip: v.ip,
+                ipv6: std::iter::once(crate::engine::antispoof::link_local(v.mac))
+                    .chain(v.ipv6.iter().copied())
+                    .collect(),
+                allow_ethertypes: v.allow_ethertypes.clone(),
                 min_bps: v.min_mbps * 1_000_000,
                 max_pps: v.max_pps,
                 max_bps: v.max_mbps.map(|m| m * 1_000_000),

@@ -2,7 +2,7 @@
 //!
 //! One thread polls every port in turn (a VM port only when its egress queue has room:
 //! backpressure), hands frames to the engines, runs the schedulers and sends what they
-//! produced. When there is nothing to do it asks each port's adaptive wait (Rizzo et al.,
+//! produced: one [`Driver::iterate`], the policy the simulator runs too. When there is nothing to do it asks each port's adaptive wait (Rizzo et al.,
 //! `picnic_core::notify`) whether to spin or to block: while a port's producer is expected to
 //! deliver its next frame sooner than a notification and wake-up cost, the loop polls (spin,
 //! at most `spin_us`), otherwise it blocks on the ports' descriptors until the engines' next
@@ -11,24 +11,26 @@
 
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc};
+
+use arc_swap::ArcSwapOption;
 use std::time::Instant as StdInstant;
 
 use anyhow::Context;
 use picnic_core::{Duration, Instant};
 use picnic_wire::overlay::ENCAP_OVERHEAD;
 
-use crate::accel::{Accel, AccelView, Exchange};
+use crate::accel::{Accel, AccelKeys, AccelView, Exchange};
 use crate::cgroup::CpuQuota;
 use crate::config::{BackendKind, Config};
-use crate::directory::{PortIdx, TenantIdx, UPLINK};
+use crate::directory::{PortIdx, TenantIdx};
+use crate::driver::{Driver, Io};
 use crate::ebpf::{EarlyDrop, KernelLink};
 use crate::engine::{Engine, SloReport, Snapshot, Work, IRON_PERIOD};
 use crate::frame::{Frame, FramePool};
 use crate::port::{
     wait_readable, AfPacketOptions, AfPacketPort, AfXdpOptions, AfXdpPort, Port, PortStats, TapPort,
 };
-use crate::stats::DropReason;
 use picnic_core::notify::{AdaptiveWait, Params, Role, WaitConfig, WaitDecision};
 
 /// Monotonic nanoseconds since the switch started, as the engines' `now`.
@@ -40,6 +42,13 @@ impl Clock {
     }
     pub fn now(&self) -> Instant {
         Instant::from_nanos(self.0.elapsed().as_nanos() as u64)
+    }
+    /// Wall-clock time at this clock's zero, ns since the UNIX epoch (feedback nonces).
+    pub fn wall_at_zero_ns(&self) -> u64 {
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        (wall.as_nanos() as u64).saturating_sub(self.0.elapsed().as_nanos() as u64)
     }
 }
 impl Default for Clock {
@@ -124,15 +133,37 @@ pub struct Published {
     pub slo: SloReport,
 }
 
-/// Shared with the API thread: the latest snapshot and the current config. The snapshot is
-/// behind an `Arc` so a reader holds the lock only to clone the pointer, never while it
-/// serializes (the loop takes the same lock to publish).
+/// Shared with the API thread: the latest snapshot and the current config, each an `Arc`
+/// swapped atomically (`arc-swap`): the loop publishes without taking a lock, and a reader
+/// that holds a snapshot for as long as it likes (a slow scrape) never delays the loop.
 #[derive(Default)]
 pub struct Shared {
-    pub snapshot: Mutex<Option<Arc<Published>>>,
-    pub config: Mutex<Option<Config>>,
+    snapshot: ArcSwapOption<Published>,
+    config: ArcSwapOption<Config>,
     /// The encrypting tenants' keys, for rotation through the API (None: nobody encrypts).
-    pub accel_keys: Mutex<Option<crate::accel::AccelKeys>>,
+    accel_keys: ArcSwapOption<AccelKeys>,
+}
+
+impl Shared {
+    /// The latest published snapshot (None before the first).
+    pub fn latest(&self) -> Option<Arc<Published>> {
+        self.snapshot.load_full()
+    }
+    /// Replaces the published snapshot; never waits for readers.
+    pub fn publish(&self, published: Published) {
+        self.snapshot.store(Some(Arc::new(published)));
+    }
+    /// The running config (None before the loop started).
+    pub fn config(&self) -> Option<Arc<Config>> {
+        self.config.load_full()
+    }
+    pub fn set_config(&self, cfg: Config) {
+        self.config.store(Some(Arc::new(cfg)));
+    }
+    /// The running shared engine's keys (None when no tenant encrypts).
+    pub fn accel_keys(&self) -> Option<Arc<AccelKeys>> {
+        self.accel_keys.load_full()
+    }
 }
 
 pub struct Switch {
@@ -154,9 +185,6 @@ pub struct Switch {
     accel_scratch: Exchange,
 }
 
-/// Batches read from the uplink per loop iteration (one from each tenant port).
-const UPLINK_READ_ROUNDS: usize = 8;
-
 /// Receive ring slots, the queue length L of the Rizzo model.
 const RING_SLOTS: u32 = 2048;
 
@@ -174,6 +202,50 @@ fn ring_wait(max_spin: Duration) -> AdaptiveWait {
         max_sleep: Duration::ZERO,
     })
     .expect("valid model parameters")
+}
+
+/// The ports as the driver's [`Io`]: each read feeds the adaptive wait of the port's ring.
+struct PortIo<'a> {
+    ports: &'a mut [Box<dyn Port>],
+    waits: &'a mut [(AdaptiveWait, u64)],
+    work: &'a mut SpinWork,
+}
+
+impl Io for PortIo<'_> {
+    fn recv(
+        &mut self,
+        now: Instant,
+        port: PortIdx,
+        pool: &mut FramePool,
+        rx: &mut Vec<Frame>,
+        max: usize,
+    ) -> anyhow::Result<usize> {
+        let n = self.ports[port]
+            .recv_batch(pool, rx, max)
+            .with_context(|| format!("receive on {}", self.ports[port].name()))?;
+        if n > 0 {
+            let (wait, seen) = &mut self.waits[port];
+            *seen += n as u64;
+            wait.observe(now, *seen);
+        }
+        Ok(n)
+    }
+
+    fn send(
+        &mut self,
+        port: PortIdx,
+        queue: &mut Vec<Frame>,
+        pool: &mut FramePool,
+    ) -> anyhow::Result<()> {
+        self.ports[port]
+            .send_batch(queue, pool)
+            .with_context(|| format!("send on {}", self.ports[port].name()))?;
+        Ok(())
+    }
+
+    fn work(&mut self) -> &mut dyn Work {
+        self.work
+    }
 }
 
 /// Opens a port with the backend the config names, with an error that says what to fix.
@@ -218,7 +290,11 @@ pub fn vm_max_frame(cfg: &Config) -> usize {
 /// encrypts.
 fn vm_max_frame_of(cfg: &Config, tenant: &str) -> usize {
     let encrypts = cfg.tenants.iter().any(|t| t.name == tenant && t.encrypt);
-    vm_max_frame(cfg).saturating_sub(if encrypts { picnic_wire::seal::SEAL_OVERHEAD } else { 0 })
+    vm_max_frame(cfg).saturating_sub(if encrypts {
+        picnic_wire::seal::SEAL_OVERHEAD
+    } else {
+        0
+    })
 }
 
 /// Opens the uplink; an AF_XDP uplink also gives the maps of its early drop.
@@ -255,7 +331,13 @@ impl Switch {
     /// Opens every port of the config and builds the engines. Prints the backend of each port.
     pub fn open(cfg: Config) -> anyhow::Result<Switch> {
         let clock = Clock::new();
-        let engine = Engine::new(&cfg, clock.now())?;
+        let mut engine = Engine::new(&cfg, clock.now())?;
+        if let Some(path) = &cfg.switch.feedback_key_file {
+            let key = crate::config::read_secret(path, "switch.feedback_key_file")?;
+            engine
+                .set_feedback_key(&key, clock.wall_at_zero_ns())
+                .map_err(|e| anyhow::anyhow!("switch.feedback_key_file: {e}"))?;
+        }
         let (uplink, early_drop) = open_uplink(&cfg)?;
         let mut ports = vec![uplink];
         for (i, vm) in cfg.vms.iter().enumerate() {
@@ -339,11 +421,11 @@ impl Switch {
     pub fn run(&mut self) -> anyhow::Result<()> {
         let batch = self.cfg.switch.batch;
         let spin = Duration::from_micros(self.cfg.switch.spin_us);
-        let mut rx: Vec<Frame> = Vec::with_capacity(batch);
+        let mut driver = Driver::new(batch);
         let mut next_publish = self.clock.now();
         let mut fds = Vec::new();
         let mut spin_until: Option<Instant> = None;
-        *self.shared.config.lock().unwrap() = Some(self.cfg.clone());
+        self.shared.set_config(self.cfg.clone());
         if let Some(nice) = self.cfg.switch.nice {
             if let Err(e) = crate::sched::set_thread_nice(nice.into()) {
                 eprintln!(
@@ -391,36 +473,24 @@ impl Switch {
                     .map(|_| (ring_wait(spin), 0))
                     .collect();
             }
-            let mut busy = 0;
-            for p in 0..self.ports.len() {
-                if !self.engine.rx_ready(now, p, batch) {
-                    continue;
-                }
-                // The shared uplink ring is drained further than it is processed: reading and
-                // classifying is cheap, and overload must land in per-VM queues (dropping only
-                // the guilty VM's frames), not overflow the ring for everyone (PicNIC 2.2).
-                let rounds = if p == UPLINK { UPLINK_READ_ROUNDS } else { 1 };
-                for _ in 0..rounds {
-                    let n = self.ports[p]
-                        .recv_batch(&mut self.pool, &mut rx, batch)
-                        .with_context(|| format!("receive on {}", self.ports[p].name()))?;
-                    if n > 0 {
-                        self.engine.on_frames(now, p, &mut rx, &mut self.pool);
-                        busy += n;
-                        let (wait, seen) = &mut self.waits[p];
-                        *seen += n as u64;
-                        wait.observe(now, *seen);
-                    }
-                    if n < batch {
-                        break;
-                    }
-                }
-            }
-            busy += self.engine.poll(now, batch, &mut self.work, &mut self.pool);
+            let mut io = PortIo {
+                ports: &mut self.ports,
+                waits: &mut self.waits,
+                work: &mut self.work,
+            };
+            let mut busy = driver
+                .iterate(now, &mut self.engine, &mut io, &mut self.pool)?
+                .busy();
+            // The shared engine: frames set aside go to its workers, their results come back
+            // (sealed ones are sent by the next iteration).
             if let Some(accel) = &self.accel {
-                busy += accel.exchange(&mut self.engine, now, &mut self.pool, &mut self.accel_scratch);
+                busy += accel.exchange(
+                    &mut self.engine,
+                    now,
+                    &mut self.pool,
+                    &mut self.accel_scratch,
+                );
             }
-            self.transmit()?;
             if busy > 0 {
                 let took = self.clock.now() - now;
                 for (wait, _) in &mut self.waits {
@@ -469,7 +539,12 @@ impl Switch {
                     .filter_map(|p| self.ports[p].raw_fd()),
             );
             // The shared engine's results wake the loop too.
-            fds.extend(self.accel.as_ref().and_then(Accel::notify_fd).map(|fd| fd.as_raw_fd()));
+            fds.extend(
+                self.accel
+                    .as_ref()
+                    .and_then(Accel::notify_fd)
+                    .map(|fd| fd.as_raw_fd()),
+            );
             wait_readable(&fds, std::time::Duration::from_nanos(timeout.as_nanos()))?;
         }
         self.publish(self.clock.now());
@@ -506,31 +581,6 @@ impl Switch {
         }
     }
 
-    fn transmit(&mut self) -> anyhow::Result<()> {
-        let limit = self.cfg.switch.batch * 4;
-        for p in 0..self.ports.len() {
-            let q = self.engine.tx_queue(p);
-            if q.is_empty() {
-                continue;
-            }
-            self.ports[p]
-                .send_batch(q, &mut self.pool)
-                .with_context(|| format!("send on {}", self.ports[p].name()))?;
-            // A port that cannot keep up must not make memory grow: drop its oldest excess.
-            let q = self.engine.tx_queue(p);
-            if q.len() > limit {
-                let excess = q.len() - limit;
-                for f in q.drain(..excess) {
-                    self.pool.put(f);
-                }
-                for _ in 0..excess {
-                    self.engine.counters.drops.add(DropReason::NoBuffer);
-                }
-            }
-        }
-        Ok(())
-    }
-
     fn publish(&mut self, now: Instant) {
         self.kernel.publish(&mut self.engine, now);
         let ports = self
@@ -551,7 +601,7 @@ impl Switch {
                 }
             })
             .collect();
-        let published = Arc::new(Published {
+        self.shared.publish(Published {
             switch: self.engine.snapshot(),
             ports,
             pool_free: self.pool.available(),
@@ -559,7 +609,6 @@ impl Switch {
             accel: self.accel.as_ref().map(|a| a.view(&self.cfg)),
             slo: self.engine.slo_report(now),
         });
-        *self.shared.snapshot.lock().unwrap() = Some(published);
     }
 
     fn apply_commands(&mut self) {
@@ -578,7 +627,8 @@ impl Switch {
     }
 
     /// Rebuilds the engines for a new config, keeping ports that stay and opening new ones.
-    /// Frames queued in the old engines are released; counters of VMs that stay carry over.
+    /// Every frame the old engines held returns to the pool; counters of VMs that stay carry
+    /// over.
     fn reconfigure(&mut self, cfg: Config) -> anyhow::Result<()> {
         cfg.validate()?;
         if cfg.uplink.ifname != self.cfg.uplink.ifname
@@ -634,20 +684,16 @@ impl Switch {
         }
         engine.counters = self.engine.counters.clone();
         engine.carry_slo_from(&mut self.engine);
+        engine.carry_feedback_auth_from(&mut self.engine);
         let accel = Accel::from_config_after(&cfg, self.accel.as_ref())?;
         let mut old_engine = std::mem::replace(&mut self.engine, engine);
-        for p in 0..old_engine.dir.port_count() {
-            for f in old_engine.tx_queue(p).drain(..) {
-                self.pool.put(f);
-            }
-        }
-        drop(old_engine);
+        old_engine.release_frames(&mut self.pool);
         self.set_accel(accel);
         self.ports = ports;
         if let Err(e) = self.kernel.set_ports(&tenant_ports(&self.ports)) {
             eprintln!("picnic switch: warning: softirq accounting: {e}");
         }
-        *self.shared.config.lock().unwrap() = Some(cfg.clone());
+        self.shared.set_config(cfg.clone());
         self.cfg = cfg;
         Ok(())
     }
@@ -661,7 +707,9 @@ impl Switch {
                 self.pool.put(f);
             }
         }
-        *self.shared.accel_keys.lock().unwrap() = accel.as_ref().map(Accel::keys);
+        self.shared
+            .accel_keys
+            .store(accel.as_ref().map(|a| Arc::new(a.keys())));
         self.accel = accel;
     }
 

@@ -207,6 +207,49 @@ impl Serialize for WaitHistogram {
     }
 }
 
+/// Why feedback was refused.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum FeedbackReject {
+    Forged,
+    Unauthenticated,
+    Replayed,
+    OutOfRange,
+}
+
+/// Refused feedback by reason (`/stats` `switch.feedback_rejected`, `/metrics`
+/// `picnic_feedback_rejected_total{reason}`).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct FeedbackRejects {
+    /// Not from the host that owns the endpoint (or unknown endpoint, host or VNI).
+    pub forged: u64,
+    /// Missing or wrong authentication tag (deployments with a key).
+    pub unauthenticated: u64,
+    /// A nonce seen before, below the window, or outside the clock-skew bound.
+    pub replayed: u64,
+    /// A rate of 0 or above `engine::feedback::MAX_FEEDBACK_BPS`.
+    pub out_of_range: u64,
+}
+
+impl FeedbackRejects {
+    pub fn add(&mut self, r: FeedbackReject) {
+        match r {
+            FeedbackReject::Forged => self.forged += 1,
+            FeedbackReject::Unauthenticated => self.unauthenticated += 1,
+            FeedbackReject::Replayed => self.replayed += 1,
+            FeedbackReject::OutOfRange => self.out_of_range += 1,
+        }
+    }
+    /// (reason, count) for metrics.
+    pub fn iter(&self) -> [(&'static str, u64); 4] {
+        [
+            ("forged", self.forged),
+            ("unauthenticated", self.unauthenticated),
+            ("replayed", self.replayed),
+            ("out_of_range", self.out_of_range),
+        ]
+    }
+}
+
 /// Switch-wide counters for frames not attributable to a VM.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct SwitchCounters {
@@ -214,6 +257,8 @@ pub struct SwitchCounters {
     pub uplink_tx_packets: u64,
     pub feedback_sent: u64,
     pub feedback_received: u64,
+    /// Feedback refused before it was applied, by reason (see `engine::feedback`).
+    pub feedback_rejected: FeedbackRejects,
     pub arp_replies: u64,
     /// Frames marked ECN CE by a filling limiter queue.
     pub ecn_marked: u64,

@@ -124,7 +124,7 @@ fn charges_add_up_to_the_threads_cpu_time_the_kernel_reports() {
     }
     stop.store(true, Ordering::Relaxed);
     let kernel_ns = dataplane.join().unwrap();
-    let published = shared.snapshot.lock().unwrap().clone().unwrap();
+    let published = shared.latest().unwrap();
     let snap = &published.switch;
     let charged: u64 = snap.vms.iter().map(|v| v.counters.cost_ns).sum();
     let c = &snap.switch;
@@ -224,7 +224,7 @@ fn a_tenants_cgroup_pays_for_the_switch_work_done_for_it() {
     let restored = read("cpu.cfs_quota_us");
     let restored_period = read("cpu.cfs_period_us");
     std::fs::remove_dir(&group).unwrap();
-    let published = shared.snapshot.lock().unwrap().clone().unwrap();
+    let published = shared.latest().unwrap();
     let snap = &published.switch;
     let tenant = snap.tenants.iter().find(|t| t.name == "small").unwrap();
     println!(

@@ -418,7 +418,7 @@ fn a_flooding_tenant_is_charged_its_ports_softirq_time_on_a_running_switch() {
     assert!(on, "softirq accounting loads (see the switch's line above)");
     let stat_ns = proc_stat_softirq_ns() - stat_ns;
     let wall_ns = wall.elapsed().as_nanos() as f64;
-    let snap = published.snapshot.lock().unwrap().clone().unwrap();
+    let snap = published.latest().unwrap();
     let tenant = |n: &str| {
         snap.switch
             .tenants
@@ -575,7 +575,7 @@ fn a_vm_over_its_packet_budget_is_dropped_in_xdp_on_a_running_switch() {
         (shared, early, elapsed)
     });
     assert!(early, "an AF_XDP uplink has early drop");
-    let snap = shared.snapshot.lock().unwrap().clone().unwrap();
+    let snap = shared.latest().unwrap();
     let vm = |n: &str| {
         snap.switch
             .vms

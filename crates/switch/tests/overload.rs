@@ -200,7 +200,7 @@ fn ten_times_overload_keeps_memory_flat_the_victim_whole_and_the_counters_conser
         if start.elapsed() > Duration::from_millis(1_500) {
             rss.push(rss_kib());
             fd_counts.push(fds());
-            if let Some(p) = shared.snapshot.lock().unwrap().clone() {
+            if let Some(p) = shared.latest() {
                 pool_free.push(p.pool_free);
             }
         }
@@ -215,7 +215,7 @@ fn ten_times_overload_keeps_memory_flat_the_victim_whole_and_the_counters_conser
     stop.store(true, Ordering::Relaxed);
     dataplane.join().unwrap();
 
-    let published = shared.snapshot.lock().unwrap().clone().unwrap();
+    let published = shared.latest().unwrap();
     let snap = &published.switch;
     let vm = |name: &str| snap.vms.iter().find(|v| v.name == name).unwrap();
     let (n1, n2) = (vm("n1"), vm("n2"));

@@ -50,6 +50,18 @@ pub const FEEDBACK_DATA_LEN: usize = 16;
 /// Bytes the feedback option takes in a Geneve header: 4-byte option header plus data.
 pub const FEEDBACK_OPTION_LEN: usize = 4 + FEEDBACK_DATA_LEN;
 
+/// Option type of the feedback authentication option within [`PICNIC_OPTION_CLASS`].
+pub const FEEDBACK_AUTH_OPTION_TYPE: u8 = 0x02;
+
+/// Bytes of feedback authentication option data: nonce (8) and truncated tag (16).
+pub const FEEDBACK_AUTH_DATA_LEN: usize = 24;
+
+/// Bytes of the truncated HMAC-SHA256 tag.
+pub const FEEDBACK_TAG_LEN: usize = 16;
+
+/// Bytes of the message a feedback tag is computed over (see [`FeedbackAuth::message`]).
+pub const FEEDBACK_AUTH_MESSAGE_LEN: usize = 8 + 4 + 4 + 4 + FEEDBACK_DATA_LEN + 8;
+
 /// Geneve protocol type of a standalone feedback packet: no inner frame follows.
 pub const PROTOCOL_NONE: u16 = 0x0000;
 
@@ -93,6 +105,60 @@ impl FeedbackOption {
     }
 }
 
+/// Authentication of the feedback option in the same Geneve header (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FeedbackAuth {
+    /// Never repeated by the sending host; the receiver refuses nonces it has seen.
+    pub nonce: u64,
+    /// HMAC-SHA256 of [`FeedbackAuth::message`], truncated.
+    pub tag: [u8; FEEDBACK_TAG_LEN],
+}
+
+impl FeedbackAuth {
+    /// Parses the option data; it must be exactly [`FEEDBACK_AUTH_DATA_LEN`] bytes.
+    pub fn parse(data: &[u8]) -> Result<Self, Error> {
+        let data: &[u8; FEEDBACK_AUTH_DATA_LEN] = data.try_into().map_err(|_| Error::BadLength)?;
+        let (nonce, tag) = data.split_at(8);
+        Ok(FeedbackAuth {
+            nonce: u64::from_be_bytes(nonce.try_into().map_err(|_| Error::BadLength)?),
+            tag: tag.try_into().map_err(|_| Error::BadLength)?,
+        })
+    }
+
+    /// Writes the option data into the first [`FEEDBACK_AUTH_DATA_LEN`] bytes of `data`.
+    pub fn emit(&self, data: &mut [u8]) -> Result<usize, Error> {
+        let out = data
+            .get_mut(..FEEDBACK_AUTH_DATA_LEN)
+            .ok_or(Error::BufferTooSmall {
+                needed: FEEDBACK_AUTH_DATA_LEN,
+            })?;
+        out[..8].copy_from_slice(&self.nonce.to_be_bytes());
+        out[8..].copy_from_slice(&self.tag);
+        Ok(FEEDBACK_AUTH_DATA_LEN)
+    }
+
+    /// The bytes a tag covers: the label `picnicfb`, the sending and receiving hosts'
+    /// underlay IPv4 addresses (so feedback cannot be replayed to another host), the VNI, the
+    /// feedback option's data and the nonce, all big-endian.
+    pub fn message(
+        src_ip: core::net::Ipv4Addr,
+        dst_ip: core::net::Ipv4Addr,
+        vni: u32,
+        feedback: &FeedbackOption,
+        nonce: u64,
+    ) -> [u8; FEEDBACK_AUTH_MESSAGE_LEN] {
+        let mut m = [0u8; FEEDBACK_AUTH_MESSAGE_LEN];
+        m[..8].copy_from_slice(b"picnicfb");
+        m[8..12].copy_from_slice(&src_ip.octets());
+        m[12..16].copy_from_slice(&dst_ip.octets());
+        m[16..20].copy_from_slice(&vni.to_be_bytes());
+        // FEEDBACK_DATA_LEN bytes always fit.
+        let _ = feedback.emit(&mut m[20..20 + FEEDBACK_DATA_LEN]);
+        m[20 + FEEDBACK_DATA_LEN..].copy_from_slice(&nonce.to_be_bytes());
+        m
+    }
+}
+
 /// The Geneve header of a standalone feedback packet for tenant `vni`: OAM bit set, protocol
 /// [`PROTOCOL_NONE`], the feedback option; send it with an empty payload, for example
 /// `encap(&outer, &standalone_feedback(vni, fb), &[], out)`.
@@ -103,6 +169,7 @@ pub fn standalone_feedback(vni: u32, feedback: FeedbackOption) -> GeneveRepr {
         oam: true,
         critical: false,
         feedback: Some(feedback),
+        feedback_auth: None,
     }
 }
 
@@ -127,6 +194,36 @@ mod tests {
             ]
         );
         assert_eq!(FeedbackOption::parse(&data), Ok(fb));
+    }
+
+    #[test]
+    fn auth_option_round_trips_and_message_binds_every_field() {
+        let auth = FeedbackAuth {
+            nonce: 0x0102_0304_0506_0708,
+            tag: [9; FEEDBACK_TAG_LEN],
+        };
+        let mut data = [0u8; FEEDBACK_AUTH_DATA_LEN];
+        assert_eq!(auth.emit(&mut data), Ok(FEEDBACK_AUTH_DATA_LEN));
+        assert_eq!(data[..8], [1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(FeedbackAuth::parse(&data), Ok(auth));
+        assert_eq!(FeedbackAuth::parse(&data[..20]), Err(Error::BadLength));
+        let fb = FeedbackOption {
+            dst_endpoint: 1,
+            rate_bps: 2,
+            seq: 3,
+        };
+        let (a, b) = ([198, 19, 0, 1].into(), [198, 19, 0, 2].into());
+        let m = FeedbackAuth::message(a, b, 7, &fb, 5);
+        assert_eq!(&m[..8], b"picnicfb");
+        // Every field changes the message.
+        for other in [
+            FeedbackAuth::message(b, a, 7, &fb, 5),
+            FeedbackAuth::message(a, b, 8, &fb, 5),
+            FeedbackAuth::message(a, b, 7, &FeedbackOption { seq: 4, ..fb }, 5),
+            FeedbackAuth::message(a, b, 7, &fb, 6),
+        ] {
+            assert_ne!(m, other);
+        }
     }
 
     #[test]

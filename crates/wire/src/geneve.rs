@@ -24,8 +24,9 @@
 //! header. The high bit of an option's Type is its critical bit.
 
 use crate::feedback::{
-    FeedbackOption, FEEDBACK_DATA_LEN, FEEDBACK_OPTION_LEN, FEEDBACK_OPTION_TYPE,
-    PICNIC_OPTION_CLASS, PROTOCOL_NONE,
+    FeedbackAuth, FeedbackOption, FEEDBACK_AUTH_DATA_LEN, FEEDBACK_AUTH_OPTION_TYPE,
+    FEEDBACK_DATA_LEN, FEEDBACK_OPTION_LEN, FEEDBACK_OPTION_TYPE, PICNIC_OPTION_CLASS,
+    PROTOCOL_NONE,
 };
 use crate::Error;
 
@@ -185,9 +186,9 @@ impl<'a> Iterator for GeneveOptions<'a> {
 
 /// The meaning of a Geneve header as picnic uses it.
 ///
-/// Parsing keeps the first picnic feedback option, skips unknown non-critical options and
-/// refuses unknown critical ones (RFC 8926 section 3.5.1); emitting writes only the feedback
-/// option, so `parse(emit(x)) == x`.
+/// Parsing keeps the first picnic feedback and feedback authentication options, skips unknown
+/// non-critical options and refuses unknown critical ones (RFC 8926 section 3.5.1); emitting
+/// writes only those two options, so `parse(emit(x)) == x`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GeneveRepr {
     /// The tenant (24 bits).
@@ -201,6 +202,8 @@ pub struct GeneveRepr {
     pub critical: bool,
     /// picnic's congestion feedback, when the packet carries some.
     pub feedback: Option<FeedbackOption>,
+    /// The authentication of `feedback`, in deployments with a feedback key.
+    pub feedback_auth: Option<FeedbackAuth>,
 }
 
 impl GeneveRepr {
@@ -212,19 +215,22 @@ impl GeneveRepr {
             oam: false,
             critical: false,
             feedback: None,
+            feedback_auth: None,
         }
     }
 
     /// Reads the header of a checked packet. Fails on unknown critical options and on a picnic
     /// feedback option of the wrong length.
     pub fn parse<T: AsRef<[u8]>>(packet: &GenevePacket<T>) -> Result<Self, Error> {
-        let mut feedback = None;
+        let (mut feedback, mut feedback_auth) = (None, None);
         for option in packet.options() {
-            let is_feedback =
-                option.class == PICNIC_OPTION_CLASS && option.option_type == FEEDBACK_OPTION_TYPE;
-            if is_feedback {
+            let ours = option.class == PICNIC_OPTION_CLASS;
+            if ours && option.option_type == FEEDBACK_OPTION_TYPE {
                 let parsed = FeedbackOption::parse(option.data)?;
                 feedback.get_or_insert(parsed);
+            } else if ours && option.option_type == FEEDBACK_AUTH_OPTION_TYPE {
+                let parsed = FeedbackAuth::parse(option.data)?;
+                feedback_auth.get_or_insert(parsed);
             } else if option.is_critical() {
                 return Err(Error::UnknownCriticalOption {
                     class: option.class,
@@ -238,6 +244,7 @@ impl GeneveRepr {
             oam: packet.oam(),
             critical: packet.critical(),
             feedback,
+            feedback_auth,
         })
     }
 
@@ -247,11 +254,17 @@ impl GeneveRepr {
     }
 
     fn options_len(&self) -> usize {
-        if self.feedback.is_some() {
+        let feedback = if self.feedback.is_some() {
             FEEDBACK_OPTION_LEN
         } else {
             0
-        }
+        };
+        let auth = if self.feedback_auth.is_some() {
+            OPTION_HEADER_LEN + FEEDBACK_AUTH_DATA_LEN
+        } else {
+            0
+        };
+        feedback + auth
     }
 
     /// Whether this is the header of a standalone feedback packet (see
@@ -281,9 +294,10 @@ impl GeneveRepr {
         let [p0, p1] = self.protocol.to_be_bytes();
         let [_, v0, v1, v2] = self.vni.to_be_bytes();
         out[..GENEVE_HEADER_LEN].copy_from_slice(&[opt_words, flags, p0, p1, v0, v1, v2, 0]);
+        let [c0, c1] = PICNIC_OPTION_CLASS.to_be_bytes();
+        let mut at = GENEVE_HEADER_LEN;
         if let Some(feedback) = &self.feedback {
-            let option = &mut out[GENEVE_HEADER_LEN..];
-            let [c0, c1] = PICNIC_OPTION_CLASS.to_be_bytes();
+            let option = &mut out[at..];
             let data_words = (FEEDBACK_DATA_LEN / 4) as u8;
             option[..OPTION_HEADER_LEN].copy_from_slice(&[
                 c0,
@@ -291,7 +305,18 @@ impl GeneveRepr {
                 FEEDBACK_OPTION_TYPE,
                 data_words,
             ]);
-            feedback.emit(&mut option[OPTION_HEADER_LEN..])?;
+            at += OPTION_HEADER_LEN + feedback.emit(&mut option[OPTION_HEADER_LEN..])?;
+        }
+        if let Some(auth) = &self.feedback_auth {
+            let option = &mut out[at..];
+            let data_words = (FEEDBACK_AUTH_DATA_LEN / 4) as u8;
+            option[..OPTION_HEADER_LEN].copy_from_slice(&[
+                c0,
+                c1,
+                FEEDBACK_AUTH_OPTION_TYPE,
+                data_words,
+            ]);
+            auth.emit(&mut option[OPTION_HEADER_LEN..])?;
         }
         Ok(len)
     }

@@ -25,7 +25,7 @@ pub mod seal;
 pub use classify::{classify, ArpSummary, FrameSummary, Network, Ports};
 pub use error::Error;
 pub use etherparse;
-pub use feedback::{standalone_feedback, FeedbackOption};
+pub use feedback::{standalone_feedback, FeedbackAuth, FeedbackOption};
 pub use geneve::{GeneveOption, GenevePacket, GeneveRepr};
 pub use overlay::{
     decap, encap, encap_headers, encap_headers_len, entropy_source_port, Decapped, OuterHeaders,

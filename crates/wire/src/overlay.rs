@@ -27,8 +27,9 @@ const ETHERNET_LEN: usize = Ethernet2Header::LEN;
 const IPV4_LEN: usize = Ipv4Header::MIN_LEN;
 const UDP_LEN: usize = UdpHeader::LEN;
 
-/// Largest number of bytes [`encap`] adds to an inner frame: outer Ethernet (14), IPv4 (20),
-/// UDP (8), Geneve (8) and the feedback option (20). An uplink whose IP MTU is the tenants'
+/// Largest number of bytes [`encap`] adds to a tenant frame: outer Ethernet (14), IPv4 (20),
+/// UDP (8), Geneve (8) and the feedback option (20). The feedback authentication option
+/// (28 more) only travels in standalone feedback packets, which carry no tenant frame. An uplink whose IP MTU is the tenants'
 /// IP MTU plus this many bytes never fragments tunnel packets (the inner Ethernet header's
 /// 14 bytes take the place of the outer one's in that sum).
 pub const ENCAP_OVERHEAD: usize =

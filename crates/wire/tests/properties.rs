@@ -3,6 +3,7 @@
 use std::net::Ipv4Addr;
 
 use picnic_wire::etherparse::{Ipv4HeaderSlice, PacketBuilder};
+use picnic_wire::feedback::FeedbackAuth;
 use picnic_wire::geneve::MAX_VNI;
 use picnic_wire::seal::{
     open_in_place, seal_in_place, sealed_key_of, OpenError, SealHeader, TunnelKey, SEAL_OVERHEAD,
@@ -30,14 +31,18 @@ fn geneve_strategy() -> impl Strategy<Value = GeneveRepr> {
         any::<bool>(),
         any::<bool>(),
         proptest::option::of(feedback_strategy()),
+        proptest::option::of((any::<u64>(), any::<[u8; 16]>())),
     )
-        .prop_map(|(vni, protocol, oam, critical, feedback)| GeneveRepr {
-            vni,
-            protocol,
-            oam,
-            critical,
-            feedback,
-        })
+        .prop_map(
+            |(vni, protocol, oam, critical, feedback, auth)| GeneveRepr {
+                vni,
+                protocol,
+                oam,
+                critical,
+                feedback,
+                feedback_auth: auth.map(|(nonce, tag)| FeedbackAuth { nonce, tag }),
+            },
+        )
 }
 
 fn outer_strategy() -> impl Strategy<Value = OuterHeaders> {
@@ -211,7 +216,7 @@ proptest! {
         cut in any::<prop::sample::Index>(),
     ) {
         let inner = tenant_frame(inner_len, tcp, (1234, 80));
-        let mut out = vec![0u8; inner.len() + picnic_wire::ENCAP_OVERHEAD];
+        let mut out = vec![0u8; inner.len() + picnic_wire::encap_headers_len(&geneve)];
         let len = encap(&outer, &geneve, &inner, &mut out).unwrap();
         let mut frame = out[..len].to_vec();
         for (index, xor) in flips {

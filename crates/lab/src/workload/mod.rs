@@ -19,70 +19,23 @@ use self::tcp::{tcp_bulk, tcp_sink};
 use self::tools::{iperf3_client, memcached_client, sockperf_client, tool_server};
 use self::udp::{udp_flood, udp_sink};
 use crate::cgroup::Placement;
-use crate::netns;
-use crate::scenario::{self, Protocol, Scenario, Workload, WorkloadKind};
-use crate::topology::Topology;
 use anyhow::{anyhow, bail, Context, Result};
 use hdrhistogram::Histogram;
+use picnic_netns as netns;
+use picnic_scenario::plan::Topology;
+use picnic_scenario::{self as scenario, Protocol, Scenario, Workload, WorkloadKind};
+use picnic_scenario::{WorkloadResult, BASE_PORT, BIN_MS};
 use std::io::ErrorKind;
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, UdpSocket};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// Width of a time-series bin, ms.
-pub const BIN_MS: u64 = 10;
 /// How long receivers keep listening after the sender's stop time.
 pub const GRACE: Duration = Duration::from_millis(200);
-/// First port used by workloads; workload `i` uses `BASE_PORT + i`.
-pub const BASE_PORT: u16 = 20000;
 /// Poll interval of receive loops (read timeouts), so deadlines are noticed.
 const POLL: Duration = Duration::from_millis(20);
 /// Highest latency the histograms record, ns (60 s).
 const MAX_LATENCY_NS: u64 = 60_000_000_000;
-
-/// The measured outcome of one workload.
-#[derive(Debug, Clone)]
-pub struct WorkloadResult {
-    /// Workload name.
-    pub name: String,
-    /// Tenant of its VMs, or the victim's attack group (see
-    /// [`Scenario::report_group`]): the row of the report it counts in.
-    pub tenant: String,
-    /// Kind of traffic.
-    pub kind: WorkloadKind,
-    /// Packets (datagrams, requests) the sender got out of its socket.
-    pub sent: u64,
-    /// Packets (or responses) that arrived in time.
-    pub received: u64,
-    /// Application payload bytes that arrived (responses for RPC).
-    pub received_bytes: u64,
-    /// Length of the sending period, ns.
-    pub active_ns: u64,
-    /// Request latencies in ns (RPC only).
-    pub latency: Option<Histogram<u64>>,
-    /// Payload bytes received per [`BIN_MS`] bin since the start of the run.
-    pub series: Vec<u64>,
-    /// For a `transfer` that delivered every byte: ns from its start to the last byte.
-    pub completion_ns: Option<u64>,
-}
-
-impl WorkloadResult {
-    /// Application goodput over the sending period, bits/s.
-    pub fn throughput_bps(&self) -> f64 {
-        if self.active_ns == 0 {
-            return 0.0;
-        }
-        self.received_bytes as f64 * 8.0 * 1e9 / self.active_ns as f64
-    }
-
-    /// Lost fraction: packets (or requests) sent that did not arrive (in time). TCP: 0.
-    pub fn loss(&self) -> f64 {
-        if self.sent == 0 {
-            return 0.0;
-        }
-        self.sent.saturating_sub(self.received) as f64 / self.sent as f64
-    }
-}
 
 /// Where a workload runs, resolved from the topology.
 #[derive(Debug, Clone)]

@@ -6,9 +6,9 @@ use super::rpc::ProbeBook;
 use super::{
     is_timeout, new_histogram, Endpoints, ReceiverSide, SenderSide, Window, BIN_MS, MAX_LATENCY_NS,
 };
-use crate::netns;
-use crate::scenario::{self, Protocol, Workload};
 use anyhow::{anyhow, bail, Context, Result};
+use picnic_netns as netns;
+use picnic_scenario::{self as scenario, Protocol, Workload};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};

@@ -1,4 +1,4 @@
-//! Hosts: each runs the switch's own [`Engine`], built from the lab's switch config, between
+//! Hosts: each runs the switch's own [`Engine`], built from the scenario's switch config, between
 //! its VMs' transmit rings and its NIC. A poll feeds the engine what arrived, lets it work at
 //! the modelled CPU cost ([`CostModel`]) and moves what it left: tunnel frames onto the
 //! host's uplink, tenant frames to the applications. The CPU is busy for that cost, so the
@@ -8,17 +8,20 @@ use std::collections::{HashMap, VecDeque};
 
 use anyhow::{anyhow, Context, Result};
 use picnic_core::Instant;
-use picnic_lab::picnic::switch_config;
-use picnic_lab::topology::Topology;
-use picnic_switch::directory::{TenantIdx, UPLINK};
+use picnic_scenario::plan::Topology;
+use picnic_scenario::switch::dataplane_config;
+use picnic_scenario::Dataplane;
+use picnic_switch::directory::{PortIdx, TenantIdx, UPLINK};
+use picnic_switch::driver::{Driver, Io};
 use picnic_switch::engine::{Engine, Work};
-use picnic_switch::frame::Frame;
+use picnic_switch::frame::{Frame, FramePool};
 use rand::rngs::SmallRng;
 use rand::Rng;
 
-use super::fabric::Pkt;
+use super::fabric::{Fabric, Pkt};
+use super::stats::Conservation;
 use super::Net;
-use crate::event::{Event, Nanos};
+use crate::event::{Event, EventQueue, Nanos};
 use crate::packet::{self, Addr, Meta, Proto};
 use crate::spec::{CostModel, Spec};
 
@@ -65,8 +68,8 @@ pub(super) struct Host {
     pub gen: u32,
     /// When the next poll is scheduled, if one is.
     pending: Option<Nanos>,
-    /// Frames taken per port and poll (the switch's `batch`).
-    batch: usize,
+    /// The switch's run-loop policy, taking `batch` frames per port and poll.
+    driver: Driver,
 }
 
 /// The processing-cost model as the engine's [`Work`]: what the host CPU spends per packet.
@@ -117,9 +120,12 @@ fn parse_mac(s: &str) -> Result<[u8; 6]> {
     Ok(m.0)
 }
 
-/// Builds every host of every replica with the lab's switch config (`isolated`: every
-/// isolation mechanism on); `queue_bytes` is an access link's buffer (for the budget).
-pub(super) fn build_hosts(spec: &Spec, isolated: bool, queue_bytes: u64) -> Result<BuiltHosts> {
+/// Builds every host of every replica with the scenario's switch config for `dataplane`; `queue_bytes` is an access link's buffer (for the budget).
+pub(super) fn build_hosts(
+    spec: &Spec,
+    dataplane: Dataplane,
+    queue_bytes: u64,
+) -> Result<BuiltHosts> {
     let sc = &spec.scenario;
     let sim = &spec.sim;
     let replicas = sim.replicas;
@@ -128,10 +134,11 @@ pub(super) fn build_hosts(spec: &Spec, isolated: bool, queue_bytes: u64) -> Resu
     let mut hosts: Vec<Option<Host>> = (0..total_hosts).map(|_| None).collect();
     let mut vm_locs = Vec::new();
     for r in 0..replicas {
-        let topo = Topology::plan_detached(sc, &format!("r{r}"));
+        let run_id = format!("r{r}");
+        let topo = Topology::plan(sc, &run_id, &|role| format!("sim-{run_id}-{role}"));
         let mut locs = HashMap::new();
         for hv in &topo.hosts {
-            let mut cfg = switch_config(sc, &topo, hv, isolated)?;
+            let mut cfg = dataplane_config(sc, &topo, hv, dataplane)?;
             cfg.switch.nice = None;
             let engine = Engine::new(&cfg, Instant::ZERO)
                 .with_context(|| format!("engine of host {}", hv.name))?;
@@ -179,7 +186,7 @@ pub(super) fn build_hosts(spec: &Spec, isolated: bool, queue_bytes: u64) -> Resu
                 busy_until: 0,
                 gen: 0,
                 pending: None,
-                batch: cfg.switch.batch,
+                driver: Driver::new(cfg.switch.batch),
             });
         }
         vm_locs.push(locs);
@@ -292,76 +299,47 @@ impl Net {
         self.wake_host(h, now);
     }
 
-    /// Host `h` polls its engine: up to `batch` frames from the NIC and from each VM ring
-    /// whose engine port is ready, one `poll` at the modelled cost, then its uplink queue to
-    /// the fabric (inner ECN copied out) and its VM queues to [`Net::deliveries`]. The CPU is
-    /// busy until `now` + the cost; the next poll is then, or at the engine's deadline.
+    /// Host `h` polls its engine: one iteration of the switch's own run-loop policy
+    /// ([`Driver::iterate`]) over the host's NIC and VM rings ([`HostIo`]) at the modelled
+    /// cost. The CPU is busy until `now` + the cost; the next poll is then, or at the
+    /// engine's deadline.
     pub fn host_poll(&mut self, h: u32, now: Nanos) {
         self.reserve_frames(POLL_RESERVE);
         let t = Instant::from_nanos(now);
         let host = &mut self.hosts[h as usize];
         host.pending = None;
-        let batch = host.batch;
-        let mut cost = POLL_OVERHEAD_NS;
-        let n = host.nic_rx.len().min(batch);
-        let mut scratch = std::mem::take(&mut self.scratch);
-        scratch.extend(host.nic_rx.drain(..n));
-        // Header parsing and table lookups before queueing: cheap, a fraction of the base.
-        cost += n as u64 * self.cost.base_ns / 4;
-        host.engine
-            .on_frames(t, UPLINK, &mut scratch, &mut self.pool);
-        let mut more = !host.nic_rx.is_empty();
-        for p in 1..host.ports.len() {
-            if host.ports[p].ring.is_empty() {
-                continue;
-            }
-            if !host.engine.rx_ready(t, p, batch) {
-                continue;
-            }
-            let k = host.ports[p].ring.len().min(batch);
-            scratch.extend(host.ports[p].ring.drain(..k));
-            cost += k as u64 * self.cost.base_ns / 4;
-            host.engine.on_frames(t, p, &mut scratch, &mut self.pool);
-            more |= !host.ports[p].ring.is_empty();
-            self.wake.append(&mut host.ports[p].waiting);
-        }
-        self.scratch = scratch;
-        let mut work = CostWork {
-            model: &self.cost,
-            rng: &mut self.rng,
-            total: 0,
+        let mut io = HostIo {
+            host: h,
+            replica: host.replica,
+            replicas: self.replicas,
+            now,
+            rings: &mut host.ports,
+            nic_rx: &mut host.nic_rx,
+            cost: POLL_OVERHEAD_NS,
+            nic_more: false,
+            vm_more: false,
+            work: CostWork {
+                model: &self.cost,
+                rng: &mut self.rng,
+                total: 0,
+            },
+            wake: &mut self.wake,
+            fabric: &mut self.fabric,
+            queue: &mut self.queue,
+            deliveries: &mut self.deliveries,
+            cons: &mut self.cons,
         };
-        let done = host.engine.poll(t, batch, &mut work, &mut self.pool);
-        cost += work.total;
-        let replica = host.replica;
-        let mut out = std::mem::take(host.engine.tx_queue(UPLINK));
-        for mut frame in out.drain(..) {
-            cost += self.cost.cost(frame.len(), &mut self.rng);
-            packet::copy_ecn_out(frame.data_mut());
-            let local = packet::host_of_mac(&frame.data()[..6]);
-            let dst = local * self.replicas + replica;
-            let hash = packet::outer_flow_hash(frame.data());
-            let up = self.fabric.host_up[h as usize];
-            let pkt = Pkt { frame, dst, hash };
-            self.fabric
-                .enqueue(up, pkt, now, &mut self.queue, &mut self.pool);
-        }
-        let host = &mut self.hosts[h as usize];
-        *host.engine.tx_queue(UPLINK) = out;
-        for p in 1..host.ports.len() {
-            for frame in host.engine.tx_queue(p).drain(..) {
-                if let Some((meta, ce)) = packet::parse(frame.data()) {
-                    self.deliveries.push(Delivery { meta, ce });
-                }
-                self.cons.delivered += 1;
-                self.pool.put(frame);
-            }
-        }
+        let pass = host
+            .driver
+            .iterate(t, &mut host.engine, &mut io, &mut self.pool)
+            .expect("the simulator's rings and links do not fail");
+        let cost = io.cost + io.work.total;
+        let more = io.nic_more || io.vm_more;
         // The modelled time of this poll is charged like the switch charges its measured
         // loop time: split over the VMs whose frames it handled (Iron 3.1).
         host.engine.charge_cpu(t, cost);
         host.busy_until = now + cost;
-        let next = if more || done > 0 {
+        let next = if more || pass.processed > 0 {
             Some(host.busy_until)
         } else {
             host.engine
@@ -376,12 +354,101 @@ impl Net {
     }
 }
 
+/// A host's NIC and VM rings as the driver's [`Io`]. Reading costs the work before
+/// queueing (header parsing and table lookups, a quarter of the base cost per frame);
+/// a frame sent to the uplink costs a packet's processing, has its inner ECN copied out
+/// (RFC 6040) and goes to the fabric; a frame sent to a VM port reaches its application.
+struct HostIo<'a> {
+    host: u32,
+    replica: u32,
+    replicas: u32,
+    now: Nanos,
+    rings: &'a mut [VmRing],
+    nic_rx: &'a mut VecDeque<Frame>,
+    /// Modelled CPU time of the poll so far besides the engines' processing, ns.
+    cost: u64,
+    /// Frames stayed in the NIC ring after the last read.
+    nic_more: bool,
+    /// Frames stayed in a VM ring that was read.
+    vm_more: bool,
+    work: CostWork<'a>,
+    wake: &'a mut Vec<u32>,
+    fabric: &'a mut Fabric,
+    queue: &'a mut EventQueue,
+    deliveries: &'a mut Vec<Delivery>,
+    cons: &'a mut Conservation,
+}
+
+impl Io for HostIo<'_> {
+    fn recv(
+        &mut self,
+        _now: Instant,
+        port: PortIdx,
+        _pool: &mut FramePool,
+        rx: &mut Vec<Frame>,
+        max: usize,
+    ) -> anyhow::Result<usize> {
+        let base = self.work.model.base_ns;
+        if port == UPLINK {
+            let n = self.nic_rx.len().min(max);
+            rx.extend(self.nic_rx.drain(..n));
+            self.cost += n as u64 * base / 4;
+            self.nic_more = !self.nic_rx.is_empty();
+            return Ok(n);
+        }
+        let vm = &mut self.rings[port];
+        if vm.ring.is_empty() {
+            return Ok(0);
+        }
+        let k = vm.ring.len().min(max);
+        rx.extend(vm.ring.drain(..k));
+        self.cost += k as u64 * base / 4;
+        self.vm_more |= !vm.ring.is_empty();
+        self.wake.append(&mut vm.waiting);
+        Ok(k)
+    }
+
+    fn send(
+        &mut self,
+        port: PortIdx,
+        queue: &mut Vec<Frame>,
+        pool: &mut FramePool,
+    ) -> anyhow::Result<()> {
+        if port != UPLINK {
+            for frame in queue.drain(..) {
+                if let Some((meta, ce)) = packet::parse(frame.data()) {
+                    self.deliveries.push(Delivery { meta, ce });
+                }
+                self.cons.delivered += 1;
+                pool.put(frame);
+            }
+            return Ok(());
+        }
+        for mut frame in queue.drain(..) {
+            self.cost += self.work.model.cost(frame.len(), self.work.rng);
+            packet::copy_ecn_out(frame.data_mut());
+            let local = packet::host_of_mac(&frame.data()[..6]);
+            let dst = local * self.replicas + self.replica;
+            let hash = packet::outer_flow_hash(frame.data());
+            let up = self.fabric.host_up[self.host as usize];
+            let pkt = Pkt { frame, dst, hash };
+            self.fabric.enqueue(up, pkt, self.now, self.queue, pool);
+        }
+        Ok(())
+    }
+
+    fn work(&mut self) -> &mut dyn Work {
+        &mut self.work
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::apps::App;
     use super::super::testing;
     use super::*;
     use crate::packet::Kind;
+    use picnic_switch::driver::UPLINK_READ_ROUNDS;
     use rand::SeedableRng;
 
     #[test]
@@ -475,10 +542,11 @@ rate_pps = 1
 
         net.host_poll(src.host, 0);
         let host = &net.hosts[src.host as usize];
-        assert_eq!(host.ports[src.port].ring.len(), VM_RING - host.batch);
+        let batch = host.driver.batch();
+        assert_eq!(host.ports[src.port].ring.len(), VM_RING - batch);
         assert_eq!(net.wake, [7]);
         // Busy at least for the loop overhead and the pre-queue work of the batch.
-        let least = POLL_OVERHEAD_NS + host.batch as u64 * net.cost.base_ns / 4;
+        let least = POLL_OVERHEAD_NS + batch as u64 * net.cost.base_ns / 4;
         assert!(host.busy_until >= least, "{} < {least}", host.busy_until);
         assert_eq!(
             host.pending,
@@ -503,6 +571,8 @@ rate_pps = 1
         assert_eq!((host.gen, host.pending), (1, Some(100)));
         net.host_poll(1, 100);
         let host = &net.hosts[1];
-        assert_eq!(host.nic_rx.len(), NIC_RX_RING - host.batch);
+        // The switch's policy: the uplink ring is read several batches deep per poll.
+        let read = UPLINK_READ_ROUNDS * host.driver.batch();
+        assert_eq!(host.nic_rx.len(), NIC_RX_RING - read);
     }
 }

@@ -19,8 +19,8 @@ mod testing;
 use std::collections::HashMap;
 
 use anyhow::Result;
-use picnic_lab::workload::WorkloadResult;
-use picnic_switch::frame::{Frame, FramePool};
+use picnic_scenario::{Mode, WorkloadResult};
+use picnic_switch::frame::FramePool;
 use picnic_wire::overlay::ENCAP_OVERHEAD;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -60,8 +60,6 @@ struct Net {
     app_blocked: u64,
     /// Sends refused because the pool had no frame within its budget.
     pool_exhausted: u64,
-    /// Frames a host poll takes (kept to reuse its allocation).
-    scratch: Vec<Frame>,
     /// Frames the last host poll delivered to VMs.
     deliveries: Vec<Delivery>,
     /// Applications whose VM ring has room again.
@@ -86,14 +84,12 @@ pub struct World {
 impl World {
     /// Builds the deployment of `spec` for `mode` (`picnic`, `picnic-off`, `victim-alone`)
     /// with RNG seed `seed`.
-    pub fn new(spec: &Spec, mode: &str, seed: u64) -> Result<World> {
+    pub fn new(spec: &Spec, mode: &Mode, seed: u64) -> Result<World> {
         let sc = &spec.scenario;
         let sim = &spec.sim;
-        let isolated = mode == "picnic";
-        let attackers = mode != "victim-alone";
         let access_bps = sc.access_link_mbps * 1_000_000;
         let queue_bytes = (access_bps / 8 * sc.access_queue_ms / 1000).max(3000);
-        let built = host::build_hosts(spec, isolated, queue_bytes)?;
+        let built = host::build_hosts(spec, mode.dataplane, queue_bytes)?;
         let total_hosts = built.hosts.len();
         let budget = total_hosts * sim.frames_per_host.unwrap_or(built.frame_budget);
         let fabric = Fabric::build(sim, total_hosts as u32, access_bps, queue_bytes);
@@ -109,7 +105,6 @@ impl World {
             cons: Conservation::default(),
             app_blocked: 0,
             pool_exhausted: 0,
-            scratch: Vec::new(),
             deliveries: Vec::new(),
             wake: Vec::new(),
         };
@@ -127,11 +122,11 @@ impl World {
             tenant_names: sc.tenants.iter().map(|t| t.name.clone()).collect(),
             end: duration + GRACE_NS,
             duration,
-            mode: mode.to_owned(),
+            mode: mode.name.clone(),
             convergence: sim.convergence.clone(),
         };
         let vm_locs: &[HashMap<String, VmLoc>] = &built.vm_locs;
-        world.add_apps(spec, attackers, vm_locs, access_bps)?;
+        world.add_apps(spec, mode.attackers, vm_locs, access_bps)?;
         world.net.queue.push(0, Event::Tick);
         world.net.queue.push(0, Event::Sample);
         Ok(world)

@@ -6,8 +6,7 @@
 use std::collections::BTreeMap;
 
 use hdrhistogram::Histogram;
-use picnic_lab::scenario::WorkloadKind;
-use picnic_lab::workload::{WorkloadResult, BIN_MS};
+use picnic_scenario::{WorkloadKind, WorkloadResult, BIN_MS};
 use picnic_switch::stats::DropReason;
 use serde::Serialize;
 

@@ -1,6 +1,8 @@
 //! A small deployment for unit tests: three hosts on one 1 Gb/s big switch, one tenant `t`
 //! with VM `a` on h1, `b` on h2 and `c` on h3; the test adds workloads and `[sim]` fields.
 
+use picnic_scenario::Mode;
+
 use super::World;
 use crate::spec::Spec;
 
@@ -21,7 +23,7 @@ vms = [{ name = "a", host = "h1" }, { name = "b", host = "h2" }, { name = "c", h
 /// The deployment of the base scenario plus `extra` (TOML), in `mode`, seed 1.
 pub(super) fn world(extra: &str, mode: &str) -> World {
     let spec = Spec::parse(&format!("{BASE}{extra}")).expect("a valid test scenario");
-    World::new(&spec, mode, 1).expect("a deployment")
+    World::new(&spec, &Mode::named(mode).expect("a known mode"), 1).expect("a deployment")
 }
 
 /// A `[[workloads]]` table: `name` of `kind` from VM `from` to VM `to`, plus `fields`

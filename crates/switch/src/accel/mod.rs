@@ -547,7 +547,13 @@ pub struct AccelKeys {
 impl AccelKeys {
     /// Installs `key` as `epoch` for the tenant `name`, sealing with it when `activate`
     /// (see [`KeyRing::install`]).
-    pub fn install(&self, name: &str, epoch: u32, key: TunnelKey, activate: bool) -> anyhow::Result<()> {
+    pub fn install(
+        &self,
+        name: &str,
+        epoch: u32,
+        key: TunnelKey,
+        activate: bool,
+    ) -> anyhow::Result<()> {
         self.with_ring(name, |ring| Ok(ring.install(epoch, key, activate)?))
     }
 

@@ -15,6 +15,7 @@ use picnic_wire::classify::{classify, FrameSummary, Network};
 use picnic_wire::ecn::mark_ce;
 use picnic_wire::overlay::{entropy_source_port, ENCAP_OVERHEAD};
 
+use super::antispoof;
 use super::slo::Waited;
 use super::{cost_kind, ps_per_byte, sender_config, vm_scheduler, Engine};
 use crate::config::{Config, Mac};
@@ -143,6 +144,26 @@ impl Egress {
         }
     }
 
+    /// Takes every queued frame out (leaf queues, shaped classes, limiters).
+    pub(super) fn take_frames(&mut self) -> Vec<Frame> {
+        let mut frames = Vec::new();
+        let mut queues: Vec<QueueId> = self.queue_of.iter().flatten().copied().collect();
+        queues.sort_unstable();
+        queues.dedup();
+        for q in queues {
+            if let Ok(items) = self.wfq.remove_queue(q) {
+                frames.extend(items.into_iter().map(|item| item.0));
+            }
+        }
+        self.queue_of.iter_mut().for_each(|q| *q = None);
+        for shaper in self.shapers.values_mut() {
+            frames.extend(shaper.drain().map(|item| item.0));
+        }
+        self.shapers.clear();
+        frames.extend(self.scratch.drain(..).map(|item| item.0));
+        frames
+    }
+
     /// Whether any of `vm`'s shaped classes or limiters has frames waiting.
     pub(super) fn shaped_backlog(&self, vm: VmIdx) -> bool {
         self.shapers
@@ -240,7 +261,9 @@ impl Engine {
         let Ok(summary) = classify(frame.data()) else {
             return self.drop_frame(now, pool, frame, Some(vm), DropReason::Malformed);
         };
-        if self.isolation.anti_spoofing && self.is_spoofed(vm, &summary) {
+        if self.isolation.anti_spoofing
+            && antispoof::is_spoofed(&self.dir.vms[vm], &summary, frame.data())
+        {
             return self.drop_frame(now, pool, frame, Some(vm), DropReason::Spoofed);
         }
         if let Network::Arp(arp) = summary.network {
@@ -335,18 +358,6 @@ impl Engine {
                 Some(vm),
                 DropReason::EgressQueueFull,
             );
-        }
-    }
-
-    fn is_spoofed(&self, vm: VmIdx, s: &FrameSummary) -> bool {
-        let v = &self.dir.vms[vm];
-        if s.src_mac != v.mac.0 {
-            return true;
-        }
-        match s.network {
-            Network::Ipv4 { src, .. } => src != v.ip,
-            Network::Arp(arp) => arp.sender_mac != v.mac.0 || arp.sender_ip != v.ip,
-            _ => false,
         }
     }
 

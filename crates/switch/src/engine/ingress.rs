@@ -21,11 +21,11 @@ use picnic_wire::overlay::decap;
 use picnic_wire::Error as WireError;
 
 use super::slo::Waited;
-use super::{cost_kind, ps_per_byte, vm_scheduler, Engine, Work};
+use super::{cost_kind, feedback, ps_per_byte, vm_scheduler, Engine, Work};
 use crate::config::{Config, Mac};
 use crate::directory::{Directory, VmIdx};
 use crate::frame::{Frame, FramePool};
-use crate::stats::DropReason;
+use crate::stats::{DropReason, FeedbackReject};
 
 pub struct Ingress {
     /// Queued frames with their destination VM and when they were queued (= when they
@@ -199,6 +199,21 @@ impl Ingress {
         })
     }
 
+    /// Takes every queued frame out; the VMs' queues are gone afterwards.
+    pub(super) fn take_frames(&mut self) -> Vec<Frame> {
+        let mut queues: Vec<QueueId> = self.queue_of.iter().flatten().copied().collect();
+        queues.sort_unstable();
+        queues.dedup();
+        let mut frames = Vec::new();
+        for q in queues {
+            if let Ok(items) = self.wfq.remove_queue(q) {
+                frames.extend(items.into_iter().map(|item| item.0));
+            }
+        }
+        self.queue_of.iter_mut().for_each(|q| *q = None);
+        frames
+    }
+
     pub(super) fn queue_len(&self, vm: VmIdx) -> usize {
         self.queue_of[vm]
             .and_then(|q| self.wfq.queue_len(q))
@@ -275,7 +290,7 @@ impl Engine {
         pool: &mut FramePool,
         opened: bool,
     ) -> Option<VmIdx> {
-        let (vni, feedback, src_ip, inner_offset, standalone) = match decap(frame.data()) {
+        let (vni, feedback, auth, src_ip, inner_offset, standalone) = match decap(frame.data()) {
             Ok(d) if d.geneve.protocol == picnic_wire::seal::PROTOCOL_SEALED => {
                 let vni = d.geneve.vni;
                 self.to_open(now, vni, frame, pool);
@@ -284,6 +299,7 @@ impl Engine {
             Ok(d) => (
                 d.geneve.vni,
                 d.geneve.feedback,
+                d.geneve.feedback_auth,
                 d.outer_src_ip,
                 frame.len() - d.inner.len(),
                 d.geneve.is_standalone_feedback(),
@@ -299,8 +315,28 @@ impl Engine {
         };
         if let Some(fb) = feedback {
             self.counters.feedback_received += 1;
-            self.egress
-                .on_feedback(now, fb.dst_endpoint, fb.rate_bps / 8, fb.seq);
+            // Checked before anything is applied: only the host owning the endpoint may slow
+            // traffic to it, authenticated when the deployment has a key.
+            let my_ip = self.dir.hosts.get(&self.host_id).map(|h| h.underlay_ip);
+            let verdict = match my_ip {
+                Some(my_ip) => feedback::check(
+                    &self.dir,
+                    self.feedback_auth.as_mut(),
+                    now,
+                    src_ip,
+                    my_ip,
+                    vni,
+                    &fb,
+                    auth.as_ref(),
+                ),
+                None => Err(FeedbackReject::Forged),
+            };
+            match verdict {
+                Ok(()) => self
+                    .egress
+                    .on_feedback(now, fb.dst_endpoint, fb.rate_bps / 8, fb.seq),
+                Err(reason) => self.counters.feedback_rejected.add(reason),
+            }
         }
         if standalone {
             pool.put(frame);
@@ -410,7 +446,7 @@ impl Engine {
             (None, None) => return,
         };
         if let Some(rate) = self.ingress.advertised(w) {
-            self.send_feedback(pool, source, w, rate, seq);
+            self.send_feedback(now, pool, source, w, rate, seq);
         }
     }
 

@@ -11,8 +11,10 @@
 //! evaluation, delivery) is spent after the scheduler chose the frame, and is measured by the
 //! caller's [`Work`] so it can be charged to the tenant it was spent for (Iron 3).
 
+pub mod antispoof;
 mod cpu;
 mod egress;
+pub mod feedback;
 mod ingress;
 mod kernel;
 mod sealing;
@@ -77,6 +79,9 @@ pub struct Engine {
     share: share::FairShare,
     /// SLO monitors of the tenants that have one (DESIGN.md 3.9).
     slo: slo::SloTracker,
+    /// The deployment's feedback key with this host's nonces and replay windows, when
+    /// feedback is authenticated (see [`feedback`]).
+    feedback_auth: Option<feedback::FeedbackAuthState>,
     /// Whether both schedulers share the dominant resource (CPU or link time) instead of
     /// bytes.
     cpu_fair: bool,
@@ -157,6 +162,7 @@ impl Engine {
             cpu: cpu::CpuLedger::new(dir_vms),
             share,
             slo,
+            feedback_auth: None,
             cpu_fair: cfg.isolation.cpu_fair,
             tx: (0..ports)
                 .map(|_| Vec::with_capacity(cfg.switch.batch * 2))
@@ -165,6 +171,20 @@ impl Engine {
             accel_use: vec![AccelUse::default(); dir_tenants],
             counters: SwitchCounters::default(),
         })
+    }
+
+    /// Authenticates the feedback this host sends and requires it on the feedback it
+    /// receives, with the deployment's `key`; `wall_at_zero_ns` is the wall-clock time at
+    /// this engine's `Instant::ZERO` (ns since the UNIX epoch), for the nonces' timestamps.
+    pub fn set_feedback_key(&mut self, key: &[u8], wall_at_zero_ns: u64) -> Result<(), String> {
+        self.feedback_auth = Some(feedback::FeedbackAuthState::new(key, wall_at_zero_ns)?);
+        Ok(())
+    }
+
+    /// Takes over `old`'s feedback key, nonces and replay windows (a rebuilt engine must not
+    /// reuse a nonce or accept a replay).
+    pub fn carry_feedback_auth_from(&mut self, old: &mut Engine) {
+        self.feedback_auth = old.feedback_auth.take();
     }
 
     /// Whether the caller should read `port` now. A VM port whose egress queue cannot take
@@ -236,6 +256,26 @@ impl Engine {
         let mut done = self.egress_poll(now, budget, pool);
         done += self.ingress_poll(now, budget, work, pool);
         done
+    }
+
+    /// Returns every frame this engine holds (queued in either direction, in shaped and
+    /// limiter queues, waiting for transmit) to `pool`; the engine is empty afterwards.
+    /// Call it before dropping an engine, or the pool shrinks by what it held.
+    pub fn release_frames(&mut self, pool: &mut FramePool) {
+        for frame in self.egress.take_frames() {
+            pool.put(frame);
+        }
+        for frame in self.ingress.take_frames() {
+            pool.put(frame);
+        }
+        for q in &mut self.tx {
+            for frame in q.drain(..) {
+                pool.put(frame);
+            }
+        }
+        for job in self.accel_jobs.drain(..) {
+            pool.put(job.frame);
+        }
     }
 
     /// Frames waiting to be sent on `port`.
@@ -332,6 +372,7 @@ impl Engine {
     /// Sends congestion feedback about local VM `vm` to host `to` in a standalone packet.
     fn send_feedback(
         &mut self,
+        now: Instant,
         pool: &mut FramePool,
         to: u32,
         vm: VmIdx,
@@ -345,15 +386,22 @@ impl Engine {
         let v = &self.dir.vms[vm];
         let fb = FeedbackOption {
             dst_endpoint: v.id,
-            rate_bps: rate_bytes_per_sec.saturating_mul(8),
+            // At least 1 b/s: receivers refuse 0 as out of range.
+            rate_bps: rate_bytes_per_sec
+                .saturating_mul(8)
+                .clamp(1, feedback::MAX_FEEDBACK_BPS),
             seq,
         };
-        let geneve = standalone_feedback(self.dir.tenants[v.tenant].vni, fb);
+        let vni = self.dir.tenants[v.tenant].vni;
+        let mut geneve = standalone_feedback(vni, fb);
         let (Some(me), Some(peer)) = (self.dir.hosts.get(&self.host_id), self.dir.hosts.get(&to))
         else {
             pool.put(frame);
             return;
         };
+        if let Some(auth) = self.feedback_auth.as_mut() {
+            geneve.feedback_auth = Some(auth.sign(now, me.underlay_ip, peer.underlay_ip, vni, &fb));
+        }
         let outer = OuterHeaders {
             src_mac: me.mac.0,
             dst_mac: peer.mac.0,

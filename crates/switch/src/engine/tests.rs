@@ -71,7 +71,7 @@ ip = "198.18.0.4"
 PORT2B
 "#;
 
-pub(super) fn config(host: u32, capacity_mbps: u64) -> Config {
+pub(crate) fn config(host: u32, capacity_mbps: u64) -> Config {
     let port = |h: u32, name: &str| {
         if h == host {
             format!("port = {{ ifname = \"{name}\" }}")
@@ -90,7 +90,7 @@ pub(super) fn config(host: u32, capacity_mbps: u64) -> Config {
 }
 
 /// No extra processing: the loop's own cost is all there is.
-pub(super) struct NoWork;
+pub(crate) struct NoWork;
 impl Work for NoWork {
     fn process(&mut self, _t: TenantIdx, _f: &mut Frame) -> u64 {
         0
@@ -158,7 +158,7 @@ impl Host {
     }
 }
 
-pub(super) fn udp(
+pub(crate) fn udp(
     src_mac: [u8; 6],
     dst_mac: [u8; 6],
     src: [u8; 4],
@@ -174,13 +174,13 @@ pub(super) fn udp(
     b.write(&mut out, &data).unwrap();
     out
 }
-pub(super) const A1: [u8; 6] = [2, 0, 0, 0, 0, 1];
+pub(crate) const A1: [u8; 6] = [2, 0, 0, 0, 0, 1];
 pub(super) const B1: [u8; 6] = [2, 0, 0, 0, 0, 2];
-pub(super) const A2: [u8; 6] = [2, 0, 0, 0, 0, 3];
+pub(crate) const A2: [u8; 6] = [2, 0, 0, 0, 0, 3];
 pub(super) const B2: [u8; 6] = [2, 0, 0, 0, 0, 4];
-pub(super) const IP_A1: [u8; 4] = [198, 18, 0, 1];
+pub(crate) const IP_A1: [u8; 4] = [198, 18, 0, 1];
 pub(super) const IP_B1: [u8; 4] = [198, 18, 0, 2];
-pub(super) const IP_A2: [u8; 4] = [198, 18, 0, 3];
+pub(crate) const IP_A2: [u8; 4] = [198, 18, 0, 3];
 pub(super) const IP_B2: [u8; 4] = [198, 18, 0, 4];
 
 /// Sends what host `from` put on its uplink to host `to`.

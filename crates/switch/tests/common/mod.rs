@@ -1,6 +1,7 @@
 //! Scaffolding shared by the root integration tests of the port backends (tests/ports.rs,
 //! tests/afxdp.rs): a `pn-t-*` network namespace guard with veth setup, the skip-without-root
-//! check, and builders and checks of the tests' numbered frames.
+//! check, and builders and checks of the tests' numbered frames. Each test binary uses part of it.
+#![allow(dead_code)]
 
 use std::os::fd::AsRawFd;
 use std::process::Command;

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use anyhow::Result;
-use picnic_lab::scenario::{Protocol, Scenario, Workload, WorkloadKind};
+use picnic_scenario::{Protocol, Scenario, Workload, WorkloadKind};
 use rand::Rng;
 
 use self::flow_arrivals::FlowArrivals;

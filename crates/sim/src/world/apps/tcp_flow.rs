@@ -242,7 +242,7 @@ mod tests {
     #[test]
     fn a_lab_transfer_completes_with_its_last_flow_and_tagged_flows_go_to_flows_csv() {
         let mut meas = Measurements::new(1, 1_000_000_000, 1);
-        let kind = picnic_lab::scenario::WorkloadKind::Transfer;
+        let kind = picnic_scenario::WorkloadKind::Transfer;
         let slot = meas.add_result(0, "x", "t", kind, 1, false);
         meas.transfer_flows_left.insert(slot, 3);
         let vm = VmLoc {

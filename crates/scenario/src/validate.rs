@@ -1,329 +1,13 @@
-//! The scenario file: hosts, tenants with VMs and SLOs, workloads, victim and pass marks.
-//! Every field is documented in docs/scenarios.md. Parsing rejects unknown fields and
-//! validation names the field that is wrong.
+//! Validation of a parsed scenario: cross-references and ranges, each error naming the
+//! field that is wrong (docs/scenarios.md documents every field).
 
 use anyhow::{anyhow, bail, Context, Result};
-use serde::Deserialize;
 use std::collections::BTreeSet;
-use std::path::Path;
 
-/// Longest host or VM name: interface names built from it (`p-NAME`, `v-NAME`) must fit
-/// the kernel's 15 characters.
-pub const MAX_NAME_LEN: usize = 12;
-
-/// A whole scenario file.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Scenario {
-    /// Short name, used in reports.
-    pub name: String,
-    /// One line saying what the scenario shows.
-    #[serde(default)]
-    pub description: String,
-    /// Length of a run in milliseconds; workloads stop at the latest here.
-    pub duration_ms: u64,
-    /// Rate of every host's access link (the shaped fabric port toward the host), Mb/s.
-    #[serde(default = "default_access_link_mbps")]
-    pub access_link_mbps: u64,
-    /// Queue of the access link, in milliseconds at its rate (bounds the delay it can add).
-    #[serde(default = "default_access_queue_ms")]
-    pub access_queue_ms: u64,
-    /// MTU of every link.
-    #[serde(default = "default_mtu")]
-    pub mtu: u32,
-    /// EEVDF slice, us, of every thread of the lab (switches, workloads, tools) in every
-    /// mode; 0 leaves the kernel's default. See `picnic_switch::sched`.
-    #[serde(default = "default_sched_slice_us")]
-    pub sched_slice_us: u64,
-    /// Host names.
-    pub hosts: Vec<String>,
-    /// Tenants with their VMs and SLOs.
-    pub tenants: Vec<Tenant>,
-    /// Traffic to run.
-    pub workloads: Vec<Workload>,
-    /// The tenant whose numbers are compared against its run alone (ratios, pass marks).
-    pub victim: String,
-    /// Pass marks: `"METRIC OP NUMBER"`, e.g. `"victim_p99_ratio <= 1.5"`.
-    #[serde(default)]
-    pub pass: Vec<String>,
-    /// Settings of the picnic switches in the picnic modes.
-    #[serde(default)]
-    pub picnic: PicnicSettings,
-}
-
-/// How the lab runs its picnic switches.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PicnicSettings {
-    /// Nice value of the switch threads (they share the cores with the tenants here).
-    pub nice: i8,
-    /// CPUs the switch threads run on; empty: wherever the scheduler puts them.
-    pub cpus: Vec<usize>,
-}
-
-impl Default for PicnicSettings {
-    fn default() -> Self {
-        PicnicSettings {
-            nice: -10,
-            cpus: Vec::new(),
-        }
-    }
-}
-
-/// A tenant: its VMs and its SLO.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Tenant {
-    /// Tenant name.
-    pub name: String,
-    /// Guaranteed bandwidth, Mb/s (the weight of EyeQ's receiver allocation).
-    #[serde(default)]
-    pub min_mbps: u64,
-    /// Bandwidth cap, Mb/s; 0 means the access link.
-    #[serde(default)]
-    pub max_mbps: u64,
-    /// SLO: p99 request latency bound in microseconds.
-    pub latency_p99_us: Option<f64>,
-    /// SLO: largest tolerated loss fraction (0.0 to 1.0).
-    pub loss_max: Option<f64>,
-    /// CPU quota of the tenant's workload threads, in cores (e.g. 0.5): they run in a
-    /// cgroup with this CFS quota (see [`crate::cgroup`]); none leaves them unconfined.
-    pub cpu_cores: Option<f64>,
-    /// The tenant's VMs.
-    pub vms: Vec<Vm>,
-}
-
-/// A VM (or container) of a tenant.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Vm {
-    /// VM name, unique in the scenario.
-    pub name: String,
-    /// The host it runs on.
-    pub host: String,
-    /// Attach through a TAP device, as QEMU and Firecracker VMs are (picnic modes; the
-    /// Linux-bridge modes use a veth pair).
-    #[serde(default)]
-    pub tap: bool,
-}
-
-/// What kind of traffic a workload sends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum WorkloadKind {
-    /// UDP datagrams of `size` bytes at `rate_pps` (or as fast as possible).
-    UdpFlood,
-    /// A UDP flood switched on for `on_ms` and off for `off_ms`, repeatedly.
-    OnOff,
-    /// `flows` TCP connections sending as fast as they can; measures goodput.
-    TcpBulk,
-    /// Request/response at `rate_pps` with per-request latency (the victim probe).
-    Rpc,
-    /// iperf3 TCP with `flows` parallel streams (needs the iperf3 package).
-    Iperf3,
-    /// `flows` TCP connections each sending exactly `bytes` and closing; records when the
-    /// last byte arrived (the completion time of a shuffle, EyeQ 5.3).
-    Transfer,
-    /// sockperf ping-pong at `rate_pps` with `size`-byte messages (UDP, or TCP with
-    /// `protocol = "tcp"`); every round trip's latency from its full log (needs the
-    /// sockperf package).
-    Sockperf,
-    /// A memcached server (needs the memcached package) and picnic's client: `get` of a
-    /// `size`-byte value at `rate_pps` over one TCP connection, one request outstanding.
-    Memcached,
-    /// No traffic: CPU-bound work in units of 1 ms of CPU, each unit's wall time recorded as
-    /// its latency (Iron 2.3's victim; `to` must be `from`). See [`crate::cpu_burn`].
-    CpuBurn,
-}
-
-impl WorkloadKind {
-    /// Whether it measures request latency (the probes a victim runs).
-    pub fn is_probe(self) -> bool {
-        matches!(
-            self,
-            WorkloadKind::Rpc
-                | WorkloadKind::Sockperf
-                | WorkloadKind::Memcached
-                | WorkloadKind::CpuBurn
-        )
-    }
-}
-
-/// Transport of an RPC probe.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Protocol {
-    /// One UDP datagram per request and response.
-    #[default]
-    Udp,
-    /// One TCP connection, one outstanding request at a time.
-    Tcp,
-}
-
-/// One traffic source between two VMs.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Workload {
-    /// Workload name, unique in the scenario.
-    pub name: String,
-    /// Kind of traffic.
-    pub kind: WorkloadKind,
-    /// Sending VM.
-    pub from: String,
-    /// Receiving VM (same tenant as `from`).
-    pub to: String,
-    /// Start offset from the beginning of the run, ms.
-    #[serde(default)]
-    pub start_ms: u64,
-    /// Stop offset, ms; defaults to the scenario's duration.
-    pub stop_ms: Option<u64>,
-    /// UDP payload / RPC request and response size in bytes.
-    pub size: Option<usize>,
-    /// Packets (or requests) per second; absent means unlimited for floods.
-    pub rate_pps: Option<u64>,
-    /// Parallel TCP connections (tcp_bulk, iperf3).
-    pub flows: Option<u32>,
-    /// ON period of an on_off workload, ms.
-    pub on_ms: Option<u64>,
-    /// OFF period of an on_off workload, ms.
-    pub off_ms: Option<u64>,
-    /// RPC transport.
-    pub protocol: Option<Protocol>,
-    /// RPC timeout in ms after which a request counts as lost (default 100).
-    pub timeout_ms: Option<u64>,
-    /// Bytes each connection of a `transfer` sends.
-    pub bytes: Option<u64>,
-    /// Shape this workload's packets (sender to receiver) to this rate in its own egress
-    /// class of the picnic switch, Mb/s (PicNIC 2.1); see [`crate::shaped`].
-    pub shaped_mbps: Option<f64>,
-    /// Whether the workload is part of the attack, left out of victim-alone modes.
-    /// Default: true unless it belongs to the victim tenant.
-    pub attack: Option<bool>,
-}
-
-fn default_access_link_mbps() -> u64 {
-    1000
-}
-fn default_sched_slice_us() -> u64 {
-    100
-}
-fn default_access_queue_ms() -> u64 {
-    10
-}
-fn default_mtu() -> u32 {
-    1500
-}
-
-/// Default UDP payload size.
-pub const DEFAULT_SIZE: usize = 64;
-/// Default RPC rate, requests per second.
-pub const DEFAULT_RPC_RATE: u64 = 1000;
-/// Default RPC timeout, ms.
-pub const DEFAULT_TIMEOUT_MS: u64 = 100;
-
-impl Workload {
-    /// Stop offset in ms (explicit or the scenario's duration).
-    pub fn stop_ms(&self, scenario: &Scenario) -> u64 {
-        self.stop_ms.unwrap_or(scenario.duration_ms)
-    }
-    /// Payload size in bytes.
-    pub fn size(&self) -> usize {
-        self.size.unwrap_or(DEFAULT_SIZE)
-    }
-    /// Number of parallel flows.
-    pub fn flows(&self) -> u32 {
-        self.flows.unwrap_or(1)
-    }
-    /// The UDP or TCP port its receiver listens on: [`crate::workload::BASE_PORT`] plus
-    /// the workload's index in `scenario.workloads`.
-    pub fn port(&self, scenario: &Scenario) -> Option<u16> {
-        let index = scenario
-            .workloads
-            .iter()
-            .position(|w| w.name == self.name)?;
-        Some(crate::workload::BASE_PORT + index as u16)
-    }
-    /// IP protocol number of its packets (6 TCP, 17 UDP; 0 for a workload without any).
-    pub fn ip_protocol(&self) -> u8 {
-        use WorkloadKind::*;
-        match self.kind {
-            CpuBurn => 0,
-            UdpFlood | OnOff => 17,
-            Rpc | Sockperf if self.protocol.unwrap_or_default() == Protocol::Udp => 17,
-            Rpc | Sockperf | Memcached | TcpBulk | Iperf3 | Transfer => 6,
-        }
-    }
-}
+use crate::check::Check;
+use crate::file::{Scenario, Workload, WorkloadKind, DEFAULT_RPC_RATE, MAX_NAME_LEN};
 
 impl Scenario {
-    /// Reads, parses and validates a scenario file.
-    pub fn load(path: &Path) -> Result<Scenario> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading scenario {}", path.display()))?;
-        Scenario::parse(&text).with_context(|| format!("scenario {}", path.display()))
-    }
-
-    /// Parses and validates scenario text.
-    pub fn parse(text: &str) -> Result<Scenario> {
-        let scenario: Scenario = toml::from_str(text).map_err(|e| anyhow!("{e}"))?;
-        scenario.validate()?;
-        Ok(scenario)
-    }
-
-    /// The tenant owning VM `vm`.
-    pub fn host_of(&self, vm: &str) -> Option<&str> {
-        self.tenants
-            .iter()
-            .flat_map(|t| &t.vms)
-            .find(|v| v.name == vm)
-            .map(|v| v.host.as_str())
-    }
-
-    pub fn tenant_of(&self, vm: &str) -> Option<&Tenant> {
-        self.tenants
-            .iter()
-            .find(|t| t.vms.iter().any(|v| v.name == vm))
-    }
-
-    /// Whether workload `w` is part of the attack (left out when the victim runs alone):
-    /// its `attack` field, or else whether it belongs to a tenant other than the victim.
-    pub fn is_attack(&self, w: &Workload) -> bool {
-        w.attack.unwrap_or_else(|| {
-            self.tenant_of(&w.from)
-                .is_none_or(|t| t.name != self.victim)
-        })
-    }
-
-    /// The report row workload `w` counts in: its tenant's name, except for the victim's
-    /// own attack workloads (`attack = true`), which count in `VICTIM/attack` so the
-    /// victim's figures stay those of the traffic the attack must not disturb.
-    pub fn report_group(&self, w: &Workload) -> String {
-        let tenant = self.tenant_of(&w.from).map_or("", |t| t.name.as_str());
-        if tenant == self.victim && self.is_attack(w) {
-            format!("{tenant}/attack")
-        } else {
-            tenant.to_owned()
-        }
-    }
-
-    /// Report rows in order, each with the tenant whose SLO applies: every tenant, and
-    /// after the victim its `VICTIM/attack` group when it has attack workloads.
-    pub fn report_groups(&self) -> Vec<(String, &Tenant)> {
-        let mut rows = Vec::new();
-        for t in &self.tenants {
-            rows.push((t.name.clone(), t));
-            if t.name == self.victim
-                && self.workloads.iter().any(|w| {
-                    self.report_group(w) != t.name
-                        && self.tenant_of(&w.from).is_some_and(|o| o.name == t.name)
-                })
-            {
-                rows.push((format!("{}/attack", t.name), t));
-            }
-        }
-        rows
-    }
-
     /// Checks cross-references and ranges; the error names the offending field.
     pub fn validate(&self) -> Result<()> {
         if !(-20..=19).contains(&self.picnic.nice) {
@@ -437,8 +121,7 @@ impl Scenario {
             }
         }
         for (i, p) in self.pass.iter().enumerate() {
-            let check =
-                crate::report::Check::parse(p).with_context(|| format!("field `pass[{i}]`"))?;
+            let check = Check::parse(p).with_context(|| format!("field `pass[{i}]`"))?;
             if let Some((tenant, _)) = check.metric.split_once('.') {
                 if !tenants.contains(tenant) {
                     bail!("field `pass[{i}]`: no tenant named {tenant:?}");
@@ -565,7 +248,8 @@ fn check_name(name: &str) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::file::{Scenario, DEFAULT_SIZE};
+    use std::path::Path;
 
     const BASE: &str = r#"
 name = "t"
@@ -747,7 +431,7 @@ to = "b"
         assert_eq!(rows, ["v", "v/attack", "x"]);
         assert_eq!(side.ip_protocol(), 17);
         assert_eq!(x1.ip_protocol(), 6);
-        assert_eq!(x1.port(&s), Some(crate::workload::BASE_PORT + 2));
+        assert_eq!(x1.port(&s), Some(crate::results::BASE_PORT + 2));
     }
 
     #[test]

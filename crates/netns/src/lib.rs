@@ -1,5 +1,6 @@
-//! Network namespaces, veth pairs, bridges and HTB shaping, driven through `ip`, `tc`,
-//! `bridge` and `ethtool`, plus running code inside a namespace.
+//! picnic-netns: network namespaces, veth pairs, bridges and HTB shaping, driven through
+//! `ip`, `tc`, `bridge` and `ethtool`, plus running code inside a namespace. The lab's
+//! testbeds and the benchmark's are built with it.
 //!
 //! Every object the lab creates lives inside a namespace named `pn-<run id>-...`; links are
 //! created directly inside their namespaces (`ip -n NS link add ... peer ... netns NS2`), so
@@ -190,16 +191,6 @@ impl Testbed {
             run_id: format!("{}x{}", std::process::id(), n),
             namespaces: Vec::new(),
         })
-    }
-
-    /// A testbed that creates nothing (no cleanup, no Ctrl-C handler), for planning a
-    /// topology as data in tests.
-    #[cfg(test)]
-    pub(crate) fn unbuilt(run_id: &str) -> Testbed {
-        Testbed {
-            run_id: run_id.to_owned(),
-            namespaces: Vec::new(),
-        }
     }
 
     /// The run id that every namespace name of this testbed contains.

@@ -1,0 +1,330 @@
+//! Per-tenant figures of a mode ([`TenantMetrics`]: throughput, latency quantiles, loss,
+//! transfer completion, whether the SLO held) and the merging of repetitions into a
+//! [`ModeReport`] (medians, with min and max in [`Spread`]).
+
+use anyhow::{anyhow, Result};
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+use crate::results::WorkloadResult;
+use crate::shares::{scenario_metric, SCENARIO_METRICS};
+use crate::{Scenario, Tenant, WorkloadKind};
+
+/// One tenant's numbers in one mode (the keys of summary.json).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TenantMetrics {
+    /// Application goodput summed over the tenant's workloads, bits/s.
+    pub throughput_bps: f64,
+    /// Median request latency, us (null without an RPC workload).
+    pub p50_us: Option<f64>,
+    /// 99th percentile request latency, us.
+    pub p99_us: Option<f64>,
+    /// 99.9th percentile request latency, us.
+    pub p999_us: Option<f64>,
+    /// Fraction of packets/requests lost over the tenant's UDP and RPC workloads.
+    pub loss: f64,
+    /// When the tenant's last `transfer` completed, ms after its start (absent without
+    /// transfers; null when one did not complete).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion_ms: Option<f64>,
+    /// Whether the tenant's SLO held (see [`slo_met`]).
+    pub slo_met: bool,
+    /// With `--repeat` > 1: the figures above are medians, these their min and max.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub spread: Option<Spread>,
+}
+
+/// Min and max of every figure over repetitions (summary.json: `FIELD_min`, `FIELD_max`
+/// beside the median `FIELD`).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Spread {
+    /// Number of repetitions.
+    pub repetitions: usize,
+    /// Smallest throughput, bits/s.
+    pub throughput_bps_min: f64,
+    /// Largest throughput, bits/s.
+    pub throughput_bps_max: f64,
+    /// Smallest p50, us.
+    pub p50_us_min: Option<f64>,
+    /// Largest p50, us.
+    pub p50_us_max: Option<f64>,
+    /// Smallest p99, us.
+    pub p99_us_min: Option<f64>,
+    /// Largest p99, us.
+    pub p99_us_max: Option<f64>,
+    /// Smallest p99.9, us.
+    pub p999_us_min: Option<f64>,
+    /// Largest p99.9, us.
+    pub p999_us_max: Option<f64>,
+    /// Smallest loss fraction.
+    pub loss_min: f64,
+    /// Largest loss fraction.
+    pub loss_max: f64,
+    /// Earliest completion, ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion_ms_min: Option<f64>,
+    /// Latest completion, ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion_ms_max: Option<f64>,
+}
+
+/// The results of one mode, all repetitions merged.
+#[derive(Debug, Clone)]
+pub struct ModeReport {
+    /// Mode name (`bridge`, `victim-alone`, `picnic`, ...).
+    pub name: String,
+    /// Whether the attackers ran (false for victim-alone modes).
+    pub attackers: bool,
+    /// Per-workload results merged over repetitions.
+    pub workloads: Vec<WorkloadResult>,
+    /// Per-repetition results, for the time series.
+    pub repetitions: Vec<Vec<WorkloadResult>>,
+    /// Per-tenant metrics.
+    pub tenants: BTreeMap<String, TenantMetrics>,
+    /// Per-tenant merged latency histogram (ns), for the CDF CSV.
+    pub latency: BTreeMap<String, Histogram<u64>>,
+    /// Scenario metrics ([`SCENARIO_METRICS`]) that could be computed, median over
+    /// repetitions.
+    pub metrics: BTreeMap<String, f64>,
+}
+
+impl ModeReport {
+    /// Merges repetitions of one mode and computes the tenant and scenario metrics: with
+    /// one repetition its figures, with several the median of each figure over them (the
+    /// min and max go to [`TenantMetrics::spread`]). Latency histograms are merged over all
+    /// repetitions for the CDF.
+    pub fn new(
+        scenario: &Scenario,
+        name: &str,
+        attackers: bool,
+        repetitions: Vec<Vec<WorkloadResult>>,
+    ) -> Result<ModeReport> {
+        let mut merged: Vec<WorkloadResult> = Vec::new();
+        for rep in &repetitions {
+            for r in rep {
+                match merged.iter_mut().find(|m| m.name == r.name) {
+                    Some(m) => {
+                        m.sent += r.sent;
+                        m.received += r.received;
+                        m.received_bytes += r.received_bytes;
+                        m.active_ns += r.active_ns;
+                        if let (Some(a), Some(b)) = (m.latency.as_mut(), r.latency.as_ref()) {
+                            a.add(b).map_err(|e| anyhow!("merging histograms: {e:?}"))?;
+                        }
+                    }
+                    None => merged.push(r.clone()),
+                }
+            }
+        }
+        let per_rep = repetitions
+            .iter()
+            .map(|rep| tenant_metrics(scenario, rep))
+            .collect::<Result<Vec<_>>>()?;
+        let mut tenants = BTreeMap::new();
+        for (group, tenant) in scenario.report_groups() {
+            let reps: Vec<&TenantMetrics> = per_rep.iter().filter_map(|r| r.get(&group)).collect();
+            if reps.is_empty() {
+                continue;
+            }
+            let mut m = if reps.len() == 1 {
+                reps[0].clone()
+            } else {
+                median_metrics(&reps)
+            };
+            let greedy = merged
+                .iter()
+                .any(|w| w.tenant == group && is_greedy(scenario, w));
+            m.slo_met = slo_met(tenant, &m, greedy);
+            tenants.insert(group, m);
+        }
+        let mut latency = BTreeMap::new();
+        for (group, _) in scenario.report_groups() {
+            let mut hist: Option<Histogram<u64>> = None;
+            for h in merged
+                .iter()
+                .filter(|w| w.tenant == group)
+                .filter_map(|w| w.latency.as_ref())
+            {
+                match hist.as_mut() {
+                    Some(acc) => acc
+                        .add(h)
+                        .map_err(|e| anyhow!("merging histograms: {e:?}"))?,
+                    None => hist = Some(h.clone()),
+                }
+            }
+            if let Some(h) = hist.filter(|h| !h.is_empty()) {
+                latency.insert(group, h);
+            }
+        }
+        let mut metrics = BTreeMap::new();
+        for key in SCENARIO_METRICS {
+            let values: Vec<f64> = repetitions
+                .iter()
+                .filter_map(|rep| scenario_metric(key, scenario, rep))
+                .collect();
+            if let Some(v) = median(&values) {
+                metrics.insert(key.to_string(), v);
+            }
+        }
+        Ok(ModeReport {
+            name: name.to_owned(),
+            attackers,
+            workloads: merged,
+            repetitions,
+            tenants,
+            latency,
+            metrics,
+        })
+    }
+}
+
+/// Per-tenant figures of one repetition (SLO not yet judged).
+fn tenant_metrics(
+    scenario: &Scenario,
+    results: &[WorkloadResult],
+) -> Result<BTreeMap<String, TenantMetrics>> {
+    let mut out = BTreeMap::new();
+    for (group, _) in scenario.report_groups() {
+        let mine: Vec<&WorkloadResult> = results.iter().filter(|w| w.tenant == group).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let mut hist: Option<Histogram<u64>> = None;
+        for h in mine.iter().filter_map(|w| w.latency.as_ref()) {
+            match hist.as_mut() {
+                Some(acc) => acc
+                    .add(h)
+                    .map_err(|e| anyhow!("merging histograms: {e:?}"))?,
+                None => hist = Some(h.clone()),
+            }
+        }
+        let hist = hist.filter(|h| !h.is_empty());
+        let q = |q: f64| {
+            hist.as_ref()
+                .map(|h| h.value_at_quantile(q) as f64 / 1000.0)
+        };
+        let sent: u64 = mine.iter().map(|w| w.sent).sum();
+        let lost: u64 = mine.iter().map(|w| w.sent.saturating_sub(w.received)).sum();
+        out.insert(
+            group,
+            TenantMetrics {
+                throughput_bps: mine.iter().map(|w| w.throughput_bps()).sum(),
+                p50_us: q(0.5),
+                p99_us: q(0.99),
+                p999_us: q(0.999),
+                loss: if sent == 0 {
+                    0.0
+                } else {
+                    lost as f64 / sent as f64
+                },
+                completion_ms: completion_ms(&mine),
+                slo_met: true,
+                spread: None,
+            },
+        );
+    }
+    Ok(out)
+}
+
+/// When the last of `workloads`' transfers completed, ms after its start; none without
+/// transfers or when one did not complete.
+pub(crate) fn completion_ms(workloads: &[&WorkloadResult]) -> Option<f64> {
+    let transfers: Vec<_> = workloads
+        .iter()
+        .filter(|w| w.kind == WorkloadKind::Transfer)
+        .collect();
+    if transfers.is_empty() {
+        return None;
+    }
+    transfers
+        .iter()
+        .map(|w| w.completion_ns)
+        .try_fold(0u64, |acc, c| Some(acc.max(c?)))
+        .map(|ns| ns as f64 / 1e6)
+}
+
+/// The median of `values` (mean of the middle two for an even count); none when empty.
+pub fn median(values: &[f64]) -> Option<f64> {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
+fn min_max(values: &[f64]) -> Option<(f64, f64)> {
+    let lo = values.iter().copied().reduce(f64::min)?;
+    Some((lo, values.iter().copied().fold(lo, f64::max)))
+}
+
+/// The median of every figure over repetitions, with their min and max.
+fn median_metrics(reps: &[&TenantMetrics]) -> TenantMetrics {
+    let all = |f: fn(&TenantMetrics) -> f64| reps.iter().map(|m| f(m)).collect::<Vec<_>>();
+    let some =
+        |f: fn(&TenantMetrics) -> Option<f64>| reps.iter().filter_map(|m| f(m)).collect::<Vec<_>>();
+    let (thr, p50, p99, p999, loss, done) = (
+        all(|m| m.throughput_bps),
+        some(|m| m.p50_us),
+        some(|m| m.p99_us),
+        some(|m| m.p999_us),
+        all(|m| m.loss),
+        some(|m| m.completion_ms),
+    );
+    let lo = |v: &[f64]| min_max(v).map(|p| p.0);
+    let hi = |v: &[f64]| min_max(v).map(|p| p.1);
+    TenantMetrics {
+        throughput_bps: median(&thr).unwrap_or(0.0),
+        p50_us: median(&p50),
+        p99_us: median(&p99),
+        p999_us: median(&p999),
+        loss: median(&loss).unwrap_or(0.0),
+        // A transfer that did not complete in some repetition has no completion figure.
+        completion_ms: median(&done).filter(|_| done.len() == reps.len()),
+        slo_met: true,
+        spread: Some(Spread {
+            repetitions: reps.len(),
+            throughput_bps_min: lo(&thr).unwrap_or(0.0),
+            throughput_bps_max: hi(&thr).unwrap_or(0.0),
+            p50_us_min: lo(&p50),
+            p50_us_max: hi(&p50),
+            p99_us_min: lo(&p99),
+            p99_us_max: hi(&p99),
+            p999_us_min: lo(&p999),
+            p999_us_max: hi(&p999),
+            loss_min: lo(&loss).unwrap_or(0.0),
+            loss_max: hi(&loss).unwrap_or(0.0),
+            completion_ms_min: lo(&done),
+            completion_ms_max: hi(&done),
+        }),
+    }
+}
+
+/// A workload that takes all the bandwidth it can get (so a shortfall is the network's).
+pub(crate) fn is_greedy(scenario: &Scenario, w: &WorkloadResult) -> bool {
+    let rate = scenario
+        .workloads
+        .iter()
+        .find(|s| s.name == w.name)
+        .and_then(|s| s.rate_pps);
+    matches!(
+        w.kind,
+        WorkloadKind::TcpBulk | WorkloadKind::Iperf3 | WorkloadKind::Transfer
+    ) || (w.kind == WorkloadKind::UdpFlood && rate.is_none())
+}
+
+/// A tenant's SLO holds when its p99 is within `latency_p99_us`, its loss within
+/// `loss_max` (each when set), and, if it runs a greedy workload, its throughput reaches
+/// 90% of `min_mbps` (the 10% is the receiver's headroom, EyeQ 3.2, and header overhead).
+pub fn slo_met(tenant: &Tenant, m: &TenantMetrics, greedy: bool) -> bool {
+    let latency_ok = match (tenant.latency_p99_us, m.p99_us) {
+        (Some(bound), Some(p99)) => p99 <= bound,
+        _ => true,
+    };
+    let loss_ok = tenant.loss_max.is_none_or(|max| m.loss <= max);
+    let rate_ok = !greedy || m.throughput_bps >= 0.9 * tenant.min_mbps as f64 * 1e6;
+    latency_ok && loss_ok && rate_ok
+}

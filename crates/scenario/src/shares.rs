@@ -1,0 +1,190 @@
+//! Scenario-level metrics, values of pass marks without a tenant prefix: how close
+//! competing tenants get to their weighted shares of bandwidth (`share_error`) and of the
+//! switch's CPU (`cpu_share_error`), how fast their rates settle (`convergence_ms`), and
+//! whether transfers finished in the order of their guarantees (`completion_order`).
+
+use std::collections::BTreeMap;
+
+use crate::metrics::{completion_ms, is_greedy, median, ModeReport};
+use crate::results::{WorkloadResult, BIN_MS};
+use crate::{Scenario, Workload, WorkloadKind};
+
+impl ModeReport {
+    /// Adds `cpu_share_error` (median over repetitions) from the CPU the dataplanes charged
+    /// each tenant in each repetition: the largest relative deviation of a competing tenant's
+    /// switch CPU from its weighted share of what the competitors got together (PicNIC's
+    /// CPU-fair queuing: equal guarantees, equal CPU). Competitors as for `share_error`.
+    pub fn add_cpu_share_error(&mut self, scenario: &Scenario, cpu: &[BTreeMap<String, u64>]) {
+        let values: Vec<f64> = self
+            .repetitions
+            .iter()
+            .zip(cpu)
+            .filter_map(|(rep, cpu)| {
+                let comp = competitors(scenario, rep)?;
+                let used: Vec<f64> = comp
+                    .iter()
+                    .map(|(t, _)| cpu.get(*t).copied().map(|ns| ns as f64))
+                    .collect::<Option<_>>()?;
+                weighted_error(&used, &comp.iter().map(|c| c.1).collect::<Vec<_>>())
+            })
+            .collect();
+        if let Some(v) = median(&values) {
+            self.metrics.insert("cpu_share_error".into(), v);
+        }
+    }
+}
+
+/// Scenario-level metrics (values of pass marks without a tenant prefix).
+pub const SCENARIO_METRICS: &[&str] = &[
+    "share_error",
+    "convergence_ms",
+    "completion_order",
+    "cpu_share_error",
+];
+
+/// Relative band around its weighted share a tenant's rate must stay in to count as
+/// converged (see [`convergence_ms`]).
+pub const CONVERGENCE_BAND: f64 = 0.2;
+/// Bins of the moving average [`convergence_ms`] looks at (5 x 10 ms).
+pub const CONVERGENCE_BINS: usize = 5;
+
+/// Computes scenario metric `key` on one repetition.
+pub(crate) fn scenario_metric(
+    key: &str,
+    scenario: &Scenario,
+    rep: &[WorkloadResult],
+) -> Option<f64> {
+    match key {
+        "share_error" => share_error(scenario, rep),
+        "convergence_ms" => convergence_ms(scenario, rep),
+        "completion_order" => completion_order(scenario, rep),
+        // From the dataplanes' charges, not from the workloads: see `add_cpu_share_error`.
+        _ => None,
+    }
+}
+
+/// Tenants running an open-ended greedy workload, with their guarantees as weights (EyeQ 3.2:
+/// C_i = B_i * C / sum B_j). Needs two or more, each with `min_mbps` > 0.
+fn competitors<'a>(scenario: &'a Scenario, rep: &[WorkloadResult]) -> Option<Vec<(&'a str, f64)>> {
+    let list: Vec<(&str, f64)> = scenario
+        .tenants
+        .iter()
+        .filter(|t| {
+            t.min_mbps > 0
+                && rep
+                    .iter()
+                    .any(|w| w.tenant == t.name && is_open_greedy(scenario, w))
+        })
+        .map(|t| (t.name.as_str(), t.min_mbps as f64))
+        .collect();
+    (list.len() >= 2).then_some(list)
+}
+
+/// Largest relative deviation of a competing tenant's throughput from its weighted share
+/// of what the competitors got together: max_i |x_i - X w_i / W| / (X w_i / W).
+pub fn share_error(scenario: &Scenario, rep: &[WorkloadResult]) -> Option<f64> {
+    let comp = competitors(scenario, rep)?;
+    let rates: Vec<f64> = comp
+        .iter()
+        .map(|(t, _)| {
+            rep.iter()
+                .filter(|w| w.tenant == *t && is_open_greedy(scenario, w))
+                .map(|w| w.throughput_bps())
+                .sum()
+        })
+        .collect();
+    weighted_error(&rates, &comp.iter().map(|c| c.1).collect::<Vec<_>>())
+}
+
+fn weighted_error(rates: &[f64], weights: &[f64]) -> Option<f64> {
+    let total: f64 = rates.iter().sum();
+    let w: f64 = weights.iter().sum();
+    if total <= 0.0 || w <= 0.0 {
+        return None;
+    }
+    rates
+        .iter()
+        .zip(weights)
+        .map(|(x, wi)| (x - total * wi / w).abs() / (total * wi / w))
+        .reduce(f64::max)
+}
+
+/// Time from the moment every competing tenant's greedy workloads run (the latest start)
+/// until the rates settle: the first [`BIN_MS`] bin from which on, until the first greedy
+/// stop, every competitor's rate averaged over [`CONVERGENCE_BINS`] bins stays within
+/// [`CONVERGENCE_BAND`] of its weighted share of their total. A run that never settles
+/// reports the whole window.
+pub fn convergence_ms(scenario: &Scenario, rep: &[WorkloadResult]) -> Option<f64> {
+    let comp = competitors(scenario, rep)?;
+    let greedy: Vec<&Workload> = scenario
+        .workloads
+        .iter()
+        .filter(|w| {
+            rep.iter()
+                .any(|r| r.name == w.name && is_open_greedy(scenario, r))
+        })
+        .collect();
+    let start = greedy.iter().map(|w| w.start_ms).max()?;
+    let stop = greedy.iter().map(|w| w.stop_ms(scenario)).min()?;
+    let (first, last) = (start.div_ceil(BIN_MS) as usize, (stop / BIN_MS) as usize);
+    if last < first + CONVERGENCE_BINS {
+        return None;
+    }
+    let series: Vec<Vec<u64>> = comp
+        .iter()
+        .map(|(t, _)| {
+            let mut acc = vec![0u64; last];
+            for w in rep
+                .iter()
+                .filter(|w| w.tenant == *t && is_open_greedy(scenario, w))
+            {
+                for (a, b) in acc.iter_mut().zip(&w.series) {
+                    *a += b;
+                }
+            }
+            acc
+        })
+        .collect();
+    let weights: Vec<f64> = comp.iter().map(|c| c.1).collect();
+    let settled = |k: usize| {
+        let rates: Vec<f64> = series
+            .iter()
+            .map(|s| s[k..k + CONVERGENCE_BINS].iter().sum::<u64>() as f64)
+            .collect();
+        weighted_error(&rates, &weights).is_some_and(|e| e <= CONVERGENCE_BAND)
+    };
+    let mut converged_at = last - CONVERGENCE_BINS + 1;
+    for k in (first..=last - CONVERGENCE_BINS).rev() {
+        if !settled(k) {
+            break;
+        }
+        converged_at = k;
+    }
+    Some(((converged_at - first) as u64 * BIN_MS) as f64)
+}
+
+/// 1 when tenants' transfers completed in the order of their guarantees (a tenant with a
+/// larger `min_mbps` finished no later than one with a smaller), else 0 (EyeQ 5.3). None
+/// without two tenants with transfers, or when a transfer did not complete.
+pub fn completion_order(scenario: &Scenario, rep: &[WorkloadResult]) -> Option<f64> {
+    let mut done = Vec::new();
+    for t in &scenario.tenants {
+        let mine: Vec<&WorkloadResult> = rep.iter().filter(|w| w.tenant == t.name).collect();
+        if mine.iter().any(|w| w.kind == WorkloadKind::Transfer) {
+            done.push((t.min_mbps, completion_ms(&mine)?));
+        }
+    }
+    if done.len() < 2 {
+        return None;
+    }
+    let ordered = done
+        .iter()
+        .all(|a| done.iter().all(|b| a.0 <= b.0 || a.1 <= b.1));
+    Some(if ordered { 1.0 } else { 0.0 })
+}
+
+/// A greedy workload that runs for its whole window (not a fixed-size transfer): the
+/// competitors of [`share_error`] and [`convergence_ms`].
+fn is_open_greedy(scenario: &Scenario, w: &WorkloadResult) -> bool {
+    w.kind != WorkloadKind::Transfer && is_greedy(scenario, w)
+}

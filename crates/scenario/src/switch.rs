@@ -1,0 +1,214 @@
+//! The scenario -> switch config mapping: the config of `picnic switch` on every host of a
+//! planned topology (every host and VM, tenants as VNIs, guarantees and shaped classes from
+//! the scenario), used by the lab's switches and the simulator's engines alike. A workload
+//! with `shaped_mbps` gets its own shaped egress class (PicNIC 2.1: a VM's rate-limited flow
+//! has its own queue so it never blocks the VM's fast-path traffic).
+
+use anyhow::{anyhow, Context, Result};
+use picnic_core::slo::Slo;
+use picnic_switch::config::{
+    BackendKind, Config, EgressSection, HostEntry, IngressSection, Isolation, PortEntry,
+    ShapedClass, SwitchSection, TenantEntry, UplinkSection, VmEntry,
+};
+
+use crate::mode::Dataplane;
+use crate::plan::{HostView, Topology};
+use crate::Scenario;
+
+/// VNI of the scenario's tenant number `t`.
+pub fn vni_of(t: usize) -> u32 {
+    100 + t as u32
+}
+
+/// The switch config of `host` in `topo`, with every isolation mechanism on or off.
+pub fn switch_config(
+    scenario: &Scenario,
+    topo: &Topology,
+    host: &HostView,
+    isolated: bool,
+) -> Result<Config> {
+    let hosts = topo
+        .hosts
+        .iter()
+        .map(|h| {
+            Ok(HostEntry {
+                id: h.index as u32 + 1,
+                underlay_ip: h.underlay_ip,
+                mac: h.uplink_mac.parse().map_err(|e| anyhow!("{e}"))?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let tenants = scenario
+        .tenants
+        .iter()
+        .enumerate()
+        .map(|(t, tenant)| TenantEntry {
+            name: tenant.name.clone(),
+            vni: vni_of(t),
+            cpu_quota: None,
+            cgroup: None,
+            // Every tenant's SLO runs in the switch, so its own view (latency through the
+            // switch, loss by reason) is printed beside the lab's end-to-end figures.
+            slo: Some(Slo {
+                min_bps: tenant.min_mbps * 1_000_000,
+                max_bps: (tenant.max_mbps > 0).then_some(tenant.max_mbps * 1_000_000),
+                latency_us: tenant.latency_p99_us.map(|us| us.ceil() as u64),
+                max_loss: tenant.loss_max,
+                ..Slo::default()
+            }),
+            encrypt: false,
+            key: None,
+            key_file: None,
+            key_epoch: 1,
+            accel_weight: 1,
+        })
+        .collect();
+    let mut vms = Vec::new();
+    for h in &topo.hosts {
+        for vm in &h.vms {
+            let tenant = &scenario.tenants[vm.tenant_index];
+            vms.push(VmEntry {
+                name: vm.name.clone(),
+                id: vms.len() as u32 + 1,
+                tenant: vm.tenant.clone(),
+                host: h.index as u32 + 1,
+                mac: vm.mac.parse().map_err(|e| anyhow!("{e}"))?,
+                ip: vm.ip,
+                min_mbps: tenant.min_mbps.max(1),
+                max_mbps: (tenant.max_mbps > 0).then_some(tenant.max_mbps),
+                max_pps: None,
+                ipv6: Vec::new(),
+                allow_ethertypes: Vec::new(),
+                port: (h.index == host.index).then(|| PortEntry {
+                    ifname: vm.host_port.clone(),
+                    backend: if vm.tap {
+                        BackendKind::Tap
+                    } else {
+                        BackendKind::default()
+                    },
+                }),
+                shaped: shaped_classes(scenario, topo, &vm.name),
+            });
+        }
+    }
+    let cfg = Config {
+        switch: SwitchSection {
+            host_id: host.index as u32 + 1,
+            api: None,
+            api_socket_mode: 0o600,
+            api_token_file: None,
+            feedback_key_file: None,
+            state_file: None,
+            frame_pool: 16384,
+            batch: 64,
+            spin_us: 0,
+            nice: Some(scenario.picnic.nice),
+            slice_us: (scenario.sched_slice_us > 0).then_some(scenario.sched_slice_us),
+            cpus: (!scenario.picnic.cpus.is_empty()).then(|| scenario.picnic.cpus.clone()),
+        },
+        uplink: UplinkSection {
+            ifname: host.uplink.clone(),
+            backend: Default::default(),
+            mtu: host.mtu as usize,
+            capacity_mbps: Some(host.access_link_mbps),
+        },
+        isolation: if isolated {
+            Isolation::default()
+        } else {
+            Isolation::off()
+        },
+        ingress: IngressSection {
+            capacity_mbps: host.access_link_mbps,
+            ..Default::default()
+        },
+        egress: EgressSection::default(),
+        accel: Default::default(),
+        hosts,
+        tenants,
+        vms,
+    };
+    cfg.validate()
+        .with_context(|| format!("generated switch config for host {}", host.name))?;
+    Ok(cfg)
+}
+
+/// The switch config of `host` for `dataplane`: picnic's with its isolation and scheduler
+/// cost; [`Dataplane::Bridge`] where a runner has no bridge (the simulator) is the engine
+/// with every isolation mechanism off (see [`crate::mode`]).
+pub fn dataplane_config(
+    scenario: &Scenario,
+    topo: &Topology,
+    host: &HostView,
+    dataplane: Dataplane,
+) -> Result<Config> {
+    let (isolated, cpu_fair) = match dataplane {
+        Dataplane::Bridge => (false, true),
+        Dataplane::Picnic { isolated, cpu_fair } => (isolated, cpu_fair),
+    };
+    let mut config = switch_config(scenario, topo, host, isolated)?;
+    config.isolation.cpu_fair &= cpu_fair;
+    Ok(config)
+}
+
+/// The shaped classes of VM `vm`: one per workload sent from it with `shaped_mbps`,
+/// matching its packets exactly (receiver IP, IP protocol, receiver port). Pure; for the
+/// `shaped` field of the VM's entry in the switch config. Workloads whose receiver is not
+/// in `topo` are skipped (a validated scenario has none).
+pub fn shaped_classes(scenario: &Scenario, topo: &Topology, vm: &str) -> Vec<ShapedClass> {
+    scenario
+        .workloads
+        .iter()
+        .filter(|w| w.from == vm)
+        .filter_map(|w| {
+            let rate_mbps = w.shaped_mbps?;
+            Some(ShapedClass {
+                dst_ip: Some(topo.vm(&w.to)?.ip),
+                protocol: Some(w.ip_protocol()),
+                dst_port: Some(w.port(scenario)?),
+                rate_mbps,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Scenario;
+
+    #[test]
+    fn a_shaped_workload_becomes_an_exact_class_of_its_sender() {
+        let s = Scenario::parse(
+            r#"
+name = "t"
+duration_ms = 1000
+hosts = ["h1", "h2"]
+victim = "v"
+[[tenants]]
+name = "v"
+vms = [{ name = "a", host = "h1" }, { name = "b", host = "h2" }, { name = "c", host = "h2" }]
+[[workloads]]
+name = "fast"
+kind = "tcp_bulk"
+from = "a"
+to = "b"
+[[workloads]]
+name = "slow"
+kind = "udp_flood"
+from = "a"
+to = "c"
+shaped_mbps = 10
+"#,
+        )
+        .unwrap();
+        let topo = Topology::plan(&s, "t", &|role| role.to_owned());
+        let classes = shaped_classes(&s, &topo, "a");
+        assert_eq!(classes.len(), 1);
+        let c = &classes[0];
+        assert_eq!(c.dst_ip, Some(topo.vm("c").unwrap().ip));
+        assert_eq!(c.protocol, Some(17));
+        assert_eq!(c.dst_port, Some(crate::results::BASE_PORT + 1));
+        assert_eq!(c.rate_mbps, 10.0);
+        assert!(shaped_classes(&s, &topo, "b").is_empty());
+    }
+}

@@ -1,0 +1,276 @@
+//! Feedback is applied only from the endpoint's owner host, authenticated with the
+//! deployment's key and never twice (see `feedback.rs`); every refusal is counted by reason.
+
+use picnic_core::{Duration, Instant};
+use picnic_wire::feedback::{standalone_feedback, FeedbackAuth, FeedbackOption};
+use picnic_wire::overlay::{encap, OuterHeaders};
+
+use super::feedback::{FeedbackAuthState, MAX_FEEDBACK_BPS};
+use super::tests::{carry, udp, Host, A1, A2, IP_A1, IP_A2};
+use crate::directory::UPLINK;
+use crate::stats::FeedbackRejects;
+
+const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
+/// The wall clock at the engines' zero in these tests: 2026-01-01.
+const WALL_AT_ZERO_NS: u64 = 1_767_225_600 * 1_000_000_000;
+const HOST1_IP: [u8; 4] = [198, 19, 0, 1];
+const HOST2_IP: [u8; 4] = [198, 19, 0, 2];
+
+/// A standalone feedback packet to host 1 about `endpoint` in `vni`, from underlay address
+/// `src`, with optional authentication.
+fn feedback_packet(
+    src: [u8; 4],
+    vni: u32,
+    endpoint: u32,
+    rate_bps: u64,
+    seq: u32,
+    auth: Option<FeedbackAuth>,
+) -> Vec<u8> {
+    let fb = FeedbackOption {
+        dst_endpoint: endpoint,
+        rate_bps,
+        seq,
+    };
+    let mut geneve = standalone_feedback(vni, fb);
+    geneve.feedback_auth = auth;
+    let outer = OuterHeaders {
+        src_mac: [2, 0, 0, 0, 1, 2],
+        dst_mac: [2, 0, 0, 0, 1, 1],
+        src_ip: src.into(),
+        dst_ip: HOST1_IP.into(),
+        src_port: 50000,
+        ttl: 64,
+    };
+    let mut out = vec![0u8; 256];
+    let n = encap(&outer, &geneve, &[], &mut out).unwrap();
+    out.truncate(n);
+    out
+}
+
+/// Signs feedback as host 2 would with `key`, at `now`.
+fn signed(key: &[u8], now: Instant, vni: u32, endpoint: u32, seq: u32) -> FeedbackAuth {
+    let mut signer = FeedbackAuthState::new(key, WALL_AT_ZERO_NS).unwrap();
+    let fb = FeedbackOption {
+        dst_endpoint: endpoint,
+        rate_bps: 1_000_000,
+        seq,
+    };
+    signer.sign(now, HOST2_IP.into(), HOST1_IP.into(), vni, &fb)
+}
+
+/// Frames a1 (host 1) sent to a2 that had to wait in a feedback limiter's queue after 20
+/// back-to-back frames: 0 when no feedback was applied to traffic towards a2.
+fn limited_frames(h1: &mut Host, now: Instant) -> u64 {
+    let frame = udp(A1, A2, IP_A1, IP_A2, 7, 1400);
+    for _ in 0..20 {
+        h1.inject(now, h1.port_of("a1"), &frame);
+    }
+    h1.poll(now);
+    h1.take(UPLINK);
+    let a1 = h1.engine.dir.vms.iter().position(|v| v.name == "a1");
+    h1.engine.vm_counters[a1.unwrap()].waited_limiter
+}
+
+fn rejected(h: &Host) -> FeedbackRejects {
+    h.engine.counters.feedback_rejected.clone()
+}
+
+#[test]
+fn feedback_not_from_the_endpoints_owner_is_refused_before_it_is_applied() {
+    let mut h1 = Host::new(1, 1000);
+    let t = Instant::ZERO;
+    // a2 (endpoint 3, tenant a = VNI 100) lives on host 2. Each of these claims otherwise.
+    for bad in [
+        feedback_packet([198, 19, 0, 9], 100, 3, 1_000_000, 1, None), // no such host
+        feedback_packet(HOST2_IP, 100, 1, 1_000_000, 1, None),        // a1 lives on host 1
+        feedback_packet(HOST2_IP, 200, 3, 1_000_000, 1, None),        // a2 is not in VNI 200
+        feedback_packet(HOST2_IP, 100, 99, 1_000_000, 1, None),       // no such endpoint
+    ] {
+        h1.inject(t, UPLINK, &bad);
+    }
+    assert_eq!(rejected(&h1).forged, 4);
+    assert_eq!(limited_frames(&mut h1, t), 0, "forged feedback was applied");
+    // The owner's own feedback is applied: a1's frames to a2 now wait in a limiter.
+    h1.inject(
+        t,
+        UPLINK,
+        &feedback_packet(HOST2_IP, 100, 3, 1_000_000, 1, None),
+    );
+    assert!(limited_frames(&mut h1, t) > 0);
+    assert_eq!(rejected(&h1).forged, 4);
+    // Forged packets are control messages: none reached a VM or counted as a frame drop.
+    assert_eq!(h1.engine.counters.drops.total(), 0);
+}
+
+#[test]
+fn out_of_range_rates_are_refused() {
+    let mut h1 = Host::new(1, 1000);
+    let t = Instant::ZERO;
+    h1.inject(t, UPLINK, &feedback_packet(HOST2_IP, 100, 3, 0, 1, None));
+    h1.inject(
+        t,
+        UPLINK,
+        &feedback_packet(HOST2_IP, 100, 3, MAX_FEEDBACK_BPS + 1, 2, None),
+    );
+    h1.inject(
+        t,
+        UPLINK,
+        &feedback_packet(HOST2_IP, 100, 3, u64::MAX, 3, None),
+    );
+    assert_eq!(rejected(&h1).out_of_range, 3);
+    assert_eq!(limited_frames(&mut h1, t), 0);
+}
+
+fn keyed_host(id: u32) -> Host {
+    let mut h = Host::new(id, 1000);
+    h.engine.set_feedback_key(KEY, WALL_AT_ZERO_NS).unwrap();
+    h
+}
+
+#[test]
+fn with_a_key_unsigned_and_wrongly_signed_feedback_is_refused() {
+    let mut h1 = keyed_host(1);
+    let t = Instant::ZERO + Duration::from_secs(1);
+    h1.inject(
+        t,
+        UPLINK,
+        &feedback_packet(HOST2_IP, 100, 3, 1_000_000, 1, None),
+    );
+    let other_key = signed(b"another key of thirty-two bytes!", t, 100, 3, 2);
+    h1.inject(
+        t,
+        UPLINK,
+        &feedback_packet(HOST2_IP, 100, 3, 1_000_000, 2, Some(other_key)),
+    );
+    // Signed for other contents: a different endpoint or VNI than the packet says.
+    let for_endpoint_1 = signed(KEY, t, 100, 1, 3);
+    h1.inject(
+        t,
+        UPLINK,
+        &feedback_packet(HOST2_IP, 100, 3, 1_000_000, 3, Some(for_endpoint_1)),
+    );
+    assert_eq!(rejected(&h1).unauthenticated, 3);
+    assert_eq!(limited_frames(&mut h1, t), 0);
+    // Ownership is still checked first: a valid tag does not make a host an owner.
+    let owner_check = signed(KEY, t, 100, 1, 4);
+    h1.inject(
+        t,
+        UPLINK,
+        &feedback_packet(HOST2_IP, 100, 1, 1_000_000, 4, Some(owner_check)),
+    );
+    assert_eq!(rejected(&h1).forged, 1);
+    let good = signed(KEY, t, 100, 3, 5);
+    h1.inject(
+        t,
+        UPLINK,
+        &feedback_packet(HOST2_IP, 100, 3, 1_000_000, 5, Some(good)),
+    );
+    assert!(limited_frames(&mut h1, t) > 0);
+    assert_eq!(rejected(&h1).unauthenticated, 3);
+}
+
+#[test]
+fn replayed_and_stale_feedback_is_refused() {
+    let mut h1 = keyed_host(1);
+    let t = Instant::ZERO + Duration::from_secs(20);
+    let mut signer = FeedbackAuthState::new(KEY, WALL_AT_ZERO_NS).unwrap();
+    let fb = |seq| FeedbackOption {
+        dst_endpoint: 3,
+        rate_bps: 1_000_000,
+        seq,
+    };
+    let sign = |s: &mut FeedbackAuthState, now, seq| {
+        s.sign(now, HOST2_IP.into(), HOST1_IP.into(), 100, &fb(seq))
+    };
+    let packet = |auth, seq| feedback_packet(HOST2_IP, 100, 3, 1_000_000, seq, Some(auth));
+    let first = sign(&mut signer, t, 1);
+    let second = sign(&mut signer, t, 2);
+    let third = sign(&mut signer, t, 3);
+    h1.inject(t, UPLINK, &packet(first, 1));
+    h1.inject(t, UPLINK, &packet(third, 3));
+    // Reordered but unseen: accepted. Seen: refused, however late it comes.
+    h1.inject(t, UPLINK, &packet(second, 2));
+    assert_eq!(rejected(&h1).replayed, 0);
+    for later in [t, t + Duration::from_millis(500)] {
+        h1.inject(later, UPLINK, &packet(first, 1));
+        h1.inject(later, UPLINK, &packet(third, 3));
+    }
+    assert_eq!(rejected(&h1).replayed, 4);
+    // A nonce more than the window below the newest one is refused unseen.
+    let old = sign(&mut signer, t, 4);
+    for seq in 5..75 {
+        let a = sign(&mut signer, t, seq);
+        h1.inject(t, UPLINK, &packet(a, seq));
+    }
+    h1.inject(t, UPLINK, &packet(old, 4));
+    assert_eq!(rejected(&h1).replayed, 5);
+    // Signed 15 s before the receiver's clock (beyond the skew bound): refused even by a
+    // receiver that never saw it (its replay window was reset by a restart).
+    let mut restarted = keyed_host(1);
+    let stale = FeedbackAuthState::new(KEY, WALL_AT_ZERO_NS).unwrap().sign(
+        t - Duration::from_secs(15),
+        HOST2_IP.into(),
+        HOST1_IP.into(),
+        100,
+        &fb(1),
+    );
+    restarted.inject(t, UPLINK, &packet(stale, 1));
+    assert_eq!(rejected(&restarted).replayed, 1);
+    assert_eq!(limited_frames(&mut restarted, t), 0);
+    assert_eq!(rejected(&h1).unauthenticated + rejected(&h1).forged, 0);
+}
+
+#[test]
+fn hosts_sharing_a_key_exchange_authenticated_feedback_end_to_end() {
+    // Host 2's access link is 100 Mb/s; a1 sends to a2 at ~400 Mb/s: host 2 pushes back.
+    let (mut h1, mut h2) = (keyed_host(1), Host::new(2, 100));
+    h2.engine.set_feedback_key(KEY, WALL_AT_ZERO_NS).unwrap();
+    let mut now = Instant::ZERO + Duration::from_secs(1);
+    let frame = udp(A1, A2, IP_A1, IP_A2, 7, 1400);
+    for _ in 0..200 {
+        now += Duration::from_micros(100);
+        for _ in 0..4 {
+            h1.inject(now, h1.port_of("a1"), &frame);
+        }
+        h1.poll(now);
+        carry(&mut h1, &mut h2, now);
+        h2.poll(now);
+        carry(&mut h2, &mut h1, now);
+        h2.take(h2.port_of("a2"));
+    }
+    assert!(h2.engine.counters.feedback_sent > 10);
+    assert_eq!(
+        h1.engine.counters.feedback_received,
+        h2.engine.counters.feedback_sent
+    );
+    let r = rejected(&h1);
+    assert_eq!(
+        (r.forged, r.unauthenticated, r.replayed, r.out_of_range),
+        (0, 0, 0, 0)
+    );
+    let snap = h1.engine.snapshot();
+    let a1 = snap.vms.iter().find(|v| v.name == "a1").unwrap();
+    assert!(a1
+        .applied_limits
+        .iter()
+        .any(|(d, r)| *d == 3 && *r < 100_000_000));
+    // A host with another deployment's key refuses every one of them.
+    let mut other = Host::new(1, 1000);
+    other
+        .engine
+        .set_feedback_key(b"another deployment's key, 32 B..", WALL_AT_ZERO_NS)
+        .unwrap();
+    for _ in 0..20 {
+        now += Duration::from_micros(100);
+        h1.inject(now, h1.port_of("a1"), &frame);
+        h1.poll(now);
+        carry(&mut h1, &mut h2, now);
+        h2.poll(now);
+        carry(&mut h2, &mut other, now);
+    }
+    assert!(other.engine.counters.feedback_received > 0);
+    assert_eq!(
+        rejected(&other).unauthenticated,
+        other.engine.counters.feedback_received
+    );
+}
