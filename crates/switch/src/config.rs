@@ -307,6 +307,10 @@ pub struct AccelSection {
     /// Token cost of a job: fixed ns and ps per byte. Measured at start when absent.
     pub per_job_ns: Option<u64>,
     pub per_byte_ps: Option<u64>,
+    /// Synthetic extra CPU per job, ns (spun on the worker, charged like the real work), so
+    /// the engine can be made the scarce resource as a slower accelerator would be, the
+    /// counterpart of `ingress.work_ns`. 0: none.
+    pub job_work_ns: u64,
 }
 impl Default for AccelSection {
     fn default() -> Self {
@@ -316,6 +320,7 @@ impl Default for AccelSection {
             capacity_percent: 90,
             per_job_ns: None,
             per_byte_ps: None,
+            job_work_ns: 0,
         }
     }
 }

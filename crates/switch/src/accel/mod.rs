@@ -125,6 +125,8 @@ pub struct AccelConfig {
     pub isolated: bool,
     /// This host's id: the sender part of every nonce it seals with.
     pub sender_id: u32,
+    /// Synthetic extra CPU spun per job, ns (`accel.job_work_ns`).
+    pub job_work_ns: u64,
 }
 
 /// Per-tenant engine counters.
@@ -198,6 +200,7 @@ struct Shared {
     /// packets per second), without keeping state.
     nonce: Vec<AtomicU64>,
     sender_id: u32,
+    job_work_ns: u64,
     stop: AtomicBool,
     epoch: StdInstant,
     /// Written when results are waiting, so a dataplane blocked in poll(2) wakes.
@@ -260,6 +263,7 @@ impl Accel {
                 .collect(),
             keys: RwLock::new(rings),
             sender_id: cfg.sender_id,
+            job_work_ns: cfg.job_work_ns,
             stop: AtomicBool::new(false),
             epoch,
             notify: Some(notify),
@@ -405,6 +409,7 @@ impl Accel {
             }),
             isolated: cfg.isolation.accel,
             sender_id: cfg.switch.host_id,
+            job_work_ns: a.job_work_ns,
         };
         let mut accel = Accel::start(&config, &weights, rings)?;
         accel.names = cfg.tenants.iter().map(|t| t.name.clone()).collect();
@@ -632,6 +637,12 @@ fn worker(shared: &Shared, index: usize, results: &SyncSender<Completion>) {
         let start = thread_cpu_ns();
         let bytes = job.frame.len() as u64;
         let outcome = run(shared, tenant, job.op, &mut job.frame);
+        if shared.job_work_ns > 0 {
+            let until = start + shared.job_work_ns;
+            while thread_cpu_ns() < until {
+                std::hint::spin_loop();
+            }
+        }
         let cpu_ns = thread_cpu_ns().saturating_sub(start);
         let c = &shared.counters[tenant];
         let counter = match (outcome, job.op) {

@@ -44,6 +44,7 @@ fn config(sender_id: u32, isolated: bool, capacity_percent: u64) -> AccelConfig 
         }),
         isolated,
         sender_id,
+        job_work_ns: 0,
     }
 }
 
