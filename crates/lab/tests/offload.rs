@@ -4,8 +4,8 @@
 //! offload and TSO on, nothing changed inside the VM). They show:
 //!
 //! - checksum-partial UDP and TCP from a VM arrive with correct checksums: the receiving
-//!   stack delivers every datagram and counts no `InCsumErrors`; the sending switch's port
-//!   counted the partial checksums it completed;
+//!   stack delivers every datagram (a UDP_SEGMENT send as its datagrams) and counts no
+//!   `InCsumErrors`; the sending switch's port counted the partial checksums it completed;
 //! - a bulk TCP transfer completes intact; the sending port segmented TSO super-frames
 //!   (`rx_gso_frames`, `rx_gso_segments` in /stats); the goodput is printed beside a run
 //!   with `ethtool -K eth0 tx off` in the sender (the old workaround) for docs/BENCHMARKS.md.
@@ -14,6 +14,7 @@
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::AsRawFd;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -248,17 +249,24 @@ fn checksum_partial_udp_and_tcp_from_vms_arrive_with_correct_checksums() {
         );
         let errors_before = csum_errors(&b.ns);
         let port_before = lab.port(from);
-        // 20 datagrams; the receiving kernel drops any with a bad checksum.
+        // 20 datagrams, then one send of 3 x 1000 bytes with UDP_SEGMENT (USO: one UDP_L4
+        // super-frame where the device takes it); the receiving kernel drops any datagram
+        // with a bad checksum.
         let dst = SocketAddrV4::new(b.ip, 7000);
         let rx = netns::spawn_in_netns(&b.ns, move || {
             let sock = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 7000)).unwrap();
             sock.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
             let mut buf = [0u8; 2048];
             let mut got = 0;
-            while got < 20 && sock.recv(&mut buf).is_ok() {
+            let mut sizes = Vec::new();
+            while got < 23 {
+                match sock.recv(&mut buf) {
+                    Ok(n) => sizes.push(n),
+                    Err(_) => break,
+                }
                 got += 1;
             }
-            got
+            sizes
         })
         .unwrap();
         std::thread::sleep(Duration::from_millis(100));
@@ -268,14 +276,36 @@ fn checksum_partial_udp_and_tcp_from_vms_arrive_with_correct_checksums() {
                 sock.send_to(&[i; 1000], dst).unwrap();
                 std::thread::sleep(Duration::from_millis(5));
             }
+            let gso_size: libc::c_int = 1000;
+            // SAFETY: UDP_SEGMENT reads one int, which `gso_size` is.
+            let ret = unsafe {
+                libc::setsockopt(
+                    sock.as_raw_fd(),
+                    libc::SOL_UDP,
+                    libc::UDP_SEGMENT,
+                    (&gso_size as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            assert_eq!(ret, 0, "UDP_SEGMENT: {}", std::io::Error::last_os_error());
+            sock.send_to(&[7u8; 3000], dst).unwrap();
         })
         .unwrap();
-        let datagrams = rx.join().unwrap();
+        let sizes = rx.join().unwrap();
+        let datagrams = sizes.len();
         let (_, intact) = tcp_bulk(a, b, 7001, 64 << 10);
         let port = lab.port(from);
         let completed = port.rx_csum_partial - port_before.rx_csum_partial;
-        println!("{from} -> {to}: {datagrams}/20 datagrams, 64 KiB TCP intact {intact}, {completed} partial checksums completed by {from}'s port");
-        assert_eq!(datagrams, 20, "{from} -> {to}: every datagram delivered");
+        let uso = port.rx_gso_frames - port_before.rx_gso_frames;
+        println!(
+            "{from} -> {to}: {datagrams}/23 datagrams, 64 KiB TCP intact {intact}, {completed} \
+             partial checksums completed and {uso} super-frames segmented by {from}'s port"
+        );
+        assert_eq!(datagrams, 23, "{from} -> {to}: every datagram delivered");
+        assert!(
+            sizes.iter().all(|&n| n == 1000),
+            "{from} -> {to}: the USO send arrived as 1000-byte datagrams: {sizes:?}"
+        );
         assert!(intact, "{from} -> {to}: TCP intact");
         assert_eq!(
             csum_errors(&b.ns),

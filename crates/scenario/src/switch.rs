@@ -116,7 +116,14 @@ pub fn switch_config(
             capacity_mbps: Some(host.access_link_mbps),
         },
         isolation: if isolated {
-            Isolation::default()
+            Isolation {
+                // The softirq programs see every packet of the kernel, and the lab's kernel
+                // holds every emulated host: with N hosts each packet would pay N switches'
+                // programs (~535 ns each, docs/BENCHMARKS.md) where a real host pays one.
+                // Multi-host scenarios charge the switches' own work only.
+                softirq_accounting: topo.hosts.len() == 1,
+                ..Isolation::default()
+            }
         } else {
             Isolation::off()
         },

@@ -58,12 +58,9 @@ pub fn run(spec: &Spec, seed: u64, out: Option<&Path>, progress: bool) -> Result
         for line in extra_lines(&s) {
             say(&format!("mode {name}: {line}"));
         }
-        reports.push(ModeReport::new(
-            &spec.scenario,
-            name,
-            mode.attackers,
-            world.results(),
-        )?);
+        let mut report = ModeReport::new(&spec.scenario, name, mode.attackers, world.results())?;
+        report.add_cpu_share_error(&spec.scenario, &[world.tenant_cpu_ns()]);
+        reports.push(report);
         stats.push(s);
     }
     let summary = Summary::new(&spec.scenario, &reports, None)?;

@@ -169,7 +169,25 @@ static __always_inline void charge(struct window *w, u64 now)
 	t->attributed_ns += dt;
 }
 
+static __always_inline u32 slot_of(unsigned int inum, int ifindex)
+{
+	u64 key = ((u64)inum << 32) | (u32)ifindex;
+	u32 *slot = bpf_map_lookup_elem(&ports, &key);
+	return slot ? *slot : NO_SLOT;
+}
+
+/* The slot of a device the program got as a typed pointer (read directly: the verifier
+ * checks these loads against the kernel's BTF, no helper call). */
 static __always_inline u32 port_slot(struct net_device *dev)
+{
+	struct net *net = dev->nd_net.net;
+	if (!net)
+		return NO_SLOT;
+	return slot_of(net->ns.inum, dev->ifindex);
+}
+
+/* The same for a device pointer read as a number (a veth's peer). */
+static __always_inline u32 port_slot_read(struct net_device *dev)
 {
 	int ifindex = 0;
 	unsigned int inum = 0;
@@ -180,9 +198,7 @@ static __always_inline u32 port_slot(struct net_device *dev)
 	if (!net)
 		return NO_SLOT;
 	KREAD(inum, net->ns.inum);
-	u64 key = ((u64)inum << 32) | (u32)ifindex;
-	u32 *slot = bpf_map_lookup_elem(&ports, &key);
-	return slot ? *slot : NO_SLOT;
+	return slot_of(inum, ifindex);
 }
 
 /* The tracked slot of `dev` and the direction: the device itself (from VM), or its veth peer
@@ -194,13 +210,11 @@ static __always_inline u32 device_slot(struct net_device *dev, u32 *dir)
 		*dir = FROM_VM;
 		return slot;
 	}
-	const struct rtnl_link_ops *ops = 0;
-	const char *kind_ptr = 0;
+	const struct rtnl_link_ops *ops = dev->rtnl_link_ops;
 	char kind[5] = {};
-	KREAD(ops, dev->rtnl_link_ops);
 	if (!ops)
 		return NO_SLOT;
-	KREAD(kind_ptr, ops->kind);
+	const char *kind_ptr = ops->kind;
 	if (!kind_ptr || bpf_probe_read_kernel(kind, sizeof(kind), kind_ptr) < 0)
 		return NO_SLOT;
 	if (kind[0] != 'v' || kind[1] != 'e' || kind[2] != 't' || kind[3] != 'h' || kind[4])
@@ -210,7 +224,7 @@ static __always_inline u32 device_slot(struct net_device *dev, u32 *dir)
 	if (bpf_probe_read_kernel(&peer, sizeof(peer), __builtin_preserve_access_index(&dev->priv)) < 0 ||
 	    !peer)
 		return NO_SLOT;
-	slot = port_slot(peer);
+	slot = port_slot_read(peer);
 	*dir = TO_VM;
 	return slot;
 }
@@ -246,8 +260,7 @@ int picnic_netif_receive_skb(u64 *ctx)
 	if (!w || !w->active)
 		return 0;
 	struct sk_buff *skb = (struct sk_buff *)ctx[0];
-	struct net_device *dev = 0;
-	KREAD(dev, skb->dev);
+	struct net_device *dev = skb->dev;
 	u32 dir = FROM_VM;
 	u32 slot = dev ? device_slot(dev, &dir) : NO_SLOT;
 	u64 now = bpf_ktime_get_ns();

@@ -350,7 +350,11 @@ impl Switch {
                 )?);
             }
         }
-        let softirq = cfg.isolation.cpu_accounting && cfg.isolation.softirq_accounting;
+        // Only while Iron runs (some tenant has an allocation): the tracepoints cost every
+        // packet of the host (docs/switch.md "eBPF").
+        let softirq = cfg.isolation.cpu_accounting
+            && cfg.isolation.softirq_accounting
+            && cfg.tenants.iter().any(|t| t.cpu_quota.is_some());
         let kernel = KernelLink::open(early_drop, softirq, &tenant_ports(&ports));
         let accel = Accel::from_config(&cfg)?;
         let mut switch = Self::with_ports(cfg, engine, ports, clock);

@@ -613,3 +613,56 @@ fn a_vm_over_its_packet_budget_is_dropped_in_xdp_on_a_running_switch() {
         "most of the excess never reaches the switch"
     );
 }
+
+/// CPU time of the calling thread, ns (softirq work it runs included: this kernel has no
+/// IRQ_TIME_ACCOUNTING).
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// A measurement, not a check (docs/BENCHMARKS.md): what the softirq programs add to every
+/// packet the host receives. A VM floods a veth port for 1 s, alternately without and with
+/// the programs attached; the sending thread's CPU per frame includes the receive softirq
+/// it runs. `cargo test --release -p picnic-switch --test ebpf tracepoint_cost -- --ignored
+/// --nocapture` (root).
+#[test]
+#[ignore]
+fn tracepoint_cost() {
+    if !is_root() || !have_ebpf() {
+        return;
+    }
+    let (sw, vm) = (Netns::new(), Netns::new());
+    sw.veth_pair("pnoa", "pnob");
+    sw.ip(&format!("link set pnob netns {}", vm.name));
+    vm.ip("link set pnob up");
+    for round in 0..6 {
+        let on = round % 2 == 1;
+        let _programs = on.then(|| {
+            let mut a = sw
+                .enter(picnic_switch::ebpf::SoftirqAccounting::open)
+                .unwrap();
+            // SAFETY: a NUL-terminated name that outlives the call.
+            let index = sw.enter(|| unsafe { libc::if_nametoindex(c"pnoa".as_ptr()) });
+            a.set_ports(&[(index, 1)]).unwrap();
+            a
+        });
+        let (sent, cpu) = vm.enter(|| {
+            let mut port = AfPacketPort::open("pnob", AfPacketOptions::default()).unwrap();
+            let start = thread_cpu_ns();
+            let sent = flood(&mut port, &mut FramePool::new(1024), Duration::from_secs(1));
+            (sent, thread_cpu_ns() - start)
+        });
+        println!(
+            "programs {}: {sent} frames, {:.0} ns of the sender's CPU per frame (send and \
+             receive softirq)",
+            if on { "on " } else { "off" },
+            cpu as f64 / sent as f64
+        );
+    }
+}

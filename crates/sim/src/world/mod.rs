@@ -188,6 +188,18 @@ impl World {
     pub fn results(&self) -> Vec<Vec<WorkloadResult>> {
         self.meas.results.clone()
     }
+
+    /// CPU the hosts' engines charged each tenant (their modelled poll time, split by
+    /// `Engine::charge_cpu` as in the real switch), ns, summed over hosts and replicas.
+    pub fn tenant_cpu_ns(&self) -> std::collections::BTreeMap<String, u64> {
+        let mut cpu = std::collections::BTreeMap::new();
+        for h in &self.net.hosts {
+            for t in h.engine.snapshot().tenants {
+                *cpu.entry(t.name).or_default() += t.cost_ns;
+            }
+        }
+        cpu
+    }
 }
 
 impl Net {
