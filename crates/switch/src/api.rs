@@ -1206,4 +1206,54 @@ mod tests {
         assert_eq!(status, 200, "{body}");
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    #[test]
+    fn key_rotation_installs_then_activates_and_never_shows_a_key() {
+        let mut cfg = (*shared().config().unwrap()).clone();
+        let t = &mut cfg.tenants[0];
+        let name = t.name.clone();
+        t.encrypt = true;
+        t.key = Some("00112233445566778899aabbccddeeff".into());
+        cfg.accel.workers = 1;
+        cfg.accel.per_job_ns = Some(400);
+        cfg.accel.per_byte_ps = Some(1000);
+        let accel = crate::accel::Accel::from_config(&cfg).unwrap().unwrap();
+        let state = api_state(Shared::default(), None);
+        state.shared.set_config(cfg);
+        state.shared.set_accel_keys(Some(accel.keys()));
+        let url = format!("/tenants/{name}/key");
+        let put = |body: &str| handle(&state, &Method::Put, &url, body);
+        let new_key = "ffeeddccbbaa99887766554433221100";
+        let (status, _, body) = put(&format!(r#"{{"epoch": 2, "key": "{new_key}"}}"#));
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["sending_epoch"], 1, "installed, not yet sealing: {v}");
+        assert_eq!(v["keys"].as_array().unwrap().len(), 2);
+        let (status, _, body) = put(r#"{"epoch": 2, "activate": true}"#);
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["sending_epoch"], 2, "{v}");
+        assert!(!body.contains(new_key), "a key is shown: {body}");
+        // Refusals name what is wrong.
+        for (body, want) in [
+            (r#"{"epoch": 3, "key": "zz"}"#, "body.key"),
+            (r#"{"epoch": 3}"#, "body.key"),
+            (
+                r#"{"epoch": 2, "key": "00000000000000000000000000000000"}"#,
+                "epoch 2 is in use",
+            ),
+            (r#"{"epoch": 9, "activate": true}"#, "no key of epoch 9"),
+        ] {
+            let (status, _, text) = put(body);
+            assert_eq!(status, 400, "{body}: {text}");
+            assert!(text.contains(want), "{body}: {text}");
+        }
+        let (status, _, text) = handle(&state, &Method::Get, "/tenants/nobody/key", "");
+        assert_eq!(status, 400, "{text}");
+        let (_, _, config) = handle(&state, &Method::Get, "/config", "");
+        assert!(
+            config.contains("(redacted)") && !config.contains("00112233"),
+            "{config}"
+        );
+    }
 }

@@ -164,6 +164,10 @@ impl Shared {
     pub fn accel_keys(&self) -> Option<Arc<AccelKeys>> {
         self.accel_keys.load_full()
     }
+    /// Publishes the running shared engine's keys for the API.
+    pub fn set_accel_keys(&self, keys: Option<AccelKeys>) {
+        self.accel_keys.store(keys.map(Arc::new));
+    }
 }
 
 pub struct Switch {
@@ -711,9 +715,7 @@ impl Switch {
                 self.pool.put(f);
             }
         }
-        self.shared
-            .accel_keys
-            .store(accel.as_ref().map(|a| Arc::new(a.keys())));
+        self.shared.set_accel_keys(accel.as_ref().map(Accel::keys));
         self.accel = accel;
     }
 
