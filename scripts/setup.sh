@@ -28,4 +28,16 @@ if ! command -v cargo >/dev/null 2>&1; then
   export PATH="$HOME/.cargo/bin:$PATH"
 fi
 
+# Fuzzing (scripts/fuzz.sh, docs/fuzzing.md) needs nightly and cargo-fuzz. A fresh machine
+# has stable only: then say so and go on (cargo test runs the fuzz targets' corpus on stable);
+# `rustup toolchain install nightly --profile minimal` and rerunning this adds cargo-fuzz.
+if rustup toolchain list 2>/dev/null | grep '^nightly' >/dev/null; then
+  if ! cargo fuzz --version >/dev/null 2>&1; then
+    echo "setup: installing cargo-fuzz"
+    cargo install cargo-fuzz --locked
+  fi
+else
+  echo "setup: no nightly toolchain: libFuzzer runs (scripts/fuzz.sh) skip; cargo test replays the fuzz corpus on stable"
+fi
+
 cargo build --release --bin picnic

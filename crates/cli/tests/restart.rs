@@ -7,7 +7,7 @@
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -227,8 +227,7 @@ fn a_vm_added_over_the_api_survives_kill_9_and_traffic_resumes_within_1s() {
     if !is_root() {
         return;
     }
-    let dir =
-        PathBuf::from(std::env::temp_dir()).join(format!("picnic-restart-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("picnic-restart-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let cfg = dir.join("host1.toml");

@@ -6,8 +6,6 @@ use anyhow::{anyhow, Context, Result};
 use serde::Deserialize;
 use std::path::Path;
 
-use crate::results::BASE_PORT;
-
 /// Longest host or VM name: interface names built from it (`p-NAME`, `v-NAME`) must fit
 /// the kernel's 15 characters.
 pub const MAX_NAME_LEN: usize = 12;
@@ -235,6 +233,8 @@ pub const DEFAULT_SIZE: usize = 64;
 pub const DEFAULT_RPC_RATE: u64 = 1000;
 /// Default RPC timeout, ms.
 pub const DEFAULT_TIMEOUT_MS: u64 = 100;
+/// First port used by workloads; workload `i` uses `BASE_PORT + i`.
+pub const BASE_PORT: u16 = 20000;
 
 impl Workload {
     /// Stop offset in ms (explicit or the scenario's duration).

@@ -29,13 +29,13 @@ mod validate;
 
 pub use check::Check;
 pub use file::{
-    PicnicSettings, Protocol, Scenario, Tenant, Vm, Workload, WorkloadKind, DEFAULT_RPC_RATE,
-    DEFAULT_SIZE, DEFAULT_TIMEOUT_MS, MAX_NAME_LEN,
+    PicnicSettings, Protocol, Scenario, Tenant, Vm, Workload, WorkloadKind, BASE_PORT,
+    DEFAULT_RPC_RATE, DEFAULT_SIZE, DEFAULT_TIMEOUT_MS, MAX_NAME_LEN,
 };
 pub use files::write_outputs;
 pub use metrics::{ModeReport, TenantMetrics};
 pub use mode::{Dataplane, Mode};
-pub use results::{WorkloadResult, BASE_PORT, BIN_MS};
+pub use results::{WorkloadResult, BIN_MS};
 pub use summary::Summary;
 
 #[cfg(test)]

@@ -8,8 +8,11 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 
 use crate::results::WorkloadResult;
-use crate::shares::{scenario_metric, SCENARIO_METRICS};
-use crate::{Scenario, Tenant, WorkloadKind};
+use crate::shares::{
+    competitors, completion_ms, is_greedy, median, scenario_metric, weighted_error,
+    SCENARIO_METRICS,
+};
+use crate::{Scenario, Tenant};
 
 /// One tenant's numbers in one mode (the keys of summary.json).
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -227,35 +230,6 @@ fn tenant_metrics(
     Ok(out)
 }
 
-/// When the last of `workloads`' transfers completed, ms after its start; none without
-/// transfers or when one did not complete.
-pub(crate) fn completion_ms(workloads: &[&WorkloadResult]) -> Option<f64> {
-    let transfers: Vec<_> = workloads
-        .iter()
-        .filter(|w| w.kind == WorkloadKind::Transfer)
-        .collect();
-    if transfers.is_empty() {
-        return None;
-    }
-    transfers
-        .iter()
-        .map(|w| w.completion_ns)
-        .try_fold(0u64, |acc, c| Some(acc.max(c?)))
-        .map(|ns| ns as f64 / 1e6)
-}
-
-/// The median of `values` (mean of the middle two for an even count); none when empty.
-pub fn median(values: &[f64]) -> Option<f64> {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(v[n / 2]),
-        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
-    }
-}
-
 fn min_max(values: &[f64]) -> Option<(f64, f64)> {
     let lo = values.iter().copied().reduce(f64::min)?;
     Some((lo, values.iter().copied().fold(lo, f64::max)))
@@ -303,19 +277,6 @@ fn median_metrics(reps: &[&TenantMetrics]) -> TenantMetrics {
     }
 }
 
-/// A workload that takes all the bandwidth it can get (so a shortfall is the network's).
-pub(crate) fn is_greedy(scenario: &Scenario, w: &WorkloadResult) -> bool {
-    let rate = scenario
-        .workloads
-        .iter()
-        .find(|s| s.name == w.name)
-        .and_then(|s| s.rate_pps);
-    matches!(
-        w.kind,
-        WorkloadKind::TcpBulk | WorkloadKind::Iperf3 | WorkloadKind::Transfer
-    ) || (w.kind == WorkloadKind::UdpFlood && rate.is_none())
-}
-
 /// A tenant's SLO holds when its p99 is within `latency_p99_us`, its loss within
 /// `loss_max` (each when set), and, if it runs a greedy workload, its throughput reaches
 /// 90% of `min_mbps` (the 10% is the receiver's headroom, EyeQ 3.2, and header overhead).
@@ -327,4 +288,29 @@ pub fn slo_met(tenant: &Tenant, m: &TenantMetrics, greedy: bool) -> bool {
     let loss_ok = tenant.loss_max.is_none_or(|max| m.loss <= max);
     let rate_ok = !greedy || m.throughput_bps >= 0.9 * tenant.min_mbps as f64 * 1e6;
     latency_ok && loss_ok && rate_ok
+}
+
+impl ModeReport {
+    /// Adds `cpu_share_error` (median over repetitions) from the CPU the dataplanes charged
+    /// each tenant in each repetition: the largest relative deviation of a competing tenant's
+    /// switch CPU from its weighted share of what the competitors got together (PicNIC's
+    /// CPU-fair queuing: equal guarantees, equal CPU). Competitors as for `share_error`.
+    pub fn add_cpu_share_error(&mut self, scenario: &Scenario, cpu: &[BTreeMap<String, u64>]) {
+        let values: Vec<f64> = self
+            .repetitions
+            .iter()
+            .zip(cpu)
+            .filter_map(|(rep, cpu)| {
+                let comp = competitors(scenario, rep)?;
+                let used: Vec<f64> = comp
+                    .iter()
+                    .map(|(t, _)| cpu.get(*t).copied().map(|ns| ns as f64))
+                    .collect::<Option<_>>()?;
+                weighted_error(&used, &comp.iter().map(|c| c.1).collect::<Vec<_>>())
+            })
+            .collect();
+        if let Some(v) = median(&values) {
+            self.metrics.insert("cpu_share_error".into(), v);
+        }
+    }
 }

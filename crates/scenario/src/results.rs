@@ -1,5 +1,5 @@
 //! What a runner measures per workload ([`WorkloadResult`]), the same in the lab and the
-//! simulator, and the constants both share: the time-series bin and the workloads' ports.
+//! simulator, in time-series bins of [`BIN_MS`].
 
 use hdrhistogram::Histogram;
 
@@ -7,8 +7,6 @@ use crate::file::WorkloadKind;
 
 /// Width of a time-series bin, ms.
 pub const BIN_MS: u64 = 10;
-/// First port used by workloads; workload `i` uses `BASE_PORT + i`.
-pub const BASE_PORT: u16 = 20000;
 
 /// The measured outcome of one workload.
 #[derive(Debug, Clone)]

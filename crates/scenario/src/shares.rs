@@ -3,36 +3,8 @@
 //! switch's CPU (`cpu_share_error`), how fast their rates settle (`convergence_ms`), and
 //! whether transfers finished in the order of their guarantees (`completion_order`).
 
-use std::collections::BTreeMap;
-
-use crate::metrics::{completion_ms, is_greedy, median, ModeReport};
 use crate::results::{WorkloadResult, BIN_MS};
 use crate::{Scenario, Workload, WorkloadKind};
-
-impl ModeReport {
-    /// Adds `cpu_share_error` (median over repetitions) from the CPU the dataplanes charged
-    /// each tenant in each repetition: the largest relative deviation of a competing tenant's
-    /// switch CPU from its weighted share of what the competitors got together (PicNIC's
-    /// CPU-fair queuing: equal guarantees, equal CPU). Competitors as for `share_error`.
-    pub fn add_cpu_share_error(&mut self, scenario: &Scenario, cpu: &[BTreeMap<String, u64>]) {
-        let values: Vec<f64> = self
-            .repetitions
-            .iter()
-            .zip(cpu)
-            .filter_map(|(rep, cpu)| {
-                let comp = competitors(scenario, rep)?;
-                let used: Vec<f64> = comp
-                    .iter()
-                    .map(|(t, _)| cpu.get(*t).copied().map(|ns| ns as f64))
-                    .collect::<Option<_>>()?;
-                weighted_error(&used, &comp.iter().map(|c| c.1).collect::<Vec<_>>())
-            })
-            .collect();
-        if let Some(v) = median(&values) {
-            self.metrics.insert("cpu_share_error".into(), v);
-        }
-    }
-}
 
 /// Scenario-level metrics (values of pass marks without a tenant prefix).
 pub const SCENARIO_METRICS: &[&str] = &[
@@ -65,7 +37,10 @@ pub(crate) fn scenario_metric(
 
 /// Tenants running an open-ended greedy workload, with their guarantees as weights (EyeQ 3.2:
 /// C_i = B_i * C / sum B_j). Needs two or more, each with `min_mbps` > 0.
-fn competitors<'a>(scenario: &'a Scenario, rep: &[WorkloadResult]) -> Option<Vec<(&'a str, f64)>> {
+pub(crate) fn competitors<'a>(
+    scenario: &'a Scenario,
+    rep: &[WorkloadResult],
+) -> Option<Vec<(&'a str, f64)>> {
     let list: Vec<(&str, f64)> = scenario
         .tenants
         .iter()
@@ -96,7 +71,7 @@ pub fn share_error(scenario: &Scenario, rep: &[WorkloadResult]) -> Option<f64> {
     weighted_error(&rates, &comp.iter().map(|c| c.1).collect::<Vec<_>>())
 }
 
-fn weighted_error(rates: &[f64], weights: &[f64]) -> Option<f64> {
+pub(crate) fn weighted_error(rates: &[f64], weights: &[f64]) -> Option<f64> {
     let total: f64 = rates.iter().sum();
     let w: f64 = weights.iter().sum();
     if total <= 0.0 || w <= 0.0 {
@@ -187,4 +162,46 @@ pub fn completion_order(scenario: &Scenario, rep: &[WorkloadResult]) -> Option<f
 /// competitors of [`share_error`] and [`convergence_ms`].
 fn is_open_greedy(scenario: &Scenario, w: &WorkloadResult) -> bool {
     w.kind != WorkloadKind::Transfer && is_greedy(scenario, w)
+}
+
+/// A workload that takes all the bandwidth it can get (so a shortfall is the network's).
+pub(crate) fn is_greedy(scenario: &Scenario, w: &WorkloadResult) -> bool {
+    let rate = scenario
+        .workloads
+        .iter()
+        .find(|s| s.name == w.name)
+        .and_then(|s| s.rate_pps);
+    matches!(
+        w.kind,
+        WorkloadKind::TcpBulk | WorkloadKind::Iperf3 | WorkloadKind::Transfer
+    ) || (w.kind == WorkloadKind::UdpFlood && rate.is_none())
+}
+
+/// When the last of `workloads`' transfers completed, ms after its start; none without
+/// transfers or when one did not complete.
+pub(crate) fn completion_ms(workloads: &[&WorkloadResult]) -> Option<f64> {
+    let transfers: Vec<_> = workloads
+        .iter()
+        .filter(|w| w.kind == WorkloadKind::Transfer)
+        .collect();
+    if transfers.is_empty() {
+        return None;
+    }
+    transfers
+        .iter()
+        .map(|w| w.completion_ns)
+        .try_fold(0u64, |acc, c| Some(acc.max(c?)))
+        .map(|ns| ns as f64 / 1e6)
+}
+
+/// The median of `values` (mean of the middle two for an even count); none when empty.
+pub fn median(values: &[f64]) -> Option<f64> {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
 }

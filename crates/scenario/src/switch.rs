@@ -222,7 +222,7 @@ shaped_mbps = 10
         let c = &classes[0];
         assert_eq!(c.dst_ip, Some(topo.vm("c").unwrap().ip));
         assert_eq!(c.protocol, Some(17));
-        assert_eq!(c.dst_port, Some(crate::results::BASE_PORT + 1));
+        assert_eq!(c.dst_port, Some(crate::BASE_PORT + 1));
         assert_eq!(c.rate_mbps, 10.0);
         assert!(shaped_classes(&s, &topo, "b").is_empty());
     }

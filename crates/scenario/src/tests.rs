@@ -1,8 +1,7 @@
 //! Tests of the report: metrics, scenario metrics, pass marks, summary, table and files.
 
 use super::*;
-use crate::metrics::median;
-use crate::shares::{completion_order, convergence_ms, share_error};
+use crate::shares::{completion_order, convergence_ms, median, share_error};
 use hdrhistogram::Histogram;
 use std::collections::BTreeMap;
 

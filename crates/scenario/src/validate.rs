@@ -18,7 +18,10 @@ impl Scenario {
             bail!("field `picnic.cpus`: CPU {cpu} does not exist (this machine has {online})");
         }
         if self.sched_slice_us != 0
-            && !picnic_switch::sched::SLICE_RANGE_NS.contains(&(self.sched_slice_us * 1000))
+            && !self
+                .sched_slice_us
+                .checked_mul(1000)
+                .is_some_and(|ns| picnic_switch::sched::SLICE_RANGE_NS.contains(&ns))
         {
             bail!("field `sched_slice_us`: 0 (kernel default) or 100..=100000");
         }
@@ -304,6 +307,16 @@ to = "b"
         }
     }
 
+    /// 18446744073709652 us is 100384 ns after wrapping: it was accepted as a valid slice.
+    #[test]
+    fn a_slice_that_overflows_in_ns_is_refused() {
+        let e = err(&BASE.replace(
+            "duration_ms = 1000",
+            "duration_ms = 1000\nsched_slice_us = 18446744073709652",
+        ));
+        assert!(e.contains("sched_slice_us"), "{e}");
+    }
+
     #[test]
     fn defaults_apply() {
         let s = Scenario::parse(BASE).unwrap();
@@ -432,7 +445,7 @@ to = "b"
         assert_eq!(rows, ["v", "v/attack", "x"]);
         assert_eq!(side.ip_protocol(), 17);
         assert_eq!(x1.ip_protocol(), 6);
-        assert_eq!(x1.port(&s), Some(crate::results::BASE_PORT + 2));
+        assert_eq!(x1.port(&s), Some(crate::BASE_PORT + 2));
     }
 
     #[test]

@@ -505,6 +505,21 @@ impl fmt::Display for ConfigError {
 }
 impl std::error::Error for ConfigError {}
 
+/// Largest rate a config field takes, Mb/s (10 Tb/s): rates become bits/s in u64 and then
+/// cost and cap arithmetic, which must not overflow.
+pub const MAX_MBPS: u64 = 10_000_000;
+/// Largest queue bound, packets, and frame pool (2^20 frames: 2 GiB of buffers).
+pub const MAX_PACKETS: usize = 1 << 20;
+
+/// Checks that a rate field is in 1..=[`MAX_MBPS`].
+fn check_mbps(field: impl Into<String>, mbps: u64) -> Result<(), ConfigError> {
+    if (1..=MAX_MBPS).contains(&mbps) {
+        Ok(())
+    } else {
+        Err(err(field, format!("must be in 1..={MAX_MBPS} (Mb/s)")))
+    }
+}
+
 fn err(field: impl Into<String>, problem: impl Into<String>) -> ConfigError {
     ConfigError {
         field: field.into(),
@@ -521,6 +536,36 @@ pub fn read_secret(path: &Path, field: &str) -> anyhow::Result<Vec<u8>> {
         bytes.pop();
     }
     Ok(bytes)
+}
+
+/// When `new` differs from `old` only in the guarantees and caps (`min_mbps`, `max_mbps`)
+/// of VMs on this host, those changes as (VM name, min b/s, max b/s): the switch applies
+/// them in place instead of rebuilding its engines. None for any other difference.
+pub fn rate_only_changes(old: &Config, new: &Config) -> Option<Vec<(String, u64, Option<u64>)>> {
+    if old.vms.len() != new.vms.len() {
+        return None;
+    }
+    let mut normalized = new.clone();
+    let mut changes = Vec::new();
+    for (o, n) in old.vms.iter().zip(normalized.vms.iter_mut()) {
+        if o.name != n.name {
+            return None;
+        }
+        if (o.min_mbps, o.max_mbps) != (n.min_mbps, n.max_mbps) {
+            if o.host != old.switch.host_id {
+                return None;
+            }
+            changes.push((
+                n.name.clone(),
+                n.min_mbps * 1_000_000,
+                n.max_mbps.map(|m| m * 1_000_000),
+            ));
+            (n.min_mbps, n.max_mbps) = (o.min_mbps, o.max_mbps);
+        }
+    }
+    let same_otherwise =
+        serde_json::to_value(old).ok()? == serde_json::to_value(&normalized).ok()?;
+    (same_otherwise && !changes.is_empty()).then_some(changes)
 }
 
 impl Config {
@@ -540,17 +585,19 @@ impl Config {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.switch.frame_pool < 256 {
-            return Err(err("switch.frame_pool", "must be at least 256 frames"));
+        if !(256..=MAX_PACKETS).contains(&self.switch.frame_pool) {
+            return Err(err(
+                "switch.frame_pool",
+                format!("must be in 256..={MAX_PACKETS} frames"),
+            ));
         }
         if self.switch.nice.is_some_and(|n| !(-20..=19).contains(&n)) {
             return Err(err("switch.nice", "must be in -20..=19"));
         }
-        if self
-            .switch
-            .slice_us
-            .is_some_and(|us| !crate::sched::SLICE_RANGE_NS.contains(&(us * 1000)))
-        {
+        if self.switch.slice_us.is_some_and(|us| {
+            !us.checked_mul(1000)
+                .is_some_and(|ns| crate::sched::SLICE_RANGE_NS.contains(&ns))
+        }) {
             return Err(err("switch.slice_us", "must be in 100..=100000"));
         }
         if self.switch.cpus.as_ref().is_some_and(|c| c.is_empty()) {
@@ -586,8 +633,25 @@ impl Config {
         if self.accel.workers == 0 || self.accel.workers > 64 {
             return Err(err("accel.workers", "must be in 1..=64"));
         }
-        if self.accel.queue_jobs == 0 {
-            return Err(err("accel.queue_jobs", "must be > 0"));
+        if !(1..=65_536).contains(&self.accel.queue_jobs) {
+            return Err(err(
+                "accel.queue_jobs",
+                "must be in 1..=65536 (bounded memory)",
+            ));
+        }
+        if self.accel.job_work_ns > 1_000_000 {
+            return Err(err("accel.job_work_ns", "must be at most 1000000 (1 ms)"));
+        }
+        if self
+            .accel
+            .per_job_ns
+            .is_some_and(|n| n == 0 || n > 1_000_000)
+            || self.accel.per_byte_ps.is_some_and(|p| p > 1_000_000)
+        {
+            return Err(err(
+                "accel.per_job_ns",
+                "per_job_ns must be in 1..=1000000 and per_byte_ps at most 1000000",
+            ));
         }
         if !(1..=100).contains(&self.accel.capacity_percent) {
             return Err(err("accel.capacity_percent", "must be in 1..=100"));
@@ -598,14 +662,22 @@ impl Config {
                 "give both per_job_ns and per_byte_ps, or neither (measured at start)",
             ));
         }
-        if self.ingress.capacity_mbps == 0 {
-            return Err(err("ingress.capacity_mbps", "must be > 0"));
+        check_mbps("ingress.capacity_mbps", self.ingress.capacity_mbps)?;
+        if let Some(mbps) = self.uplink.capacity_mbps {
+            check_mbps("uplink.capacity_mbps", mbps)?;
         }
-        if self.ingress.queue_packets == 0 {
-            return Err(err("ingress.queue_packets", "must be > 0"));
-        }
-        if self.egress.queue_packets == 0 || self.egress.shaped_queue_packets == 0 {
-            return Err(err("egress.queue_packets", "queue bounds must be > 0"));
+        check_mbps("egress.min_rate_mbps", self.egress.min_rate_mbps)?;
+        for (field, packets) in [
+            ("ingress.queue_packets", self.ingress.queue_packets),
+            ("egress.queue_packets", self.egress.queue_packets),
+            (
+                "egress.shaped_queue_packets",
+                self.egress.shaped_queue_packets,
+            ),
+        ] {
+            if !(1..=MAX_PACKETS).contains(&packets) {
+                return Err(err(field, format!("must be in 1..={MAX_PACKETS} packets")));
+            }
         }
         if self.uplink.mtu < 576 + picnic_wire::overlay::ENCAP_OVERHEAD {
             return Err(err(
@@ -702,10 +774,9 @@ impl Config {
             if v.max_pps == Some(0) {
                 return Err(err(f("max_pps"), "must be > 0 (omit it for no limit)"));
             }
-            if v.min_mbps == 0 {
-                return Err(err(f("min_mbps"), "must be > 0 (it is the VM's weight)"));
-            }
+            check_mbps(f("min_mbps"), v.min_mbps)?;
             if let Some(max) = v.max_mbps {
+                check_mbps(f("max_mbps"), max)?;
                 if max < v.min_mbps {
                     return Err(err(f("max_mbps"), "must be >= min_mbps"));
                 }
@@ -751,10 +822,10 @@ impl Config {
                 return Err(err(f("ipv6"), format!("{a} is not a unicast address")));
             }
             for (j, s) in v.shaped.iter().enumerate() {
-                if !(s.rate_mbps > 0.0) {
+                if !(s.rate_mbps > 0.0 && s.rate_mbps <= MAX_MBPS as f64) {
                     return Err(err(
                         format!("vms[{i}].shaped[{j}].rate_mbps"),
-                        "must be > 0",
+                        format!("must be > 0 and at most {MAX_MBPS}"),
                     ));
                 }
             }
@@ -862,6 +933,80 @@ ip = "198.18.0.2"
             &format!("{EXAMPLE}\n[ingress]\nheadroom = 2.0\n"),
             "ingress.headroom",
         );
+    }
+
+    /// Values that validated but overflowed when the engine turned them into bits/s or bytes
+    /// (a panic with overflow checks, silently wrong weights and caps without), or that no
+    /// machine can hold. Seen writing the fuzz targets; the api_body target hit `max_mbps`
+    /// (docs/fuzzing.md, seed `fuzz/seeds/api_body/crash-max-mbps-overflow`).
+    #[test]
+    fn out_of_range_numbers_are_refused_naming_the_field() {
+        let vm = "port = { ifname = \"a1\" }";
+        for (text, field) in [
+            (
+                EXAMPLE.replace(vm, &format!("{vm}\nmin_mbps = 20000000000000")),
+                "vms[0].min_mbps",
+            ),
+            (
+                EXAMPLE.replace(vm, &format!("{vm}\nmax_mbps = 9223372036854775807")),
+                "vms[0].max_mbps",
+            ),
+            (
+                EXAMPLE.replace(vm, &format!("{vm}\nshaped = [{{ rate_mbps = inf }}]")),
+                "vms[0].shaped[0].rate_mbps",
+            ),
+            (
+                format!("{EXAMPLE}\n[ingress]\ncapacity_mbps = 18446744073710\n"),
+                "ingress.capacity_mbps",
+            ),
+            (
+                format!("{EXAMPLE}\n[ingress]\nqueue_packets = 4294967296\n"),
+                "ingress.queue_packets",
+            ),
+            (
+                format!("{EXAMPLE}\n[egress]\nmin_rate_mbps = 0\n"),
+                "egress.min_rate_mbps",
+            ),
+            (
+                format!("{EXAMPLE}\n[egress]\nshaped_queue_packets = 9007199254740993\n"),
+                "egress.shaped_queue_packets",
+            ),
+            (
+                EXAMPLE.replace("ifname = \"up0\"", "ifname = \"up0\"\ncapacity_mbps = 0"),
+                "uplink.capacity_mbps",
+            ),
+            (
+                EXAMPLE.replace("host_id = 1", "host_id = 1\nframe_pool = 1099511627776"),
+                "switch.frame_pool",
+            ),
+            // 18446744073709652 * 1000 wraps to 100384 ns, inside the range: it was accepted.
+            (
+                EXAMPLE.replace("host_id = 1", "host_id = 1\nslice_us = 18446744073709652"),
+                "switch.slice_us",
+            ),
+        ] {
+            expect_field(&text, field);
+        }
+    }
+
+    #[test]
+    fn only_local_rate_changes_are_applied_in_place() {
+        let old = Config::parse(EXAMPLE).unwrap();
+        let mut new = old.clone();
+        new.vms[0].min_mbps = 300;
+        new.vms[0].max_mbps = Some(900);
+        assert_eq!(
+            rate_only_changes(&old, &new),
+            Some(vec![("a1".into(), 300_000_000, Some(900_000_000))])
+        );
+        // Anything else (a remote VM's rates, another field, no change) rebuilds.
+        let mut remote = old.clone();
+        remote.vms[1].min_mbps = 300;
+        let mut other = new.clone();
+        other.vms[0].max_pps = Some(1000);
+        for n in [remote, other, old.clone()] {
+            assert_eq!(rate_only_changes(&old, &n), None);
+        }
     }
 
     #[test]

@@ -644,6 +644,18 @@ impl Switch {
         {
             anyhow::bail!("uplink and host_id cannot change live; restart the switch");
         }
+        // A VM's guarantee or cap changes in place: no other tenant's state is touched.
+        if let Some(changes) = crate::config::rate_only_changes(&self.cfg, &cfg) {
+            let now = self.clock.now();
+            for (name, min_bps, max_bps) in changes {
+                self.engine
+                    .set_vm_rates(now, &name, min_bps, max_bps)
+                    .map_err(anyhow::Error::msg)?;
+            }
+            self.shared.set_config(cfg.clone());
+            self.cfg = cfg;
+            return Ok(());
+        }
         let mut old: Vec<Option<Box<dyn Port>>> = std::mem::take(&mut self.ports)
             .into_iter()
             .map(Some)

@@ -19,7 +19,6 @@ use rand::rngs::SmallRng;
 use rand::Rng;
 
 use super::fabric::{Fabric, Pkt};
-use super::stats::Conservation;
 use super::Net;
 use crate::event::{Event, EventQueue, Nanos};
 use crate::packet::{self, Addr, Meta, Proto};
@@ -327,13 +326,14 @@ impl Net {
             fabric: &mut self.fabric,
             queue: &mut self.queue,
             deliveries: &mut self.deliveries,
-            cons: &mut self.cons,
+            delivered: 0,
         };
         let pass = host
             .driver
             .iterate(t, &mut host.engine, &mut io, &mut self.pool)
             .expect("the simulator's rings and links do not fail");
         let cost = io.cost + io.work.total;
+        self.cons.delivered += io.delivered;
         let more = io.nic_more || io.vm_more;
         // The modelled time of this poll is charged like the switch charges its measured
         // loop time: split over the VMs whose frames it handled (Iron 3.1).
@@ -376,7 +376,8 @@ struct HostIo<'a> {
     fabric: &'a mut Fabric,
     queue: &'a mut EventQueue,
     deliveries: &'a mut Vec<Delivery>,
-    cons: &'a mut Conservation,
+    /// Frames handed to VMs.
+    delivered: u64,
 }
 
 impl Io for HostIo<'_> {
@@ -419,7 +420,7 @@ impl Io for HostIo<'_> {
                 if let Some((meta, ce)) = packet::parse(frame.data()) {
                     self.deliveries.push(Delivery { meta, ce });
                 }
-                self.cons.delivered += 1;
+                self.delivered += 1;
                 pool.put(frame);
             }
             return Ok(());

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use etherparse::{ArpHardwareId, ArpOperation, ArpPacket, EtherType, Ethernet2Header};
 use picnic_core::bucket::{Shaper, TokenBucket};
 use picnic_core::eyeq::Sender;
-use picnic_core::wfq::{Cap, CostKind, QueueId, Wfq};
+use picnic_core::wfq::{Cap, CostKind, NodeId, QueueId, Wfq};
 use picnic_core::Instant;
 use picnic_wire::classify::{classify, FrameSummary, Network};
 use picnic_wire::ecn::mark_ce;
@@ -41,6 +41,11 @@ pub struct Egress {
     wfq: Wfq<Outbound>,
     /// Leaf queue of each VM (all local VMs share one when egress WFQ is off).
     queue_of: Vec<Option<QueueId>>,
+    /// Node of each tenant with local VMs (none when egress WFQ is off).
+    tenant_node: Vec<Option<NodeId>>,
+    /// What the WFQ charges, and the uplink's rate, for the caps of [`egress_cap`].
+    kind: CostKind,
+    link_bps: u64,
     /// Paces the WFQ to the uplink's capacity so the scheduler, not a FIFO downstream,
     /// decides who goes first.
     pacer: Option<TokenBucket>,
@@ -65,6 +70,23 @@ pub struct Egress {
 /// Queue length of a limiter at which ECN-capable frames are marked CE.
 const ECN_MARK_QUEUE_PACKETS: usize = 16;
 
+/// The egress cap of a VM capped at `max_bps`: bytes/s, or with the dominant-resource cost
+/// the same cap in ns of link time per second (a frame costs at least its link time, so the
+/// VM's bytes stay capped).
+fn egress_cap(kind: CostKind, link_bps: u64, max_bps: Option<u64>) -> Option<Cap> {
+    let ps_per_wire_byte = ps_per_byte(link_bps);
+    max_bps.map(|max| match kind {
+        CostKind::Measured { .. } => Cap {
+            per_sec: (max as u128 * 1_000_000_000 / link_bps as u128).max(1) as u64,
+            burst: burst_for(max / 8) * ps_per_wire_byte / 1000,
+        },
+        _ => Cap {
+            per_sec: max / 8,
+            burst: burst_for(max / 8),
+        },
+    })
+}
+
 /// Burst of a rate limiter: 1 ms at its rate, at least three full frames.
 fn burst_for(rate_bytes: u64) -> u64 {
     (rate_bytes / 1000).max(3 * 1514)
@@ -80,21 +102,8 @@ impl Egress {
             * 1_000_000;
         let ps_per_wire_byte = ps_per_byte(link_bps);
         let kind = cost_kind(cfg);
-        // A cap in bytes/s; with the dominant-resource cost, the same cap in ns of link time
-        // per second (a frame costs at least its link time, so the VM's bytes stay capped).
-        let cap = |vm: &crate::directory::Vm| {
-            vm.max_bps.map(|max| match kind {
-                CostKind::Measured { .. } => Cap {
-                    per_sec: (max as u128 * 1_000_000_000 / link_bps as u128).max(1) as u64,
-                    burst: burst_for(max / 8) * ps_per_wire_byte / 1000,
-                },
-                _ => Cap {
-                    per_sec: max / 8,
-                    burst: burst_for(max / 8),
-                },
-            })
-        };
-        let (wfq, queue_of) = vm_scheduler(
+        let cap = |vm: &crate::directory::Vm| egress_cap(kind, link_bps, vm.max_bps);
+        let (wfq, queue_of, tenant_node) = vm_scheduler(
             kind,
             dir,
             cfg.egress.queue_packets,
@@ -122,6 +131,9 @@ impl Egress {
         Ok(Egress {
             wfq,
             queue_of,
+            tenant_node,
+            kind,
+            link_bps,
             pacer,
             admission,
             shapers: BTreeMap::new(),
@@ -142,6 +154,27 @@ impl Egress {
                 .is_some_and(|h| h.packets as usize >= batch),
             None => true,
         }
+    }
+
+    /// Applies `vm`'s new guarantee (its leaf's weight; `tenant_weight` its tenant's node's)
+    /// and cap in place: queued frames and every other VM's state stay.
+    pub(super) fn set_rates(
+        &mut self,
+        now: Instant,
+        vm: &crate::directory::Vm,
+        vm_idx: VmIdx,
+        tenant_weight: u64,
+    ) -> Result<(), String> {
+        let werr = |e| format!("egress scheduler: {e:?}");
+        if let (Some(q), Some(node)) = (self.queue_of[vm_idx], self.tenant_node[vm.tenant]) {
+            self.wfq.set_weight(q, vm.min_bps.max(1)).map_err(werr)?;
+            self.wfq
+                .set_weight(node, tenant_weight.max(1))
+                .map_err(werr)?;
+            let cap = egress_cap(self.kind, self.link_bps, vm.max_bps);
+            self.wfq.set_cap(now, q, cap).map_err(werr)?;
+        }
+        Ok(())
     }
 
     /// Takes every queued frame out (leaf queues, shaped classes, limiters).

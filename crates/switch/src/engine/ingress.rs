@@ -15,7 +15,7 @@
 use picnic_core::eyeq::{EndpointConfig, Receiver, ReceiverConfig};
 use picnic_core::iron::Admission;
 use picnic_core::time::NANOS_PER_SEC;
-use picnic_core::wfq::{QueueId, Wfq};
+use picnic_core::wfq::{NodeId, QueueId, Wfq};
 use picnic_core::{Duration, Instant};
 use picnic_wire::overlay::decap;
 use picnic_wire::Error as WireError;
@@ -32,6 +32,8 @@ pub struct Ingress {
     /// entered the switch: frames are queued in the call that received them).
     wfq: Wfq<(Frame, VmIdx, Instant)>,
     queue_of: Vec<Option<QueueId>>,
+    /// Node of each tenant with local VMs (none when ingress WFQ is off).
+    tenant_node: Vec<Option<NodeId>>,
     /// EyeQ receiver over the access link, in bytes/s.
     link: Option<Receiver<VmIdx>>,
     /// EyeQ receiver over the ingress engine's CPU, in ns of processing per second.
@@ -112,7 +114,7 @@ impl CpuCapacity {
 
 impl Ingress {
     pub fn new(cfg: &Config, dir: &Directory, now: Instant) -> anyhow::Result<Ingress> {
-        let (wfq, queue_of) = vm_scheduler(
+        let (wfq, queue_of, tenant_node) = vm_scheduler(
             cost_kind(cfg),
             dir,
             cfg.ingress.queue_packets,
@@ -189,6 +191,7 @@ impl Ingress {
         Ok(Ingress {
             wfq,
             queue_of,
+            tenant_node,
             link,
             cpu,
             ns_per_byte_fp: vec![0; dir.vms.len()],
@@ -197,6 +200,50 @@ impl Ingress {
             ps_per_wire_byte: ps_per_byte(cfg.ingress.capacity_mbps.max(1) * 1_000_000),
             cpu_bound: false,
         })
+    }
+
+    /// Applies the VMs' guarantees and caps in place (`vm` changed): its leaf's and its
+    /// tenant's weights, its link guarantee and cap, and every local VM's CPU guarantee (a
+    /// share of the core in proportion to the guarantees, as [`Ingress::new`]).
+    pub(super) fn set_rates(
+        &mut self,
+        dir: &Directory,
+        vm_idx: VmIdx,
+        tenant_weight: u64,
+    ) -> Result<(), String> {
+        let vm = &dir.vms[vm_idx];
+        let werr = |e| format!("ingress scheduler: {e:?}");
+        if let (Some(q), Some(node)) = (self.queue_of[vm_idx], self.tenant_node[vm.tenant]) {
+            self.wfq.set_weight(q, vm.min_bps.max(1)).map_err(werr)?;
+            self.wfq
+                .set_weight(node, tenant_weight.max(1))
+                .map_err(werr)?;
+        }
+        let rerr = |e| format!("receiver rate control: {e:?}");
+        if let Some(link) = self.link.as_mut() {
+            let config = EndpointConfig {
+                guarantee: vm.min_bps / 8,
+                max_rate: vm.max_bps.map(|m| m / 8),
+            };
+            link.set_endpoint(vm_idx, config).map_err(rerr)?;
+        }
+        if let Some(cpu) = self.cpu.as_mut() {
+            let total_min: u64 = dir
+                .local_vms()
+                .map(|(v, _)| dir.vms[v].min_bps)
+                .sum::<u64>()
+                .max(1);
+            for (v, _) in dir.local_vms() {
+                let share =
+                    (NANOS_PER_SEC as u128 * dir.vms[v].min_bps as u128 / total_min as u128) as u64;
+                let config = EndpointConfig {
+                    guarantee: share.max(1),
+                    max_rate: None,
+                };
+                cpu.set_endpoint(v, config).map_err(rerr)?;
+            }
+        }
+        Ok(())
     }
 
     /// Takes every queued frame out; the VMs' queues are gone afterwards.

@@ -88,3 +88,41 @@ fn pool_free_count_is_conserved_across_1000_rebuilds_with_frames_queued() {
         .unwrap();
     assert_eq!(h1.engine.vm_counters[a1].drops.total(), 0);
 }
+
+/// Of the first `n` frames the egress WFQ sends, how many came from a1 and from b1 (by the
+/// inner source MAC behind the 50 bytes of outer headers).
+fn first_sent(h: &mut Host, now: Instant, n: usize) -> (usize, usize) {
+    h.engine
+        .poll(now, n, &mut super::tests::NoWork, &mut h.pool);
+    let sent = h.take(UPLINK);
+    let from = |mac: [u8; 6]| sent.iter().filter(|f| f[56..62] == mac).count();
+    (from(A1), from(B1))
+}
+
+#[test]
+fn a_vms_new_guarantee_applies_in_place_without_touching_its_neighbour() {
+    let mut h1 = Host::new(1, 1000);
+    let now = Instant::ZERO;
+    for _ in 0..100 {
+        h1.inject(now, h1.port_of("a1"), &udp(A1, A2, IP_A1, IP_A2, 7, 200));
+        h1.inject(now, h1.port_of("b1"), &udp(B1, B2, IP_B1, IP_B2, 7, 200));
+    }
+    let queued = |h: &Host, vm: &str| {
+        let snap = h.engine.snapshot();
+        snap.vms.iter().find(|v| v.name == vm).unwrap().egress_queue
+    };
+    assert_eq!((queued(&h1, "a1"), queued(&h1, "b1")), (100, 100));
+    // Both at 100 Mb/s: the WFQ alternates.
+    let (a, b) = first_sent(&mut h1, now, 20);
+    assert_eq!((a, b), (10, 10));
+    // b1 to 300 Mb/s, in place: nothing queued is lost or reset.
+    h1.engine
+        .set_vm_rates(now, "b1", 300_000_000, None)
+        .unwrap();
+    assert_eq!((queued(&h1, "a1"), queued(&h1, "b1")), (90, 90));
+    // Now b1 gets three frames for each of a1's.
+    let (a, b) = first_sent(&mut h1, now, 40);
+    assert_eq!(a + b, 40);
+    assert!(b >= 28 && a <= 12, "a1 {a}, b1 {b}");
+    assert!(h1.engine.set_vm_rates(now, "a2", 1, None).is_err());
+}

@@ -34,7 +34,7 @@ use crate::config::{Config, Isolation, Mac};
 use crate::directory::{Directory, PortIdx, TenantIdx, Vm, VmIdx, UPLINK};
 use crate::frame::{Frame, FramePool};
 use crate::stats::{DropReason, SwitchCounters, VmCounters};
-use picnic_core::wfq::{Cap, CostKind, QueueId, QueueLimits, Wfq};
+use picnic_core::wfq::{Cap, CostKind, NodeId, QueueId, QueueLimits, Wfq};
 
 pub use egress::Egress;
 pub use ingress::Ingress;
@@ -256,6 +256,34 @@ impl Engine {
         let mut done = self.egress_poll(now, budget, pool);
         done += self.ingress_poll(now, budget, work, pool);
         done
+    }
+
+    /// Changes local VM `name`'s guarantee and cap in place, through the schedulers' and
+    /// receivers' setters (weights, caps, endpoint guarantees): every other VM's queues,
+    /// limiters and scheduler state, and this VM's queued frames, stay as they are. Fails
+    /// (changing nothing) for an unknown or remote VM.
+    pub fn set_vm_rates(
+        &mut self,
+        now: Instant,
+        name: &str,
+        min_bps: u64,
+        max_bps: Option<u64>,
+    ) -> Result<(), String> {
+        let vm = self
+            .dir
+            .vms
+            .iter()
+            .position(|v| v.name == name && v.port.is_some())
+            .ok_or_else(|| format!("no local VM '{name}'"))?;
+        self.dir.vms[vm].min_bps = min_bps;
+        self.dir.vms[vm].max_bps = max_bps;
+        let weights = tenant_weights(&self.dir);
+        let tenant_weight = weights[self.dir.vms[vm].tenant];
+        self.egress
+            .set_rates(now, &self.dir.vms[vm], vm, tenant_weight)?;
+        self.ingress.set_rates(&self.dir, vm, tenant_weight)?;
+        self.share.set_weights(weights);
+        Ok(())
     }
 
     /// Returns every frame this engine holds (queued in either direction, in shaped and
@@ -544,7 +572,8 @@ pub struct TenantSnapshot {
 /// The scheduler tree both engines use (PicNIC's per-VM queues, EyeQ's weights): a node per
 /// tenant weighted by the sum of its local VMs' guarantees, a bounded leaf per local VM
 /// weighted by its guarantee and capped by `cap`. With isolation off, one shared drop-tail
-/// FIFO that holds as much as all the leaves would. Returns the tree and each VM's leaf.
+/// FIFO that holds as much as all the leaves would. Returns the tree, each VM's leaf and
+/// each tenant's node.
 fn vm_scheduler<T>(
     kind: CostKind,
     dir: &Directory,
@@ -553,7 +582,7 @@ fn vm_scheduler<T>(
     cap: impl Fn(&Vm) -> Option<Cap>,
     now: Instant,
     what: &str,
-) -> anyhow::Result<(Wfq<T>, Vec<Option<QueueId>>)> {
+) -> anyhow::Result<Scheduler<T>> {
     let mut wfq = Wfq::with_capacity(kind, dir.vms.len() + dir.tenants.len() + 2);
     let werr = |e| anyhow::anyhow!("{what}: {e:?}");
     let limits = QueueLimits {
@@ -571,8 +600,9 @@ fn vm_scheduler<T>(
         for (v, _) in dir.local_vms() {
             queue_of[v] = Some(q);
         }
-        return Ok((wfq, queue_of));
+        return Ok((wfq, queue_of, vec![None; dir.tenants.len()]));
     }
+    let mut tenant_node = vec![None; dir.tenants.len()];
     for t in 0..dir.tenants.len() {
         let local: Vec<VmIdx> = dir
             .local_vms()
@@ -588,6 +618,7 @@ fn vm_scheduler<T>(
             .sum::<u64>()
             .max(1);
         let node = wfq.add_node(wfq.root(), weight, None).map_err(werr)?;
+        tenant_node[t] = Some(node);
         for v in local {
             let vm = &dir.vms[v];
             let q = wfq.add_queue(node, vm.min_bps, limits).map_err(werr)?;
@@ -597,8 +628,11 @@ fn vm_scheduler<T>(
             queue_of[v] = Some(q);
         }
     }
-    Ok((wfq, queue_of))
+    Ok((wfq, queue_of, tenant_node))
 }
+
+/// A scheduler tree, each VM's leaf and each tenant's node (none when not isolated).
+type Scheduler<T> = (Wfq<T>, Vec<Option<QueueId>>, Vec<Option<NodeId>>);
 
 /// What both schedulers share: with `isolation.cpu_fair` the dominant resource a frame uses
 /// (its measured CPU or its time on the link, whichever is larger: one scheduler over bits

@@ -42,6 +42,11 @@ impl FairShare {
         }
     }
 
+    /// Each tenant's new weight (a guarantee changed).
+    pub(super) fn set_weights(&mut self, weights: Vec<u64>) {
+        self.weights = weights;
+    }
+
     /// Starts a new period if the current one is over.
     pub(super) fn roll(&mut self, now: Instant) {
         let elapsed = now.saturating_since(self.period_start);
