@@ -196,12 +196,7 @@ fn a_full_queue_gives_the_job_back_and_counts_it() {
     assert_eq!(a.stats()[1].queue_full, 0);
 }
 
-// Real worker threads against the real clock: a timing check, which failed once (0.34) in a
-// loaded CI run, so it is run on demand (`cargo test --release -p picnic-switch --lib
-// small_tenant_keeps -- --ignored`); the share bound itself is asserted on the virtual clock
-// by `accel::sched` tests (small_tenant_gets_its_weighted_share_against_a_bulk_hog).
 #[test]
-#[ignore = "timing-dependent: real threads and clock"]
 fn small_tenant_keeps_its_share_against_a_bulk_hog() {
     // One worker whose limiter admits a quarter of its time. Tenant 0 queues 1400-byte
     // seals, tenant 1 64-byte ones, equal weights, both fully backlogged from the start
