@@ -26,8 +26,6 @@ pub struct Tenant {
     pub cgroup: Option<std::path::PathBuf>,
     /// The tenant's SLO, judged by the engine's monitors.
     pub slo: Option<picnic_core::slo::Slo>,
-    /// Its overlay traffic is sealed by the shared engine (`accel`).
-    pub encrypt: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -86,7 +84,6 @@ impl Directory {
                 vni: t.vni,
                 cpu_quota: t.cpu_quota,
                 cgroup: t.cgroup.clone(),
-                encrypt: t.encrypt,
                 slo: t.slo.clone(),
             });
         }
