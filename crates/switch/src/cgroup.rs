@@ -42,6 +42,9 @@ pub struct CpuQuota {
     /// CPU time used beyond the budgets so far, ns (never negative: unused budget is not
     /// saved up).
     debt_ns: i128,
+    /// The most CPU time a period can really use, ns: two periods on every CPU (a larger
+    /// step is a thread joining with earlier run time).
+    most_per_period_ns: u64,
 }
 
 impl CpuQuota {
@@ -61,12 +64,15 @@ impl CpuQuota {
                 dir.display()
             );
         };
+        let period_us = (period.as_nanos() / 1_000).max(1_000);
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
         let q = CpuQuota {
             dir: dir.to_path_buf(),
             v2: v2_mode,
-            period_us: (period.as_nanos() / 1_000).max(1_000),
+            period_us,
             last: None,
             debt_ns: 0,
+            most_per_period_ns: 2 * period_us * 1_000 * cpus,
         };
         q.set_period(KERNEL_PERIOD_MAX_US)?;
         Ok(q)
@@ -83,9 +89,8 @@ impl CpuQuota {
             // A period's use can be no more than every CPU for the whole period (and some
             // slack for a late refill): a larger step is a thread that joined with the run
             // time it had before, so that period's overrun is unknown and not charged.
-            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
             let step = used.saturating_sub(used_before);
-            let overrun = if step > 2 * self.period_us * 1_000 * cpus {
+            let overrun = if step > self.most_per_period_ns {
                 0
             } else {
                 step as i128 - entitled as i128
