@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use etherparse::PacketBuilder;
+mod common;
+use common::udp;
 use picnic_switch::config::Config;
 use picnic_switch::engine::Engine;
 use picnic_switch::port::{MemoryPort, MemoryPortHandle, Port};
@@ -60,16 +61,6 @@ mac = "02:00:00:00:00:04"
 ip = "198.18.0.4"
 port = { ifname = "l2" }
 "#;
-
-fn udp(src: u8, dst: u8, payload: usize) -> Vec<u8> {
-    let mut out = Vec::new();
-    PacketBuilder::ethernet2([2, 0, 0, 0, 0, src], [2, 0, 0, 0, 0, dst])
-        .ipv4([198, 18, 0, src], [198, 18, 0, dst], 64)
-        .udp(40000, 7)
-        .write(&mut out, &vec![0u8; payload])
-        .unwrap();
-    out
-}
 
 /// A switch over in-memory ports (uplink, s1, s2, l1, l2) running on its own thread, which
 /// returns its CPU time as the kernel accounts it over the run, ns.

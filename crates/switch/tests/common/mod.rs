@@ -1,5 +1,5 @@
 //! Scaffolding shared by the root integration tests of the port backends (tests/ports.rs,
-//! tests/afxdp.rs): a `pn-t-*` network namespace guard with veth setup, the skip-without-root
+//! tests/afxdp.rs, and the in-memory switch tests): a `pn-t-*` network namespace guard with veth setup, the skip-without-root
 //! check, and builders and checks of the tests' numbered frames. Each test binary uses part of it.
 #![allow(dead_code)]
 
@@ -8,6 +8,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use etherparse::PacketBuilder;
 use picnic_switch::frame::{Frame, FramePool};
 use picnic_switch::port::{wait_readable, Port};
 
@@ -207,4 +208,16 @@ pub fn exchange(tx: &mut dyn Port, rx: &mut dyn Port, pool: &mut FramePool, len:
     for f in received {
         pool.put(f);
     }
+}
+
+/// A UDP frame from VM `src` (MAC 02:00:00:00:00:src, 198.18.0.src) to VM `dst`, with
+/// `payload` zero bytes.
+pub fn udp(src: u8, dst: u8, payload: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    PacketBuilder::ethernet2([2, 0, 0, 0, 0, src], [2, 0, 0, 0, 0, dst])
+        .ipv4([198, 18, 0, src], [198, 18, 0, dst], 64)
+        .udp(40000, 7)
+        .write(&mut out, &vec![0u8; payload])
+        .unwrap();
+    out
 }
