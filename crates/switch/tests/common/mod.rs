@@ -1,6 +1,7 @@
-//! Scaffolding shared by the root integration tests of the port backends (tests/ports.rs,
-//! tests/afxdp.rs, and the in-memory switch tests): a `pn-t-*` network namespace guard with veth setup, the skip-without-root
-//! check, and builders and checks of the tests' numbered frames. Each test binary uses part of it.
+//! Scaffolding shared by the integration tests: the root tests of the port backends
+//! (tests/ports.rs, tests/afxdp.rs: a `pn-t-*` network namespace guard with veth setup, the
+//! skip-without-root check, builders and checks of numbered frames) and the in-memory switch
+//! tests (a VM's UDP frame). Each test binary uses part of it.
 #![allow(dead_code)]
 
 use std::os::fd::AsRawFd;
