@@ -736,3 +736,52 @@ fn bad_input_is_an_error_not_a_panic() {
     assert_eq!(wfq.settle(q, 1, 2), Err(WfqError::UnknownQueue));
     assert!(wfq.is_full(q));
 }
+
+/// A reservation served with `dequeue_from` comes on top of the queue's share: it leaves no
+/// debt, so the tree then shares by weight as if it had not happened, and a queue it empties
+/// leaves the tree (and rejoins on its next item).
+#[test]
+fn dequeue_from_serves_a_queue_outside_its_share_and_keeps_the_tree_consistent() {
+    let mut wfq: Wfq<u32> = Wfq::new(CostKind::Packets);
+    let root = wfq.root();
+    let (ta, tb) = (
+        wfq.add_node(root, 1, None).unwrap(),
+        wfq.add_node(root, 1, None).unwrap(),
+    );
+    let (a, b) = (
+        wfq.add_queue(ta, 1, ROOMY).unwrap(),
+        wfq.add_queue(tb, 1, ROOMY).unwrap(),
+    );
+    let now = Instant::ZERO;
+    for i in 0..40 {
+        wfq.enqueue(now, a, i, 64).unwrap();
+        wfq.enqueue(now, b, 100 + i, 64).unwrap();
+    }
+    // Ten of a's items outside the tree, in its FIFO order.
+    for i in 0..10 {
+        let d = wfq.dequeue_from(a).unwrap();
+        assert_eq!((d.item, d.queue), (i, a));
+    }
+    // The tree still alternates a and b: no debt for a.
+    let mut served = [0, 0];
+    for _ in 0..20 {
+        let d = wfq.dequeue(now).unwrap();
+        served[usize::from(d.queue == b)] += 1;
+    }
+    assert_eq!(served, [10, 10]);
+    // Emptying a with dequeue_from takes it out of the tree: b alone is served...
+    while wfq.dequeue_from(a).is_some() {}
+    assert_eq!(wfq.queue_len(a), Some(0));
+    assert!(wfq.dequeue_from(a).is_none());
+    let d = wfq.dequeue(now).unwrap();
+    assert_eq!(d.queue, b);
+    // ...until a has an item again.
+    wfq.enqueue(now, a, 999, 64).unwrap();
+    let both: Vec<QueueId> = (0..2).map(|_| wfq.dequeue(now).unwrap().queue).collect();
+    assert!(both.contains(&a) && both.contains(&b), "{both:?}");
+    assert_eq!(wfq.len(), 28, "b's 40 less the 12 served");
+    // A whole tenant emptied leaves the root's heap too.
+    while wfq.dequeue_from(b).is_some() {}
+    assert_eq!(wfq.len(), 0);
+    assert!(wfq.dequeue(now).is_none());
+}

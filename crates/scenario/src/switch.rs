@@ -72,6 +72,7 @@ pub fn switch_config(
                 min_mbps: tenant.min_mbps.max(1),
                 max_mbps: (tenant.max_mbps > 0).then_some(tenant.max_mbps),
                 max_pps: None,
+                min_pps: None,
                 ipv6: Vec::new(),
                 allow_ethertypes: Vec::new(),
                 port: (h.index == host.index).then(|| PortEntry {

@@ -349,6 +349,14 @@ pub struct VmEntry {
     /// direction); the excess waits in the VM's own ring or is dropped before any work.
     #[serde(default)]
     pub max_pps: Option<u64>,
+    /// Packets per second the VM is guaranteed to send through a saturated switch (PicNIC's
+    /// packet-rate SLO dimension), reserved on top of its weighted share: while under it,
+    /// its port is read whatever its tenant's share of the loop, and its queued frames are
+    /// processed before the egress scheduler's turn. Its tenant's CPU allocation
+    /// (`cpu_quota`) still bounds it; the guarantees of a host must fit what its switch
+    /// can process. Needs `isolation.egress_wfq`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_pps: Option<u64>,
     /// The local port (only for VMs on this host).
     #[serde(default)]
     pub port: Option<PortEntry>,
@@ -649,6 +657,17 @@ impl Config {
             if v.max_pps == Some(0) {
                 return Err(err(f("max_pps"), "must be > 0 (omit it for no limit)"));
             }
+            if let Some(min) = v.min_pps {
+                if min == 0 || min > 1_000_000_000 {
+                    return Err(err(
+                        f("min_pps"),
+                        "must be between 1 and 1000000000 (omit it for no guarantee)",
+                    ));
+                }
+                if v.max_pps.is_some_and(|max| max < min) {
+                    return Err(err(f("min_pps"), "must not exceed max_pps"));
+                }
+            }
             check_mbps(f("min_mbps"), v.min_mbps)?;
             if let Some(max) = v.max_mbps {
                 check_mbps(f("max_mbps"), max)?;
@@ -853,6 +872,14 @@ ip = "198.18.0.2"
             (
                 EXAMPLE.replace("host_id = 1", "host_id = 1\nframe_pool = 1099511627776"),
                 "switch.frame_pool",
+            ),
+            (
+                EXAMPLE.replace(vm, &format!("{vm}\nmin_pps = 0")),
+                "vms[0].min_pps",
+            ),
+            (
+                EXAMPLE.replace(vm, &format!("{vm}\nmax_pps = 1000\nmin_pps = 2000")),
+                "vms[0].min_pps",
             ),
             // 18446744073709652 * 1000 wraps to 100384 ns, inside the range: it was accepted.
             (

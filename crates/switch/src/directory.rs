@@ -44,6 +44,7 @@ pub struct Vm {
     pub min_bps: u64,
     pub max_bps: Option<u64>,
     pub max_pps: Option<u64>,
+    pub min_pps: Option<u64>,
     /// Local port when the VM lives on this host.
     pub port: Option<PortIdx>,
     pub shaped: Vec<ShapedClass>,
@@ -126,6 +127,7 @@ impl Directory {
                 allow_ethertypes: v.allow_ethertypes.clone(),
                 min_bps: v.min_mbps * 1_000_000,
                 max_pps: v.max_pps,
+                min_pps: v.min_pps,
                 max_bps: v.max_mbps.map(|m| m * 1_000_000),
                 port,
                 shaped: v.shaped.clone(),

@@ -542,6 +542,43 @@ impl<T> Wfq<T> {
         })
     }
 
+    /// Takes the head of `queue` outside the fair share: nothing is charged to its path's
+    /// tags or caps. For a reservation served before the tree (a VM's packet-rate guarantee,
+    /// PicNIC's pps SLO): the reserved service comes on top of the queue's weighted share of
+    /// the rest, and leaves no debt behind. `None` for an unknown or empty queue.
+    pub fn dequeue_from(&mut self, queue: QueueId) -> Option<Dequeued<T>> {
+        let mut x = self.queue_index(queue).ok()?;
+        let cost_kind = self.cost_kind;
+        let leaf = self.leaves[x as usize].as_mut()?;
+        let (item, len_bytes) = leaf.items.pop_front()?;
+        let cost = match cost_kind {
+            CostKind::Bytes => (len_bytes as u64).max(1),
+            CostKind::Packets => 1,
+            CostKind::Measured { .. } => leaf.estimate(),
+        };
+        leaf.bytes -= len_bytes as u64;
+        leaf.stats.dequeued_packets += 1;
+        leaf.stats.dequeued_bytes += len_bytes as u64;
+        self.queued -= 1;
+        // A queue left empty leaves its parent's heap, a parent left without eligible
+        // children its own parent's, as in `dequeue`.
+        let mut empty = leaf.items.is_empty();
+        while empty && x != ROOT {
+            let parent = self.slots[x as usize].parent;
+            if self.heap_pos[x as usize] != ABSENT {
+                self.heaps[parent as usize].remove(x, &mut self.heap_pos);
+            }
+            empty = self.heaps[parent as usize].is_empty();
+            x = parent;
+        }
+        Some(Dequeued {
+            item,
+            queue,
+            len_bytes,
+            cost,
+        })
+    }
+
     /// Reports the measured cost of an item dequeued from `queue` that was charged
     /// `estimated`. The difference is charged to the queue and its ancestors
     /// (tags and caps), so an under-estimated tenant pays in the next rounds, and

@@ -149,9 +149,25 @@ fn max_pps_holds_the_port_back_and_drops_the_excess_arriving_from_the_uplink() {
 /// iteration costs what a loop would measure (300 ns + 500 ns per frame handled + 0.5 ns
 /// per byte). Returns the CPU charged to a1 (64 B) and b1 (1400 B), ns.
 fn saturated_cpu_shares(cpu_fair: bool) -> (u64, u64) {
+    let run = saturated_run(cpu_fair, None);
+    (run.cpu_ns[0], run.cpu_ns[1])
+}
+
+/// What [`saturated_run`] measured for a1 and b1.
+struct SaturatedRun {
+    cpu_ns: [u64; 2],
+    /// Frames each VM's port was read for.
+    read: [u64; 2],
+    /// Length of the run, ns.
+    ns: u64,
+}
+
+/// The saturated host of [`saturated_cpu_shares`], b1 with `b1_min_pps` if given.
+fn saturated_run(cpu_fair: bool, b1_min_pps: Option<u64>) -> SaturatedRun {
     let text = toml::to_string(&config(1, 10_000)).unwrap();
     let mut cfg: crate::config::Config = toml::from_str(&text).unwrap();
     cfg.isolation.cpu_fair = cpu_fair;
+    cfg.vms.iter_mut().find(|v| v.name == "b1").unwrap().min_pps = b1_min_pps;
     let mut h = Host {
         engine: Engine::new(&cfg, Instant::ZERO).unwrap(),
         pool: FramePool::new(8192),
@@ -162,15 +178,17 @@ fn saturated_cpu_shares(cpu_fair: bool) -> (u64, u64) {
         udp(B1, B2, IP_B1, IP_B2, 7, 1400),
     );
     let mut now = 0u64;
+    let mut read = [0u64; 2];
     for _ in 0..20_000 {
         let t = Instant::from_nanos(now);
         let (mut handled, mut bytes) = (0u64, 0u64);
-        for (port, frame) in [(a1, &small), (b1, &large)] {
+        for (i, (port, frame)) in [(a1, &small), (b1, &large)].into_iter().enumerate() {
             while h.engine.rx_ready(t, port, 64) {
                 for _ in 0..64 {
                     h.inject(t, port, frame);
                 }
                 handled += 64;
+                read[i] += 64;
                 bytes += 64 * frame.len() as u64;
             }
         }
@@ -183,7 +201,41 @@ fn saturated_cpu_shares(cpu_fair: bool) -> (u64, u64) {
         h.engine.charge_cpu(t, cost);
         now += cost;
     }
-    (vm_cost(&h, "a1"), vm_cost(&h, "b1"))
+    SaturatedRun {
+        cpu_ns: [vm_cost(&h, "a1"), vm_cost(&h, "b1")],
+        read,
+        ns: now,
+    }
+}
+
+#[test]
+fn a_packet_rate_guarantee_holds_on_a_saturated_loop_beyond_the_cpu_fair_share() {
+    let pps = |run: &SaturatedRun, i: usize| run.read[i] as f64 * 1e9 / run.ns as f64;
+    let fair = saturated_run(true, None);
+    let fair_pps = pps(&fair, 1);
+    // Guarantee the 1400 B VM half as much again as its CPU-fair share gives it.
+    let min_pps = (fair_pps * 1.5) as u64;
+    let guaranteed = saturated_run(true, Some(min_pps));
+    let got = pps(&guaranteed, 1);
+    println!(
+        "1400 B VM: {fair_pps:.0} pps at its CPU-fair share, {got:.0} pps with min_pps {min_pps}; \
+         64 B VM: {:.0} -> {:.0} pps",
+        pps(&fair, 0),
+        pps(&guaranteed, 0)
+    );
+    assert!(
+        (min_pps as f64 * 0.97..=min_pps as f64 * 1.1).contains(&got),
+        "{got:.0} pps against a guarantee of {min_pps}"
+    );
+    assert!(
+        pps(&guaranteed, 0) < pps(&fair, 0),
+        "the neighbour gives up what the guarantee takes"
+    );
+    // A guarantee below the share changes little: reserved service on top of a share
+    // that then shrinks by as much.
+    let small = saturated_run(true, Some((fair_pps * 0.5) as u64));
+    let ratio = pps(&small, 1) / fair_pps;
+    assert!((0.9..=1.3).contains(&ratio), "{ratio}");
 }
 
 #[test]

@@ -65,6 +65,9 @@ pub struct Egress {
     /// Whether the last poll stopped at its frame budget with frames left and the uplink
     /// free: the CPU, not the link, limits what leaves (see `CpuLedger::wfq_cost`).
     cpu_bound: bool,
+    /// Local VMs with a packet-rate guarantee (`min_pps`) and the bucket of it: their queued
+    /// frames are served up to that rate before the WFQ's turn, outside their share.
+    guaranteed: Vec<(VmIdx, TokenBucket)>,
 }
 
 /// Queue length of a limiter at which ECN-capable frames are marked CE.
@@ -85,6 +88,21 @@ fn egress_cap(kind: CostKind, link_bps: u64, max_bps: Option<u64>) -> Option<Cap
             burst: burst_for(max / 8),
         },
     })
+}
+
+/// The packet-rate guarantee of every local VM with `min_pps` (with the egress WFQ on: it is
+/// served from the VM's own queue). Burst: 1 ms of the rate, at least one batch.
+fn guaranteed_lanes(cfg: &Config, dir: &Directory, now: Instant) -> Vec<(VmIdx, TokenBucket)> {
+    if !cfg.isolation.egress_wfq {
+        return Vec::new();
+    }
+    dir.local_vms()
+        .filter_map(|(v, _)| {
+            let pps = dir.vms[v].min_pps?;
+            let burst = (pps / 1000).max(cfg.switch.batch as u64);
+            Some((v, TokenBucket::new(pps, burst, now)))
+        })
+        .collect()
 }
 
 /// Burst of a rate limiter: 1 ms at its rate, at least three full frames.
@@ -143,6 +161,7 @@ impl Egress {
             scratch_waited: Vec::with_capacity(cfg.switch.batch),
             ps_per_wire_byte,
             cpu_bound: false,
+            guaranteed: guaranteed_lanes(cfg, dir, now),
         })
     }
 
@@ -465,6 +484,25 @@ impl Engine {
                 }
                 picked.push(item);
                 waited.push(via);
+            }
+        }
+        // Packet-rate guarantees: each such VM's queued frames up to its rate, on top of
+        // its share (PicNIC's pps SLO), as the uplink allows.
+        for (vm, bucket) in eg.guaranteed.iter_mut() {
+            let Some(q) = eg.queue_of[*vm] else { continue };
+            while picked.len() < budget && bucket.available(now) > 0 {
+                if eg.pacer.as_ref().is_some_and(|p| p.available(now) == 0) {
+                    break;
+                }
+                let Some(d) = eg.wfq.dequeue_from(q) else {
+                    break;
+                };
+                bucket.force_consume(now, 1);
+                if let Some(p) = eg.pacer.as_mut() {
+                    p.force_consume(now, d.len_bytes as u64 + encap_len);
+                }
+                picked.push(d.item);
+                waited.push(Waited::EgressQueue);
             }
         }
         while picked.len() < budget {

@@ -138,7 +138,8 @@ impl Engine {
         let ports = dir.port_count();
         let dir_vms = dir.vms.len();
         let (pps_out, pps_in) = (pps_buckets(&dir, now), pps_buckets(&dir, now));
-        let share = share::FairShare::new(share_unit(cfg), tenant_weights(&dir), now);
+        let mut share = share::FairShare::new(share_unit(cfg), tenant_weights(&dir), now);
+        share.set_guarantees(&tenant_min_pps(&dir));
         let slo = slo::SloTracker::new(&dir, now)?;
         Ok(Engine {
             vm_counters: vec![VmCounters::default(); dir.vms.len()],
@@ -231,6 +232,7 @@ impl Engine {
                 self.cpu.note(owner, len);
             } else if let Some(Some(vm)) = self.dir.port_vm.get(port).copied() {
                 self.cpu.note(Some(vm), len);
+                self.share.read(self.dir.vms[vm].tenant);
                 self.from_vm(now, vm, port, frame, pool);
             } else {
                 self.cpu.note(None, len);
@@ -645,6 +647,15 @@ fn share_unit(cfg: &Config) -> share::ShareUnit {
     } else {
         share::ShareUnit::Bytes
     }
+}
+
+/// Each tenant's packet-rate guarantee on this host: the sum of its local VMs' `min_pps`.
+fn tenant_min_pps(dir: &Directory) -> Vec<u64> {
+    let mut pps = vec![0u64; dir.tenants.len()];
+    for (v, _) in dir.local_vms() {
+        pps[dir.vms[v].tenant] += dir.vms[v].min_pps.unwrap_or(0);
+    }
+    pps
 }
 
 /// Each tenant's weight on this host: the sum of its local VMs' guarantees, as in the

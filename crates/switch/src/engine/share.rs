@@ -9,7 +9,9 @@
 //! queuing), bytes otherwise (byte-fair queuing at every stage, the baseline it is compared
 //! with). Shares are weighted like the schedulers: by the sum of the tenant's local
 //! guarantees, among the tenants that used the switch in this period or the last. Holding
-//! back is work-conserving: nobody is held while every active tenant is past its share.
+//! back is work-conserving: nobody is held while every active tenant is past its share. A
+//! tenant whose VMs have packet-rate guarantees (`min_pps`) is not held while it has read
+//! fewer packets this period than they add up to.
 
 use picnic_core::{Duration, Instant};
 
@@ -34,6 +36,10 @@ pub(super) struct FairShare {
     weights: Vec<u64>,
     /// Per tenant: units charged this period.
     used: Vec<u64>,
+    /// Per tenant: frames read from its VMs' ports this period.
+    packets: Vec<u64>,
+    /// Per tenant: packets a period its local VMs' `min_pps` guarantee.
+    guaranteed: Vec<u64>,
     /// Per tenant: whether it used the switch in the last period.
     active_before: Vec<bool>,
     /// Units charged to all tenants in the last period.
@@ -52,6 +58,8 @@ impl FairShare {
             unit,
             weights,
             used: vec![0; n],
+            packets: vec![0; n],
+            guaranteed: vec![0; n],
             active_before: vec![false; n],
             used_before: 0,
             idle: 0,
@@ -63,6 +71,14 @@ impl FairShare {
     /// Each tenant's new weight (a guarantee changed).
     pub(super) fn set_weights(&mut self, weights: Vec<u64>) {
         self.weights = weights;
+    }
+
+    /// Each tenant's packet-rate guarantee, packets/s (the sum of its local VMs' `min_pps`).
+    pub(super) fn set_guarantees(&mut self, pps: &[u64]) {
+        self.guaranteed = pps
+            .iter()
+            .map(|&p| (p as u128 * PERIOD.as_nanos() as u128 / 1_000_000_000) as u64)
+            .collect();
     }
 
     /// Starts a new period if the current one is over.
@@ -77,6 +93,7 @@ impl FairShare {
             *before = *used > 0;
             *used = 0;
         }
+        self.packets.iter_mut().for_each(|p| *p = 0);
         self.idle = 0;
         self.period_start = now;
     }
@@ -91,6 +108,11 @@ impl FairShare {
         }
     }
 
+    /// Notes a frame read from one of `tenant`'s VMs' ports.
+    pub(super) fn read(&mut self, tenant: usize) {
+        self.packets[tenant] += 1;
+    }
+
     /// Charges `tenant` for frames of `bytes` that took `ns` of the loop's CPU.
     pub(super) fn charge(&mut self, tenant: usize, ns: u64, bytes: u64) {
         self.used[tenant] += match self.unit {
@@ -102,7 +124,10 @@ impl FairShare {
     /// Whether `tenant` has used its share of a saturated loop's current period while
     /// another active tenant has not.
     pub(super) fn over(&self, tenant: usize) -> bool {
-        if !self.saturated || self.weights[tenant] == 0 {
+        if !self.saturated
+            || self.weights[tenant] == 0
+            || self.packets[tenant] < self.guaranteed[tenant]
+        {
             return false;
         }
         let active = |t: usize| self.used[t] > 0 || self.active_before[t];
@@ -182,5 +207,25 @@ mod tests {
         s.charge(1, 0, 50_001);
         assert!(!s.over(0) && !s.over(1));
         assert_eq!(s.poll_at(), None);
+    }
+
+    #[test]
+    fn a_tenant_under_its_packet_rate_guarantee_is_never_held_back() {
+        let mut s = FairShare::new(ShareUnit::CpuNs, vec![1, 1], Instant::ZERO);
+        // Tenant 1 is guaranteed 200 kpps: 2,000 packets a 10 ms period.
+        s.set_guarantees(&[0, 200_000]);
+        s.charge(0, 4_000_000, 0);
+        s.charge(1, 4_000_000, 0);
+        s.roll(at_us(10_000));
+        // Past its 4 ms share of the CPU but 1,999 frames into its 2,000: read on.
+        s.charge(1, 6_000_000, 0);
+        (0..1_999).for_each(|_| s.read(1));
+        assert!(!s.over(1));
+        s.read(1);
+        assert!(s.over(1), "guarantee met, share exceeded");
+        // A new period starts the count again.
+        s.roll(at_us(20_000));
+        s.charge(1, 9_000_000, 0);
+        assert!(!s.over(1));
     }
 }
