@@ -58,6 +58,13 @@ pub struct PicnicSettings {
     pub nice: i8,
     /// CPUs the switch threads run on; empty: wherever the scheduler puts them.
     pub cpus: Vec<usize>,
+    /// Worker threads of each switch's shared encryption engine (`accel.workers`).
+    pub accel_workers: usize,
+    /// Share of the workers' time the engine's limiter admits (`accel.capacity_percent`):
+    /// lower it to make the engine, not the link, the scarce resource.
+    pub accel_capacity_percent: u64,
+    /// Synthetic CPU per engine job, ns (`accel.job_work_ns`): a slower accelerator.
+    pub accel_job_work_ns: u64,
 }
 
 impl Default for PicnicSettings {
@@ -65,6 +72,9 @@ impl Default for PicnicSettings {
         PicnicSettings {
             nice: -10,
             cpus: Vec::new(),
+            accel_workers: 2,
+            accel_capacity_percent: 90,
+            accel_job_work_ns: 0,
         }
     }
 }
@@ -88,6 +98,10 @@ pub struct Tenant {
     /// CPU quota of the tenant's workload threads, in cores (e.g. 0.5): they run in a
     /// cgroup with this CFS quota (the lab's `cgroup` module); none leaves them unconfined.
     pub cpu_cores: Option<f64>,
+    /// Seal the tenant's overlay traffic in the switches' shared encryption engine (a key
+    /// derived from the tenant's index, for the lab only).
+    #[serde(default)]
+    pub encrypt: bool,
     /// The tenant's VMs.
     pub vms: Vec<Vm>,
 }

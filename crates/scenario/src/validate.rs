@@ -297,6 +297,7 @@ to = "b"
             "pps-flood.toml",
             "cpu-steal.toml",
             "cpu-fair.toml",
+            "accel-hog.toml",
         ] {
             let path = Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../../scenarios")

@@ -39,10 +39,18 @@ pub enum DropReason {
     CpuThrottledXdp,
     /// As `PpsLimit`, dropped by the uplink's XDP program before reaching the switch.
     PpsLimitXdp,
+    /// A sealed frame whose tag did not verify, or sealed with a key epoch the tenant does
+    /// not hold (tampered, forged or stale; `accel`).
+    AuthFailed,
+    /// A plain overlay frame for a tenant that encrypts, or a sealed one for a tenant that
+    /// does not (never delivered: a forger could otherwise skip authentication).
+    Unsealed,
+    /// The shared engine's queue for the tenant was full, or the tenant has no key.
+    AccelBusy,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 16] = [
+    pub const ALL: [DropReason; 19] = [
         DropReason::Malformed,
         DropReason::Spoofed,
         DropReason::UnknownDestination,
@@ -59,6 +67,9 @@ impl DropReason {
         DropReason::NoBuffer,
         DropReason::CpuThrottledXdp,
         DropReason::PpsLimitXdp,
+        DropReason::AuthFailed,
+        DropReason::Unsealed,
+        DropReason::AccelBusy,
     ];
     pub fn as_str(self) -> &'static str {
         match self {
@@ -78,6 +89,9 @@ impl DropReason {
             DropReason::NoBuffer => "no_buffer",
             DropReason::CpuThrottledXdp => "cpu_throttled_xdp",
             DropReason::PpsLimitXdp => "pps_limit_xdp",
+            DropReason::AuthFailed => "auth_failed",
+            DropReason::Unsealed => "unsealed",
+            DropReason::AccelBusy => "accel_busy",
         }
     }
 }

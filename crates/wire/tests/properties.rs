@@ -5,6 +5,9 @@ use std::net::Ipv4Addr;
 use picnic_wire::etherparse::{Ipv4HeaderSlice, PacketBuilder};
 use picnic_wire::feedback::FeedbackAuth;
 use picnic_wire::geneve::MAX_VNI;
+use picnic_wire::seal::{
+    open_in_place, seal_in_place, sealed_key_of, OpenError, SealHeader, TunnelKey, SEAL_OVERHEAD,
+};
 use picnic_wire::{
     classify, decap, encap, standalone_feedback, FeedbackOption, GenevePacket, GeneveRepr, Network,
     OuterHeaders, Ports,
@@ -92,6 +95,18 @@ fn parse_everything(bytes: &[u8]) {
     }
     if let Ok(summary) = classify(bytes) {
         let _ = summary.flow_hash();
+    }
+    let _ = sealed_key_of(bytes);
+    let key = TunnelKey::new(&[7; 16]).unwrap();
+    let mut room = bytes.to_vec();
+    room.extend_from_slice(&[0; SEAL_OVERHEAD]);
+    if let Ok(n) = open_in_place(&mut room, bytes.len(), |_| Some(&key)) {
+        assert!(n + SEAL_OVERHEAD <= bytes.len());
+    }
+    let mut room = bytes.to_vec();
+    room.extend_from_slice(&[0; SEAL_OVERHEAD]);
+    if let Ok(n) = seal_in_place(&mut room, bytes.len(), &key, SealHeader::new(1, 2, 3)) {
+        assert!(n <= bytes.len() + SEAL_OVERHEAD);
     }
 }
 
@@ -228,5 +243,51 @@ proptest! {
         }
         parse_everything(&frame);
         parse_everything(&frame[..cut.index(frame.len() + 1)]);
+    }
+
+    #[test]
+    fn sealing_round_trips_and_detects_flips(
+        inner_len in 0usize..1500,
+        key_bytes in proptest::collection::vec(any::<u8>(), 32),
+        long_key in any::<bool>(),
+        epoch in any::<u32>(),
+        counter in any::<u64>(),
+        flips in proptest::collection::vec((any::<prop::sample::Index>(), 1u8..=255), 0..3),
+    ) {
+        let key = TunnelKey::new(&key_bytes[..if long_key { 32 } else { 16 }]).unwrap();
+        let inner = tenant_frame(inner_len.min(1400), false, (1, 2));
+        let mut buf = vec![0u8; inner.len() + picnic_wire::ENCAP_OVERHEAD + SEAL_OVERHEAD];
+        let len = encap(&outer_fixed(), &GeneveRepr::ethernet(77), &inner, &mut buf).unwrap();
+        let plain = buf[..len].to_vec();
+        let sealed = seal_in_place(&mut buf, len, &key, SealHeader::new(epoch, 1, counter)).unwrap();
+        prop_assert_eq!(sealed_key_of(&buf[..sealed]), Ok((77, epoch)));
+        // Flips past the outer headers (Ethernet, IPv4, UDP: 42 bytes) must not open.
+        let mut authenticated_flip = false;
+        let any_flip = !flips.is_empty();
+        for (index, xor) in flips {
+            let i = index.index(sealed);
+            buf[i] ^= xor;
+            authenticated_flip |= i >= 42;
+        }
+        match open_in_place(&mut buf, sealed, |e| (e == epoch).then_some(&key)) {
+            Ok(n) => {
+                prop_assert!(!authenticated_flip);
+                prop_assert_eq!(&buf[42..n], &plain[42..]);
+            }
+            Err(OpenError::AuthFailed | OpenError::UnknownKey(_)) => prop_assert!(authenticated_flip),
+            // A flip in the outer headers (checksum, lengths) can make the packet unparseable.
+            Err(OpenError::Malformed(_)) => prop_assert!(any_flip),
+        }
+    }
+}
+
+fn outer_fixed() -> OuterHeaders {
+    OuterHeaders {
+        src_mac: [2, 0, 0, 0, 0, 1],
+        dst_mac: [2, 0, 0, 0, 0, 2],
+        src_ip: Ipv4Addr::new(198, 18, 0, 1),
+        dst_ip: Ipv4Addr::new(198, 18, 0, 2),
+        src_port: 50000,
+        ttl: 64,
     }
 }

@@ -19,7 +19,7 @@ use super::antispoof;
 use super::slo::Waited;
 use super::{cost_kind, ps_per_byte, sender_config, vm_scheduler, Engine};
 use crate::config::{Config, Mac};
-use crate::directory::{Directory, PortIdx, VmIdx, UPLINK};
+use crate::directory::{Directory, PortIdx, VmIdx};
 use crate::frame::{Frame, FramePool};
 use crate::stats::DropReason;
 
@@ -320,7 +320,7 @@ impl Engine {
             // Same host: straight to the destination's ingress queue and scheduler.
             return self.to_local_vm(now, w, frame, None, pool);
         }
-        if frame.len() + ENCAP_OVERHEAD > self.uplink_mtu + 14 {
+        if frame.len() + ENCAP_OVERHEAD + self.seal_overhead(tenant) > self.uplink_mtu + 14 {
             return self.drop_frame(now, pool, frame, Some(vm), DropReason::TooBig);
         }
         let item = (frame, w, entropy_source_port(summary.flow_hash()), vm, now);
@@ -507,7 +507,7 @@ impl Engine {
                     a.note_sent(now, endpoint, len);
                 }
                 self.counters.uplink_tx_packets += 1;
-                self.tx[UPLINK].push(frame);
+                self.to_uplink(tenant, src, frame);
                 self.slo.delivered(now, tenant, len, arrived, via);
             } else {
                 self.drop_frame(now, pool, frame, Some(w), DropReason::TooBig);
