@@ -35,7 +35,10 @@
 //! the VNI and picnic's piggybacked feedback are authenticated) and the seal header. The
 //! outer Ethernet, IPv4 and UDP headers are not: their MACs, TTL, checksum and (behind NAT)
 //! addresses and ports change in transit, as PSP excludes its outer headers too. There is
-//! no replay window (PSP has none either).
+//! no replay window (PSP has none either). The outer UDP length is not authenticated data
+//! either, but it decides where the ciphertext and the tag end, and GCM authenticates the
+//! ciphertext's length (SP 800-38D section 7.2, len(A) || len(C) in the GHASH): a packet
+//! whose UDP length was changed fails authentication, or does not parse.
 //!
 //! Both directions work in place on a buffer with 32 bytes to spare after the packet
 //! ([`SEAL_OVERHEAD`]): [`seal_in_place`] turns a plain tunnel packet as
@@ -416,6 +419,25 @@ mod tests {
             .calc_header_checksum();
         t[14 + 10..14 + 12].copy_from_slice(&sum.to_be_bytes());
         assert!(open_in_place(&mut t, sealed, |_| Some(&k)).is_ok());
+    }
+
+    #[test]
+    fn a_changed_udp_length_fails_authentication() {
+        // The outer UDP length is outside the associated data but decides where the tag is:
+        // shortened (the rest taken for Ethernet padding), the packet does not open.
+        let (mut buf, len) = plain(&[0x5A; 691], &GeneveRepr::ethernet(77));
+        let k = key(0, 16);
+        let sealed = seal_in_place(&mut buf, len, &k, SealHeader::new(0, 1, 0)).unwrap();
+        let udp_len = 14 + 20 + 4;
+        for (at, xor) in [(udp_len + 1, 0x20), (udp_len + 1, 0x01), (udp_len, 0x01)] {
+            let mut t = buf.clone();
+            t[at] ^= xor;
+            let opened = open_in_place(&mut t, sealed, |_| Some(&k));
+            assert!(
+                matches!(opened, Err(OpenError::AuthFailed | OpenError::Malformed(_))),
+                "UDP length byte {at} ^ {xor:#x}: {opened:?}"
+            );
+        }
     }
 
     #[test]
