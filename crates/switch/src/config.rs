@@ -375,6 +375,9 @@ pub struct TenantEntry {
     /// The tenant's weight in the shared engine (its base is its share of the capacity).
     #[serde(default = "default_accel_weight")]
     pub accel_weight: u64,
+    /// The tenant's packet program in the WebAssembly sandbox (`crate::offload`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offload: Option<crate::offload::OffloadEntry>,
 }
 fn default_key_epoch() -> u32 {
     1
@@ -740,6 +743,9 @@ impl Config {
             }
             if t.accel_weight == 0 {
                 return Err(err(format!("tenants[{i}].accel_weight"), "must be > 0"));
+            }
+            if let Some(Err((field, problem))) = t.offload.as_ref().map(|o| o.validate()) {
+                return Err(err(format!("tenants[{i}].offload.{field}"), problem));
             }
             if t.cgroup.is_some() && t.cpu_quota.is_none() {
                 return Err(err(

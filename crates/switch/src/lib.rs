@@ -10,6 +10,7 @@ pub mod driver;
 pub mod ebpf;
 pub mod engine;
 pub mod frame;
+pub mod offload;
 pub mod persist;
 pub mod port;
 pub mod runner;

@@ -47,10 +47,20 @@ pub enum DropReason {
     Unsealed,
     /// The shared engine's queue for the tenant was full, or the tenant has no key.
     AccelBusy,
+    /// The tenant's offload program dropped the frame (its result was not 0; `offload`).
+    OffloadDrop,
+    /// The tenant's offload program ran out of its per-packet fuel and was stopped.
+    OffloadFuel,
+    /// The tenant's offload programs had used their fuel for the period (stopped, or not run).
+    OffloadBudget,
+    /// The tenant's offload program tried to grow its memory past its limit and was stopped.
+    OffloadMemory,
+    /// The tenant's offload program trapped (unreachable, out-of-bounds access, ...).
+    OffloadTrap,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 19] = [
+    pub const ALL: [DropReason; 24] = [
         DropReason::Malformed,
         DropReason::Spoofed,
         DropReason::UnknownDestination,
@@ -70,6 +80,11 @@ impl DropReason {
         DropReason::AuthFailed,
         DropReason::Unsealed,
         DropReason::AccelBusy,
+        DropReason::OffloadDrop,
+        DropReason::OffloadFuel,
+        DropReason::OffloadBudget,
+        DropReason::OffloadMemory,
+        DropReason::OffloadTrap,
     ];
     pub fn as_str(self) -> &'static str {
         match self {
@@ -92,6 +107,11 @@ impl DropReason {
             DropReason::AuthFailed => "auth_failed",
             DropReason::Unsealed => "unsealed",
             DropReason::AccelBusy => "accel_busy",
+            DropReason::OffloadDrop => "offload_drop",
+            DropReason::OffloadFuel => "offload_fuel",
+            DropReason::OffloadBudget => "offload_budget",
+            DropReason::OffloadMemory => "offload_memory",
+            DropReason::OffloadTrap => "offload_trap",
         }
     }
 }

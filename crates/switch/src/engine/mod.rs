@@ -17,6 +17,7 @@ mod egress;
 pub mod feedback;
 mod ingress;
 mod kernel;
+mod offload;
 mod sealing;
 mod share;
 mod slo;
@@ -91,6 +92,8 @@ pub struct Engine {
     accel_jobs: Vec<crate::accel::Job>,
     /// Per tenant: its use of the shared engine.
     accel_use: Vec<AccelUse>,
+    /// Tenants' packet programs (`offload.rs`).
+    offload: offload::Offloads,
     pub vm_counters: Vec<VmCounters>,
     pub counters: SwitchCounters,
 }
@@ -145,6 +148,7 @@ impl Engine {
         let (pps_out, pps_in) = (pps_buckets(&dir, now), pps_buckets(&dir, now));
         let share = share::FairShare::new(tenant_weights(&dir), now);
         let slo = slo::SloTracker::new(&dir, now)?;
+        let offload = offload::Offloads::new(cfg, now)?;
         Ok(Engine {
             vm_counters: vec![VmCounters::default(); dir.vms.len()],
             dir,
@@ -169,6 +173,7 @@ impl Engine {
                 .collect(),
             accel_jobs: Vec::with_capacity(cfg.switch.batch * 2),
             accel_use: vec![AccelUse::default(); dir_tenants],
+            offload,
             counters: SwitchCounters::default(),
         })
     }
@@ -504,6 +509,7 @@ impl Engine {
                         .map(|(i, _)| self.vm_counters[i].softirq_ns)
                         .sum(),
                     accel: tenant.encrypt.then(|| self.accel_use[t].clone()),
+                    offload: self.offload_stats(t),
                 }
             })
             .collect();
@@ -567,6 +573,9 @@ pub struct TenantSnapshot {
     /// Use of the shared encryption engine (tenants with `encrypt = true`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accel: Option<AccelUse>,
+    /// The tenant's offload program's runs, faults, fuel and counters.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offload: Option<crate::offload::OffloadStats>,
 }
 
 /// The scheduler tree both engines use (PicNIC's per-VM queues, EyeQ's weights): a node per
@@ -698,6 +707,8 @@ mod feedback_tests;
 mod kernel_tests;
 #[cfg(test)]
 mod lifecycle_tests;
+#[cfg(test)]
+mod offload_tests;
 #[cfg(test)]
 mod sealing_tests;
 #[cfg(test)]
