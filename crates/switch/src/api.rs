@@ -313,6 +313,28 @@ fn handle(state: &ApiState, method: &Method, url: &str, body: &str) -> Reply {
         (Method::Get | Method::Put, ["tenants", name, "key"]) => {
             tenant_key(method, name, body, shared)
         }
+        (Method::Put, ["tenants", name, "offload"]) => change(state, &config, |c| {
+            let entry: crate::offload::OffloadEntry = parse_body(body).map_err(bad)?;
+            // A path would have the switch read (and quote in errors) any file it can.
+            if entry.program.is_some() {
+                return Err(bad(
+                    "body.program: the API takes the program's text (wat); files are for the config"
+                        .into(),
+                ));
+            }
+            entry
+                .validate()
+                .map_err(|(field, problem)| bad(format!("body.{field}: {problem}")))?;
+            crate::offload::check(&entry).map_err(|e| bad(format!("body: {e:#}")))?;
+            tenant_mut(c, name)?.offload = Some(entry);
+            Ok(())
+        }),
+        (Method::Delete, ["tenants", name, "offload"]) => change(state, &config, |c| {
+            match tenant_mut(c, name)?.offload.take() {
+                Some(_) => Ok(()),
+                None => Err(not_found(format!("path: tenant '{name}' has no program"))),
+            }
+        }),
         (Method::Delete, ["tenants", name]) => change(state, &config, |c| {
             if c.vms.iter().any(|v| v.tenant == *name) {
                 return Err((
@@ -340,6 +362,14 @@ fn handle(state: &ApiState, method: &Method, url: &str, body: &str) -> Reply {
         }),
         _ => error(404, format!("path: no route {method} /{}", path.join("/"))),
     }
+}
+
+/// The tenant `name` of `c`, to change.
+fn tenant_mut<'c>(c: &'c mut Config, name: &str) -> Result<&'c mut TenantEntry, Refusal> {
+    c.tenants
+        .iter_mut()
+        .find(|t| t.name == name)
+        .ok_or_else(|| not_found(format!("path: no tenant '{name}'")))
 }
 
 /// The latest published snapshot: an `Arc` load, no lock (see [`Shared`]).
@@ -956,6 +986,42 @@ mod tests {
         let (status, _, text) = handle(&state, &Method::Post, "/tenants", body);
         assert_eq!(status, 400);
         assert!(text.contains("max_loss must be a fraction"), "{text}");
+    }
+
+    #[test]
+    fn an_offload_program_is_attached_checked_and_detached() {
+        let state = api_state(shared(), None);
+        let name = state.shared.config().unwrap().tenants[0].name.clone();
+        let url = format!("/tenants/{name}/offload");
+        let put = |body: &str| handle(&state, &Method::Put, &url, body);
+        let acl = include_str!("../../../examples/offload/acl.wat");
+        let body = serde_json::json!({ "wat": acl, "fuel_per_packet": 5000 }).to_string();
+        let (status, _, text) = put(&body);
+        assert_eq!(status, 200, "{text}");
+        let entry = state.shared.config().unwrap().tenants[0]
+            .offload
+            .clone()
+            .unwrap();
+        assert_eq!((entry.fuel_per_packet, entry.memory_kib), (5000, 1024));
+        for (body, field) in [
+            (r#"{"program": "/etc/passwd"}"#, "body.program"),
+            (r#"{"wat": "(module)"}"#, "neither `egress` nor `ingress`"),
+            (r#"{"wat": "(module", "memory_kib": 1}"#, "body: program"),
+            (
+                r#"{"wat": "(module)", "fuel_per_packet": 0}"#,
+                "body.fuel_per_packet",
+            ),
+        ] {
+            let (status, _, text) = put(body);
+            assert_eq!(status, 400, "{body}: {text}");
+            assert!(text.contains(field), "{body}: {text}");
+        }
+        let delete = || handle(&state, &Method::Delete, &url, "");
+        assert_eq!(delete().0, 200);
+        assert!(state.shared.config().unwrap().tenants[0].offload.is_none());
+        assert_eq!(delete().0, 404);
+        let (status, _, _) = handle(&state, &Method::Put, "/tenants/nobody/offload", &body);
+        assert_eq!(status, 404);
     }
 
     /// A VM entry for the example's tenant blue on host 2, as JSON with `extra` fields.

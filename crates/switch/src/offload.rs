@@ -373,6 +373,19 @@ impl Program {
     }
 }
 
+/// Whether `entry`'s program loads (the API's check before it attaches one).
+pub fn check(entry: &OffloadEntry) -> anyhow::Result<()> {
+    let code = entry.code()?;
+    Program::load(
+        &engine(),
+        &code,
+        entry.limits(),
+        DEFAULT_PS_PER_FUEL,
+        Instant::ZERO,
+    )?;
+    Ok(())
+}
+
 /// The host API, and nothing else, under module `picnic`.
 fn host_api(engine: &WasmEngine) -> anyhow::Result<Linker<Host>> {
     let mut linker = Linker::new(engine);

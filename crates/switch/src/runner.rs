@@ -336,6 +336,7 @@ impl Switch {
     pub fn open(cfg: Config) -> anyhow::Result<Switch> {
         let clock = Clock::new();
         let mut engine = Engine::new(&cfg, clock.now())?;
+        calibrate_offloads(&mut engine);
         if let Some(path) = &cfg.switch.feedback_key_file {
             let key = crate::config::read_secret(path, "switch.feedback_key_file")?;
             engine
@@ -695,6 +696,7 @@ impl Switch {
             }
         }
         let mut engine = Engine::new(&cfg, self.clock.now())?;
+        calibrate_offloads(&mut engine);
         // XDP drops counted so far belong to the old engine's VMs (carried over by name).
         self.kernel.publish(&mut self.engine, self.clock.now());
         for (i, vm) in engine.dir.vms.iter().enumerate() {
@@ -733,6 +735,15 @@ impl Switch {
 
     pub fn port_index(&self, name: &str) -> Option<PortIdx> {
         self.ports.iter().position(|p| p.name() == name)
+    }
+}
+
+/// Charges the tenants' offload programs at the interpreter's speed on this machine,
+/// measured once per process (`offload::calibrate`).
+fn calibrate_offloads(engine: &mut Engine) {
+    static PS_PER_FUEL: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    if engine.has_offloads() {
+        engine.set_offload_cost(*PS_PER_FUEL.get_or_init(crate::offload::calibrate));
     }
 }
 
