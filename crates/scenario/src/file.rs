@@ -102,6 +102,10 @@ pub struct Tenant {
     /// derived from the tenant's index, for the lab only).
     #[serde(default)]
     pub encrypt: bool,
+    /// The tenant's packet program in every switch's WebAssembly sandbox (inline `wat`
+    /// text and budgets, as a switch config's `[tenants.offload]`).
+    #[serde(default)]
+    pub offload: Option<picnic_switch::offload::OffloadEntry>,
     /// The tenant's VMs.
     pub vms: Vec<Vm>,
 }

@@ -64,6 +64,7 @@ pub fn switch_config(
             key_file: None,
             key_epoch: 1,
             accel_weight: 1,
+            offload: tenant.offload.clone(),
         })
         .collect();
     let mut vms = Vec::new();
@@ -253,5 +254,23 @@ shaped_mbps = 10
             !off.isolation.accel,
             "picnic-off runs the engine as one FIFO"
         );
+    }
+
+    #[test]
+    fn offload_hog_attaches_the_hogs_program_on_every_host_with_its_budget_only_isolated() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../scenarios/offload-hog.toml");
+        let s = Scenario::load(&path).unwrap();
+        let topo = Topology::plan(&s, "t", &|role| role.to_string());
+        for isolated in [true, false] {
+            for h in &topo.hosts {
+                let cfg = switch_config(&s, &topo, h, isolated).unwrap();
+                assert!(cfg.tenants[0].offload.is_none());
+                let program = cfg.tenants[1].offload.as_ref().unwrap();
+                assert_eq!(program.fuel_per_period, 50_000);
+                picnic_switch::offload::check(program).unwrap();
+                assert_eq!(cfg.isolation.offload, isolated);
+            }
+        }
     }
 }

@@ -298,6 +298,7 @@ to = "b"
             "cpu-steal.toml",
             "cpu-fair.toml",
             "accel-hog.toml",
+            "offload-hog.toml",
         ] {
             let path = Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../../scenarios")

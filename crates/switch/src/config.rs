@@ -210,6 +210,10 @@ pub struct Isolation {
     /// The shared encryption engine's per-tenant queues and FairNIC limiter (FairNIC 4.4);
     /// off: one FIFO for every tenant's jobs.
     pub accel: bool,
+    /// Tenants' offload programs get a fuel budget per 10 ms period and their CPU is charged
+    /// to the tenant; off: a run only has its per-packet fuel (a sandbox without FairNIC's
+    /// rate limit or Iron's accounting).
+    pub offload: bool,
 }
 impl Default for Isolation {
     fn default() -> Self {
@@ -223,6 +227,7 @@ impl Default for Isolation {
             softirq_accounting: true,
             cpu_fair: true,
             accel: true,
+            offload: true,
         }
     }
 }
@@ -239,6 +244,7 @@ impl Isolation {
             softirq_accounting: false,
             cpu_fair: false,
             accel: false,
+            offload: false,
         }
     }
 }

@@ -24,7 +24,8 @@ pub(super) struct Offloads {
 }
 
 impl Offloads {
-    /// Loads the program of every tenant of `cfg` that has one, at `now`.
+    /// Loads the program of every tenant of `cfg` that has one, at `now` (without
+    /// `isolation.offload`, with no period budget).
     pub(super) fn new(cfg: &Config, now: Instant) -> anyhow::Result<Offloads> {
         let wasm = cfg
             .tenants
@@ -38,7 +39,14 @@ impl Offloads {
                 (Some(o), Some(engine)) => Program::load(
                     engine,
                     &o.code()?,
-                    o.limits(),
+                    offload::Limits {
+                        fuel_per_period: if cfg.isolation.offload {
+                            o.fuel_per_period
+                        } else {
+                            u64::MAX
+                        },
+                        ..o.limits()
+                    },
                     offload::DEFAULT_PS_PER_FUEL,
                     now,
                 )
@@ -74,7 +82,7 @@ impl Engine {
             return Some(frame);
         }
         let (frame, verdict, cpu_ns) = program.run(now, hook, frame, &mut self.offload.emitted);
-        if cpu_ns > 0 {
+        if cpu_ns > 0 && self.isolation.offload {
             self.cpu.note_direct(vm, cpu_ns);
         }
         let port = self.dir.vms[vm].port;
