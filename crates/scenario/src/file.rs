@@ -62,6 +62,13 @@ pub struct PicnicSettings {
     /// same in every picnic mode (a host gives its dataplane a fixed budget). None: whatever
     /// the scheduler gives it.
     pub cpu_cores: Option<f64>,
+    /// Worker threads of each switch's shared encryption engine (`accel.workers`).
+    pub accel_workers: usize,
+    /// Share of the workers' time the engine's limiter admits (`accel.capacity_percent`):
+    /// lower it to make the engine, not the link, the scarce resource.
+    pub accel_capacity_percent: u64,
+    /// Synthetic CPU per engine job, ns (`accel.job_work_ns`): a slower accelerator.
+    pub accel_job_work_ns: u64,
 }
 
 impl Default for PicnicSettings {
@@ -70,6 +77,9 @@ impl Default for PicnicSettings {
             nice: -10,
             cpus: Vec::new(),
             cpu_cores: None,
+            accel_workers: 2,
+            accel_capacity_percent: 90,
+            accel_job_work_ns: 0,
         }
     }
 }
@@ -93,6 +103,14 @@ pub struct Tenant {
     /// CPU quota of the tenant's workload threads, in cores (e.g. 0.5): they run in a
     /// cgroup with this CFS quota (the lab's `cgroup` module); none leaves them unconfined.
     pub cpu_cores: Option<f64>,
+    /// Seal the tenant's overlay traffic in the switches' shared encryption engine (a key
+    /// derived from the tenant's index, for the lab only).
+    #[serde(default)]
+    pub encrypt: bool,
+    /// The tenant's packet program in every switch's WebAssembly sandbox (inline `wat`
+    /// text and budgets, as a switch config's `[tenants.offload]`).
+    #[serde(default)]
+    pub offload: Option<picnic_switch::offload::OffloadEntry>,
     /// The tenant's VMs.
     pub vms: Vec<Vm>,
 }

@@ -56,6 +56,15 @@ pub fn switch_config(
                 max_loss: tenant.loss_max,
                 ..Slo::default()
             }),
+            encrypt: tenant.encrypt,
+            // A lab key, the same on every host: not a secret.
+            key: tenant
+                .encrypt
+                .then(|| format!("{:032x}", 0x5eed_u128 << 64 | t as u128)),
+            key_file: None,
+            key_epoch: 1,
+            accel_weight: 1,
+            offload: tenant.offload.clone(),
         })
         .collect();
     let mut vms = Vec::new();
@@ -125,6 +134,12 @@ pub fn switch_config(
             ..Default::default()
         },
         egress: EgressSection::default(),
+        accel: picnic_switch::config::AccelSection {
+            workers: scenario.picnic.accel_workers,
+            capacity_percent: scenario.picnic.accel_capacity_percent,
+            job_work_ns: scenario.picnic.accel_job_work_ns,
+            ..Default::default()
+        },
         hosts,
         tenants,
         vms,
@@ -212,5 +227,51 @@ shaped_mbps = 10
         assert_eq!(c.dst_port, Some(crate::BASE_PORT + 1));
         assert_eq!(c.rate_mbps, 10.0);
         assert!(shaped_classes(&s, &topo, "b").is_empty());
+    }
+
+    #[test]
+    fn accel_hog_encrypts_both_tenants_with_one_key_per_tenant_on_every_host() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/accel-hog.toml");
+        let s = Scenario::load(&path).unwrap();
+        let topo = Topology::plan(&s, "t", &|role| role.to_string());
+        let configs: Vec<Config> = topo
+            .hosts
+            .iter()
+            .map(|h| switch_config(&s, &topo, h, true).unwrap())
+            .collect();
+        for cfg in &configs {
+            assert!(cfg
+                .tenants
+                .iter()
+                .all(|t| t.encrypt && t.load_key().is_ok()));
+            assert_eq!((cfg.accel.workers, cfg.accel.job_work_ns), (1, 20_000));
+        }
+        let key = |c: &Config, t: usize| c.tenants[t].key.clone().unwrap();
+        assert_eq!(key(&configs[0], 0), key(&configs[1], 0));
+        assert_ne!(key(&configs[0], 0), key(&configs[0], 1));
+        let off = switch_config(&s, &topo, &topo.hosts[0], false).unwrap();
+        assert!(
+            !off.isolation.accel,
+            "picnic-off runs the engine as one FIFO"
+        );
+    }
+
+    #[test]
+    fn offload_hog_attaches_the_hogs_program_on_every_host_with_its_budget_only_isolated() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../scenarios/offload-hog.toml");
+        let s = Scenario::load(&path).unwrap();
+        let topo = Topology::plan(&s, "t", &|role| role.to_string());
+        for isolated in [true, false] {
+            for h in &topo.hosts {
+                let cfg = switch_config(&s, &topo, h, isolated).unwrap();
+                assert!(cfg.tenants[0].offload.is_none());
+                let program = cfg.tenants[1].offload.as_ref().unwrap();
+                assert_eq!(program.fuel_per_period, 50_000);
+                picnic_switch::offload::check(program).unwrap();
+                assert_eq!(cfg.isolation.offload, isolated);
+            }
+        }
     }
 }

@@ -302,6 +302,8 @@ to = "b"
             "pps-flood.toml",
             "cpu-steal.toml",
             "cpu-fair.toml",
+            "accel-hog.toml",
+            "offload-hog.toml",
         ] {
             let path = Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../../scenarios")

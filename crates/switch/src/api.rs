@@ -11,6 +11,9 @@
 //! | POST /tenants, /vms, /hosts | add one (JSON body: the config entry)              |
 //! | PUT /vms/NAME          | replace a VM entry (e.g. new min/max bandwidth)           |
 //! | DELETE /tenants/NAME, /vms/NAME, /hosts/ID | remove one                         |
+//! | GET /tenants/NAME/key  | an encrypting tenant's key epochs and fingerprints        |
+//! | PUT /tenants/NAME/key  | rotate: `{"epoch", "key" (hex), "activate"}` installs a key, |
+//! |                        | `{"epoch", "activate": true}` seals with an installed one   |
 //!
 //! Changes are validated like the config file and applied by the run loop between batches,
 //! then persisted to `switch.state_file` before the reply. Readers load the published
@@ -266,8 +269,8 @@ fn handle(state: &ApiState, method: &Method, url: &str, body: &str) -> Reply {
             "text/plain; version=0.0.4",
             latest(shared).map(|p| metrics(&p)).unwrap_or_default(),
         ),
-        (Method::Get, ["config"]) => json(200, &*config),
-        (Method::Get, ["tenants"]) => json(200, &config.tenants),
+        (Method::Get, ["config"]) => json(200, &redacted(&config)),
+        (Method::Get, ["tenants"]) => json(200, &redacted(&config).tenants),
         (Method::Get, ["vms"]) => json(200, &config.vms),
         (Method::Get, ["hosts"]) => json(200, &config.hosts),
         (Method::Post, ["tenants"]) => change(state, &config, |c| {
@@ -307,6 +310,31 @@ fn handle(state: &ApiState, method: &Method, url: &str, body: &str) -> Reply {
             }
             Ok(())
         }),
+        (Method::Get | Method::Put, ["tenants", name, "key"]) => {
+            tenant_key(method, name, body, shared)
+        }
+        (Method::Put, ["tenants", name, "offload"]) => change(state, &config, |c| {
+            let entry: crate::offload::OffloadEntry = parse_body(body).map_err(bad)?;
+            // A path would have the switch read (and quote in errors) any file it can.
+            if entry.program.is_some() {
+                return Err(bad(
+                    "body.program: the API takes the program's text (wat); files are for the config"
+                        .into(),
+                ));
+            }
+            entry
+                .validate()
+                .map_err(|(field, problem)| bad(format!("body.{field}: {problem}")))?;
+            crate::offload::check(&entry).map_err(|e| bad(format!("body: {e:#}")))?;
+            tenant_mut(c, name)?.offload = Some(entry);
+            Ok(())
+        }),
+        (Method::Delete, ["tenants", name, "offload"]) => change(state, &config, |c| {
+            match tenant_mut(c, name)?.offload.take() {
+                Some(_) => Ok(()),
+                None => Err(not_found(format!("path: tenant '{name}' has no program"))),
+            }
+        }),
         (Method::Delete, ["tenants", name]) => change(state, &config, |c| {
             if c.vms.iter().any(|v| v.tenant == *name) {
                 return Err((
@@ -336,7 +364,65 @@ fn handle(state: &ApiState, method: &Method, url: &str, body: &str) -> Reply {
     }
 }
 
+/// The tenant `name` of `c`, to change.
+fn tenant_mut<'c>(c: &'c mut Config, name: &str) -> Result<&'c mut TenantEntry, Refusal> {
+    c.tenants
+        .iter_mut()
+        .find(|t| t.name == name)
+        .ok_or_else(|| not_found(format!("path: no tenant '{name}'")))
+}
+
 /// The latest published snapshot: an `Arc` load, no lock (see [`Shared`]).
+/// The config as the API shows it: tenants' keys left out (`key_file` paths stay).
+fn redacted(config: &Config) -> Config {
+    let mut c = config.clone();
+    for t in &mut c.tenants {
+        t.key = t.key.as_ref().map(|_| "(redacted)".to_string());
+    }
+    c
+}
+
+/// The body of `PUT /tenants/NAME/key`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyChange {
+    epoch: u32,
+    /// 32 or 64 hex digits; absent: activate the installed `epoch`.
+    key: Option<String>,
+    #[serde(default)]
+    activate: bool,
+}
+
+/// Key rotation without loss (`accel::KeyRing`), applied at once by the engine's key
+/// rings (the run loop is not involved) and not persisted: update the config's key too.
+/// Keys are never shown, only their fingerprints.
+fn tenant_key(method: &Method, name: &str, body: &str, shared: &Shared) -> Reply {
+    let Some(keys) = shared.accel_keys() else {
+        return error(
+            404,
+            "path: no tenant encrypts (set encrypt = true and a key)",
+        );
+    };
+    let result = match method {
+        Method::Put => parse_body::<KeyChange>(body)
+            .map_err(|e| anyhow::anyhow!(e))
+            .and_then(|c| match (c.key, c.activate) {
+                (Some(hex), activate) => picnic_wire::seal::TunnelKey::from_hex(&hex)
+                    .map_err(|e| anyhow::anyhow!("body.key: {e}"))
+                    .and_then(|k| keys.install(name, c.epoch, k, activate)),
+                (None, true) => keys.activate(name, c.epoch),
+                (None, false) => Err(anyhow::anyhow!(
+                    "body.key: give a key to install, or \"activate\": true"
+                )),
+            }),
+        _ => Ok(()),
+    };
+    match result.and_then(|()| keys.describe(name)) {
+        Ok(view) => json(200, view),
+        Err(e) => error(400, format!("{e:#}")),
+    }
+}
+
 fn latest(shared: &Shared) -> Option<Arc<Published>> {
     shared.latest()
 }
@@ -741,6 +827,7 @@ mod tests {
             ports: Vec::new(),
             pool_free: pool.available(),
             pool_capacity: pool.capacity(),
+            accel: None,
             slo: engine.slo_report(now),
         });
         shared
@@ -899,6 +986,42 @@ mod tests {
         let (status, _, text) = handle(&state, &Method::Post, "/tenants", body);
         assert_eq!(status, 400);
         assert!(text.contains("max_loss must be a fraction"), "{text}");
+    }
+
+    #[test]
+    fn an_offload_program_is_attached_checked_and_detached() {
+        let state = api_state(shared(), None);
+        let name = state.shared.config().unwrap().tenants[0].name.clone();
+        let url = format!("/tenants/{name}/offload");
+        let put = |body: &str| handle(&state, &Method::Put, &url, body);
+        let acl = include_str!("../../../examples/offload/acl.wat");
+        let body = serde_json::json!({ "wat": acl, "fuel_per_packet": 5000 }).to_string();
+        let (status, _, text) = put(&body);
+        assert_eq!(status, 200, "{text}");
+        let entry = state.shared.config().unwrap().tenants[0]
+            .offload
+            .clone()
+            .unwrap();
+        assert_eq!((entry.fuel_per_packet, entry.memory_kib), (5000, 1024));
+        for (body, field) in [
+            (r#"{"program": "/etc/passwd"}"#, "body.program"),
+            (r#"{"wat": "(module)"}"#, "neither `egress` nor `ingress`"),
+            (r#"{"wat": "(module", "memory_kib": 1}"#, "body: program"),
+            (
+                r#"{"wat": "(module)", "fuel_per_packet": 0}"#,
+                "body.fuel_per_packet",
+            ),
+        ] {
+            let (status, _, text) = put(body);
+            assert_eq!(status, 400, "{body}: {text}");
+            assert!(text.contains(field), "{body}: {text}");
+        }
+        let delete = || handle(&state, &Method::Delete, &url, "");
+        assert_eq!(delete().0, 200);
+        assert!(state.shared.config().unwrap().tenants[0].offload.is_none());
+        assert_eq!(delete().0, 404);
+        let (status, _, _) = handle(&state, &Method::Put, "/tenants/nobody/offload", &body);
+        assert_eq!(status, 404);
     }
 
     /// A VM entry for the example's tenant blue on host 2, as JSON with `extra` fields.
@@ -1148,5 +1271,55 @@ mod tests {
         );
         assert_eq!(status, 200, "{body}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn key_rotation_installs_then_activates_and_never_shows_a_key() {
+        let mut cfg = (*shared().config().unwrap()).clone();
+        let t = &mut cfg.tenants[0];
+        let name = t.name.clone();
+        t.encrypt = true;
+        t.key = Some("00112233445566778899aabbccddeeff".into());
+        cfg.accel.workers = 1;
+        cfg.accel.per_job_ns = Some(400);
+        cfg.accel.per_byte_ps = Some(1000);
+        let accel = crate::accel::Accel::from_config(&cfg).unwrap().unwrap();
+        let state = api_state(Shared::default(), None);
+        state.shared.set_config(cfg);
+        state.shared.set_accel_keys(Some(accel.keys()));
+        let url = format!("/tenants/{name}/key");
+        let put = |body: &str| handle(&state, &Method::Put, &url, body);
+        let new_key = "ffeeddccbbaa99887766554433221100";
+        let (status, _, body) = put(&format!(r#"{{"epoch": 2, "key": "{new_key}"}}"#));
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["sending_epoch"], 1, "installed, not yet sealing: {v}");
+        assert_eq!(v["keys"].as_array().unwrap().len(), 2);
+        let (status, _, body) = put(r#"{"epoch": 2, "activate": true}"#);
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["sending_epoch"], 2, "{v}");
+        assert!(!body.contains(new_key), "a key is shown: {body}");
+        // Refusals name what is wrong.
+        for (body, want) in [
+            (r#"{"epoch": 3, "key": "zz"}"#, "body.key"),
+            (r#"{"epoch": 3}"#, "body.key"),
+            (
+                r#"{"epoch": 2, "key": "00000000000000000000000000000000"}"#,
+                "epoch 2 is in use",
+            ),
+            (r#"{"epoch": 9, "activate": true}"#, "no key of epoch 9"),
+        ] {
+            let (status, _, text) = put(body);
+            assert_eq!(status, 400, "{body}: {text}");
+            assert!(text.contains(want), "{body}: {text}");
+        }
+        let (status, _, text) = handle(&state, &Method::Get, "/tenants/nobody/key", "");
+        assert_eq!(status, 400, "{text}");
+        let (_, _, config) = handle(&state, &Method::Get, "/config", "");
+        assert!(
+            config.contains("(redacted)") && !config.contains("00112233"),
+            "{config}"
+        );
     }
 }

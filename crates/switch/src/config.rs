@@ -88,6 +88,9 @@ pub struct Config {
     pub ingress: IngressSection,
     #[serde(default)]
     pub egress: EgressSection,
+    /// The shared encryption engine of tenants with `encrypt = true`.
+    #[serde(default)]
+    pub accel: AccelSection,
     /// Every host of the overlay, this one included (static table; the API updates it live).
     #[serde(default)]
     pub hosts: Vec<HostEntry>,
@@ -204,6 +207,13 @@ pub struct Isolation {
     /// Both schedulers share each frame's dominant resource, its measured CPU or its link
     /// time (PicNIC's CPU-fair WFQ); off: they share bytes.
     pub cpu_fair: bool,
+    /// The shared encryption engine's per-tenant queues and FairNIC limiter (FairNIC 4.4);
+    /// off: one FIFO for every tenant's jobs.
+    pub accel: bool,
+    /// Tenants' offload programs get a fuel budget per 10 ms period and their CPU is charged
+    /// to the tenant; off: a run only has its per-packet fuel (a sandbox without FairNIC's
+    /// rate limit or Iron's accounting).
+    pub offload: bool,
 }
 impl Default for Isolation {
     fn default() -> Self {
@@ -216,6 +226,8 @@ impl Default for Isolation {
             cpu_accounting: true,
             softirq_accounting: true,
             cpu_fair: true,
+            accel: true,
+            offload: true,
         }
     }
 }
@@ -231,6 +243,8 @@ impl Isolation {
             cpu_accounting: false,
             softirq_accounting: false,
             cpu_fair: false,
+            accel: false,
+            offload: false,
         }
     }
 }
@@ -285,6 +299,38 @@ impl Default for EgressSection {
     }
 }
 
+/// The shared engine that seals and opens encrypted tenants' tunnel packets (`accel`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AccelSection {
+    /// Worker threads of the engine.
+    pub workers: usize,
+    /// Jobs each tenant's queue holds; a frame arriving at a full queue is dropped
+    /// (`accel_busy`).
+    pub queue_jobs: usize,
+    /// Share of the workers' time the FairNIC limiter admits, percent (1..=100).
+    pub capacity_percent: u64,
+    /// Token cost of a job: fixed ns and ps per byte. Measured at start when absent.
+    pub per_job_ns: Option<u64>,
+    pub per_byte_ps: Option<u64>,
+    /// Synthetic extra CPU per job, ns (spun on the worker, charged like the real work), so
+    /// the engine can be made the scarce resource as a slower accelerator would be, the
+    /// counterpart of `ingress.work_ns`. 0: none.
+    pub job_work_ns: u64,
+}
+impl Default for AccelSection {
+    fn default() -> Self {
+        AccelSection {
+            workers: 2,
+            queue_jobs: 256,
+            capacity_percent: 90,
+            per_job_ns: None,
+            per_byte_ps: None,
+            job_work_ns: 0,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HostEntry {
@@ -318,6 +364,50 @@ pub struct TenantEntry {
     /// monitored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slo: Option<Slo>,
+    /// Seal the tenant's overlay traffic (AES-GCM, `picnic_wire::seal`) in the shared engine;
+    /// its frames from other hosts must be sealed too. Needs `key` or `key_file`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub encrypt: bool,
+    /// The tenant's key, 32 or 64 hex digits (AES-128 or AES-256-GCM). The API shows it
+    /// redacted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// A file holding the key in hex, read when the switch starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<std::path::PathBuf>,
+    /// The epoch of that key (rotations through the API install further epochs).
+    #[serde(default = "default_key_epoch")]
+    pub key_epoch: u32,
+    /// The tenant's weight in the shared engine (its base is its share of the capacity).
+    #[serde(default = "default_accel_weight")]
+    pub accel_weight: u64,
+    /// The tenant's packet program in the WebAssembly sandbox (`crate::offload`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offload: Option<crate::offload::OffloadEntry>,
+}
+fn default_key_epoch() -> u32 {
+    1
+}
+fn default_accel_weight() -> u64 {
+    1
+}
+
+impl TenantEntry {
+    /// The tenant's key from `key` or `key_file`.
+    pub fn load_key(&self) -> anyhow::Result<picnic_wire::seal::TunnelKey> {
+        let hex = match (&self.key, &self.key_file) {
+            (Some(k), None) => k.clone(),
+            (None, Some(path)) => std::fs::read_to_string(path).map_err(|e| {
+                anyhow::anyhow!("tenant '{}': key_file {}: {e}", self.name, path.display())
+            })?,
+            _ => anyhow::bail!(
+                "tenant '{}': give exactly one of key and key_file",
+                self.name
+            ),
+        };
+        picnic_wire::seal::TunnelKey::from_hex(&hex)
+            .map_err(|e| anyhow::anyhow!("tenant '{}': key: {e}", self.name))
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -557,6 +647,38 @@ impl Config {
         if !(0.0..0.9).contains(&self.ingress.headroom) {
             return Err(err("ingress.headroom", "must be a fraction in [0, 0.9)"));
         }
+        if self.accel.workers == 0 || self.accel.workers > 64 {
+            return Err(err("accel.workers", "must be in 1..=64"));
+        }
+        if !(1..=65_536).contains(&self.accel.queue_jobs) {
+            return Err(err(
+                "accel.queue_jobs",
+                "must be in 1..=65536 (bounded memory)",
+            ));
+        }
+        if self.accel.job_work_ns > 1_000_000 {
+            return Err(err("accel.job_work_ns", "must be at most 1000000 (1 ms)"));
+        }
+        if self
+            .accel
+            .per_job_ns
+            .is_some_and(|n| n == 0 || n > 1_000_000)
+            || self.accel.per_byte_ps.is_some_and(|p| p > 1_000_000)
+        {
+            return Err(err(
+                "accel.per_job_ns",
+                "per_job_ns must be in 1..=1000000 and per_byte_ps at most 1000000",
+            ));
+        }
+        if !(1..=100).contains(&self.accel.capacity_percent) {
+            return Err(err("accel.capacity_percent", "must be in 1..=100"));
+        }
+        if self.accel.per_job_ns.is_some() != self.accel.per_byte_ps.is_some() {
+            return Err(err(
+                "accel.per_job_ns",
+                "give both per_job_ns and per_byte_ps, or neither (measured at start)",
+            ));
+        }
         check_mbps("ingress.capacity_mbps", self.ingress.capacity_mbps)?;
         if let Some(mbps) = self.uplink.capacity_mbps {
             check_mbps("uplink.capacity_mbps", mbps)?;
@@ -623,6 +745,21 @@ impl Config {
             }
             if let Some(Err(e)) = t.slo.as_ref().map(Slo::validate) {
                 return Err(err(format!("tenants[{i}].slo.{}", e.field), e.message));
+            }
+            if t.encrypt && t.key.is_some() == t.key_file.is_some() {
+                return Err(err(
+                    format!("tenants[{i}].key"),
+                    "encrypt = true needs exactly one of key (hex) and key_file",
+                ));
+            }
+            if let Some(Err(e)) = t.key.as_deref().map(picnic_wire::seal::TunnelKey::from_hex) {
+                return Err(err(format!("tenants[{i}].key"), e.to_string()));
+            }
+            if t.accel_weight == 0 {
+                return Err(err(format!("tenants[{i}].accel_weight"), "must be > 0"));
+            }
+            if let Some(Err((field, problem))) = t.offload.as_ref().map(|o| o.validate()) {
+                return Err(err(format!("tenants[{i}].offload.{field}"), problem));
             }
             if t.cgroup.is_some() && t.cpu_quota.is_none() {
                 return Err(err(

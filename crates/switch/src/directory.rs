@@ -26,6 +26,8 @@ pub struct Tenant {
     pub cgroup: Option<std::path::PathBuf>,
     /// The tenant's SLO, judged by the engine's monitors.
     pub slo: Option<picnic_core::slo::Slo>,
+    /// Its overlay traffic is sealed by the shared engine (`accel`).
+    pub encrypt: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -85,6 +87,7 @@ impl Directory {
                 vni: t.vni,
                 cpu_quota: t.cpu_quota,
                 cgroup: t.cgroup.clone(),
+                encrypt: t.encrypt,
                 slo: t.slo.clone(),
             });
         }

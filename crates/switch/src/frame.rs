@@ -49,6 +49,12 @@ impl Frame {
         &mut self.buf[self.start..self.start + self.len]
     }
 
+    /// The packet bytes followed by the free room after them, for in-place work that grows
+    /// the packet at its end (sealing adds a header and a tag); then call [`Frame::set_len`].
+    pub fn data_and_tail_mut(&mut self) -> &mut [u8] {
+        &mut self.buf[self.start..]
+    }
+
     /// Length of the packet in bytes.
     pub fn len(&self) -> usize {
         self.len

@@ -9,6 +9,7 @@
 //! deadline. Several switches share 2 cores in the lab, so an idle switch must not burn a
 //! core (DESIGN.md section 7).
 
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 
@@ -19,6 +20,7 @@ use anyhow::Context;
 use picnic_core::{Duration, Instant};
 use picnic_wire::overlay::ENCAP_OVERHEAD;
 
+use crate::accel::{Accel, AccelKeys, AccelView, Exchange};
 use crate::cgroup::CpuQuota;
 use crate::config::{BackendKind, Config};
 use crate::directory::{PortIdx, TenantIdx};
@@ -150,6 +152,9 @@ pub struct Published {
     /// a port's transmit batch; all are back when the queues drain).
     pub pool_free: usize,
     pub pool_capacity: usize,
+    /// The shared encryption engine, when a tenant encrypts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accel: Option<AccelView>,
     #[serde(skip)]
     pub slo: SloReport,
 }
@@ -161,6 +166,8 @@ pub struct Published {
 pub struct Shared {
     snapshot: ArcSwapOption<Published>,
     config: ArcSwapOption<Config>,
+    /// The encrypting tenants' keys, for rotation through the API (None: nobody encrypts).
+    accel_keys: ArcSwapOption<AccelKeys>,
 }
 
 impl Shared {
@@ -179,6 +186,14 @@ impl Shared {
     pub fn set_config(&self, cfg: Config) {
         self.config.store(Some(Arc::new(cfg)));
     }
+    /// The running shared engine's keys (None when no tenant encrypts).
+    pub fn accel_keys(&self) -> Option<Arc<AccelKeys>> {
+        self.accel_keys.load_full()
+    }
+    /// Publishes the running shared engine's keys for the API.
+    pub fn set_accel_keys(&self, keys: Option<AccelKeys>) {
+        self.accel_keys.store(keys.map(Arc::new));
+    }
 }
 
 pub struct Switch {
@@ -195,6 +210,9 @@ pub struct Switch {
     waits: Vec<(AdaptiveWait, u64)>,
     /// The eBPF programs' maps: the uplink's early drop, the ports' softirq time.
     kernel: KernelLink,
+    /// The shared encryption engine, when a tenant encrypts, and its exchange buffers.
+    accel: Option<Accel>,
+    accel_scratch: Exchange,
 }
 
 /// Receive ring slots, the queue length L of the Rizzo model.
@@ -298,6 +316,17 @@ pub fn vm_max_frame(cfg: &Config) -> usize {
     (cfg.uplink.mtu + 14).saturating_sub(ENCAP_OVERHEAD)
 }
 
+/// [`vm_max_frame`] for a VM of `tenant`: less the sealing overhead when the tenant
+/// encrypts.
+fn vm_max_frame_of(cfg: &Config, tenant: &str) -> usize {
+    let encrypts = cfg.tenants.iter().any(|t| t.name == tenant && t.encrypt);
+    vm_max_frame(cfg).saturating_sub(if encrypts {
+        picnic_wire::seal::SEAL_OVERHEAD
+    } else {
+        0
+    })
+}
+
 /// Opens the uplink; an AF_XDP uplink also gives the maps of its early drop.
 fn open_uplink(cfg: &Config) -> anyhow::Result<(Box<dyn Port>, Option<EarlyDrop>)> {
     let ifname = &cfg.uplink.ifname;
@@ -333,6 +362,7 @@ impl Switch {
     pub fn open(cfg: Config) -> anyhow::Result<Switch> {
         let clock = Clock::new();
         let mut engine = Engine::new(&cfg, clock.now())?;
+        calibrate_offloads(&mut engine);
         if let Some(path) = &cfg.switch.feedback_key_file {
             let key = crate::config::read_secret(path, "switch.feedback_key_file")?;
             engine
@@ -347,7 +377,7 @@ impl Switch {
                     &p.ifname,
                     p.backend,
                     &format!("vms[{i}].port.ifname"),
-                    vm_max_frame(&cfg),
+                    vm_max_frame_of(&cfg, &vm.tenant),
                 )?);
             }
         }
@@ -357,8 +387,10 @@ impl Switch {
             && cfg.isolation.softirq_accounting
             && cfg.tenants.iter().any(|t| t.cpu_quota.is_some());
         let kernel = KernelLink::open(early_drop, softirq, &tenant_ports(&ports));
+        let accel = Accel::from_config(&cfg)?;
         let mut switch = Self::with_ports(cfg, engine, ports, clock);
         switch.kernel = kernel;
+        switch.set_accel(accel);
         Ok(switch)
     }
 
@@ -385,6 +417,8 @@ impl Switch {
             commands: None,
             waits: Vec::new(),
             kernel: KernelLink::default(),
+            accel: None,
+            accel_scratch: Exchange::default(),
             cfg,
         }
     }
@@ -475,9 +509,19 @@ impl Switch {
                 waits: &mut self.waits,
                 work: &mut self.work,
             };
-            let busy = driver
+            let mut busy = driver
                 .iterate(now, &mut self.engine, &mut io, &mut self.pool)?
                 .busy();
+            // The shared engine: frames set aside go to its workers, their results come back
+            // (sealed ones are sent by the next iteration).
+            if let Some(accel) = &self.accel {
+                busy += accel.exchange(
+                    &mut self.engine,
+                    now,
+                    &mut self.pool,
+                    &mut self.accel_scratch,
+                );
+            }
             if busy > 0 {
                 let took = self.clock.now() - now;
                 for (wait, _) in &mut self.waits {
@@ -524,6 +568,13 @@ impl Switch {
                 (0..self.ports.len())
                     .filter(|&p| self.engine.rx_ready(now, p, batch))
                     .filter_map(|p| self.ports[p].raw_fd()),
+            );
+            // The shared engine's results wake the loop too.
+            fds.extend(
+                self.accel
+                    .as_ref()
+                    .and_then(Accel::notify_fd)
+                    .map(|fd| fd.as_raw_fd()),
             );
             wait_readable(&fds, std::time::Duration::from_nanos(timeout.as_nanos()))?;
         }
@@ -586,6 +637,7 @@ impl Switch {
             ports,
             pool_free: self.pool.available(),
             pool_capacity: self.pool.capacity(),
+            accel: self.accel.as_ref().map(|a| a.view(&self.cfg)),
             slo: self.engine.slo_report(now),
         });
     }
@@ -643,7 +695,7 @@ impl Switch {
                         &p.ifname,
                         p.backend,
                         &format!("vms[{i}].port.ifname"),
-                        vm_max_frame(&cfg),
+                        vm_max_frame_of(&cfg, &vm.tenant),
                     ) {
                         Ok(port) => ports.push(port),
                         Err(e) => {
@@ -666,6 +718,7 @@ impl Switch {
             }
         }
         let mut engine = Engine::new(&cfg, self.clock.now())?;
+        calibrate_offloads(&mut engine);
         // XDP drops counted so far belong to the old engine's VMs (carried over by name).
         self.kernel.publish(&mut self.engine, self.clock.now());
         for (i, vm) in engine.dir.vms.iter().enumerate() {
@@ -676,8 +729,10 @@ impl Switch {
         engine.counters = self.engine.counters.clone();
         engine.carry_slo_from(&mut self.engine);
         engine.carry_feedback_auth_from(&mut self.engine);
+        let accel = Accel::from_config_after(&cfg, self.accel.as_ref())?;
         let mut old_engine = std::mem::replace(&mut self.engine, engine);
         old_engine.release_frames(&mut self.pool);
+        self.set_accel(accel);
         self.ports = ports;
         if let Err(e) = self.kernel.set_ports(&tenant_ports(&self.ports)) {
             eprintln!("picnic switch: warning: softirq accounting: {e}");
@@ -687,8 +742,30 @@ impl Switch {
         Ok(())
     }
 
+    /// Replaces the shared engine; the old one's frames go back to the pool.
+    fn set_accel(&mut self, accel: Option<Accel>) {
+        if let Some(old) = self.accel.take() {
+            let mut frames = Vec::new();
+            old.shutdown(&mut frames);
+            for f in frames {
+                self.pool.put(f);
+            }
+        }
+        self.shared.set_accel_keys(accel.as_ref().map(Accel::keys));
+        self.accel = accel;
+    }
+
     pub fn port_index(&self, name: &str) -> Option<PortIdx> {
         self.ports.iter().position(|p| p.name() == name)
+    }
+}
+
+/// Charges the tenants' offload programs at the interpreter's speed on this machine,
+/// measured once per process (`offload::calibrate`).
+fn calibrate_offloads(engine: &mut Engine) {
+    static PS_PER_FUEL: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    if engine.has_offloads() {
+        engine.set_offload_cost(*PS_PER_FUEL.get_or_init(crate::offload::calibrate));
     }
 }
 

@@ -39,10 +39,28 @@ pub enum DropReason {
     CpuThrottledXdp,
     /// As `PpsLimit`, dropped by the uplink's XDP program before reaching the switch.
     PpsLimitXdp,
+    /// A sealed frame whose tag did not verify, or sealed with a key epoch the tenant does
+    /// not hold (tampered, forged or stale; `accel`).
+    AuthFailed,
+    /// A plain overlay frame for a tenant that encrypts, or a sealed one for a tenant that
+    /// does not (never delivered: a forger could otherwise skip authentication).
+    Unsealed,
+    /// The shared engine's queue for the tenant was full, or the tenant has no key.
+    AccelBusy,
+    /// The tenant's offload program dropped the frame (its result was not 0; `offload`).
+    OffloadDrop,
+    /// The tenant's offload program ran out of its per-packet fuel and was stopped.
+    OffloadFuel,
+    /// The tenant's offload programs had used their fuel for the period (stopped, or not run).
+    OffloadBudget,
+    /// The tenant's offload program tried to grow its memory past its limit and was stopped.
+    OffloadMemory,
+    /// The tenant's offload program trapped (unreachable, out-of-bounds access, ...).
+    OffloadTrap,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 16] = [
+    pub const ALL: [DropReason; 24] = [
         DropReason::Malformed,
         DropReason::Spoofed,
         DropReason::UnknownDestination,
@@ -59,6 +77,14 @@ impl DropReason {
         DropReason::NoBuffer,
         DropReason::CpuThrottledXdp,
         DropReason::PpsLimitXdp,
+        DropReason::AuthFailed,
+        DropReason::Unsealed,
+        DropReason::AccelBusy,
+        DropReason::OffloadDrop,
+        DropReason::OffloadFuel,
+        DropReason::OffloadBudget,
+        DropReason::OffloadMemory,
+        DropReason::OffloadTrap,
     ];
     pub fn as_str(self) -> &'static str {
         match self {
@@ -78,6 +104,14 @@ impl DropReason {
             DropReason::NoBuffer => "no_buffer",
             DropReason::CpuThrottledXdp => "cpu_throttled_xdp",
             DropReason::PpsLimitXdp => "pps_limit_xdp",
+            DropReason::AuthFailed => "auth_failed",
+            DropReason::Unsealed => "unsealed",
+            DropReason::AccelBusy => "accel_busy",
+            DropReason::OffloadDrop => "offload_drop",
+            DropReason::OffloadFuel => "offload_fuel",
+            DropReason::OffloadBudget => "offload_budget",
+            DropReason::OffloadMemory => "offload_memory",
+            DropReason::OffloadTrap => "offload_trap",
         }
     }
 }

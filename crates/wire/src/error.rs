@@ -39,6 +39,8 @@ pub enum Error {
     },
     /// The packet to build would exceed the 65535-byte IPv4 total length.
     TooLarge,
+    /// An AES-GCM key must be 16 or 32 bytes; this one has that many.
+    BadKeyLength(usize),
 }
 
 impl fmt::Display for Error {
@@ -63,6 +65,12 @@ impl fmt::Display for Error {
                 write!(f, "output buffer too small: {needed} bytes needed")
             }
             Error::TooLarge => write!(f, "packet would exceed the 65535-byte IPv4 limit"),
+            Error::BadKeyLength(n) => {
+                write!(
+                    f,
+                    "key of {n} bytes: AES-GCM keys are 16 or 32 bytes (32 or 64 hex digits)"
+                )
+            }
         }
     }
 }

@@ -5,6 +5,7 @@
 //! - [`feedback`]: picnic's Geneve option carrying receiver-driven congestion feedback, and
 //!   standalone feedback packets.
 //! - [`overlay`]: allocation-free encapsulation and decapsulation over Ethernet/IPv4/UDP 6081.
+//! - [`seal`]: PSP-like AES-GCM sealing of a tunnel packet's inner frame with per-tenant keys.
 //! - [`offload`]: a VM's transmit offloads finished in software: the virtio-net header,
 //!   partial checksum completion and TSO/USO segmentation.
 //! - [`mod@classify`]: the cheap classification of a tenant frame done before scheduling.
@@ -19,6 +20,7 @@ pub mod feedback;
 pub mod geneve;
 pub mod offload;
 pub mod overlay;
+pub mod seal;
 
 pub use classify::{classify, ArpSummary, FrameSummary, Network, Ports};
 pub use error::Error;

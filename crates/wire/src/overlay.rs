@@ -147,6 +147,26 @@ pub struct Decapped<'a> {
 /// returns its metadata and inner frame. The outer IPv4 header checksum is verified; the UDP
 /// checksum is not (see the module docs); outer fragments are refused.
 pub fn decap(frame: &[u8]) -> Result<Decapped<'_>, Error> {
+    tunnel_layout(frame).map(|(decapped, _)| decapped)
+}
+
+/// Where the headers of a checked tunnel packet start, as offsets into the frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Layout {
+    /// The outer IPv4 header (after the 14-byte Ethernet header).
+    pub ip: usize,
+    /// The outer UDP header.
+    pub udp: usize,
+    /// The Geneve header.
+    pub geneve: usize,
+    /// The Geneve payload (the inner frame).
+    pub inner: usize,
+    /// The end of the UDP datagram (Ethernet padding excluded).
+    pub end: usize,
+}
+
+/// [`decap`] plus the offsets of every header, for the in-place sealing of [`crate::seal`].
+pub(crate) fn tunnel_layout(frame: &[u8]) -> Result<(Decapped<'_>, Layout), Error> {
     let eth = Ethernet2Slice::from_slice_without_fcs(frame).map_err(|e| from_len_error(&e))?;
     if eth.ether_type() != EtherType::IPV4 {
         return Err(Error::NotGeneve);
@@ -180,12 +200,22 @@ pub fn decap(frame: &[u8]) -> Result<Decapped<'_>, Error> {
     let geneve_bytes = udp.payload();
     let packet = GenevePacket::new_checked(geneve_bytes)?;
     let geneve = GeneveRepr::parse(&packet)?;
-    Ok(Decapped {
+    let offset_of = |part: &[u8]| part.as_ptr() as usize - frame.as_ptr() as usize;
+    let geneve_at = offset_of(geneve_bytes);
+    let layout = Layout {
+        ip: ETHERNET_LEN,
+        udp: offset_of(udp.slice()),
+        geneve: geneve_at,
+        inner: geneve_at + packet.header_len(),
+        end: geneve_at + geneve_bytes.len(),
+    };
+    let decapped = Decapped {
         outer_src_ip: header.source_addr(),
         outer_src_port: udp.source_port(),
         geneve,
         inner: &geneve_bytes[packet.header_len()..],
-    })
+    };
+    Ok((decapped, layout))
 }
 
 #[cfg(test)]

@@ -5,6 +5,9 @@ use std::net::Ipv4Addr;
 use picnic_wire::etherparse::{Ipv4HeaderSlice, PacketBuilder};
 use picnic_wire::feedback::FeedbackAuth;
 use picnic_wire::geneve::MAX_VNI;
+use picnic_wire::seal::{
+    open_in_place, seal_in_place, sealed_key_of, OpenError, SealHeader, TunnelKey, SEAL_OVERHEAD,
+};
 use picnic_wire::{
     classify, decap, encap, standalone_feedback, FeedbackOption, GenevePacket, GeneveRepr, Network,
     OuterHeaders, Ports,
@@ -93,6 +96,18 @@ fn parse_everything(bytes: &[u8]) {
     if let Ok(summary) = classify(bytes) {
         let _ = summary.flow_hash();
     }
+    let _ = sealed_key_of(bytes);
+    let key = TunnelKey::new(&[7; 16]).unwrap();
+    let mut room = bytes.to_vec();
+    room.extend_from_slice(&[0; SEAL_OVERHEAD]);
+    if let Ok(n) = open_in_place(&mut room, bytes.len(), |_| Some(&key)) {
+        assert!(n + SEAL_OVERHEAD <= bytes.len());
+    }
+    let mut room = bytes.to_vec();
+    room.extend_from_slice(&[0; SEAL_OVERHEAD]);
+    if let Ok(n) = seal_in_place(&mut room, bytes.len(), &key, SealHeader::new(1, 2, 3)) {
+        assert!(n <= bytes.len() + SEAL_OVERHEAD);
+    }
 }
 
 fn tenant_frame(payload_len: usize, tcp: bool, ports: (u16, u16)) -> Vec<u8> {
@@ -115,8 +130,16 @@ fn tenant_frame(payload_len: usize, tcp: bool, ports: (u16, u16)) -> Vec<u8> {
     frame
 }
 
+/// 2000 cases, or `PROPTEST_CASES` when set (a longer run: `PROPTEST_CASES=100000`).
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(2000))]
+    #![proptest_config(ProptestConfig::with_cases(cases()))]
 
     #[test]
     fn geneve_parse_emit_round_trip(repr in geneve_strategy(), payload in proptest::collection::vec(any::<u8>(), 0..64)) {
@@ -228,5 +251,57 @@ proptest! {
         }
         parse_everything(&frame);
         parse_everything(&frame[..cut.index(frame.len() + 1)]);
+    }
+
+    #[test]
+    fn sealing_round_trips_and_detects_flips(
+        inner_len in 0usize..1500,
+        key_bytes in proptest::collection::vec(any::<u8>(), 32),
+        long_key in any::<bool>(),
+        epoch in any::<u32>(),
+        counter in any::<u64>(),
+        flips in proptest::collection::vec((any::<prop::sample::Index>(), 1u8..=255), 0..3),
+    ) {
+        let key = TunnelKey::new(&key_bytes[..if long_key { 32 } else { 16 }]).unwrap();
+        let inner = tenant_frame(inner_len.min(1400), false, (1, 2));
+        let mut buf = vec![0u8; inner.len() + picnic_wire::ENCAP_OVERHEAD + SEAL_OVERHEAD];
+        let len = encap(&outer_fixed(), &GeneveRepr::ethernet(77), &inner, &mut buf).unwrap();
+        let plain = buf[..len].to_vec();
+        let sealed = seal_in_place(&mut buf, len, &key, SealHeader::new(epoch, 1, counter)).unwrap();
+        prop_assert_eq!(sealed_key_of(&buf[..sealed]), Ok((77, epoch)));
+        let original = buf[..sealed].to_vec();
+        for (index, xor) in flips {
+            buf[index.index(sealed)] ^= xor;
+        }
+        // What changed, judged on the bytes (two flips of one byte may cancel). Past the
+        // outer headers (Ethernet, IPv4, UDP: 42 bytes) everything is authenticated data,
+        // ciphertext or tag. The outer UDP length (bytes 38-39) is not authenticated data,
+        // but it says where the ciphertext and the tag end, and GCM authenticates the
+        // ciphertext's length: a shorter length that still parses fails authentication.
+        let authenticated = buf[42..sealed] != original[42..];
+        let extent = buf[38..40] != original[38..40];
+        let any_change = buf[..sealed] != original[..];
+        match open_in_place(&mut buf, sealed, |e| (e == epoch).then_some(&key)) {
+            Ok(n) => {
+                prop_assert!(!authenticated && !extent);
+                prop_assert_eq!(&buf[42..n], &plain[42..]);
+            }
+            Err(OpenError::AuthFailed | OpenError::UnknownKey(_)) => {
+                prop_assert!(authenticated || extent)
+            }
+            // A flip in the outer headers (checksum, lengths) can make the packet unparseable.
+            Err(OpenError::Malformed(_)) => prop_assert!(any_change),
+        }
+    }
+}
+
+fn outer_fixed() -> OuterHeaders {
+    OuterHeaders {
+        src_mac: [2, 0, 0, 0, 0, 1],
+        dst_mac: [2, 0, 0, 0, 0, 2],
+        src_ip: Ipv4Addr::new(198, 18, 0, 1),
+        dst_ip: Ipv4Addr::new(198, 18, 0, 2),
+        src_port: 50000,
+        ttl: 64,
     }
 }

@@ -516,3 +516,115 @@ rate_pps = 500
         .unwrap();
     assert!(!String::from_utf8_lossy(&links.stdout).contains("v-blue1"));
 }
+
+/// Tenant blue's key in the encryption test.
+const BLUE_KEY: &str = "8f3a0c5e1b7d294a6e0f3c8b5a1d7e2f";
+
+/// `inner` sealed for tenant blue as host 1 would (key epoch 1, sender `sender`), towards
+/// host 2; `tamper` flips one ciphertext byte after sealing.
+fn sealed_overlay_frame(lab: &Lab, inner: &[u8], counter: u64, tamper: bool) -> Vec<u8> {
+    use picnic_wire::seal::{seal_in_place, SealHeader, TunnelKey, SEAL_OVERHEAD};
+    let mut frame = overlay_frame(lab, 1, lab.topo.hosts[0].underlay_ip, vni_of(0), inner);
+    let len = frame.len();
+    frame.resize(len + SEAL_OVERHEAD, 0);
+    let key = TunnelKey::from_hex(BLUE_KEY).unwrap();
+    // A sender id no switch uses, so these nonces never collide with the switches' own.
+    let n = seal_in_place(&mut frame, len, &key, SealHeader::new(1, 0xABCD, counter)).unwrap();
+    frame.truncate(n);
+    if tamper {
+        let at = n - 24;
+        frame[at] ^= 0x01;
+    }
+    frame
+}
+
+#[test]
+fn encrypted_tenant_crosses_hosts_sealed_and_tampered_frames_are_dropped() {
+    let Some(_serial) = root_or_skip() else {
+        return;
+    };
+    // Blue encrypts (AES-128-GCM in the shared engine of each switch), red does not.
+    let mut lab = Lab::start(scenario("duration_ms = 1000", IDLE), |_, cfg| {
+        let blue = cfg.tenants.iter_mut().find(|t| t.name == "blue").unwrap();
+        blue.encrypt = true;
+        blue.key = Some(BLUE_KEY.into());
+        cfg.accel.workers = 1;
+    });
+    let (blue1, blue2, red1, red2) = (
+        lab.vm("blue1").clone(),
+        lab.vm("blue2").clone(),
+        lab.vm("red1").clone(),
+        lab.vm("red2").clone(),
+    );
+    // Same-tenant echo across the hosts, sealed on the wire both ways.
+    assert_eq!(
+        icmp_echo(&blue1.ns, blue2.ip, 20),
+        20,
+        "blue echo through the engine"
+    );
+    assert_eq!(icmp_echo(&red1.ns, red2.ip, 5), 5, "red (plain) echo");
+
+    // Forged on the fabric towards host 2: sealed with blue's key but altered, sealed and
+    // intact (control), and plain Geneve for blue (which must be sealed).
+    let stop = Arc::new(AtomicBool::new(false));
+    let sniffer = Sniffer::start(&blue2, stop.clone());
+    let inner = |payload: &[u8]| {
+        udp_frame(
+            mac(&blue1.mac),
+            mac(&blue2.mac),
+            blue1.ip,
+            blue2.ip,
+            SINK_PORT,
+            payload,
+        )
+    };
+    const N: usize = 10;
+    let mut frames = Vec::new();
+    for i in 0..N as u64 {
+        frames.push(sealed_overlay_frame(&lab, &inner(ATTACK), 2 * i, true));
+        frames.push(overlay_frame(
+            &lab,
+            1,
+            lab.topo.hosts[0].underlay_ip,
+            vni_of(0),
+            &inner(ATTACK),
+        ));
+    }
+    for i in 0..5 {
+        frames.push(sealed_overlay_frame(&lab, &inner(CONTROL), 1000 + i, false));
+    }
+    let fabric_port = lab.topo.hosts[1].fabric_port.clone();
+    inject(
+        &lab.topo.fabric_ns,
+        &fabric_port,
+        frames,
+        Duration::from_micros(200),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let seen = sniffer.join();
+    let snaps = lab.stop();
+    println!("arrived at blue2: {seen:?}");
+    assert_eq!(
+        seen.attack, 0,
+        "blue2 received a tampered or unsealed frame"
+    );
+    assert_eq!(seen.control, 5, "intact sealed frames are delivered");
+    let d = &snaps[1].switch.drops;
+    println!("h2 switch drops: {:?}", d.iter().collect::<Vec<_>>());
+    assert_eq!(d.get(DropReason::AuthFailed), N as u64);
+    assert_eq!(d.get(DropReason::Unsealed), N as u64);
+    for (h, snap) in snaps.iter().enumerate() {
+        let blue = snap.tenants.iter().find(|t| t.name == "blue").unwrap();
+        let use_ = blue.accel.as_ref().expect("blue uses the engine");
+        println!("h{} blue engine use: {use_:?}", h + 1);
+        // 20 echo requests sealed on h1 and opened on h2, the replies the other way.
+        assert!(use_.frames >= 40, "host {h}: {use_:?}");
+        assert!(use_.cpu_ns > 0, "engine CPU charged to blue on host {h}");
+        let red = snap.tenants.iter().find(|t| t.name == "red").unwrap();
+        assert!(red.accel.is_none());
+    }
+    let blue_h2 = snaps[1].tenants.iter().find(|t| t.name == "blue").unwrap();
+    assert_eq!(blue_h2.accel.as_ref().unwrap().auth_failed, N as u64);
+    lab.finish();
+}

@@ -19,8 +19,9 @@ use super::antispoof;
 use super::slo::Waited;
 use super::{cost_kind, ps_per_byte, sender_config, vm_scheduler, Engine};
 use crate::config::{Config, Mac};
-use crate::directory::{Directory, PortIdx, VmIdx, UPLINK};
+use crate::directory::{Directory, PortIdx, VmIdx};
 use crate::frame::{Frame, FramePool};
+use crate::offload::Hook;
 use crate::stats::DropReason;
 
 /// A frame on its way to a remote VM: the frame, its destination VM, the outer UDP source
@@ -310,6 +311,10 @@ impl Engine {
         if let Some(pps) = self.pps_out[vm].as_mut() {
             pps.force_consume(now, 1);
         }
+        // The tenant's program sees the frame first, so what it makes of it is checked.
+        let Some(frame) = self.offload_hook(now, vm, Hook::Egress, frame, pool) else {
+            return;
+        };
         let Ok(summary) = classify(frame.data()) else {
             return self.drop_frame(now, pool, frame, Some(vm), DropReason::Malformed);
         };
@@ -339,7 +344,7 @@ impl Engine {
             // Same host: straight to the destination's ingress queue and scheduler.
             return self.to_local_vm(now, w, frame, None, pool);
         }
-        if frame.len() + ENCAP_OVERHEAD > self.uplink_mtu + 14 {
+        if frame.len() + ENCAP_OVERHEAD + self.seal_overhead(tenant) > self.uplink_mtu + 14 {
             return self.drop_frame(now, pool, frame, Some(vm), DropReason::TooBig);
         }
         let entered = frame.entered(now);
@@ -552,7 +557,7 @@ impl Engine {
                     a.note_sent(now, endpoint, len);
                 }
                 self.counters.uplink_tx_packets += 1;
-                self.tx[UPLINK].push(frame);
+                self.to_uplink(tenant, src, frame);
                 self.slo.delivered(now, tenant, len, arrived, via);
             } else {
                 self.drop_frame(now, pool, frame, Some(w), DropReason::TooBig);

@@ -321,11 +321,28 @@ impl Engine {
     pub(super) fn from_uplink(
         &mut self,
         now: Instant,
-        mut frame: Frame,
+        frame: Frame,
         pool: &mut FramePool,
     ) -> Option<VmIdx> {
         self.counters.uplink_rx_packets += 1;
+        self.from_uplink_as(now, frame, pool, false)
+    }
+
+    /// [`Engine::from_uplink`] for a frame that is `opened` by the shared engine (it was
+    /// sealed and verified) or not.
+    pub(super) fn from_uplink_as(
+        &mut self,
+        now: Instant,
+        mut frame: Frame,
+        pool: &mut FramePool,
+        opened: bool,
+    ) -> Option<VmIdx> {
         let (vni, feedback, auth, src_ip, inner_offset, standalone) = match decap(frame.data()) {
+            Ok(d) if d.geneve.protocol == picnic_wire::seal::PROTOCOL_SEALED => {
+                let vni = d.geneve.vni;
+                self.to_open(now, vni, frame, pool);
+                return None;
+            }
             Ok(d) => (
                 d.geneve.vni,
                 d.geneve.feedback,
@@ -376,6 +393,10 @@ impl Engine {
             self.drop_frame(now, pool, frame, None, DropReason::UnknownVni);
             return None;
         };
+        if self.dir.tenants[tenant].encrypt != opened {
+            self.drop_frame(now, pool, frame, None, DropReason::Unsealed);
+            return None;
+        }
         let Some(source) = self.dir.host_by_underlay(src_ip) else {
             self.drop_frame(now, pool, frame, None, DropReason::UnknownHost);
             return None;
@@ -428,6 +449,10 @@ impl Engine {
         if let Some((source, wire_len)) = source {
             self.meter_and_feedback(now, w, source, wire_len, pool);
         }
+        let Some(frame) = self.offload_hook(now, w, crate::offload::Hook::Ingress, frame, pool)
+        else {
+            return;
+        };
         let q = self.ingress.queue_of[w].expect("every local VM has an ingress queue");
         let entered = frame.entered(now);
         if let Err(rejected) = self

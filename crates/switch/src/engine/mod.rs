@@ -17,6 +17,8 @@ mod egress;
 pub mod feedback;
 mod ingress;
 mod kernel;
+mod offload;
+mod sealing;
 mod share;
 mod slo;
 
@@ -38,6 +40,7 @@ use picnic_core::wfq::{Cap, CostKind, NodeId, QueueId, QueueLimits, Wfq};
 pub use egress::Egress;
 pub use ingress::Ingress;
 pub use kernel::{SoftirqDelta, XdpThrottle, XDP_CPU, XDP_PPS};
+pub use sealing::AccelUse;
 pub use slo::{kind_name, Late, SloReport, TenantSlo, Totals, Why, WindowView, SLO_WINDOW};
 
 /// Extra per-frame processing done after the ingress scheduler picked a frame: the optional
@@ -87,6 +90,12 @@ pub struct Engine {
     fair_reads: bool,
     /// Frames waiting for each port's transmit, filled by the engines, drained by the caller.
     tx: Vec<Vec<Frame>>,
+    /// Frames of encrypting tenants waiting to be sealed or opened (`sealing.rs`).
+    accel_jobs: Vec<crate::accel::Job>,
+    /// Per tenant: its use of the shared engine.
+    accel_use: Vec<AccelUse>,
+    /// Tenants' packet programs (`offload.rs`).
+    offload: offload::Offloads,
     pub vm_counters: Vec<VmCounters>,
     pub counters: SwitchCounters,
 }
@@ -137,10 +146,12 @@ impl Engine {
             };
         let ports = dir.port_count();
         let dir_vms = dir.vms.len();
+        let dir_tenants = dir.tenants.len();
         let (pps_out, pps_in) = (pps_buckets(&dir, now), pps_buckets(&dir, now));
         let mut share = share::FairShare::new(share_unit(cfg), tenant_weights(&dir), now);
         share.set_guarantees(&tenant_min_pps(&dir));
         let slo = slo::SloTracker::new(&dir, now)?;
+        let offload = offload::Offloads::new(cfg, now)?;
         Ok(Engine {
             vm_counters: vec![VmCounters::default(); dir.vms.len()],
             dir,
@@ -166,6 +177,9 @@ impl Engine {
             tx: (0..ports)
                 .map(|_| Vec::with_capacity(cfg.switch.batch * 2))
                 .collect(),
+            accel_jobs: Vec::with_capacity(cfg.switch.batch * 2),
+            accel_use: vec![AccelUse::default(); dir_tenants],
+            offload,
             counters: SwitchCounters::default(),
         })
     }
@@ -298,6 +312,9 @@ impl Engine {
             for frame in q.drain(..) {
                 pool.put(frame);
             }
+        }
+        for job in self.accel_jobs.drain(..) {
+            pool.put(job.frame);
         }
     }
 
@@ -498,6 +515,8 @@ impl Engine {
                         .filter(|(_, v)| v.tenant == t)
                         .map(|(i, _)| self.vm_counters[i].softirq_ns)
                         .sum(),
+                    accel: tenant.encrypt.then(|| self.accel_use[t].clone()),
+                    offload: self.offload_stats(t),
                 }
             })
             .collect();
@@ -558,6 +577,12 @@ pub struct TenantSnapshot {
     pub cpu_charged_ns: u64,
     /// Kernel softirq time on the tenant's ports charged to it (eBPF), ns.
     pub softirq_ns: u64,
+    /// Use of the shared encryption engine (tenants with `encrypt = true`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accel: Option<AccelUse>,
+    /// The tenant's offload program's runs, faults, fuel and counters.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offload: Option<crate::offload::OffloadStats>,
 }
 
 /// The scheduler tree both engines use (PicNIC's per-VM queues, EyeQ's weights): a node per
@@ -707,6 +732,10 @@ mod feedback_tests;
 mod kernel_tests;
 #[cfg(test)]
 mod lifecycle_tests;
+#[cfg(test)]
+mod offload_tests;
+#[cfg(test)]
+mod sealing_tests;
 #[cfg(test)]
 mod slo_tests;
 #[cfg(test)]

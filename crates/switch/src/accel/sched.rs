@@ -1,0 +1,416 @@
+//! Which job a free engine worker runs next (sans-I/O: every call takes `now`).
+//!
+//! Isolated (FairNIC 4.4): one bounded queue per tenant, and a job is only started once the
+//! tenant's [`SharedEngineLimiter`] grants its size-scaled tokens, taken from the worker's
+//! token cache, the tenant's base bucket or, past its base, the overflow pool within its AIMD
+//! allowance. The limiter's capacity is what the workers sustain, so admitted jobs never
+//! queue behind a hog inside the engine, and each tenant's base is its weighted share of the
+//! capacity. Among the tenants holding tokens, workers serve the one with the earliest
+//! virtual start (start-time fair queueing by token cost over weight): when the workers run
+//! slower than the capacity the limiter assumes (a busy host: PicNIC's variable capacity),
+//! the limiter admits everyone and this order alone keeps the shares weighted, and a tenant
+//! sending little is served next.
+//!
+//! Not isolated: one shared FIFO in arrival order and no limiter, the engine of a stack that
+//! does not isolate its accelerators (FairNIC 6.4's baseline).
+
+use std::collections::VecDeque;
+
+use picnic_core::fairnic::{FairnicConfig, FairnicError, SharedEngineLimiter, TokenCost, Verdict};
+use picnic_core::{Duration, Instant};
+
+/// The largest job: a whole frame buffer.
+const MAX_JOB_BYTES: u64 = crate::frame::FRAME_CAP as u64;
+
+/// Scale of virtual time, so that cost / weight keeps its precision.
+const VSCALE: u128 = 1 << 20;
+
+/// A queued job: its tenant, its size (bytes, the token cost's input), when it arrived.
+struct Queued<T> {
+    tenant: usize,
+    size: u64,
+    at: Instant,
+    item: T,
+}
+
+/// What a free worker should do.
+pub(crate) enum Pick<T> {
+    /// Run this job of `tenant`, which waited `waited` in its queue.
+    Run {
+        tenant: usize,
+        item: T,
+        waited: Duration,
+    },
+    /// Jobs are queued but no tenant holding one may start before this time.
+    WaitUntil(Instant),
+    /// Nothing is queued.
+    Idle,
+}
+
+/// The engine's queues and admission.
+pub(crate) struct EngineQueues<T> {
+    /// Per tenant when isolated, else one shared queue.
+    queues: Vec<VecDeque<Queued<T>>>,
+    depth: usize,
+    limiter: Option<SharedEngineLimiter>,
+    /// Per tenant: a denied tenant is not asked again before this time.
+    blocked_until: Vec<Instant>,
+    /// Start-time fair queueing among the tenants the limiter admits (Goyal et al.,
+    /// SIGCOMM'96): per tenant the virtual start of its next job, advanced by each job's
+    /// cost over its weight; `vnow` is the start tag of the job last started.
+    vstart: Vec<u128>,
+    vnow: u128,
+    weights: Vec<u64>,
+    cost: TokenCost,
+    /// Scratch for `pick`, kept so picking does not allocate.
+    order: Vec<usize>,
+}
+
+impl<T> EngineQueues<T> {
+    /// Queues for `weights.len()` tenants, each holding `depth` jobs, served by `workers`
+    /// workers that together sustain `capacity` tokens per second at `cost` per job; with
+    /// `isolated`, each tenant's base rate is its weight's share of the capacity (weight 0:
+    /// a tenant that does not use the engine).
+    pub(crate) fn new(
+        now: Instant,
+        weights: &[u64],
+        depth: usize,
+        workers: usize,
+        capacity: u64,
+        cost: TokenCost,
+        isolated: bool,
+    ) -> Result<Self, FairnicError> {
+        let tenants = weights.len();
+        let limiter = if isolated {
+            // A tenant of weight 0 does not use the engine: its base is a token per second.
+            let total: u128 = weights.iter().map(|&w| w as u128).sum();
+            let idle = weights.iter().filter(|&&w| w == 0).count() as u64;
+            let shared = capacity.saturating_sub(idle) as u128;
+            let bases: Vec<u64> = weights
+                .iter()
+                .map(|&w| ((shared * w as u128 / total.max(1)) as u64).max(1))
+                .collect();
+            // Every tenant's bucket holds at least its largest job, so no job is refused.
+            let mut config = FairnicConfig::new(capacity, workers, cost);
+            let min_base = bases.iter().copied().min().unwrap_or(capacity).max(1);
+            let largest = cost.of(MAX_JOB_BYTES) as u128;
+            let fits = Duration::from_nanos(
+                (largest * picnic_core::time::NANOS_PER_SEC as u128).div_ceil(min_base as u128)
+                    as u64,
+            );
+            config.base_burst = config.base_burst.max(fits);
+            let mut limiter = SharedEngineLimiter::new(now, config)?;
+            for base in bases {
+                limiter.add_tenant(now, base)?;
+            }
+            Some(limiter)
+        } else {
+            None
+        };
+        let queues = if isolated { tenants } else { 1 };
+        Ok(EngineQueues {
+            queues: (0..queues)
+                .map(|_| VecDeque::with_capacity(depth))
+                .collect(),
+            depth: if isolated {
+                depth
+            } else {
+                depth * tenants.max(1)
+            },
+            limiter,
+            blocked_until: vec![Instant::ZERO; tenants],
+            vstart: vec![0; tenants],
+            vnow: 0,
+            weights: weights.iter().map(|&w| w.max(1)).collect(),
+            cost,
+            order: Vec::with_capacity(tenants),
+        })
+    }
+
+    /// Queues a job of `size` bytes for `tenant`; gives it back when the queue is full.
+    pub(crate) fn push(
+        &mut self,
+        now: Instant,
+        tenant: usize,
+        size: u64,
+        item: T,
+    ) -> Result<(), T> {
+        let q = if self.limiter.is_some() { tenant } else { 0 };
+        match self.queues.get_mut(q) {
+            Some(queue) if queue.len() < self.depth => {
+                if queue.is_empty() {
+                    // A tenant coming back from idle starts now: no credit for idle time.
+                    if let Some(v) = self.vstart.get_mut(tenant) {
+                        *v = (*v).max(self.vnow);
+                    }
+                }
+                queue.push_back(Queued {
+                    tenant,
+                    size,
+                    at: now,
+                    item,
+                });
+                Ok(())
+            }
+            _ => Err(item),
+        }
+    }
+
+    /// Empties every queue into `out`, bypassing admission (the engine is stopping).
+    pub(crate) fn drain_into(&mut self, out: &mut Vec<T>) {
+        for q in &mut self.queues {
+            out.extend(q.drain(..).map(|q| q.item));
+        }
+    }
+
+    /// Jobs queued for `tenant` (all tenants' when not isolated).
+    pub(crate) fn queued(&self, tenant: usize) -> usize {
+        let q = if self.limiter.is_some() { tenant } else { 0 };
+        self.queues.get(q).map_or(0, VecDeque::len)
+    }
+
+    /// The next job for `worker`, if any may start now.
+    pub(crate) fn pick(&mut self, now: Instant, worker: usize) -> Pick<T> {
+        if self.limiter.is_none() {
+            return match self.queues[0].pop_front() {
+                Some(q) => Pick::Run {
+                    tenant: q.tenant,
+                    waited: now.saturating_since(q.at),
+                    item: q.item,
+                },
+                None => Pick::Idle,
+            };
+        };
+        // Tenants with work, in order of virtual start: when the limiter admits several (the
+        // workers are slower than the capacity it assumes, e.g. on a busy host), the engine
+        // still goes to them in proportion to their weights, by cost.
+        let mut order = std::mem::take(&mut self.order);
+        order.clear();
+        order.extend((0..self.queues.len()).filter(|&t| !self.queues[t].is_empty()));
+        order.sort_by_key(|&t| self.vstart[t]);
+        let picked = self.first_admitted(now, worker, &order);
+        self.order = order;
+        picked
+    }
+
+    /// Runs the first tenant of `order` the limiter admits.
+    fn first_admitted(&mut self, now: Instant, worker: usize, order: &[usize]) -> Pick<T> {
+        let Some(limiter) = self.limiter.as_mut() else {
+            return Pick::Idle;
+        };
+        let mut wait: Option<Instant> = None;
+        for &t in order {
+            if self.blocked_until[t] > now {
+                wait = Some(wait.map_or(self.blocked_until[t], |w| w.min(self.blocked_until[t])));
+                continue;
+            }
+            let size = self.queues[t].front().map_or(0, |q| q.size);
+            // `new` sized every bucket for the largest frame, so the limiter cannot refuse a
+            // job as too large; were it to, the job runs rather than waiting forever.
+            match limiter.try_acquire(now, worker, t, size) {
+                Ok(Verdict::Denied { retry_at }) => {
+                    self.blocked_until[t] = retry_at;
+                    wait = Some(wait.map_or(retry_at, |w| w.min(retry_at)));
+                }
+                Ok(Verdict::Granted { .. }) | Err(_) => {
+                    let Some(q) = self.queues[t].pop_front() else {
+                        continue;
+                    };
+                    self.vnow = self.vstart[t];
+                    self.vstart[t] +=
+                        (self.cost.of(size) as u128) * VSCALE / self.weights[t] as u128;
+                    return Pick::Run {
+                        tenant: t,
+                        waited: now.saturating_since(q.at),
+                        item: q.item,
+                    };
+                }
+            }
+        }
+        wait.map_or(Pick::Idle, Pick::WaitUntil)
+    }
+
+    /// The limiter's counters for `tenant` (None when not isolated).
+    pub(crate) fn limiter_stats(
+        &self,
+        tenant: usize,
+    ) -> Option<picnic_core::fairnic::TenantEngineStats> {
+        self.limiter.as_ref().and_then(|l| l.stats(tenant).ok())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// How a tenant offers jobs in [`run`].
+    #[derive(Clone, Copy)]
+    enum Load {
+        /// Keeps this many jobs queued.
+        Backlog(usize),
+        /// One job every so often (an RPC tenant well under its share).
+        Every(Duration),
+        Idle,
+    }
+
+    /// A discrete-time engine: 2 workers that each run twice the tokens per second the
+    /// limiter admits in total (FairNIC sets the limit below what the unit sustains). Returns
+    /// per tenant: tokens served, jobs served, worst wait in queue.
+    fn run(
+        isolated: bool,
+        weights: &[u64],
+        sizes: &[u64],
+        load: &[Load],
+        millis: u64,
+    ) -> Vec<(u64, u64, Duration)> {
+        let cost = TokenCost {
+            per_request: 500,
+            per_byte: 1,
+        };
+        let workers = 2;
+        let mut q: EngineQueues<()> = EngineQueues::new(
+            Instant::ZERO,
+            weights,
+            64,
+            workers,
+            CAPACITY,
+            cost,
+            isolated,
+        )
+        .unwrap();
+        let worker_rate = SPEED.with(|s| s.get()) * CAPACITY / 100 / workers as u64;
+        let mut busy_until = vec![Instant::ZERO; workers];
+        let mut next_arrival = vec![Instant::ZERO; weights.len()];
+        let mut out = vec![(0u64, 0u64, Duration::ZERO); weights.len()];
+        let step = Duration::from_nanos(100);
+        let mut now = Instant::ZERO;
+        let end = Instant::ZERO + Duration::from_millis(millis);
+        while now < end {
+            for (t, l) in load.iter().enumerate() {
+                match *l {
+                    Load::Backlog(n) => {
+                        while q.queued(t) < n && q.push(now, t, sizes[t], ()).is_ok() {}
+                    }
+                    Load::Every(period) if next_arrival[t] <= now => {
+                        assert!(q.push(now, t, sizes[t], ()).is_ok());
+                        next_arrival[t] = now + period;
+                    }
+                    _ => {}
+                }
+            }
+            for w in 0..workers {
+                if busy_until[w] > now {
+                    continue;
+                }
+                if let Pick::Run { tenant, waited, .. } = q.pick(now, w) {
+                    let tokens = cost.of(sizes[tenant]);
+                    busy_until[w] = now + Duration::from_nanos(tokens * NANOS / worker_rate);
+                    out[tenant].0 += tokens;
+                    out[tenant].1 += 1;
+                    out[tenant].2 = out[tenant].2.max(waited);
+                }
+            }
+            now += step;
+        }
+        out
+    }
+
+    const NANOS: u64 = 1_000_000_000;
+    thread_local! {
+        /// Workers' speed in percent of the capacity the limiter admits (FairNIC sets the
+        /// limit below what the unit sustains: 200 by default).
+        static SPEED: std::cell::Cell<u64> = const { std::cell::Cell::new(200) };
+    }
+    /// Tokens/s the limiter admits (a token is a ns of a worker at half speed).
+    const CAPACITY: u64 = 2_000_000_000;
+
+    #[test]
+    fn small_tenant_gets_its_weighted_share_against_a_bulk_hog() {
+        // Tenant 0 hogs with 1500-byte jobs, tenant 1 with 64-byte jobs; weights 1:1 and 1:3.
+        for (weights, want) in [([1u64, 1], 0.5), ([1, 3], 0.75)] {
+            let load = [Load::Backlog(64), Load::Backlog(64)];
+            let out = run(true, &weights, &[1500, 64], &load, 100);
+            let total = (out[0].0 + out[1].0) as f64;
+            let share = out[1].0 as f64 / total;
+            assert!(
+                (share - want).abs() <= 0.1 * want,
+                "weights {weights:?}: small tenant got {share:.3} of the engine, want {want}"
+            );
+            // The engine ran at (not above) its capacity.
+            let rate = total / 0.1;
+            assert!(rate <= 1.02 * CAPACITY as f64, "{rate} tokens/s");
+            assert!(rate >= 0.9 * CAPACITY as f64, "{rate} tokens/s");
+        }
+    }
+
+    #[test]
+    fn shares_stay_weighted_when_the_workers_are_slower_than_assumed() {
+        // A busy host: the workers sustain half the capacity, so the limiter admits both
+        // tenants all the time and the fair order alone decides.
+        SPEED.with(|s| s.set(50));
+        let load = [Load::Backlog(64), Load::Backlog(64)];
+        let out = run(true, &[1, 3], &[1500, 64], &load, 100);
+        SPEED.with(|s| s.set(200));
+        let share = out[1].0 as f64 / (out[0].0 + out[1].0) as f64;
+        assert!(
+            (share - 0.75).abs() <= 0.075,
+            "small tenant got {share:.3}, want 0.75"
+        );
+    }
+
+    #[test]
+    fn small_jobs_wait_little_with_isolation_and_long_behind_a_shared_fifo() {
+        // The small tenant sends a job every 20 us, well under its half of the engine.
+        let load = [Load::Backlog(64), Load::Every(Duration::from_micros(20))];
+        let fair = run(true, &[1, 1], &[1500, 64], &load, 50);
+        let fifo = run(false, &[1, 1], &[1500, 64], &load, 50);
+        assert!(fair[1].1 >= 2400 && fifo[1].1 >= 2400, "{fair:?} {fifo:?}");
+        // Isolated: it waits at most for a worker to finish one hog job (1 us) plus steps.
+        assert!(
+            fair[1].2 <= Duration::from_micros(2),
+            "isolated small-job wait {:?}",
+            fair[1].2
+        );
+        // Shared FIFO: it waits behind the hog's backlog of 63 jobs on 2 workers.
+        assert!(
+            fifo[1].2 >= Duration::from_micros(20),
+            "fifo wait {:?} vs isolated {:?}",
+            fifo[1].2,
+            fair[1].2
+        );
+    }
+
+    #[test]
+    fn a_tenant_alone_gets_the_whole_engine() {
+        // Tenant 1 is idle: tenant 0 (weight 1 of 4) steals the rest from the overflow pool.
+        let out = run(
+            true,
+            &[1, 3],
+            &[1500, 64],
+            &[Load::Backlog(64), Load::Idle],
+            100,
+        );
+        let rate = out[0].0 as f64 / 0.1;
+        assert!(
+            rate >= 0.9 * CAPACITY as f64,
+            "alone: {rate} tokens/s of {CAPACITY} (its base is 25%)"
+        );
+        assert_eq!(out[1].1, 0);
+    }
+
+    #[test]
+    fn full_queues_give_the_job_back() {
+        let cost = TokenCost {
+            per_request: 1,
+            per_byte: 0,
+        };
+        let mut q: EngineQueues<u32> =
+            EngineQueues::new(Instant::ZERO, &[1, 1], 2, 1, 1000, cost, true).unwrap();
+        assert!(q.push(Instant::ZERO, 0, 1, 1).is_ok());
+        assert!(q.push(Instant::ZERO, 0, 1, 2).is_ok());
+        assert_eq!(q.push(Instant::ZERO, 0, 1, 3), Err(3));
+        // The other tenant's queue is its own.
+        assert!(q.push(Instant::ZERO, 1, 1, 4).is_ok());
+        assert_eq!(q.push(Instant::ZERO, 7, 1, 5), Err(5));
+    }
+}

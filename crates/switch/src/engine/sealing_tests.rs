@@ -1,0 +1,148 @@
+//! Two hosts' engines and shared engines (real worker threads) back to back: tenant `a`
+//! encrypts, `b` does not. Sealed on the way out, opened on the way in, tampering and
+//! plain frames for an encrypting tenant dropped and counted, engine CPU charged.
+
+use picnic_core::Instant;
+use picnic_wire::overlay::decap;
+use picnic_wire::seal::PROTOCOL_SEALED;
+
+use super::tests::{udp, Host, A1, A2, B1, B2, IP_A1, IP_A2, IP_B1, IP_B2, TWO_HOSTS};
+use crate::accel::{Accel, Exchange};
+use crate::config::Config;
+use crate::directory::UPLINK;
+use crate::stats::DropReason;
+
+const KEY: &str = "000102030405060708090a0b0c0d0e0f";
+
+fn config(host: u32, encrypt: bool) -> Config {
+    let port = |h: u32, name: &str| {
+        if h == host {
+            format!("port = {{ ifname = \"{name}\" }}")
+        } else {
+            String::new()
+        }
+    };
+    let tenant_a = if encrypt {
+        format!("name = \"a\"\nvni = 100\nencrypt = true\nkey = \"{KEY}\"")
+    } else {
+        "name = \"a\"\nvni = 100".to_string()
+    };
+    let text = TWO_HOSTS
+        .replace("name = \"a\"\nvni = 100", &tenant_a)
+        .replace("HOST", &host.to_string())
+        .replace("CAPACITY", "1000")
+        .replace("PORT1A", &port(1, "a1"))
+        .replace("PORT1B", &port(1, "b1"))
+        .replace("PORT2A", &port(2, "a2"))
+        .replace("PORT2B", &port(2, "b2"));
+    let mut cfg = Config::parse(&text).unwrap();
+    cfg.accel.workers = 1;
+    cfg
+}
+
+struct Sealed {
+    host: Host,
+    accel: Accel,
+    scratch: Exchange,
+}
+
+impl Sealed {
+    fn new(id: u32) -> Sealed {
+        let cfg = config(id, true);
+        let mut host = Host::new(id, 1000);
+        host.engine = super::Engine::new(&cfg, Instant::ZERO).unwrap();
+        Sealed {
+            host,
+            accel: Accel::from_config(&cfg)
+                .unwrap()
+                .expect("tenant a encrypts"),
+            scratch: Exchange::default(),
+        }
+    }
+
+    /// Polls and exchanges with the workers until `port` has `n` frames to send (bounded).
+    fn settle(&mut self, port: usize, n: usize) -> Vec<Vec<u8>> {
+        self.settle_until(port, |s| s.host.engine.tx_queue(port).len() >= n)
+    }
+
+    /// Polls and exchanges with the workers until `drops` frames were dropped for `reason`,
+    /// then returns what `port` has to send.
+    fn settle_drops(&mut self, port: usize, reason: DropReason, drops: u64) -> Vec<Vec<u8>> {
+        self.settle_until(port, |s| s.host.engine.counters.drops.get(reason) >= drops)
+    }
+
+    fn settle_until(&mut self, port: usize, done: impl Fn(&mut Sealed) -> bool) -> Vec<Vec<u8>> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            self.host.poll(Instant::ZERO);
+            self.accel.exchange(
+                &mut self.host.engine,
+                Instant::ZERO,
+                &mut self.host.pool,
+                &mut self.scratch,
+            );
+            self.host.poll(Instant::ZERO);
+            if done(self) {
+                return self.host.take(port);
+            }
+            if std::time::Instant::now() > deadline {
+                return self.host.take(port);
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+#[test]
+fn encrypted_tenant_is_sealed_on_the_wire_and_opened_for_its_vm() {
+    let (mut h1, mut h2) = (Sealed::new(1), Sealed::new(2));
+    let t = Instant::ZERO;
+    let frame = udp(A1, A2, IP_A1, IP_A2, 7, 300);
+    h1.host.inject(t, h1.host.port_of("a1"), &frame);
+    let wire = h1.settle(UPLINK, 1);
+    assert_eq!(wire.len(), 1);
+    let d = decap(&wire[0]).unwrap();
+    assert_eq!(d.geneve.protocol, PROTOCOL_SEALED);
+    assert!(!d.inner.windows(32).any(|w| w == &frame[frame.len() - 32..]));
+    // Tenant b does not encrypt: plain Geneve, no engine.
+    let plain_b = udp(B1, B2, IP_B1, IP_B2, 7, 100);
+    h1.host.inject(t, h1.host.port_of("b1"), &plain_b);
+    let wire_b = h1.settle(UPLINK, 1);
+    assert_eq!(decap(&wire_b[0]).unwrap().inner, &plain_b[..]);
+
+    let a2 = h2.host.port_of("a2");
+    h2.host.inject(t, UPLINK, &wire[0]);
+    assert_eq!(h2.settle(a2, 1), vec![frame.clone()]);
+    // The same packet altered in flight: dropped as auth_failed, nothing delivered.
+    let mut tampered = wire[0].clone();
+    let at = tampered.len() - 20;
+    tampered[at] ^= 1;
+    h2.host.inject(t, UPLINK, &tampered);
+    assert!(h2.settle_drops(a2, DropReason::AuthFailed, 1).is_empty());
+    assert_eq!(h2.host.engine.counters.drops.get(DropReason::AuthFailed), 1);
+    let snap = h2.host.engine.snapshot();
+    let use_a = snap.tenants[0].accel.clone().unwrap();
+    assert_eq!((use_a.frames, use_a.auth_failed), (2, 1));
+    assert!(use_a.cpu_ns > 0, "engine CPU charged to the tenant");
+    assert!(snap.tenants[1].accel.is_none());
+    let b2 = h2.host.port_of("b2");
+    h2.host.inject(t, UPLINK, &wire_b[0]);
+    assert_eq!(h2.settle(b2, 1), vec![plain_b]);
+}
+
+#[test]
+fn plain_frames_for_an_encrypting_tenant_are_dropped() {
+    // Host 1 does not encrypt tenant a (misconfigured, or a forger): host 2 refuses.
+    let mut h1 = Host::new(1, 1000);
+    h1.engine = super::Engine::new(&config(1, false), Instant::ZERO).unwrap();
+    let mut h2 = Sealed::new(2);
+    let t = Instant::ZERO;
+    h1.inject(t, h1.port_of("a1"), &udp(A1, A2, IP_A1, IP_A2, 7, 100));
+    h1.poll(t);
+    let wire = h1.take(UPLINK);
+    assert_eq!(wire.len(), 1);
+    h2.host.inject(t, UPLINK, &wire[0]);
+    let a2 = h2.host.port_of("a2");
+    assert!(h2.settle_drops(a2, DropReason::Unsealed, 1).is_empty());
+    assert_eq!(h2.host.engine.counters.drops.get(DropReason::Unsealed), 1);
+}
