@@ -48,6 +48,10 @@ pub struct Scenario {
     /// Settings of the picnic switches in the picnic modes.
     #[serde(default)]
     pub picnic: PicnicSettings,
+    /// Settings of the simulator (`picnic sim`, which checks them); the lab ignores them,
+    /// so one file serves both runners.
+    #[serde(default)]
+    pub sim: Option<toml::Table>,
 }
 
 /// How the lab runs its picnic switches.
