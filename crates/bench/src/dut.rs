@@ -25,7 +25,8 @@ use picnic_switch::port::{
 };
 use picnic_switch::runner::Switch;
 
-use crate::traffic::{cpu_ns, gettid, pin_current_thread};
+use crate::cpu::{self, gettid};
+use crate::traffic::pin_current_thread;
 
 /// Generator device (sender namespace).
 pub const GEN_DEV: &str = "g0";
@@ -208,15 +209,16 @@ impl Dut {
         }
     }
 
-    /// CPU time (ns) the device has used so far, where it runs as a thread or process;
-    /// None for the kernel bridge (its work is done in softirq context of the sender).
-    pub fn cpu_ns(&self) -> Option<u64> {
+    /// Scheduler times of the device's threads so far (see `cpu`): the forwarding threads
+    /// in this process, every thread of ovs-vswitchd, none for the kernel bridge (its work
+    /// is softirq time).
+    pub fn threads_ns(&self) -> cpu::ThreadTimes {
         match self {
-            Dut::Thread { tid, .. } => {
-                cpu_ns(&format!("self/task/{}", tid.load(Ordering::Relaxed))).ok()
-            }
-            Dut::Kernel => None,
-            Dut::Ovs(o) => cpu_ns(&o.vswitchd_pid().ok()?.to_string()).ok(),
+            Dut::Thread { .. } => cpu::device_threads_ns(),
+            Dut::Kernel => cpu::ThreadTimes::default(),
+            Dut::Ovs(o) => o.vswitchd_pid().map_or(Default::default(), |pid| {
+                cpu::threads_ns(&pid.to_string(), &[])
+            }),
         }
     }
 
@@ -381,6 +383,7 @@ fn run_picnic(cfg: Config, stop: Arc<AtomicBool>, tid: Arc<AtomicU64>) -> Result
     let flag = switch.stop_flag();
     let shared = switch.shared();
     let watcher = std::thread::spawn(move || {
+        cpu::register_bench_thread();
         while !stop.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(20));
         }
