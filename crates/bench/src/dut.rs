@@ -164,13 +164,19 @@ pub enum Dut {
 }
 
 impl Dut {
-    /// Starts `kind` on `bed`.
-    pub fn start(kind: DutKind, bed: &Bed) -> Result<Dut> {
+    /// Starts `kind` on `bed`; the raw forwarders and picnic spin for work up to `spin`
+    /// before they block (the bridge and OVS's non-PMD ports have no such setting).
+    pub fn start(kind: DutKind, bed: &Bed, spin: Duration) -> Result<Dut> {
         match kind {
-            DutKind::Raw => spawn_thread(bed, |stop, tid| raw_forwarder(false, stop, tid)),
-            DutKind::RawXdp => spawn_thread(bed, |stop, tid| raw_forwarder(true, stop, tid)),
+            DutKind::Raw => {
+                spawn_thread(bed, move |stop, tid| raw_forwarder(false, spin, stop, tid))
+            }
+            DutKind::RawXdp => {
+                spawn_thread(bed, move |stop, tid| raw_forwarder(true, spin, stop, tid))
+            }
             DutKind::PicnicOn | DutKind::PicnicOff | DutKind::PicnicXdp => {
                 let mut cfg = picnic_config(kind != DutKind::PicnicOff)?;
+                cfg.switch.spin_us = spin.as_micros() as u64;
                 if kind == DutKind::PicnicXdp {
                     cfg.uplink.backend = BackendKind::AfXdp;
                     for port in cfg.vms.iter_mut().filter_map(|v| v.port.as_mut()) {
@@ -269,9 +275,14 @@ fn spawn_thread(
 }
 
 /// The raw limit: `t0` -> `u0` through AF_PACKET rings and sendmmsg (or AF_XDP sockets with
-/// `xdp`), no logic, in the switch's process model (one thread, spin 50 us then block on the
-/// descriptors).
-fn raw_forwarder(xdp: bool, stop: Arc<AtomicBool>, tid: Arc<AtomicU64>) -> Result<String> {
+/// `xdp`), no logic, in the switch's process model (one thread, spin up to `spin` then block on
+/// the descriptors).
+fn raw_forwarder(
+    xdp: bool,
+    spin: Duration,
+    stop: Arc<AtomicBool>,
+    tid: Arc<AtomicU64>,
+) -> Result<String> {
     pin_current_thread(DUT_CPU)?;
     let open = |dev: &str| -> Result<Box<dyn Port>> {
         Ok(if xdp {
@@ -285,7 +296,6 @@ fn raw_forwarder(xdp: bool, stop: Arc<AtomicBool>, tid: Arc<AtomicU64>) -> Resul
     let mut pool = FramePool::new(16384);
     let mut q: Vec<Frame> = Vec::with_capacity(1024);
     let fds: Vec<_> = rx_port.raw_fd().into_iter().collect();
-    let spin = Duration::from_micros(50);
     let mut last_work = std::time::Instant::now();
     tid.store(gettid(), Ordering::Relaxed);
     while !stop.load(Ordering::Relaxed) {

@@ -40,7 +40,7 @@ pub const GEN_CPU: usize = 0;
 /// Arguments of `picnic bench`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// About two minutes: one run per point and shorter windows.
+    /// About three minutes: one run per point and shorter windows.
     #[arg(long)]
     pub quick: bool,
     /// Runs per point; the table shows the median (default 3, 1 with --quick).
@@ -50,6 +50,11 @@ pub struct BenchArgs {
     /// --quick).
     #[arg(long)]
     pub window_ms: Option<u64>,
+    /// How long the raw forwarders and picnic spin for work before blocking, us (picnic's
+    /// `switch.spin_us`; the switch's default is 50). Spinning is CPU the device uses: at loads
+    /// below its maximum it dominates the CPU per packet of a device that spins.
+    #[arg(long, default_value_t = 50)]
+    pub spin_us: u64,
     /// Offered loads, percent of the slowest measured device's maximum, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "10,50,90")]
     pub loads: Vec<u32>,
@@ -217,7 +222,9 @@ fn with_device<T>(
     mut body: impl FnMut(&Bed, &Dut, usize, u16) -> Result<Vec<T>>,
 ) -> Result<Vec<T>> {
     let bed = Bed::new()?;
-    let dut = Dut::start(kind, &bed).with_context(|| format!("starting {}", kind.describe()))?;
+    let spin = Duration::from_micros(args.spin_us);
+    let dut =
+        Dut::start(kind, &bed, spin).with_context(|| format!("starting {}", kind.describe()))?;
     let mut out = Vec::new();
     let mut result = Ok(());
     'outer: for &size in &args.sizes {

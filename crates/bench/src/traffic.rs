@@ -204,9 +204,11 @@ pub fn pin_current_thread(cpu: usize) -> Result<()> {
     Ok(())
 }
 
-/// CPUs this process may run on.
+/// CPUs online. Not `available_parallelism`, which is the calling thread's affinity: once
+/// the bench's main thread is pinned, every thread it spawns would see one CPU.
 pub fn available_cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    // SAFETY: sysconf takes no pointers.
+    (unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }).max(1) as usize
 }
 
 #[cfg(test)]
