@@ -10,13 +10,14 @@
 //!   Softirq work run in a thread's context (the sink's receive of what it sends, run when its
 //!   send re-enables bottom halves) is part of that time on this kernel (no
 //!   `CONFIG_IRQ_TIME_ACCOUNTING`).
-//! - **softirq on the generator's CPU**: the `softirq` column of CPU 0 in `/proc/stat`, minus
-//!   the same column's rate over an idle window before the device's runs. That is the kernel
-//!   work the device's receive hook adds to each frame the generator sends (the TPACKET copy
-//!   into an AF_PACKET ring, XDP redirect and copy into an AF_XDP UMEM, and for the bridge the
-//!   whole forwarding and the sink's receive), run in the generator's softirq or in
-//!   ksoftirqd/0. It is tick-sampled (250 Hz here), so it carries a sampling error: about
-//!   +-2% of a CPU over a 1.5 s window.
+//! - **softirq on the generator's CPU**: the `softirq` column of CPU 0 in `/proc/stat`. That
+//!   is the kernel work the device's receive hook adds to each frame the generator sends (the
+//!   TPACKET copy into an AF_PACKET ring, XDP redirect and copy into an AF_XDP UMEM, and for
+//!   the bridge the whole forwarding and the sink's receive), run in the generator's softirq
+//!   or in ksoftirqd/0, plus any other softirq work on that CPU meanwhile (other traffic on the
+//!   machine; an idle-window baseline was tried and removed: its own sampling error was as
+//!   large as what it took off). It is tick-sampled (250 Hz here), so it carries a sampling
+//!   error: about +-2% of a CPU over a 1.5 s window.
 //! - **ksoftirqd on the device's CPU**: packet work deferred there (ns precise).
 
 use std::sync::Mutex;
@@ -65,12 +66,8 @@ pub fn schedstat(path: &str) -> Result<ThreadTimes> {
 /// Sum of the scheduler times of every thread of process `pid` (`self` for this one),
 /// skipping the tids in `skip`.
 pub fn threads_ns(pid: &str, skip: &[u64]) -> ThreadTimes {
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return ThreadTimes::default();
-    };
-    dir.filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok())
-        .filter(|tid| !skip.contains(tid))
+    tids(pid, skip)
+        .into_iter()
         .filter_map(|tid| schedstat(&format!("{pid}/task/{tid}")).ok())
         .fold(ThreadTimes::default(), |a, t| ThreadTimes {
             on_cpu: a.on_cpu + t.on_cpu,
@@ -81,11 +78,7 @@ pub fn threads_ns(pid: &str, skip: &[u64]) -> ThreadTimes {
 /// Scheduler times of this process's threads that are not the bench's own: the device's
 /// threads when the device runs in this process.
 pub fn device_threads_ns() -> ThreadTimes {
-    let skip = BENCH_THREADS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
-    threads_ns("self", &skip)
+    threads_ns("self", &bench_threads())
 }
 
 /// The `softirq` time of `cpu` in `/proc/stat`, ns (tick-sampled, USER_HZ resolution).
@@ -124,6 +117,37 @@ pub fn ksoftirqd_pid(cpu: usize) -> Option<String> {
         })
 }
 
+/// Sets the nice value of thread `tid` (0: the calling thread).
+pub fn set_nice(tid: u64, nice: i32) -> Result<()> {
+    // SAFETY: setpriority takes no pointers; on Linux PRIO_PROCESS with a tid is that thread.
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) } != 0 {
+        return Err(anyhow!(
+            "setpriority({tid}, {nice}): {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
+/// Tids of process `pid` (`self` for this one) not in `skip`.
+pub fn tids(pid: &str, skip: &[u64]) -> Vec<u64> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok())
+        .filter(|tid| !skip.contains(tid))
+        .collect()
+}
+
+/// The bench's own threads.
+pub fn bench_threads() -> Vec<u64> {
+    BENCH_THREADS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+}
+
 /// Cumulative CPU counters of one device, read at the edges of a window.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CpuSample {
@@ -152,15 +176,13 @@ impl CpuUse {
 }
 
 impl CpuSample {
-    /// What was used between `self` and `later`, the idle softirq rate of the generator's CPU
-    /// (`idle_softirq_per_s`, ns/s) taken off for a window of `secs`.
-    pub fn until(&self, later: &CpuSample, secs: f64, idle_softirq_per_s: f64) -> CpuUse {
+    /// What was used between `self` and `later`.
+    pub fn until(&self, later: &CpuSample) -> CpuUse {
         let gen_softirq = later.gen_softirq.saturating_sub(self.gen_softirq) as f64;
         CpuUse {
             threads: later.threads.on_cpu.saturating_sub(self.threads.on_cpu) as f64,
             waiting: later.threads.waiting.saturating_sub(self.threads.waiting) as f64,
-            softirq: (gen_softirq - idle_softirq_per_s * secs).max(0.0)
-                + later.dut_ksoftirqd.saturating_sub(self.dut_ksoftirqd) as f64,
+            softirq: gen_softirq + later.dut_ksoftirqd.saturating_sub(self.dut_ksoftirqd) as f64,
         }
     }
 }
@@ -198,7 +220,7 @@ mod tests {
     }
 
     #[test]
-    fn softirq_column_reads_and_cpu_use_subtracts_the_idle_rate() {
+    fn softirq_column_reads_and_cpu_use_is_the_difference() {
         softirq_ns(0).unwrap();
         let t = |on_cpu, waiting| ThreadTimes { on_cpu, waiting };
         let a = CpuSample {
@@ -211,10 +233,10 @@ mod tests {
             gen_softirq: 3_000,
             dut_ksoftirqd: 30,
         };
-        let u = a.until(&b, 2.0, 400.0);
+        let u = a.until(&b);
         assert_eq!(u.threads, 500.0);
         assert_eq!(u.waiting, 45.0);
-        assert_eq!(u.softirq, 2_000.0 - 800.0 + 20.0);
-        assert_eq!(u.total(), 1_720.0);
+        assert_eq!(u.softirq, 2_000.0 + 20.0);
+        assert_eq!(u.total(), 2_520.0);
     }
 }

@@ -228,6 +228,17 @@ impl Dut {
         }
     }
 
+    /// Sets the nice value of every thread of the device (none for the bridge, whose work
+    /// runs in the generator's context).
+    pub fn set_nice(&self, nice: i32) -> Result<()> {
+        let tids = match self {
+            Dut::Thread { .. } => cpu::tids("self", &cpu::bench_threads()),
+            Dut::Kernel => Vec::new(),
+            Dut::Ovs(o) => cpu::tids(&o.vswitchd_pid()?.to_string(), &[]),
+        };
+        tids.into_iter().try_for_each(|t| cpu::set_nice(t, nice))
+    }
+
     /// Stops the device; returns its closing summary line, if any.
     pub fn stop(self, bed: &Bed) -> Result<String> {
         match self {

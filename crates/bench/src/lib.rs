@@ -55,6 +55,11 @@ pub struct BenchArgs {
     /// below its maximum it dominates the CPU per packet of a device that spins.
     #[arg(long, default_value_t = 50)]
     pub spin_us: u64,
+    /// Nice value (-20..=19) of the generator, the latency sink and every thread of every
+    /// device (OVS's too), the same for all: on a machine shared with other work, a negative
+    /// value keeps that work from taking the device's CPU. None: inherited.
+    #[arg(long, allow_hyphen_values = true)]
+    pub nice: Option<i32>,
     /// Offered loads, percent of the slowest measured device's maximum, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "10,50,90")]
     pub loads: Vec<u32>,
@@ -111,7 +116,7 @@ pub struct LoadPoint {
     pub cpu_ns_per_pkt: f64,
     /// ... of which the device's threads.
     pub threads_ns_per_pkt: f64,
-    /// ... of which softirq (the generator CPU's, less its idle rate, and ksoftirqd on the
+    /// ... of which softirq (the generator CPU's and ksoftirqd on the
     /// device's CPU).
     pub softirq_ns_per_pkt: f64,
     /// Percent of the window the device's threads were runnable but waited for their CPU
@@ -129,8 +134,8 @@ struct Settings {
     runs: usize,
     window: Duration,
     warmup: Duration,
-    /// Window over which the generator CPU's idle softirq rate is read.
-    idle_window: Duration,
+    /// Nice value of the generator, the sink and every device thread.
+    nice: Option<i32>,
 }
 
 /// Runs the benchmark as the arguments say; prints progress and the tables to stdout.
@@ -145,7 +150,7 @@ pub fn run_cli(args: BenchArgs) -> Result<()> {
         runs: args.runs.unwrap_or(if args.quick { 1 } else { 3 }).max(1),
         window,
         warmup: Duration::from_millis(if args.quick { 200 } else { 300 }),
-        idle_window: Duration::from_millis(if args.quick { 300 } else { 600 }),
+        nice: args.nice,
     };
     for &s in &args.sizes {
         if !(64..=1518).contains(&s) {
@@ -250,9 +255,13 @@ fn max_device(kind: DutKind, args: &BenchArgs, s: &Settings) -> Result<Vec<MaxPo
     with_device(kind, args, |bed, _dut, size, flows| {
         let mut runs = Vec::new();
         for _ in 0..s.runs {
-            runs.push(with_generator(bed, offered(size, flows), 0, |ctl| {
-                measure_max(kind, bed, size, flows, s, ctl)
-            })?);
+            runs.push(with_generator(
+                bed,
+                s.nice,
+                offered(size, flows),
+                0,
+                |ctl| measure_max(kind, bed, size, flows, s, ctl),
+            )?);
         }
         let m = |f: &dyn Fn(&MaxPoint) -> f64| median(runs.iter().map(f).collect());
         let p = MaxPoint {
@@ -287,11 +296,6 @@ fn load_device(
             .filter(|m| m.size == size && m.flows == flows)
             .map(|m| m.pps)
             .fold(f64::INFINITY, f64::min);
-        // The generator CPU's softirq time with no traffic (other work on the machine).
-        let idle0 = cpu::softirq_ns(GEN_CPU)?;
-        std::thread::sleep(s.idle_window);
-        let idle_rate =
-            cpu::softirq_ns(GEN_CPU)?.saturating_sub(idle0) as f64 / s.idle_window.as_secs_f64();
         let mut out = Vec::new();
         for &pct in &args.loads {
             let rate = (slowest * f64::from(pct) / 100.0).max(1.0);
@@ -299,9 +303,10 @@ fn load_device(
             for _ in 0..s.runs {
                 runs.push(with_generator(
                     bed,
+                    s.nice,
                     offered(size, flows),
                     rate as u64,
-                    |ctl| measure_load(kind, bed, dut, (size, flows, pct), rate, s, ctl, idle_rate),
+                    |ctl| measure_load(kind, bed, dut, (size, flows, pct), rate, s, ctl),
                 )?);
             }
             let p = median_load(runs);
@@ -331,6 +336,7 @@ fn load_device(
 /// [`GEN_CPU`], every frame timestamped when paced.
 fn with_generator<T>(
     bed: &Bed,
+    nice: Option<i32>,
     offered: Offered,
     rate_pps: u64,
     body: impl FnOnce(&Arc<GenControl>) -> Result<T>,
@@ -341,6 +347,9 @@ fn with_generator<T>(
     let c = ctl.clone();
     let gen = netns::spawn_in_netns(&bed.gen_ns, move || -> Result<()> {
         traffic::pin_current_thread(GEN_CPU)?;
+        if let Some(n) = nice {
+            cpu::set_nice(0, n)?;
+        }
         traffic::generate(dut::GEN_DEV, offered, c)
     })?;
     let result = body(&ctl);
@@ -411,13 +420,16 @@ fn measure_load(
     rate: f64,
     s: &Settings,
     ctl: &GenControl,
-    idle_softirq_rate: f64,
 ) -> Result<LoadPoint> {
     let recording = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
     let (r, st) = (recording.clone(), stop.clone());
+    let nice = s.nice;
     let sink = netns::spawn_in_netns(&bed.sink_ns, move || {
         traffic::pin_current_thread(GEN_CPU)?;
+        if let Some(n) = nice {
+            cpu::set_nice(0, n)?;
+        }
         sink::latency_sink(dut::SINK_DEV, r, st)
     })?;
     // (frames delivered and the generator's rate, both per s; CPU used per s)
@@ -434,7 +446,7 @@ fn measure_load(
         let (cpu1, sent1) = (sample(), ctl.sent.load(Ordering::Relaxed));
         let cpu_secs = c0.elapsed().as_secs_f64();
         let (rx1, t1) = sink_count(bed)?;
-        let used = cpu0.until(&cpu1, cpu_secs, idle_softirq_rate);
+        let used = cpu0.until(&cpu1);
         Ok((
             rx1.saturating_sub(rx0) as f64 / (t1 - t0).as_secs_f64(),
             sent1.saturating_sub(sent0) as f64 / cpu_secs,
