@@ -25,7 +25,8 @@ use picnic_switch::port::{
 };
 use picnic_switch::runner::Switch;
 
-use crate::traffic::{cpu_ns, gettid, pin_current_thread};
+use crate::cpu::{self, gettid};
+use crate::traffic::pin_current_thread;
 
 /// Generator device (sender namespace).
 pub const GEN_DEV: &str = "g0";
@@ -163,13 +164,19 @@ pub enum Dut {
 }
 
 impl Dut {
-    /// Starts `kind` on `bed`.
-    pub fn start(kind: DutKind, bed: &Bed) -> Result<Dut> {
+    /// Starts `kind` on `bed`; the raw forwarders and picnic spin for work up to `spin`
+    /// before they block (the bridge and OVS's non-PMD ports have no such setting).
+    pub fn start(kind: DutKind, bed: &Bed, spin: Duration) -> Result<Dut> {
         match kind {
-            DutKind::Raw => spawn_thread(bed, |stop, tid| raw_forwarder(false, stop, tid)),
-            DutKind::RawXdp => spawn_thread(bed, |stop, tid| raw_forwarder(true, stop, tid)),
+            DutKind::Raw => {
+                spawn_thread(bed, move |stop, tid| raw_forwarder(false, spin, stop, tid))
+            }
+            DutKind::RawXdp => {
+                spawn_thread(bed, move |stop, tid| raw_forwarder(true, spin, stop, tid))
+            }
             DutKind::PicnicOn | DutKind::PicnicOff | DutKind::PicnicXdp => {
                 let mut cfg = picnic_config(kind != DutKind::PicnicOff)?;
+                cfg.switch.spin_us = spin.as_micros() as u64;
                 if kind == DutKind::PicnicXdp {
                     cfg.uplink.backend = BackendKind::AfXdp;
                     for port in cfg.vms.iter_mut().filter_map(|v| v.port.as_mut()) {
@@ -208,16 +215,28 @@ impl Dut {
         }
     }
 
-    /// CPU time (ns) the device has used so far, where it runs as a thread or process;
-    /// None for the kernel bridge (its work is done in softirq context of the sender).
-    pub fn cpu_ns(&self) -> Option<u64> {
+    /// Scheduler times of the device's threads so far (see `cpu`): the forwarding threads
+    /// in this process, every thread of ovs-vswitchd, none for the kernel bridge (its work
+    /// is softirq time).
+    pub fn threads_ns(&self) -> cpu::ThreadTimes {
         match self {
-            Dut::Thread { tid, .. } => {
-                cpu_ns(&format!("self/task/{}", tid.load(Ordering::Relaxed))).ok()
-            }
-            Dut::Kernel => None,
-            Dut::Ovs(o) => cpu_ns(&o.vswitchd_pid().ok()?.to_string()).ok(),
+            Dut::Thread { .. } => cpu::device_threads_ns(),
+            Dut::Kernel => cpu::ThreadTimes::default(),
+            Dut::Ovs(o) => o.vswitchd_pid().map_or(Default::default(), |pid| {
+                cpu::threads_ns(&pid.to_string(), &[])
+            }),
         }
+    }
+
+    /// Sets the nice value of every thread of the device (none for the bridge, whose work
+    /// runs in the generator's context).
+    pub fn set_nice(&self, nice: i32) -> Result<()> {
+        let tids = match self {
+            Dut::Thread { .. } => cpu::tids("self", &cpu::bench_threads()),
+            Dut::Kernel => Vec::new(),
+            Dut::Ovs(o) => cpu::tids(&o.vswitchd_pid()?.to_string(), &[]),
+        };
+        tids.into_iter().try_for_each(|t| cpu::set_nice(t, nice))
     }
 
     /// Stops the device; returns its closing summary line, if any.
@@ -267,9 +286,14 @@ fn spawn_thread(
 }
 
 /// The raw limit: `t0` -> `u0` through AF_PACKET rings and sendmmsg (or AF_XDP sockets with
-/// `xdp`), no logic, in the switch's process model (one thread, spin 50 us then block on the
-/// descriptors).
-fn raw_forwarder(xdp: bool, stop: Arc<AtomicBool>, tid: Arc<AtomicU64>) -> Result<String> {
+/// `xdp`), no logic, in the switch's process model (one thread, spin up to `spin` then block on
+/// the descriptors).
+fn raw_forwarder(
+    xdp: bool,
+    spin: Duration,
+    stop: Arc<AtomicBool>,
+    tid: Arc<AtomicU64>,
+) -> Result<String> {
     pin_current_thread(DUT_CPU)?;
     let open = |dev: &str| -> Result<Box<dyn Port>> {
         Ok(if xdp {
@@ -283,7 +307,6 @@ fn raw_forwarder(xdp: bool, stop: Arc<AtomicBool>, tid: Arc<AtomicU64>) -> Resul
     let mut pool = FramePool::new(16384);
     let mut q: Vec<Frame> = Vec::with_capacity(1024);
     let fds: Vec<_> = rx_port.raw_fd().into_iter().collect();
-    let spin = Duration::from_micros(50);
     let mut last_work = std::time::Instant::now();
     tid.store(gettid(), Ordering::Relaxed);
     while !stop.load(Ordering::Relaxed) {
@@ -337,11 +360,13 @@ id = 2
 underlay_ip = "192.168.0.2"
 mac = "02:00:00:00:00:02"
 
-# Iron accounting on, with a quota that does not bind.
+# Iron accounting on, with a quota that does not bind: Iron charges the tenant for the
+# switch's work and for the softirq work of its frames (about 4.5 us per 64 B frame on
+# AF_PACKET ports), so a quota of one core bound at ~220 kpps; 64 (the largest) never does.
 [[tenants]]
 name = "t"
 vni = 100
-cpu_quota = 1.0
+cpu_quota = 64.0
 
 [[vms]]
 name = "a"
@@ -381,6 +406,7 @@ fn run_picnic(cfg: Config, stop: Arc<AtomicBool>, tid: Arc<AtomicU64>) -> Result
     let flag = switch.stop_flag();
     let shared = switch.shared();
     let watcher = std::thread::spawn(move || {
+        cpu::register_bench_thread();
         while !stop.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(20));
         }

@@ -1,18 +1,26 @@
 //! `picnic bench`: the forwarding benchmark (docs/BENCHMARKS.md, "Forwarding").
 //!
-//! In one invocation, on the same namespaces and the same offered traffic (64 B and 1500 B
-//! frames, one and several flows), it measures the raw limit of the backend (an AF_PACKET
-//! forwarder with no logic), picnic's switch with every isolation mechanism on and with all
-//! off, a Linux bridge and Open vSwitch's userspace datapath with `afxdp` ports and with
-//! ordinary ports. For each it prints packets/s and Gb/s at the maximum rate, CPU time per
-//! packet, one-way latency p50/p99 at 50% of that maximum, and the ratios picnic/raw,
-//! picnic/OVS-afxdp and picnic/bridge. See [`dut`] for the path shape and [`traffic`] for
-//! how traffic is generated and counted.
+//! In one invocation, on the same namespaces and the same offered traffic, it measures the raw
+//! limit of each backend (AF_PACKET and AF_XDP forwarders with no logic), picnic's switch with
+//! every isolation mechanism on (both backends) and with all off, a Linux bridge and Open
+//! vSwitch's userspace datapath with `afxdp` ports and with ordinary ports, in two phases:
+//!
+//! 1. **Maximum rate** of every device, the generator at full speed (secondary: on this
+//!    machine the generator is often the limit, so equal rates compare nothing).
+//! 2. **Equal offered loads** (default 10%, 50% and 90% of the slowest device's maximum),
+//!    the same for every device: the primary figure is the device's **CPU ns per forwarded
+//!    packet** (its threads' on-CPU time plus the softirq work its receive hook adds, see
+//!    [`cpu`]), which no generator limit distorts, with the one-way latency p50/p99/p99.9 of
+//!    every frame (see [`sink`]) and the share of the offered frames delivered.
+//!
+//! See [`dut`] for the path shape and [`traffic`] for how traffic is generated and counted.
 
+pub mod cpu;
 pub mod dut;
+mod report;
+pub mod sink;
 pub mod traffic;
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -22,21 +30,39 @@ use anyhow::{bail, Context, Result};
 use picnic_netns as netns;
 use serde::Serialize;
 
-use dut::{Bed, Dut, DutKind};
+use cpu::{CpuSample, CpuUse};
+use dut::{Bed, Dut, DutKind, DUT_CPU};
 use traffic::{GenControl, Offered};
+
+/// CPU of the generator, the latency sink and the bench's own threads.
+pub const GEN_CPU: usize = 0;
 
 /// Arguments of `picnic bench`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// About one minute: one run per point and shorter measurement windows.
+    /// About three minutes: one run per point and shorter windows.
     #[arg(long)]
     pub quick: bool,
     /// Runs per point; the table shows the median (default 3, 1 with --quick).
     #[arg(long)]
     pub runs: Option<usize>,
-    /// Measurement window at the maximum rate, ms (default 1500, 800 with --quick).
+    /// Measurement window at the maximum rate and at each load, ms (default 1500, 800 with
+    /// --quick).
     #[arg(long)]
     pub window_ms: Option<u64>,
+    /// How long the raw forwarders and picnic spin for work before blocking, us (picnic's
+    /// `switch.spin_us`; the switch's default is 50). Spinning is CPU the device uses: at loads
+    /// below its maximum it dominates the CPU per packet of a device that spins.
+    #[arg(long, default_value_t = 50)]
+    pub spin_us: u64,
+    /// Nice value (-20..=19) of the generator, the latency sink and every thread of every
+    /// device (OVS's too), the same for all: on a machine shared with other work, a negative
+    /// value keeps that work from taking the device's CPU. None: inherited.
+    #[arg(long, allow_hyphen_values = true)]
+    pub nice: Option<i32>,
+    /// Offered loads, percent of the slowest measured device's maximum, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "10,50,90")]
+    pub loads: Vec<u32>,
     /// Frame sizes on the wire, FCS included, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "64,1500")]
     pub sizes: Vec<usize>,
@@ -55,52 +81,76 @@ pub struct BenchArgs {
     pub json_path: PathBuf,
 }
 
-/// One measured point (median over runs where noted).
+/// The maximum rate of one device (median over runs).
 #[derive(Debug, Clone, Serialize)]
-pub struct Point {
+pub struct MaxPoint {
     /// Device key (`raw`, `picnic`, ...).
     pub dut: &'static str,
     /// Frame size, FCS included.
     pub size: usize,
     /// UDP flows offered.
     pub flows: u16,
-    /// Frames/s that reached the sink at the maximum offered rate.
+    /// Frames/s that reached the sink, the generator at full speed.
     pub pps: f64,
     /// Frames/s the generator got out (its own limit when it equals `pps`).
     pub gen_pps: f64,
     /// `pps` in Gb/s of frames (FCS included, preamble and gap not).
     pub gbps: f64,
-    /// CPU ns per forwarded frame of the device's own thread or process (None: the kernel
-    /// bridge, whose work runs in softirq context of the sender).
-    pub dut_cpu_ns_per_pkt: Option<f64>,
-    /// CPU ns per forwarded frame of generator + device + ksoftirqd: the whole path's cost,
-    /// comparable for every device including the bridge.
-    pub path_cpu_ns_per_pkt: f64,
-    /// One-way latency generator -> sink at 50% of `pps`, median, us.
-    pub latency_p50_us: f64,
-    /// ... 99th percentile, us.
-    pub latency_p99_us: f64,
+}
+
+/// One device at one offered load (median over runs, metric by metric).
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadPoint {
+    pub dut: &'static str,
+    pub size: usize,
+    pub flows: u16,
+    /// Percent of the slowest device's maximum.
+    pub load_pct: u32,
+    /// Frames/s offered (the same for every device).
+    pub offered_pps: f64,
+    /// Frames/s the generator got out.
+    pub gen_pps: f64,
+    /// Frames/s that reached the sink.
+    pub delivered_pps: f64,
+    /// CPU ns per delivered frame: threads + softirq.
+    pub cpu_ns_per_pkt: f64,
+    /// ... of which the device's threads.
+    pub threads_ns_per_pkt: f64,
+    /// ... of which softirq (the generator CPU's and ksoftirqd on the
+    /// device's CPU).
+    pub softirq_ns_per_pkt: f64,
+    /// Percent of the window the device's threads were runnable but waited for their CPU
+    /// (other tasks ran there): where it is high, latency measures the machine's other load.
+    pub cpu_wait_pct: f64,
+    /// One-way latency generator -> sink of every frame in the window, us.
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    /// Frames in the latency histogram.
+    pub latency_samples: u64,
 }
 
 struct Settings {
     runs: usize,
     window: Duration,
     warmup: Duration,
-    latency_window: Duration,
+    /// Nice value of the generator, the sink and every device thread.
+    nice: Option<i32>,
 }
 
-/// Runs the benchmark as the arguments say; prints progress and the table to stdout.
+/// Runs the benchmark as the arguments say; prints progress and the tables to stdout.
 pub fn run_cli(args: BenchArgs) -> Result<()> {
     netns::preflight(&["ip", "tc", "bridge", "ethtool", "taskset"])?;
+    let window =
+        Duration::from_millis(
+            args.window_ms
+                .unwrap_or(if args.quick { 800 } else { 1500 }),
+        );
     let settings = Settings {
         runs: args.runs.unwrap_or(if args.quick { 1 } else { 3 }).max(1),
-        window: Duration::from_millis(args.window_ms.unwrap_or(if args.quick {
-            800
-        } else {
-            1500
-        })),
+        window,
         warmup: Duration::from_millis(if args.quick { 200 } else { 300 }),
-        latency_window: Duration::from_millis(if args.quick { 400 } else { 700 }),
+        nice: args.nice,
     };
     for &s in &args.sizes {
         if !(64..=1518).contains(&s) {
@@ -109,6 +159,9 @@ pub fn run_cli(args: BenchArgs) -> Result<()> {
     }
     if args.flows.contains(&0) {
         bail!("--flows: counts must be at least 1");
+    }
+    if args.loads.iter().any(|&l| l == 0 || l > 100) {
+        bail!("--loads: percentages must be 1 to 100");
     }
     let kinds: Vec<DutKind> = DutKind::ALL
         .into_iter()
@@ -123,24 +176,33 @@ pub fn run_cli(args: BenchArgs) -> Result<()> {
     {
         dut::ensure_ovs()?;
     }
+    // The bench's own threads (and the `ip` and OVS tools it runs) stay off the device's CPU.
+    cpu::register_bench_thread();
+    traffic::pin_current_thread(GEN_CPU)?;
     let started = Instant::now();
     println!(
-        "picnic bench: {} devices x sizes {:?} x flows {:?} x {} run(s), {} ms windows; generator on CPU 0, device on CPU {}",
+        "picnic bench: {} devices x sizes {:?} x flows {:?} x {} run(s), {} ms windows, loads {:?}% of the slowest; generator and sink on CPU {GEN_CPU}, device on CPU {DUT_CPU}",
         kinds.len(),
         args.sizes,
         args.flows,
         settings.runs,
         settings.window.as_millis(),
-        dut::DUT_CPU
+        args.loads,
     );
-    let mut points = Vec::new();
-    for kind in kinds {
-        points.extend(bench_device(kind, &args, &settings)?);
+    println!("phase 1: maximum rate, generator at full speed");
+    let mut maxima = Vec::new();
+    for &kind in &kinds {
+        maxima.extend(max_device(kind, &args, &settings)?);
+    }
+    println!("phase 2: equal offered loads");
+    let mut loads = Vec::new();
+    for &kind in &kinds {
+        loads.extend(load_device(kind, &args, &settings, &maxima)?);
     }
     println!();
-    print_table(&points, &args);
+    report::print(&maxima, &loads, &args);
     if args.json {
-        let json = to_json(&points, &args, &settings);
+        let json = report::json(&maxima, &loads, settings.runs, settings.window);
         std::fs::write(&args.json_path, serde_json::to_string_pretty(&json)? + "\n")
             .with_context(|| format!("writing {}", args.json_path.display()))?;
         println!("wrote {}", args.json_path.display());
@@ -149,151 +211,279 @@ pub fn run_cli(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// Measures every size and flow count through one device, on a fresh testbed.
-fn bench_device(kind: DutKind, args: &BenchArgs, s: &Settings) -> Result<Vec<Point>> {
+fn offered(size: usize, flows: u16) -> Offered {
+    Offered {
+        size,
+        flows,
+        src: (dut::VM_MAC, dut::VM_IP),
+        dst: (dut::REMOTE_MAC, dut::REMOTE_IP),
+    }
+}
+
+/// Starts `kind` on a fresh testbed, runs `body` for every size and flow count, stops it.
+fn with_device<T>(
+    kind: DutKind,
+    args: &BenchArgs,
+    mut body: impl FnMut(&Bed, &Dut, usize, u16) -> Result<Vec<T>>,
+) -> Result<Vec<T>> {
     let bed = Bed::new()?;
-    let dut = Dut::start(kind, &bed).with_context(|| format!("starting {}", kind.describe()))?;
-    let mut points = Vec::new();
+    let spin = Duration::from_micros(args.spin_us);
+    let dut =
+        Dut::start(kind, &bed, spin).with_context(|| format!("starting {}", kind.describe()))?;
+    let mut out = Vec::new();
     let mut result = Ok(());
     'outer: for &size in &args.sizes {
         for &flows in &args.flows {
-            let offered = Offered {
-                size,
-                flows,
-                src: (dut::VM_MAC, dut::VM_IP),
-                dst: (dut::REMOTE_MAC, dut::REMOTE_IP),
-            };
-            let mut runs = Vec::new();
-            for _ in 0..s.runs {
-                match measure(kind, &bed, &dut, offered, s) {
-                    Ok(p) => runs.push(p),
-                    Err(e) => {
-                        result = Err(e);
-                        break 'outer;
-                    }
+            match body(&bed, &dut, size, flows) {
+                Ok(v) => out.extend(v),
+                Err(e) => {
+                    result = Err(e);
+                    break 'outer;
                 }
             }
-            let p = median_point(runs);
-            println!(
-                "  {:<34} {:>4} B {:>2} flow(s): {:>7.0} kpps ({:>5.2} Gb/s; generator {:>4.0} kpps), latency p50 {:>6.1} us p99 {:>7.1} us",
-                kind.describe(),
-                size,
-                flows,
-                p.pps / 1e3,
-                p.gbps,
-                p.gen_pps / 1e3,
-                p.latency_p50_us,
-                p.latency_p99_us
-            );
-            points.push(p);
         }
     }
     let summary = dut.stop(&bed)?;
     if !summary.is_empty() {
         println!("  ({summary})");
     }
-    result.map(|()| points)
+    result.map(|()| out)
 }
 
-/// CPU ns used so far by the generator thread, the device and the softirq threads.
-struct CpuSample {
-    generator: u64,
-    dut: Option<u64>,
-    softirq: u64,
+/// Phase 1 for one device: its maximum rate at every size and flow count.
+fn max_device(kind: DutKind, args: &BenchArgs, s: &Settings) -> Result<Vec<MaxPoint>> {
+    with_device(kind, args, |bed, _dut, size, flows| {
+        let mut runs = Vec::new();
+        for _ in 0..s.runs {
+            runs.push(with_generator(
+                bed,
+                s.nice,
+                offered(size, flows),
+                0,
+                |ctl| measure_max(kind, bed, size, flows, s, ctl),
+            )?);
+        }
+        let m = |f: &dyn Fn(&MaxPoint) -> f64| median(runs.iter().map(f).collect());
+        let p = MaxPoint {
+            pps: m(&|p| p.pps),
+            gen_pps: m(&|p| p.gen_pps),
+            gbps: m(&|p| p.gbps),
+            ..runs[0].clone()
+        };
+        println!(
+            "  {:<36} {:>4} B {:>2} flow(s): max {:>5.0} kpps ({:>5.2} Gb/s; generator {:>4.0} kpps)",
+            kind.describe(),
+            size,
+            flows,
+            p.pps / 1e3,
+            p.gbps,
+            p.gen_pps / 1e3,
+        );
+        Ok(vec![p])
+    })
 }
 
-fn sample_cpu(gen_tid: u64, dut: &Dut, softirq_pids: &[String]) -> CpuSample {
-    CpuSample {
-        generator: traffic::cpu_ns(&format!("self/task/{gen_tid}")).unwrap_or(0),
-        dut: dut.cpu_ns(),
-        softirq: softirq_pids
+/// Phase 2 for one device: CPU per packet and latency at each offered load.
+fn load_device(
+    kind: DutKind,
+    args: &BenchArgs,
+    s: &Settings,
+    maxima: &[MaxPoint],
+) -> Result<Vec<LoadPoint>> {
+    with_device(kind, args, |bed, dut, size, flows| {
+        let slowest = maxima
             .iter()
-            .filter_map(|p| traffic::cpu_ns(p).ok())
-            .sum(),
-    }
+            .filter(|m| m.size == size && m.flows == flows)
+            .map(|m| m.pps)
+            .fold(f64::INFINITY, f64::min);
+        let mut out = Vec::new();
+        for &pct in &args.loads {
+            let rate = (slowest * f64::from(pct) / 100.0).max(1.0);
+            let mut runs = Vec::new();
+            for _ in 0..s.runs {
+                runs.push(with_generator(
+                    bed,
+                    s.nice,
+                    offered(size, flows),
+                    rate as u64,
+                    |ctl| measure_load(kind, bed, dut, (size, flows, pct), rate, s, ctl),
+                )?);
+            }
+            let p = median_load(runs);
+            println!(
+                "  {:<36} {:>4} B {:>2} flow(s) {:>3}% ({:>4.0} kpps): delivered {:>5.1}%, CPU {:>5.0} ns/pkt ({:>5.0} threads + {:>5.0} softirq), waited for CPU {:>4.1}%, latency p50 {:>6.1} us p99 {:>7.1} us p99.9 {:>7.1} us",
+                kind.describe(),
+                size,
+                flows,
+                pct,
+                rate / 1e3,
+                100.0 * p.delivered_pps / p.offered_pps,
+                p.cpu_ns_per_pkt,
+                p.threads_ns_per_pkt,
+                p.softirq_ns_per_pkt,
+                p.cpu_wait_pct,
+                p.p50_us,
+                p.p99_us,
+                p.p999_us,
+            );
+            out.push(p);
+        }
+        Ok(out)
+    })
 }
 
-/// One run: the maximum rate over a window, then latency at half that rate.
-fn measure(kind: DutKind, bed: &Bed, dut: &Dut, offered: Offered, s: &Settings) -> Result<Point> {
+/// Runs `body` while a generator offers `offered` at `rate_pps` (0: full speed) on CPU
+/// [`GEN_CPU`], every frame timestamped when paced.
+fn with_generator<T>(
+    bed: &Bed,
+    nice: Option<i32>,
+    offered: Offered,
+    rate_pps: u64,
+    body: impl FnOnce(&Arc<GenControl>) -> Result<T>,
+) -> Result<T> {
     let ctl = Arc::new(GenControl::default());
+    ctl.rate_pps.store(rate_pps, Ordering::Relaxed);
+    ctl.stamp.store(rate_pps > 0, Ordering::Relaxed);
     let c = ctl.clone();
     let gen = netns::spawn_in_netns(&bed.gen_ns, move || -> Result<()> {
-        traffic::pin_current_thread(0)?;
+        traffic::pin_current_thread(GEN_CPU)?;
+        if let Some(n) = nice {
+            cpu::set_nice(0, n)?;
+        }
         traffic::generate(dut::GEN_DEV, offered, c)
     })?;
-    let result = measure_with(kind, bed, dut, offered, s, &ctl);
+    let result = body(&ctl);
     ctl.stop.store(true, Ordering::Relaxed);
     let gen_result = gen.join();
-    let point = result?;
+    let value = result?;
     gen_result??;
-    Ok(point)
+    Ok(value)
 }
 
-fn measure_with(
-    kind: DutKind,
-    bed: &Bed,
-    dut: &Dut,
-    offered: Offered,
-    s: &Settings,
-    ctl: &Arc<GenControl>,
-) -> Result<Point> {
-    let rx = || traffic::rx_packets(&bed.sink_ns, dut::SINK_DEV);
-    let softirq = traffic::ksoftirqd_pids();
-    let before_warmup = rx()?;
+/// The sink's receive counter and the moment it was read (the middle of the `ip` call, so
+/// rates are not skewed by its run time).
+fn sink_count(bed: &Bed) -> Result<(u64, Instant)> {
+    let before = Instant::now();
+    let n = traffic::rx_packets(&bed.sink_ns, dut::SINK_DEV)?;
+    Ok((n, before + before.elapsed() / 2))
+}
+
+/// Waits out the warm-up and checks that frames reach the sink; returns its counter.
+fn warm_up(kind: DutKind, bed: &Bed, s: &Settings, ctl: &GenControl) -> Result<u64> {
+    let before = traffic::rx_packets(&bed.sink_ns, dut::SINK_DEV)?;
     std::thread::sleep(s.warmup);
-    let gen_tid = ctl.tid.load(Ordering::Relaxed);
-    let rx0 = rx()?;
-    if rx0 <= before_warmup {
+    let after = traffic::rx_packets(&bed.sink_ns, dut::SINK_DEV)?;
+    if after <= before {
         bail!(
             "{}: no frames reached the sink during warm-up (generator sent {})",
             kind.describe(),
             ctl.sent.load(Ordering::Relaxed)
         );
     }
-    let t0 = Instant::now();
-    let sent0 = ctl.sent.load(Ordering::Relaxed);
-    let cpu0 = sample_cpu(gen_tid, dut, &softirq);
-    std::thread::sleep(s.window);
-    let rx1 = rx()?;
-    let elapsed = t0.elapsed().as_secs_f64();
-    let sent1 = ctl.sent.load(Ordering::Relaxed);
-    let cpu1 = sample_cpu(gen_tid, dut, &softirq);
-    let forwarded = (rx1 - rx0).max(1) as f64;
-    let pps = forwarded / elapsed;
-    let dut_cpu = cpu0
-        .dut
-        .zip(cpu1.dut)
-        .map(|(a, b)| b.saturating_sub(a) as f64 / forwarded);
-    let path_cpu = (cpu1.generator - cpu0.generator
-        + cpu1.dut.unwrap_or(0).saturating_sub(cpu0.dut.unwrap_or(0))
-        + cpu1.softirq.saturating_sub(cpu0.softirq)) as f64
-        / forwarded;
+    Ok(after)
+}
 
-    // Latency at half the measured maximum: every frame carries its send time.
-    ctl.rate_pps
-        .store((pps / 2.0).max(1.0) as u64, Ordering::Relaxed);
-    ctl.stamp.store(true, Ordering::Relaxed);
-    std::thread::sleep(Duration::from_millis(100));
+/// One run of phase 1: frames reaching the sink over the window at the generator's full rate.
+fn measure_max(
+    kind: DutKind,
+    bed: &Bed,
+    size: usize,
+    flows: u16,
+    s: &Settings,
+    ctl: &GenControl,
+) -> Result<MaxPoint> {
+    warm_up(kind, bed, s, ctl)?;
+    let (sent0, g0) = (ctl.sent.load(Ordering::Relaxed), Instant::now());
+    let (rx0, t0) = sink_count(bed)?;
+    std::thread::sleep(s.window);
+    let (rx1, t1) = sink_count(bed)?;
+    let sent1 = ctl.sent.load(Ordering::Relaxed);
+    let pps = rx1.saturating_sub(rx0) as f64 / (t1 - t0).as_secs_f64();
+    let gen_elapsed = g0.elapsed().as_secs_f64();
+    Ok(MaxPoint {
+        dut: kind.key(),
+        size,
+        flows,
+        pps,
+        gen_pps: sent1.saturating_sub(sent0) as f64 / gen_elapsed,
+        gbps: pps * size as f64 * 8.0 / 1e9,
+    })
+}
+
+/// One run of phase 2: the device's CPU over the window and the latency of every frame.
+#[allow(clippy::too_many_arguments)]
+fn measure_load(
+    kind: DutKind,
+    bed: &Bed,
+    dut: &Dut,
+    (size, flows, load_pct): (usize, u16, u32),
+    rate: f64,
+    s: &Settings,
+    ctl: &GenControl,
+) -> Result<LoadPoint> {
+    let recording = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
-    let st = stop.clone();
+    let (r, st) = (recording.clone(), stop.clone());
+    let nice = s.nice;
     let sink = netns::spawn_in_netns(&bed.sink_ns, move || {
-        traffic::latency_sink(dut::SINK_DEV, st)
+        traffic::pin_current_thread(GEN_CPU)?;
+        if let Some(n) = nice {
+            cpu::set_nice(0, n)?;
+        }
+        sink::latency_sink(dut::SINK_DEV, r, st)
     })?;
-    std::thread::sleep(s.latency_window);
+    // (frames delivered and the generator's rate, both per s; CPU used per s)
+    let measured = (|| -> Result<(f64, f64, CpuUse)> {
+        warm_up(kind, bed, s, ctl)?;
+        let ksoftirqd = cpu::ksoftirqd_pid(DUT_CPU);
+        let sample = || cpu::sample(dut.threads_ns(), GEN_CPU, ksoftirqd.as_deref());
+        let (rx0, t0) = sink_count(bed)?;
+        let (c0, cpu0, sent0): (Instant, CpuSample, u64) =
+            (Instant::now(), sample(), ctl.sent.load(Ordering::Relaxed));
+        recording.store(true, Ordering::Relaxed);
+        std::thread::sleep(s.window);
+        recording.store(false, Ordering::Relaxed);
+        let (cpu1, sent1) = (sample(), ctl.sent.load(Ordering::Relaxed));
+        let cpu_secs = c0.elapsed().as_secs_f64();
+        let (rx1, t1) = sink_count(bed)?;
+        let used = cpu0.until(&cpu1);
+        Ok((
+            rx1.saturating_sub(rx0) as f64 / (t1 - t0).as_secs_f64(),
+            sent1.saturating_sub(sent0) as f64 / cpu_secs,
+            CpuUse {
+                threads: used.threads / cpu_secs,
+                softirq: used.softirq / cpu_secs,
+                waiting: used.waiting / cpu_secs,
+            },
+        ))
+    })();
     stop.store(true, Ordering::Relaxed);
     let hist = sink.join()??;
-    let us = |q: f64| hist.value_at_quantile(q) as f64 / 1e3;
-    Ok(Point {
+    let (delivered_pps, gen_pps, per_s) = measured?;
+    let per = |ns_per_s: f64| ns_per_s / delivered_pps.max(1.0);
+    let us = |q: f64| {
+        if hist.is_empty() {
+            f64::NAN
+        } else {
+            hist.value_at_quantile(q) as f64 / 1e3
+        }
+    };
+    Ok(LoadPoint {
         dut: kind.key(),
-        size: offered.size,
-        flows: offered.flows,
-        pps,
-        gen_pps: (sent1 - sent0) as f64 / elapsed,
-        gbps: pps * offered.size as f64 * 8.0 / 1e9,
-        dut_cpu_ns_per_pkt: dut_cpu,
-        path_cpu_ns_per_pkt: path_cpu,
-        latency_p50_us: if hist.is_empty() { f64::NAN } else { us(0.5) },
-        latency_p99_us: if hist.is_empty() { f64::NAN } else { us(0.99) },
+        size,
+        flows,
+        load_pct,
+        offered_pps: rate,
+        gen_pps,
+        delivered_pps,
+        cpu_ns_per_pkt: per(per_s.total()),
+        threads_ns_per_pkt: per(per_s.threads),
+        softirq_ns_per_pkt: per(per_s.softirq),
+        cpu_wait_pct: per_s.waiting / 1e7,
+        p50_us: us(0.5),
+        p99_us: us(0.99),
+        p999_us: us(0.999),
+        latency_samples: hist.len(),
     })
 }
 
@@ -303,125 +493,19 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// The point whose every metric is the median over `runs` (non-empty).
-fn median_point(runs: Vec<Point>) -> Point {
-    let m = |f: &dyn Fn(&Point) -> f64| median(runs.iter().map(f).collect());
-    Point {
-        pps: m(&|p| p.pps),
+fn median_load(runs: Vec<LoadPoint>) -> LoadPoint {
+    let m = |f: &dyn Fn(&LoadPoint) -> f64| median(runs.iter().map(f).collect());
+    LoadPoint {
         gen_pps: m(&|p| p.gen_pps),
-        gbps: m(&|p| p.gbps),
-        dut_cpu_ns_per_pkt: runs[0]
-            .dut_cpu_ns_per_pkt
-            .map(|_| m(&|p| p.dut_cpu_ns_per_pkt.unwrap_or(0.0))),
-        path_cpu_ns_per_pkt: m(&|p| p.path_cpu_ns_per_pkt),
-        latency_p50_us: m(&|p| p.latency_p50_us),
-        latency_p99_us: m(&|p| p.latency_p99_us),
+        delivered_pps: m(&|p| p.delivered_pps),
+        cpu_ns_per_pkt: m(&|p| p.cpu_ns_per_pkt),
+        threads_ns_per_pkt: m(&|p| p.threads_ns_per_pkt),
+        softirq_ns_per_pkt: m(&|p| p.softirq_ns_per_pkt),
+        cpu_wait_pct: m(&|p| p.cpu_wait_pct),
+        p50_us: m(&|p| p.p50_us),
+        p99_us: m(&|p| p.p99_us),
+        p999_us: m(&|p| p.p999_us),
+        latency_samples: m(&|p| p.latency_samples as f64) as u64,
         ..runs[0].clone()
     }
-}
-
-fn find<'a>(points: &'a [Point], dut: &str, size: usize, flows: u16) -> Option<&'a Point> {
-    points
-        .iter()
-        .find(|p| p.dut == dut && p.size == size && p.flows == flows)
-}
-
-/// Ratios of picnic (isolation on, AF_PACKET and AF_XDP ports) to its references, where both
-/// were measured.
-fn ratios(points: &[Point], size: usize, flows: u16) -> BTreeMap<&'static str, f64> {
-    let mut out = BTreeMap::new();
-    for (name, this, peer) in [
-        ("picnic/raw", "picnic", "raw"),
-        ("picnic/ovs_afxdp", "picnic", "ovs_afxdp"),
-        ("picnic/ovs", "picnic", "ovs"),
-        ("picnic/bridge", "picnic", "bridge"),
-        ("picnic/picnic_off", "picnic", "picnic_off"),
-        ("picnic_xdp/raw_xdp", "picnic_xdp", "raw_xdp"),
-        ("picnic_xdp/ovs_afxdp", "picnic_xdp", "ovs_afxdp"),
-        ("picnic_xdp/ovs", "picnic_xdp", "ovs"),
-        ("picnic_xdp/bridge", "picnic_xdp", "bridge"),
-        ("picnic_xdp/picnic", "picnic_xdp", "picnic"),
-        ("raw_xdp/raw", "raw_xdp", "raw"),
-    ] {
-        if let (Some(a), Some(b)) = (
-            find(points, this, size, flows),
-            find(points, peer, size, flows),
-        ) {
-            out.insert(name, a.pps / b.pps);
-        }
-    }
-    out
-}
-
-fn print_table(points: &[Point], args: &BenchArgs) {
-    println!("| frame | flows | device | kpps | Gb/s | gen kpps | device CPU ns/pkt | path CPU ns/pkt | p50 us @50% | p99 us @50% |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
-    for &size in &args.sizes {
-        for &flows in &args.flows {
-            for p in points.iter().filter(|p| p.size == size && p.flows == flows) {
-                println!(
-                    "| {} B | {} | {} | {:.0} | {:.2} | {:.0} | {} | {:.0} | {:.1} | {:.1} |",
-                    size,
-                    flows,
-                    p.dut,
-                    p.pps / 1e3,
-                    p.gbps,
-                    p.gen_pps / 1e3,
-                    p.dut_cpu_ns_per_pkt
-                        .map_or("-".to_string(), |c| format!("{c:.0}")),
-                    p.path_cpu_ns_per_pkt,
-                    p.latency_p50_us,
-                    p.latency_p99_us
-                );
-            }
-        }
-    }
-    println!();
-    for &size in &args.sizes {
-        for &flows in &args.flows {
-            let r = ratios(points, size, flows);
-            if !r.is_empty() {
-                let text: Vec<String> = r.iter().map(|(k, v)| format!("{k} {v:.2}")).collect();
-                println!("ratios {size} B, {flows} flow(s): {}", text.join(", "));
-            }
-        }
-    }
-}
-
-fn to_json(points: &[Point], args: &BenchArgs, s: &Settings) -> serde_json::Value {
-    let mut sizes = serde_json::Map::new();
-    for &size in &args.sizes {
-        let mut by_flows = serde_json::Map::new();
-        let mut top = serde_json::Map::new();
-        for (i, &flows) in args.flows.iter().enumerate() {
-            let mut entry = serde_json::Map::new();
-            for p in points.iter().filter(|p| p.size == size && p.flows == flows) {
-                entry.insert(format!("{}_pps", p.dut), p.pps.round().into());
-                entry.insert(
-                    format!("{}_detail", p.dut),
-                    serde_json::to_value(p).unwrap_or_default(),
-                );
-            }
-            entry.insert(
-                "ratios".into(),
-                serde_json::to_value(ratios(points, size, flows)).unwrap_or_default(),
-            );
-            if i == 0 {
-                // The per-size keys (`raw_pps`, ...) are those of the first flow count.
-                for (k, v) in &entry {
-                    if k.ends_with("_pps") || k == "ratios" {
-                        top.insert(k.clone(), v.clone());
-                    }
-                }
-            }
-            by_flows.insert(flows.to_string(), entry.into());
-        }
-        top.insert("flows".into(), by_flows.into());
-        sizes.insert(size.to_string(), top.into());
-    }
-    serde_json::json!({
-        "command": std::env::args().collect::<Vec<_>>().join(" "),
-        "runs": s.runs,
-        "window_ms": s.window.as_millis() as u64,
-        "frame_sizes": sizes,
-    })
 }

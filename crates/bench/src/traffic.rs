@@ -1,17 +1,15 @@
-//! The offered traffic and its measurement: a generator of UDP frames on an AF_PACKET socket
-//! (sendmmsg with PACKET_QDISC_BYPASS, the fastest sender this kernel has: DESIGN.md 7), a
-//! latency sink reading timestamped frames from an AF_PACKET ring, and the counters (link
-//! statistics, thread and process CPU time) the bench reads around a measurement window.
+//! The offered traffic: a generator of UDP frames on an AF_PACKET socket (sendmmsg with
+//! PACKET_QDISC_BYPASS, the fastest sender this kernel has: DESIGN.md 7), at full speed or
+//! paced, with a send timestamp in every frame for the latency sink (`sink`), and the sink
+//! device's receive counter.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
-use hdrhistogram::Histogram;
 use picnic_switch::frame::{Frame, FramePool};
-use picnic_switch::port::{wait_readable, AfPacketOptions, AfPacketPort, Port};
+use picnic_switch::port::{AfPacketOptions, AfPacketPort, Port};
 use picnic_wire::overlay::ENCAP_OVERHEAD;
 
 /// Bytes of Ethernet + IPv4 + UDP headers in front of the generator's payload.
@@ -111,7 +109,8 @@ pub struct GenControl {
 /// until `ctl.stop`, at `ctl.rate_pps` (spinning between batches, never sleeping: sleeps
 /// overshoot by 100 us here, DESIGN.md 7).
 pub fn generate(ifname: &str, offered: Offered, ctl: Arc<GenControl>) -> Result<()> {
-    ctl.tid.store(gettid(), Ordering::Relaxed);
+    crate::cpu::register_bench_thread();
+    ctl.tid.store(crate::cpu::gettid(), Ordering::Relaxed);
     let opts = AfPacketOptions {
         block_count: 2,
         tx_batch: GEN_BATCH,
@@ -164,130 +163,8 @@ pub fn generate(ifname: &str, offered: Offered, ctl: Arc<GenControl>) -> Result<
     Ok(())
 }
 
-/// Reads frames on `ifname` until `stop` and records the one-way delay of every frame that
-/// carries the generator's timestamp, tunnelled (picnic's Geneve) or not. The arrival time is
-/// the kernel's receive timestamp (`SO_TIMESTAMPNS`, taken when the device under test hands
-/// the frame to the sink's veth), so the delay does not include the wait for this thread to
-/// be scheduled on the 2 shared cores.
-pub fn latency_sink(ifname: &str, stop: Arc<AtomicBool>) -> Result<Histogram<u64>> {
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 10_000_000_000, 3)
-        .map_err(|e| anyhow!("histogram: {e}"))?;
-    let sock =
-        TimestampSocket::open(ifname).with_context(|| format!("latency sink on {ifname}"))?;
-    let mut buf = [0u8; 2048];
-    let fd = [sock.fd.as_raw_fd()];
-    while !stop.load(Ordering::Relaxed) {
-        match sock.recv(&mut buf)? {
-            Some((len, arrived)) => {
-                if let Some(sent) = timestamp_of(&buf[..len]) {
-                    let _ = hist.record(arrived.saturating_sub(sent).max(1));
-                }
-            }
-            None => {
-                wait_readable(&fd, Duration::from_millis(2))?;
-            }
-        }
-    }
-    Ok(hist)
-}
-
-/// A plain AF_PACKET socket bound to one interface with kernel receive timestamps.
-struct TimestampSocket {
-    fd: OwnedFd,
-}
-
-impl TimestampSocket {
-    fn open(ifname: &str) -> Result<TimestampSocket> {
-        let name = std::ffi::CString::new(ifname)?;
-        // SAFETY: plain syscalls with valid arguments; the fd is owned right after creation.
-        unsafe {
-            let raw = libc::socket(
-                libc::AF_PACKET,
-                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                (libc::ETH_P_ALL as u16).to_be() as i32,
-            );
-            if raw < 0 {
-                bail!("socket(AF_PACKET): {}", std::io::Error::last_os_error());
-            }
-            let fd = OwnedFd::from_raw_fd(raw);
-            let index = libc::if_nametoindex(name.as_ptr());
-            if index == 0 {
-                bail!("interface {ifname} not found");
-            }
-            let one: libc::c_int = 1;
-            let rcvbuf: libc::c_int = 16 << 20;
-            for (opt, val) in [
-                (libc::SO_TIMESTAMPNS, &one),
-                (libc::SO_RCVBUFFORCE, &rcvbuf),
-            ] {
-                if libc::setsockopt(
-                    raw,
-                    libc::SOL_SOCKET,
-                    opt,
-                    (val as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                ) != 0
-                {
-                    bail!("setsockopt: {}", std::io::Error::last_os_error());
-                }
-            }
-            let mut sll: libc::sockaddr_ll = std::mem::zeroed();
-            sll.sll_family = libc::AF_PACKET as u16;
-            sll.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
-            sll.sll_ifindex = index as i32;
-            if libc::bind(
-                raw,
-                (&sll as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            ) != 0
-            {
-                bail!("bind to {ifname}: {}", std::io::Error::last_os_error());
-            }
-            Ok(TimestampSocket { fd })
-        }
-    }
-
-    /// One frame and its kernel arrival time (CLOCK_REALTIME ns); None when nothing is
-    /// pending.
-    fn recv(&self, buf: &mut [u8]) -> Result<Option<(usize, u64)>> {
-        let mut iov = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        };
-        let mut control = [0u64; 16];
-        // SAFETY: msghdr is plain data; every pointer set below outlives the call.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = std::mem::size_of_val(&control);
-        // SAFETY: the socket is valid and msg points at live buffers of the stated sizes.
-        let n = unsafe { libc::recvmsg(self.fd.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT) };
-        if n < 0 {
-            let err = std::io::Error::last_os_error();
-            return match err.kind() {
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => Ok(None),
-                _ => Err(err.into()),
-            };
-        }
-        let mut arrived = None;
-        // SAFETY: walking the control messages the kernel wrote into `control`.
-        unsafe {
-            let mut c = libc::CMSG_FIRSTHDR(&msg);
-            while !c.is_null() {
-                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
-                    let ts = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::timespec);
-                    arrived = Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64);
-                }
-                c = libc::CMSG_NXTHDR(&msg, c);
-            }
-        }
-        Ok(Some((n as usize, arrived.unwrap_or_else(realtime_ns))))
-    }
-}
-
 /// The send timestamp in a generator frame, plain or behind picnic's outer headers.
-fn timestamp_of(frame: &[u8]) -> Option<u64> {
+pub(crate) fn timestamp_of(frame: &[u8]) -> Option<u64> {
     [
         HEADERS,
         HEADERS + ENCAP_OVERHEAD - 20,
@@ -299,53 +176,6 @@ fn timestamp_of(frame: &[u8]) -> Option<u64> {
         let sent = u64::from_be_bytes(frame.get(at + 8..at + 16)?.try_into().ok()?);
         (magic == MAGIC).then_some(sent)
     })
-}
-
-/// The calling thread's kernel id.
-pub fn gettid() -> u64 {
-    // SAFETY: gettid has no preconditions.
-    unsafe { libc::gettid() as u64 }
-}
-
-/// Clock ticks per second of /proc CPU times.
-fn ticks_per_second() -> u64 {
-    // SAFETY: sysconf takes no pointers.
-    (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).max(1) as u64
-}
-
-/// User + system CPU time in ns of `/proc/<path>/stat` (a process, which sums its threads, or
-/// `self/task/<tid>`, one thread).
-pub fn cpu_ns(path: &str) -> Result<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{path}/stat"))
-        .with_context(|| format!("reading /proc/{path}/stat"))?;
-    // Fields after the command name (which may hold spaces) start at field 3.
-    let rest = text
-        .rsplit_once(')')
-        .map(|(_, r)| r)
-        .ok_or_else(|| anyhow!("unexpected /proc/{path}/stat"))?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = fields
-        .get(11..13)
-        .ok_or_else(|| anyhow!("short /proc/{path}/stat"))?
-        .iter()
-        .map(|f| f.parse::<u64>().unwrap_or(0))
-        .sum();
-    Ok(ticks * 1_000_000_000 / ticks_per_second())
-}
-
-/// Pids of the kernel's softirq threads (they carry packet work the sender deferred).
-pub fn ksoftirqd_pids() -> Vec<String> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|p| p.bytes().all(|b| b.is_ascii_digit()))
-        .filter(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/comm"))
-                .is_ok_and(|c| c.starts_with("ksoftirqd/"))
-        })
-        .collect()
 }
 
 /// Received packets of `dev` in namespace `ns` (the kernel's link counter: the sink costs
@@ -374,9 +204,11 @@ pub fn pin_current_thread(cpu: usize) -> Result<()> {
     Ok(())
 }
 
-/// CPUs this process may run on.
+/// CPUs online. Not `available_parallelism`, which is the calling thread's affinity: once
+/// the bench's main thread is pinned, every thread it spawns would see one CPU.
 pub fn available_cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    // SAFETY: sysconf takes no pointers.
+    (unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }).max(1) as usize
 }
 
 #[cfg(test)]
