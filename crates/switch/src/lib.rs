@@ -4,6 +4,7 @@
 pub mod api;
 pub mod cgroup;
 pub mod config;
+mod coordinator;
 pub mod directory;
 pub mod driver;
 pub mod ebpf;
@@ -14,3 +15,5 @@ pub mod port;
 pub mod runner;
 pub mod sched;
 pub mod stats;
+pub mod worker;
+pub mod workers;

@@ -26,6 +26,7 @@ use crate::driver::{Driver, Io};
 use crate::ebpf::{EarlyDrop, KernelLink};
 use crate::engine::{Engine, SloReport, Snapshot, Work, IRON_PERIOD};
 use crate::frame::{Frame, FramePool};
+use crate::worker::WorkerView;
 use crate::port::{
     wait_readable, AfPacketOptions, AfPacketPort, AfXdpOptions, AfXdpPort, Port, PortStats, TapPort,
 };
@@ -75,6 +76,15 @@ pub fn thread_cpu_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+impl SpinWork {
+    pub fn new(cfg: &Config) -> SpinWork {
+        SpinWork {
+            work_ns: cfg.ingress.work_ns,
+            work_ps_per_byte: cfg.ingress.work_ps_per_byte,
+        }
+    }
+}
+
 impl Work for SpinWork {
     fn process(&mut self, _tenant: TenantIdx, frame: &mut Frame) -> u64 {
         let target = self.work_ns + self.work_ps_per_byte * frame.len() as u64 / 1000;
@@ -103,6 +113,8 @@ pub enum Command {
 pub struct PortView {
     pub name: String,
     pub backend: String,
+    /// The worker that reads it (each worker has its own uplink socket).
+    pub worker: usize,
     pub stats: PortStats,
     /// Rizzo et al. regime of this ring: GP while its wait last chose to spin, otherwise the
     /// Table 1 regime under notification (None until estimated).
@@ -124,6 +136,8 @@ pub struct Published {
     /// a port's transmit batch; all are back when the queues drain).
     pub pool_free: usize,
     pub pool_capacity: usize,
+    /// The dataplane workers: the VMs each owns, its CPU, its handoffs.
+    pub workers: Vec<WorkerView>,
     #[serde(skip)]
     pub slo: SloReport,
 }
@@ -156,23 +170,29 @@ impl Shared {
 }
 
 pub struct Switch {
-    cfg: Config,
-    engine: Engine,
-    ports: Vec<Box<dyn Port>>,
-    pool: FramePool,
-    clock: Clock,
+    pub(crate) cfg: Config,
+    pub(crate) engine: Engine,
+    pub(crate) ports: Vec<Box<dyn Port>>,
+    pub(crate) pool: FramePool,
+    pub(crate) clock: Clock,
     work: SpinWork,
-    stop: Arc<AtomicBool>,
-    shared: Arc<Shared>,
-    commands: Option<mpsc::Receiver<Command>>,
+    pub(crate) stop: Arc<AtomicBool>,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) commands: Option<mpsc::Receiver<Command>>,
     /// Per port: the adaptive wait of its receive ring and frames read from it so far.
     waits: Vec<(AdaptiveWait, u64)>,
     /// The eBPF programs' maps: the uplink's early drop, the ports' softirq time.
-    kernel: KernelLink,
+    pub(crate) kernel: KernelLink,
+    /// Dataplane workers (`switch.workers`); 1 runs the single loop of [`Switch::run`].
+    pub(crate) workers: usize,
+    /// The uplink sockets of workers 1.. (worker 0 reads `ports[0]`).
+    pub(crate) extra_uplinks: Vec<Box<dyn Port>>,
+    /// The deployment's feedback key, for the engines of workers 1...
+    pub(crate) feedback_key: Option<Vec<u8>>,
 }
 
 /// Receive ring slots, the queue length L of the Rizzo model.
-const RING_SLOTS: u32 = 2048;
+pub(crate) const RING_SLOTS: u32 = 2048;
 
 /// The adaptive wait of one receive ring: the switch is its consumer. N and S are the
 /// notification and wake-up costs measured on the lab machines (`picnic model measure`:
@@ -180,7 +200,7 @@ const RING_SLOTS: u32 = 2048;
 /// frames come less than N + S = 6.5 us apart. It never slows down with a timed sleep: a
 /// 50 us sleep wakes after 105-162 us here (DESIGN.md 7), while blocking on the ring wakes
 /// on the frame. W_P and W_C start as guesses and are estimated as frames flow.
-fn ring_wait(max_spin: Duration) -> AdaptiveWait {
+pub(crate) fn ring_wait(max_spin: Duration) -> AdaptiveWait {
     AdaptiveWait::new(WaitConfig {
         role: Role::Consumer,
         params: Params::measured_ring(RING_SLOTS),
@@ -188,6 +208,29 @@ fn ring_wait(max_spin: Duration) -> AdaptiveWait {
         max_sleep: Duration::ZERO,
     })
     .expect("valid model parameters")
+}
+
+/// Applies `switch.nice`, `cpus` (the CPUs this thread may use) and `switch.slice_us` to the
+/// calling dataplane thread.
+pub(crate) fn setup_thread(cfg: &Config, cpus: Option<&[usize]>) -> anyhow::Result<()> {
+    if let Some(nice) = cfg.switch.nice {
+        if let Err(e) = crate::sched::set_thread_nice(nice.into()) {
+            eprintln!(
+                "picnic switch: warning: switch.nice {nice}: {e} (running at the inherited priority)"
+            );
+        }
+    }
+    if let Some(cpus) = cpus {
+        crate::sched::set_thread_cpus(cpus).with_context(|| format!("switch.cpus {cpus:?}"))?;
+    }
+    if let Some(us) = cfg.switch.slice_us {
+        if let Err(e) = crate::sched::set_thread_slice(us * 1000) {
+            eprintln!(
+                "picnic switch: warning: switch.slice_us {us}: {e} (needs Linux 6.12+; running with the kernel's slice)"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The ports as the driver's [`Io`]: each read feeds the adaptive wait of the port's ring.
@@ -272,24 +315,53 @@ pub fn vm_max_frame(cfg: &Config) -> usize {
     (cfg.uplink.mtu + 14).saturating_sub(ENCAP_OVERHEAD)
 }
 
-/// Opens the uplink; an AF_XDP uplink also gives the maps of its early drop.
-fn open_uplink(cfg: &Config) -> anyhow::Result<(Box<dyn Port>, Option<EarlyDrop>)> {
+/// Opens the uplink; an AF_XDP uplink also gives the maps of its early drop. With several
+/// workers, one socket per worker where the backend allows it: AF_PACKET sockets joined in
+/// one `PACKET_FANOUT` hash group (the kernel spreads frames by flow hash, so a flow stays on
+/// one socket). AF_XDP (queue 0) and TAP uplinks have one socket, read by worker 0.
+fn open_uplinks(
+    cfg: &Config,
+    workers: usize,
+) -> anyhow::Result<(Vec<Box<dyn Port>>, Option<EarlyDrop>)> {
     let ifname = &cfg.uplink.ifname;
-    if cfg.uplink.backend != BackendKind::AfXdp {
-        return Ok((
-            open_port(
-                ifname,
-                cfg.uplink.backend,
-                "uplink.ifname",
-                cfg.uplink.mtu + 14,
-            )?,
+    match cfg.uplink.backend {
+        BackendKind::AfXdp => {
+            // Queue 0 only for now: worker 0 reads it and hands other workers their frames.
+            let mut port = AfXdpPort::open(ifname, AfXdpOptions::default())
+                .with_context(|| format!("uplink.ifname: cannot open '{ifname}' with AF_XDP"))?;
+            let early = port.early_drop();
+            Ok((vec![Box::new(port)], early))
+        }
+        BackendKind::AfPacket if workers > 1 => {
+            // A group id of this process's own (one switch per network namespace).
+            let group = (std::process::id() & 0xffff) as u16;
+            let mut sockets = Vec::with_capacity(workers);
+            for _ in 0..workers {
+                let port = open_port(ifname, cfg.uplink.backend, "uplink.ifname", cfg.uplink.mtu + 14)?;
+                let fd = port.raw_fd().expect("an AF_PACKET port has a descriptor");
+                crate::port::join_fanout(fd, group)
+                    .with_context(|| format!("uplink.ifname: PACKET_FANOUT on '{ifname}'"))?;
+                sockets.push(port);
+            }
+            Ok((sockets, None))
+        }
+        backend => Ok((
+            vec![open_port(ifname, backend, "uplink.ifname", cfg.uplink.mtu + 14)?],
             None,
-        ));
+        )),
     }
-    let mut port = AfXdpPort::open(ifname, AfXdpOptions::default())
-        .with_context(|| format!("uplink.ifname: cannot open '{ifname}' with AF_XDP"))?;
-    let early = port.early_drop();
-    Ok((Box::new(port), early))
+}
+
+/// How many workers `cfg` asks for with `vm_ports` local VM ports: `switch.workers`, else one
+/// per CPU of `switch.cpus` or of the thread's affinity mask, at most one per VM port.
+pub fn worker_count(cfg: &Config, vm_ports: usize) -> usize {
+    cfg.switch.workers.unwrap_or_else(|| {
+        let cpus = match &cfg.switch.cpus {
+            Some(c) => c.len(),
+            None => crate::sched::thread_cpus().map(|c| c.len()).unwrap_or(1),
+        };
+        crate::workers::default_count(cpus, vm_ports)
+    })
 }
 
 /// The tenant ports (every port but the uplink) as (interface name, slot = port index).
@@ -307,14 +379,24 @@ impl Switch {
     pub fn open(cfg: Config) -> anyhow::Result<Switch> {
         let clock = Clock::new();
         let mut engine = Engine::new(&cfg, clock.now())?;
-        if let Some(path) = &cfg.switch.feedback_key_file {
-            let key = crate::config::read_secret(path, "switch.feedback_key_file")?;
+        let feedback_key = match &cfg.switch.feedback_key_file {
+            Some(path) => Some(crate::config::read_secret(path, "switch.feedback_key_file")?),
+            None => None,
+        };
+        if let Some(key) = &feedback_key {
             engine
-                .set_feedback_key(&key, clock.wall_at_zero_ns())
+                .set_feedback_key(key, clock.wall_at_zero_ns())
                 .map_err(|e| anyhow::anyhow!("switch.feedback_key_file: {e}"))?;
         }
-        let (uplink, early_drop) = open_uplink(&cfg)?;
-        let mut ports = vec![uplink];
+        let vm_ports = cfg
+            .vms
+            .iter()
+            .filter(|vm| vm.port.is_some() && vm.host == cfg.switch.host_id)
+            .count();
+        let workers = worker_count(&cfg, vm_ports);
+        let (mut uplinks, early_drop) = open_uplinks(&cfg, workers)?;
+        let extra_uplinks = uplinks.split_off(1);
+        let mut ports = uplinks;
         for (i, vm) in cfg.vms.iter().enumerate() {
             if let Some(p) = vm.port.as_ref().filter(|_| vm.host == cfg.switch.host_id) {
                 ports.push(open_port(
@@ -327,12 +409,17 @@ impl Switch {
         }
         // Only while Iron runs (some tenant has an allocation): the tracepoints cost every
         // packet of the host (docs/switch.md "eBPF").
+        // With several workers the eBPF programs are not driven (docs/switch.md "Workers").
         let softirq = cfg.isolation.cpu_accounting
             && cfg.isolation.softirq_accounting
-            && cfg.tenants.iter().any(|t| t.cpu_quota.is_some());
+            && cfg.tenants.iter().any(|t| t.cpu_quota.is_some())
+            && workers == 1;
         let kernel = KernelLink::open(early_drop, softirq, &tenant_ports(&ports));
         let mut switch = Self::with_ports(cfg, engine, ports, clock);
         switch.kernel = kernel;
+        switch.workers = workers;
+        switch.extra_uplinks = extra_uplinks;
+        switch.feedback_key = feedback_key;
         Ok(switch)
     }
 
@@ -344,11 +431,11 @@ impl Switch {
         ports: Vec<Box<dyn Port>>,
         clock: Clock,
     ) -> Switch {
-        let work = SpinWork {
-            work_ns: cfg.ingress.work_ns,
-            work_ps_per_byte: cfg.ingress.work_ps_per_byte,
-        };
+        let work = SpinWork::new(&cfg);
         Switch {
+            workers: cfg.switch.workers.unwrap_or(1),
+            extra_uplinks: Vec::new(),
+            feedback_key: None,
             pool: FramePool::new(cfg.switch.frame_pool),
             engine,
             ports,
@@ -394,6 +481,9 @@ impl Switch {
 
     /// Runs until the stop flag is set. Port errors other than would-block end the run.
     pub fn run(&mut self) -> anyhow::Result<()> {
+        if self.workers > 1 {
+            return self.run_workers();
+        }
         let batch = self.cfg.switch.batch;
         let spin = Duration::from_micros(self.cfg.switch.spin_us);
         let mut driver = Driver::new(batch);
@@ -401,23 +491,7 @@ impl Switch {
         let mut fds = Vec::new();
         let mut spin_until: Option<Instant> = None;
         self.shared.set_config(self.cfg.clone());
-        if let Some(nice) = self.cfg.switch.nice {
-            if let Err(e) = crate::sched::set_thread_nice(nice.into()) {
-                eprintln!(
-                    "picnic switch: warning: switch.nice {nice}: {e} (running at the inherited priority)"
-                );
-            }
-        }
-        if let Some(cpus) = &self.cfg.switch.cpus {
-            crate::sched::set_thread_cpus(cpus).with_context(|| format!("switch.cpus {cpus:?}"))?;
-        }
-        if let Some(us) = self.cfg.switch.slice_us {
-            if let Err(e) = crate::sched::set_thread_slice(us * 1000) {
-                eprintln!(
-                    "picnic switch: warning: switch.slice_us {us}: {e} (needs Linux 6.12+; running with the kernel's slice)"
-                );
-            }
-        }
+        setup_thread(&self.cfg, self.cfg.switch.cpus.as_deref())?;
         let mut cgroups = self.open_cgroups()?;
         let mut quotas = Vec::new();
         self.kernel.set_dataplane_thread();
@@ -511,7 +585,7 @@ impl Switch {
     }
 
     /// The quota file of every tenant with a `cgroup` (index = tenant), period set to Iron's.
-    fn open_cgroups(&self) -> anyhow::Result<Vec<Option<CpuQuota>>> {
+    pub(crate) fn open_cgroups(&self) -> anyhow::Result<Vec<Option<CpuQuota>>> {
         self.cfg
             .tenants
             .iter()
@@ -528,7 +602,7 @@ impl Switch {
     }
 
     /// Gives each charged cgroup its whole allocation back when the switch stops.
-    fn release_cgroups(&self, cgroups: &mut [Option<CpuQuota>]) {
+    pub(crate) fn release_cgroups(&self, cgroups: &mut [Option<CpuQuota>]) {
         for (t, group) in self.cfg.tenants.iter().zip(cgroups.iter_mut()) {
             if let (Some(group), Some(cores)) = (group.as_mut(), t.cpu_quota) {
                 let allocation = IRON_PERIOD.as_nanos() as f64 * cores;
@@ -551,6 +625,7 @@ impl Switch {
                 PortView {
                     name: p.name().to_string(),
                     backend: p.backend().to_string(),
+                    worker: 0,
                     stats: p.stats(),
                     wait_regime: wait.and_then(|w| w.regime()).map(|r| r.to_string()),
                     wait_spins: decisions.spins,
@@ -559,11 +634,19 @@ impl Switch {
                 }
             })
             .collect();
+        let switch = self.engine.snapshot();
+        let workers = vec![WorkerView {
+            worker: 0,
+            vms: switch.vms.iter().map(|v| v.name.clone()).collect(),
+            cpu_ns: switch.switch.cpu_ns,
+            handoff: Default::default(),
+        }];
         self.shared.publish(Published {
-            switch: self.engine.snapshot(),
+            switch,
             ports,
             pool_free: self.pool.available(),
             pool_capacity: self.pool.capacity(),
+            workers,
             slo: self.engine.slo_report(now),
         });
     }
@@ -586,7 +669,7 @@ impl Switch {
     /// Rebuilds the engines for a new config, keeping ports that stay and opening new ones.
     /// Every frame the old engines held returns to the pool; counters of VMs that stay carry
     /// over.
-    fn reconfigure(&mut self, cfg: Config) -> anyhow::Result<()> {
+    pub(crate) fn reconfigure(&mut self, cfg: Config) -> anyhow::Result<()> {
         cfg.validate()?;
         if cfg.uplink.ifname != self.cfg.uplink.ifname
             || cfg.switch.host_id != self.cfg.switch.host_id

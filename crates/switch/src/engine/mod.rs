@@ -20,7 +20,10 @@ mod kernel;
 mod share;
 mod slo;
 
+use std::sync::Arc;
+
 use picnic_core::bucket::TokenBucket;
+use picnic_core::pool::TokenCache;
 use picnic_core::eyeq;
 use picnic_core::iron::{CpuAccounts, IronConfig};
 use picnic_core::{Duration, Instant};
@@ -33,6 +36,7 @@ use crate::config::{Config, Isolation, Mac};
 use crate::directory::{Directory, PortIdx, TenantIdx, Vm, VmIdx, UPLINK};
 use crate::frame::{Frame, FramePool};
 use crate::stats::{DropReason, SwitchCounters, VmCounters};
+use crate::workers::CpuBudgets;
 use picnic_core::wfq::{Cap, CostKind, NodeId, QueueId, QueueLimits, Wfq};
 
 pub use egress::Egress;
@@ -53,6 +57,48 @@ const FEEDBACK_TIMEOUT: Duration = Duration::from_millis(100);
 /// Iron's accounting period, which is also the period of the cgroups the switch charges.
 pub const IRON_PERIOD: Duration = Duration::from_millis(10);
 
+/// The CPU the switch may spend per Iron period on `tenant`'s frames, if it has a quota. With a
+/// cgroup, switch work and the cgroup's quota share the allocation (Iron 3.2), and the cgroup
+/// never gets less than cgroup v1's minimum: the switch's part stops that much short, so
+/// together they stay within it.
+pub fn iron_quota(tenant: &crate::directory::Tenant) -> Option<Duration> {
+    let q = tenant.cpu_quota?;
+    let allocation = Duration::from_nanos((IRON_PERIOD.as_nanos() as f64 * q) as u64);
+    Some(match tenant.cgroup {
+        Some(_) => Duration::from_nanos(
+            allocation
+                .as_nanos()
+                .saturating_sub(cpu::CGROUP_MIN_QUOTA.as_nanos())
+                .max(100_000),
+        ),
+        None => allocation,
+    })
+}
+
+/// One worker's share of the tenants' CPU budgets: the budgets every worker draws from and
+/// this worker's token cache of each.
+struct WorkerBudgets {
+    budgets: Arc<CpuBudgets>,
+    caches: Vec<TokenCache>,
+}
+
+impl WorkerBudgets {
+    fn exhausted(&self, now: Instant, tenant: TenantIdx) -> bool {
+        self.budgets
+            .bucket(tenant)
+            .is_some_and(|b| self.caches[tenant].exhausted(now, b))
+    }
+
+    /// Charges `ns` to `tenant` after the work: what the cache cannot cover is debt on the
+    /// shared budget.
+    fn charge(&mut self, now: Instant, tenant: TenantIdx, ns: u64) {
+        if let Some(bucket) = self.budgets.bucket(tenant) {
+            self.caches[tenant].charge(now, bucket, ns);
+            self.budgets.note_charged(tenant, ns);
+        }
+    }
+}
+
 /// Both engines of one host plus the tables they share.
 pub struct Engine {
     pub dir: Directory,
@@ -66,6 +112,9 @@ pub struct Engine {
     /// Per-tenant processing-CPU accounts (Iron); `iron_index[t]` is the tenant's account.
     iron: Option<CpuAccounts>,
     iron_index: Vec<Option<usize>>,
+    /// With several workers: the tenants' CPU budgets every worker draws from, and this
+    /// worker's token cache of each (see [`crate::workers`]).
+    budgets: Option<WorkerBudgets>,
     /// Per local VM with `max_pps`: packets it may send into / receive from the switch.
     pps_out: Vec<Option<TokenBucket>>,
     pps_in: Vec<Option<TokenBucket>>,
@@ -107,21 +156,7 @@ impl Engine {
                 )
                 .map_err(|e| anyhow::anyhow!("cpu accounting: {e}"))?;
                 for (t, tenant) in dir.tenants.iter().enumerate() {
-                    if let Some(q) = tenant.cpu_quota {
-                        let allocation =
-                            Duration::from_nanos((IRON_PERIOD.as_nanos() as f64 * q) as u64);
-                        // With a cgroup, switch work and the cgroup's quota share the allocation
-                        // (Iron 3.2), and the cgroup never gets less than cgroup v1's minimum:
-                        // the switch's part stops that much short, so together they stay within it.
-                        let quota = match tenant.cgroup {
-                            Some(_) => Duration::from_nanos(
-                                allocation
-                                    .as_nanos()
-                                    .saturating_sub(cpu::CGROUP_MIN_QUOTA.as_nanos())
-                                    .max(100_000),
-                            ),
-                            None => allocation,
-                        };
+                    if let Some(quota) = iron_quota(tenant) {
                         iron_index[t] = Some(
                             accounts
                                 .add_tenant(quota)
@@ -149,6 +184,7 @@ impl Engine {
             ingress,
             iron,
             iron_index,
+            budgets: None,
             pps_out,
             pps_in,
             xdp_pps: vec![false; dir_vms],
@@ -193,7 +229,7 @@ impl Engine {
                     && self.pps_out[*vm]
                         .as_ref()
                         .is_none_or(|b| b.available(now) > 0)
-                    && !self.cpu_throttled(*vm)
+                    && !self.cpu_throttled(now, *vm)
                     && !(self.cpu_fair && self.share.over(self.dir.vms[*vm].tenant))
             }
             _ => true,
@@ -203,11 +239,44 @@ impl Engine {
     /// Whether `vm`'s tenant has used its CPU allocation for this period (Iron 3.2): its port
     /// is then not read, so its frames wait or are dropped by the kernel at the sender's
     /// expense, before the switch spends any work on them.
-    fn cpu_throttled(&self, vm: VmIdx) -> bool {
+    fn cpu_throttled(&self, now: Instant, vm: VmIdx) -> bool {
         let tenant = self.dir.vms[vm].tenant;
-        match (self.iron.as_ref(), self.iron_index[tenant]) {
+        let local = match (self.iron.as_ref(), self.iron_index[tenant]) {
             (Some(iron), Some(account)) => iron.exhausted(account),
             _ => false,
+        };
+        local || self.budget_exhausted(now, tenant)
+    }
+
+    /// With several workers: whether `tenant`'s budget shared by every worker is used up
+    /// (this worker's cache is empty and so is the pool).
+    fn budget_exhausted(&self, now: Instant, tenant: TenantIdx) -> bool {
+        self.budgets
+            .as_ref()
+            .is_some_and(|b| b.exhausted(now, tenant))
+    }
+
+    /// Makes this engine one of several workers': tenants' CPU is charged to and checked
+    /// against `budgets`, shared by every worker, through token caches of this engine's own;
+    /// the feedback it signs uses nonce lane `worker`.
+    pub fn join_workers(&mut self, budgets: Arc<CpuBudgets>, worker: usize) {
+        let caches = (0..self.dir.tenants.len())
+            .map(|_| TokenCache::new(budgets.chunk))
+            .collect();
+        self.budgets = Some(WorkerBudgets { budgets, caches });
+        if let Some(auth) = self.feedback_auth.as_mut() {
+            auth.set_lane(worker as u8);
+        }
+    }
+
+    /// Returns the tokens this worker's caches hold to the shared budgets (it stops).
+    pub fn leave_workers(&mut self, now: Instant) {
+        if let Some(b) = self.budgets.as_mut() {
+            for (t, cache) in b.caches.iter_mut().enumerate() {
+                if let Some(bucket) = b.budgets.bucket(t) {
+                    cache.release(now, bucket);
+                }
+            }
         }
     }
 
@@ -448,6 +517,7 @@ impl Engine {
             .map(|(i, v)| VmSnapshot {
                 name: v.name.clone(),
                 id: v.id,
+                worker: 0,
                 tenant: self.dir.tenants[v.tenant].name.clone(),
                 mac: v.mac,
                 counters: self.vm_counters[i].clone(),
@@ -530,6 +600,8 @@ pub struct CostModelView {
 pub struct VmSnapshot {
     pub name: String,
     pub id: u32,
+    /// The dataplane worker that owns the VM's port (see [`crate::workers`]).
+    pub worker: usize,
     pub tenant: String,
     pub mac: Mac,
     pub counters: VmCounters,
