@@ -457,6 +457,28 @@ impl Switch {
             .enumerate()
             .map(|(i, p)| format!("port {i} {}: {}", p.name(), p.backend()))
             .collect();
+        for (w, p) in self.extra_uplinks.iter().enumerate() {
+            lines.push(format!(
+                "port 0 {} (worker {}'s socket): {}",
+                p.name(),
+                w + 1,
+                p.backend()
+            ));
+        }
+        if self.workers > 1 {
+            let assignment = crate::workers::assign(&self.engine.dir, self.workers);
+            let dir = &self.engine.dir;
+            for w in 0..self.workers {
+                let vms: Vec<&str> = assignment
+                    .ports_of(w)
+                    .filter_map(|p| dir.port_vm[p].map(|v| dir.vms[v].name.as_str()))
+                    .collect();
+                lines.push(format!("worker {w}: VMs {vms:?}"));
+            }
+            if self.extra_uplinks.is_empty() {
+                lines.push("uplink: one socket, read by worker 0 (AF_PACKET fans out to every worker)".into());
+            }
+        }
         if self.kernel.early_drop_on() {
             lines.push("uplink XDP early drop of throttled VMs: on".into());
         }

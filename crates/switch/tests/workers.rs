@@ -1,13 +1,17 @@
-//! Two dataplane workers on in-memory ports (no root): VMs on both workers, frames between
+//! Two dataplane workers. On in-memory ports (no root): VMs on both workers, frames between
 //! VMs of different workers (handed over through the mailboxes) and from the uplink (read by
 //! worker 0 only, handed to the owner of each frame's VM) all arrive, both workers do work,
-//! and the per-worker CPU splits add up to the switch's total exactly (Iron 3.1).
+//! and the per-worker CPU splits add up to the switch's total exactly (Iron 3.1). As root, in
+//! a `pn-t-*` namespace: a two-queue veth uplink read by both workers through an AF_PACKET
+//! fanout group, every frame delivered to VMs on both workers.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::udp;
+use common::{is_root, send_all, udp, Netns};
+use picnic_switch::frame::{Frame, FramePool};
+use picnic_switch::port::{wait_readable, AfPacketOptions, AfPacketPort};
 use picnic_switch::config::Config;
 use picnic_switch::engine::Engine;
 use picnic_switch::port::{MemoryPort, Port};
@@ -78,13 +82,23 @@ ip = "198.18.0.9"
 
 /// A frame of remote VM r9 (host 2) to local VM `dst`, as host 2's switch encapsulates it.
 fn from_r9(dst: u8) -> Vec<u8> {
-    let inner = udp(9, dst, 200);
+    from_r9_flow(dst, 0)
+}
+
+/// As [`from_r9`], for flow `flow` (its own outer UDP source port and inner source port).
+fn from_r9_flow(dst: u8, flow: u16) -> Vec<u8> {
+    let mut inner = Vec::new();
+    etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 9], [2, 0, 0, 0, 0, dst])
+        .ipv4([198, 18, 0, 9], [198, 18, 0, dst], 64)
+        .udp(40000 + flow, 7)
+        .write(&mut inner, &[0u8; 200])
+        .unwrap();
     let outer = OuterHeaders {
         src_mac: [2, 0, 0, 0, 1, 2],
         dst_mac: [2, 0, 0, 0, 1, 1],
         src_ip: [198, 19, 0, 2].into(),
         dst_ip: [198, 19, 0, 1].into(),
-        src_port: 50000 + u16::from(dst),
+        src_port: 50000 + u16::from(dst) * 256 + flow,
         ttl: 64,
     };
     let mut out = vec![0u8; 2048];
@@ -172,4 +186,135 @@ fn two_workers_forward_between_their_vms_and_from_the_uplink() {
         ["s1", "s2", "l1"].map(rx),
         [ROUNDS as u64, 2 * ROUNDS as u64, ROUNDS as u64]
     );
+}
+
+const ROOT_CONFIG: &str = r#"
+[switch]
+host_id = 1
+workers = 2
+[uplink]
+ifname = "pnwup"
+[[hosts]]
+id = 1
+underlay_ip = "198.19.0.1"
+mac = "02:00:00:00:01:01"
+[[hosts]]
+id = 2
+underlay_ip = "198.19.0.2"
+mac = "02:00:00:00:01:02"
+[[tenants]]
+name = "small"
+vni = 100
+[[vms]]
+name = "s1"
+id = 1
+tenant = "small"
+host = 1
+mac = "02:00:00:00:00:01"
+ip = "198.18.0.1"
+port = { ifname = "pnwv1" }
+[[vms]]
+name = "s2"
+id = 2
+tenant = "small"
+host = 1
+mac = "02:00:00:00:00:02"
+ip = "198.18.0.2"
+port = { ifname = "pnwv2" }
+[[vms]]
+name = "r9"
+id = 9
+tenant = "small"
+host = 2
+mac = "02:00:00:00:00:09"
+ip = "198.18.0.9"
+"#;
+
+/// Frames from r9 (UDP from 198.18.0.9) received on `port` so far, added to `n`.
+fn count_from_r9(port: &mut AfPacketPort, pool: &mut FramePool, n: &mut usize) {
+    let mut got: Vec<Frame> = Vec::new();
+    while port.recv_batch(pool, &mut got, 256).unwrap() > 0 {}
+    for f in got {
+        if f.len() > 30 && f.data()[26..30] == [198, 18, 0, 9] {
+            *n += 1;
+        }
+        pool.put(f);
+    }
+}
+
+#[test]
+fn root_two_workers_read_a_two_queue_uplink_through_fanout() {
+    if !is_root() {
+        return;
+    }
+    let ns = Netns::new();
+    ns.ip("link add pnwup numtxqueues 2 numrxqueues 2 type veth peer name pnwfab numtxqueues 2 numrxqueues 2");
+    ns.ip("link set pnwup up");
+    ns.ip("link set pnwfab up");
+    ns.veth_pair("pnwv1", "pnwp1");
+    ns.veth_pair("pnwv2", "pnwp2");
+    ns.enter(|| {
+        let switch = Switch::open(Config::parse(ROOT_CONFIG).unwrap()).unwrap();
+        assert!(
+            switch.describe_ports().iter().filter(|l| l.contains("pnwup")).count() == 2,
+            "one uplink socket per worker: {:?}",
+            switch.describe_ports()
+        );
+        let (stop, shared) = (switch.stop_flag(), switch.shared());
+        let mut switch = switch;
+        let dataplane = std::thread::spawn(move || switch.run());
+        let opts = AfPacketOptions::default;
+        let mut fabric = AfPacketPort::open("pnwfab", opts()).unwrap();
+        let mut vm1 = AfPacketPort::open("pnwp1", opts()).unwrap();
+        let mut vm2 = AfPacketPort::open("pnwp2", opts()).unwrap();
+        let mut pool = FramePool::new(4096);
+        // 32 flows to each VM, 8 frames each, in batches the switch drains in between.
+        const FLOWS: u16 = 32;
+        const PER_FLOW: usize = 8;
+        let (mut to1, mut to2) = (0, 0);
+        for round in 0..PER_FLOW {
+            let mut batch: Vec<Frame> = (0..FLOWS)
+                .flat_map(|flow| [from_r9_flow(1, flow), from_r9_flow(2, flow)])
+                .map(|bytes| {
+                    let mut f = pool.get().unwrap();
+                    assert!(f.fill_from(&bytes));
+                    f
+                })
+                .collect();
+            send_all(&mut fabric, &mut pool, &mut batch);
+            std::thread::sleep(Duration::from_millis(5 + round as u64));
+            count_from_r9(&mut vm1, &mut pool, &mut to1);
+            count_from_r9(&mut vm2, &mut pool, &mut to2);
+        }
+        let want = FLOWS as usize * PER_FLOW;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while (to1, to2) != (want, want) && Instant::now() < deadline {
+            let _ = wait_readable(
+                &[vm1.raw_fd().unwrap(), vm2.raw_fd().unwrap()],
+                Duration::from_millis(10),
+            );
+            count_from_r9(&mut vm1, &mut pool, &mut to1);
+            count_from_r9(&mut vm2, &mut pool, &mut to2);
+        }
+        assert_eq!((to1, to2), (want, want), "every frame to s1 and s2 arrives once");
+        std::thread::sleep(Duration::from_millis(250));
+        stop.store(true, Ordering::Relaxed);
+        dataplane.join().unwrap().unwrap();
+        let p = shared.latest().unwrap();
+        let uplink_rx: Vec<(usize, u64)> = p
+            .ports
+            .iter()
+            .filter(|port| port.name == "pnwup")
+            .map(|port| (port.worker, port.stats.rx_frames))
+            .collect();
+        println!("uplink frames read per worker: {uplink_rx:?}; workers: {:?}", p.workers);
+        assert_eq!(uplink_rx.len(), 2, "each worker has its uplink socket");
+        for (w, rx) in &uplink_rx {
+            assert!(*rx > 0, "worker {w} read part of the uplink (fanout by flow hash)");
+        }
+        assert!(uplink_rx.iter().map(|(_, rx)| rx).sum::<u64>() >= 2 * want as u64);
+        for w in &p.workers {
+            assert!(w.cpu_ns > 0 && w.vms.len() == 1, "worker {} owns a VM and ran", w.worker);
+        }
+    });
 }
