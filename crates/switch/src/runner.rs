@@ -352,9 +352,23 @@ fn open_uplinks(
     }
 }
 
+/// Whether `cfg` has the switch drive eBPF programs from its loop: the AF_XDP uplink's early
+/// drop of throttled VMs, or the softirq accounting of tenants with a CPU quota. One worker's
+/// engine drives them, so they need the single loop (docs/switch.md "Workers").
+fn drives_ebpf(cfg: &Config) -> bool {
+    cfg.uplink.backend == BackendKind::AfXdp
+        || (cfg.isolation.cpu_accounting
+            && cfg.isolation.softirq_accounting
+            && cfg.tenants.iter().any(|t| t.cpu_quota.is_some()))
+}
+
 /// How many workers `cfg` asks for with `vm_ports` local VM ports: `switch.workers`, else one
-/// per CPU of `switch.cpus` or of the thread's affinity mask, at most one per VM port.
+/// per CPU of `switch.cpus` or of the thread's affinity mask, at most one per VM port, and
+/// one while the loop drives eBPF programs ([`drives_ebpf`]).
 pub fn worker_count(cfg: &Config, vm_ports: usize) -> usize {
+    if cfg.switch.workers.is_none() && drives_ebpf(cfg) {
+        return 1;
+    }
     cfg.switch.workers.unwrap_or_else(|| {
         let cpus = match &cfg.switch.cpus {
             Some(c) => c.len(),
@@ -394,6 +408,11 @@ impl Switch {
             .filter(|vm| vm.port.is_some() && vm.host == cfg.switch.host_id)
             .count();
         let workers = worker_count(&cfg, vm_ports);
+        if workers > 1 && drives_ebpf(&cfg) {
+            eprintln!(
+                "picnic switch: warning: with {workers} workers the uplink's XDP early drop and the softirq accounting are not driven (switch.workers = 1 keeps them)"
+            );
+        }
         let (mut uplinks, early_drop) = open_uplinks(&cfg, workers)?;
         let extra_uplinks = uplinks.split_off(1);
         let mut ports = uplinks;
