@@ -16,12 +16,12 @@ use picnic_core::Duration;
 
 use crate::cgroup::CpuQuota;
 use crate::config::Config;
-use crate::engine::{iron_quota, Engine, SloReport, IRON_PERIOD};
+use crate::engine::{iron_quota, pacer_rate, Engine, SloReport, IRON_PERIOD};
 use crate::frame::FramePool;
 use crate::port::Port;
 use crate::runner::{setup_thread, Command, Published, SpinWork, Switch};
 use crate::worker::{Team, Worker};
-use crate::workers::{assign, CpuBudgets, Mailbox};
+use crate::workers::{assign, SharedBudgets, Mailbox};
 
 /// Frames a worker's mailbox holds.
 const MAILBOX_FRAMES: usize = 4096;
@@ -87,7 +87,12 @@ impl Switch {
             .iter()
             .map(|t| iron_quota(t).filter(|_| self.cfg.isolation.cpu_accounting))
             .collect();
-        let budgets = Arc::new(CpuBudgets::new(&quotas, IRON_PERIOD, n, now));
+        let mut budgets = SharedBudgets::new(&quotas, IRON_PERIOD, n, now);
+        if let Some((rate, burst)) = pacer_rate(&self.cfg) {
+            // The uplink pacer every worker's egress shares.
+            budgets = budgets.with_link(rate, burst, now, n);
+        }
+        let budgets = Arc::new(budgets);
         let mailboxes = (0..n)
             .map(|_| Mailbox::new(MAILBOX_FRAMES))
             .collect::<std::io::Result<Vec<_>>>()?;

@@ -21,14 +21,14 @@ use crate::frame::{Frame, FramePool};
 use crate::port::{wait_readable, Port};
 use crate::runner::{ring_wait, thread_cpu_ns, Clock, PortView, Published, SpinWork, RING_SLOTS};
 use crate::stats::DropReason;
-use crate::workers::{Assignment, CpuBudgets, Handoff, Mailbox};
+use crate::workers::{Assignment, SharedBudgets, Handoff, Mailbox};
 
 /// What every worker shares: the assignment, the mailboxes, the budgets and each worker's
 /// published snapshot.
 pub struct Team {
     pub assignment: Assignment,
     pub mailboxes: Vec<Mailbox>,
-    pub budgets: Arc<CpuBudgets>,
+    pub budgets: Arc<SharedBudgets>,
     pub published: Vec<ArcSwapOption<Published>>,
     /// Set to make every worker return (a stop or a live change).
     pub pause: AtomicBool,

@@ -9,7 +9,7 @@
 //!   [`picnic_core::pool::TokenCache`] (EyeQ 4's per-CPU token counts, FairNIC 4.4's per-core
 //!   caches, CFS's per-CPU runtime slices). Charges are settled into the cache after the work
 //!   (debt when they exceed it), so the tenant's total across workers stays within its
-//!   allocation up to one chunk per worker. [`CpuBudgets::charged`] sums every worker's charges
+//!   allocation up to one chunk per worker. [`SharedBudgets::charged`] sums every worker's charges
 //!   for the cgroup quotas.
 //! - **Tenant SLOs**: a tenant's conformance must be judged on all its traffic, so the VMs of
 //!   a tenant with an SLO are assigned to one worker ([`assign`]); each worker reports the
@@ -105,9 +105,15 @@ pub fn assign(dir: &Directory, workers: usize) -> Assignment {
     Assignment { workers, owner }
 }
 
-/// Per tenant, the CPU budget all workers draw from (see the module doc), in ns of CPU.
+/// What all workers draw from (see the module doc): per tenant its CPU budget in ns, and the
+/// uplink's pacing bucket in bytes.
 #[derive(Debug)]
-pub struct CpuBudgets {
+pub struct SharedBudgets {
+    /// The uplink's capacity (`uplink.capacity_mbps`), bytes/s, when egress is paced to it:
+    /// every worker's egress scheduler borrows from it (EyeQ 4's multi-queue rate limiter).
+    pub link: Option<SharedBucket>,
+    /// What a worker's link cache borrows at once, bytes.
+    pub link_chunk: u64,
     /// Per tenant with a quota: its bucket, refilled at its allocation (quota per Iron period)
     /// and holding one period's quota.
     pub buckets: Vec<Option<SharedBucket>>,
@@ -117,7 +123,7 @@ pub struct CpuBudgets {
     pub chunk: u64,
 }
 
-impl CpuBudgets {
+impl SharedBudgets {
     /// Budgets for the tenants with a quota of `quotas` (index = tenant), each `quota` ns of
     /// CPU per `period`, starting full at `now`; caches of `workers` workers borrow 1/16 of a
     /// period's smallest quota split over the workers, at most 100 us.
@@ -126,7 +132,9 @@ impl CpuBudgets {
             (q.as_nanos() as u128 * 1_000_000_000 / period.as_nanos().max(1) as u128) as u64
         };
         let smallest = quotas.iter().flatten().map(|q| q.as_nanos()).min();
-        CpuBudgets {
+        SharedBudgets {
+            link: None,
+            link_chunk: 1,
             buckets: quotas
                 .iter()
                 .map(|q| q.map(|q| SharedBucket::new(per_sec(q), q.as_nanos(), now)))
@@ -136,6 +144,14 @@ impl CpuBudgets {
                 .map(|q| (q / 16 / workers.max(1) as u64).clamp(1, 100_000))
                 .unwrap_or(1),
         }
+    }
+
+    /// Paces the workers' egress together to `rate` bytes/s with bursts of `burst`; each
+    /// worker's cache borrows a share of the burst at once.
+    pub fn with_link(mut self, rate: u64, burst: u64, now: Instant, workers: usize) -> Self {
+        self.link = Some(SharedBucket::new(rate, burst, now));
+        self.link_chunk = (burst / (2 * workers.max(1) as u64)).max(1);
+        self
     }
 
     /// The tenant's bucket, if it has a quota.
@@ -365,7 +381,7 @@ mod tests {
     fn cpu_budgets_refill_at_the_allocation_and_hold_one_quota() {
         let period = Duration::from_millis(10);
         let quotas = [Some(Duration::from_millis(5)), None];
-        let b = CpuBudgets::new(&quotas, period, 2, Instant::ZERO);
+        let b = SharedBudgets::new(&quotas, period, 2, Instant::ZERO);
         let bucket = b.bucket(0).unwrap();
         assert!(b.bucket(1).is_none());
         assert_eq!((bucket.rate(), bucket.burst()), (500_000_000, 5_000_000));

@@ -36,10 +36,10 @@ use crate::config::{Config, Isolation, Mac};
 use crate::directory::{Directory, PortIdx, TenantIdx, Vm, VmIdx, UPLINK};
 use crate::frame::{Frame, FramePool};
 use crate::stats::{DropReason, SwitchCounters, VmCounters};
-use crate::workers::CpuBudgets;
+use crate::workers::SharedBudgets;
 use picnic_core::wfq::{Cap, CostKind, NodeId, QueueId, QueueLimits, Wfq};
 
-pub use egress::Egress;
+pub use egress::{pacer_rate, Egress};
 pub use ingress::Ingress;
 pub use kernel::{SoftirqDelta, XdpThrottle, XDP_CPU, XDP_PPS};
 pub use slo::{kind_name, Late, SloReport, TenantSlo, Totals, Why, WindowView, SLO_WINDOW};
@@ -78,7 +78,7 @@ pub fn iron_quota(tenant: &crate::directory::Tenant) -> Option<Duration> {
 /// One worker's share of the tenants' CPU budgets: the budgets every worker draws from and
 /// this worker's token cache of each.
 struct WorkerBudgets {
-    budgets: Arc<CpuBudgets>,
+    budgets: Arc<SharedBudgets>,
     caches: Vec<TokenCache>,
 }
 
@@ -257,12 +257,13 @@ impl Engine {
     }
 
     /// Makes this engine one of several workers': tenants' CPU is charged to and checked
-    /// against `budgets`, shared by every worker, through token caches of this engine's own;
-    /// the feedback it signs uses nonce lane `worker`.
-    pub fn join_workers(&mut self, budgets: Arc<CpuBudgets>, worker: usize) {
+    /// against `budgets`, shared by every worker, through token caches of this engine's own,
+    /// and so is the uplink's pacing; the feedback it signs uses nonce lane `worker`.
+    pub fn join_workers(&mut self, budgets: Arc<SharedBudgets>, worker: usize) {
         let caches = (0..self.dir.tenants.len())
             .map(|_| TokenCache::new(budgets.chunk))
             .collect();
+        self.egress.share_pacer(&budgets);
         self.budgets = Some(WorkerBudgets { budgets, caches });
         if let Some(auth) = self.feedback_auth.as_mut() {
             auth.set_lane(worker as u8);
@@ -271,6 +272,7 @@ impl Engine {
 
     /// Returns the tokens this worker's caches hold to the shared budgets (it stops).
     pub fn leave_workers(&mut self, now: Instant) {
+        self.egress.release_pacer(now);
         if let Some(b) = self.budgets.as_mut() {
             for (t, cache) in b.caches.iter_mut().enumerate() {
                 if let Some(bucket) = b.budgets.bucket(t) {
