@@ -318,7 +318,9 @@ pub fn vm_max_frame(cfg: &Config) -> usize {
 /// Opens the uplink; an AF_XDP uplink also gives the maps of its early drop. With several
 /// workers, one socket per worker where the backend allows it: AF_PACKET sockets joined in
 /// one `PACKET_FANOUT` hash group (the kernel spreads frames by flow hash, so a flow stays on
-/// one socket). AF_XDP (queue 0) and TAP uplinks have one socket, read by worker 0.
+/// one socket); AF_XDP one socket per NIC queue, at most one per worker (RSS spreads flows
+/// over the queues; workers beyond the queues get their frames handed over). A TAP uplink has
+/// one socket, read by worker 0.
 fn open_uplinks(
     cfg: &Config,
     workers: usize,
@@ -326,11 +328,16 @@ fn open_uplinks(
     let ifname = &cfg.uplink.ifname;
     match cfg.uplink.backend {
         BackendKind::AfXdp => {
-            // Queue 0 only for now: worker 0 reads it and hands other workers their frames.
-            let mut port = AfXdpPort::open(ifname, AfXdpOptions::default())
+            let mut sockets = AfXdpPort::open_queues(ifname, AfXdpOptions::default(), workers)
                 .with_context(|| format!("uplink.ifname: cannot open '{ifname}' with AF_XDP"))?;
-            let early = port.early_drop();
-            Ok((vec![Box::new(port)], early))
+            let early = sockets[0].early_drop();
+            Ok((
+                sockets
+                    .into_iter()
+                    .map(|p| Box::new(p) as Box<dyn Port>)
+                    .collect(),
+                early,
+            ))
         }
         BackendKind::AfPacket if workers > 1 => {
             // A group id of this process's own (one switch per network namespace).
@@ -495,7 +502,7 @@ impl Switch {
                 lines.push(format!("worker {w}: VMs {vms:?}"));
             }
             if self.extra_uplinks.is_empty() {
-                lines.push("uplink: one socket, read by worker 0 (AF_PACKET fans out to every worker)".into());
+                lines.push("uplink: one socket, read by worker 0, which hands the other workers their frames".into());
             }
         }
         if self.kernel.early_drop_on() {

@@ -309,6 +309,25 @@ fn root_two_workers_read_a_two_queue_uplink_through_fanout() {
     if !is_root() {
         return;
     }
+    two_workers_on_a_two_queue_uplink("af_packet");
+}
+
+/// As above with an AF_XDP uplink: one socket per queue of the veth, each a worker's.
+#[test]
+fn root_two_workers_read_a_two_queue_uplink_with_an_af_xdp_socket_per_queue() {
+    if !is_root() || !common::have_ebpf() {
+        return;
+    }
+    if picnic_switch::sched::thread_cpus().map_or(0, |c| c.len()) < 2 {
+        println!("skipped: needs two CPUs to send on both queues of the veth");
+        return;
+    }
+    two_workers_on_a_two_queue_uplink("af_xdp");
+}
+
+/// Two workers, VMs s1 and s2 on one each, the uplink a two-queue veth with `backend`: 32
+/// flows to each VM arrive, every frame once, and both workers' uplink sockets read frames.
+fn two_workers_on_a_two_queue_uplink(backend: &str) {
     let ns = Netns::new();
     ns.ip("link add pnwup numtxqueues 2 numrxqueues 2 type veth peer name pnwfab numtxqueues 2 numrxqueues 2");
     ns.ip("link set pnwup up");
@@ -316,7 +335,11 @@ fn root_two_workers_read_a_two_queue_uplink_through_fanout() {
     ns.veth_pair("pnwv1", "pnwp1");
     ns.veth_pair("pnwv2", "pnwp2");
     ns.enter(|| {
-        let switch = Switch::open(Config::parse(ROOT_CONFIG).unwrap()).unwrap();
+        let cfg = ROOT_CONFIG.replace(
+            "ifname = \"pnwup\"",
+            &format!("ifname = \"pnwup\"\nbackend = \"{backend}\""),
+        );
+        let switch = Switch::open(Config::parse(&cfg).unwrap()).unwrap();
         assert!(
             switch.describe_ports().iter().filter(|l| l.contains("pnwup")).count() == 2,
             "one uplink socket per worker: {:?}",
@@ -326,24 +349,36 @@ fn root_two_workers_read_a_two_queue_uplink_through_fanout() {
         let mut switch = switch;
         let dataplane = std::thread::spawn(move || switch.run());
         let opts = AfPacketOptions::default;
-        let mut fabric = AfPacketPort::open("pnwfab", opts()).unwrap();
         let mut vm1 = AfPacketPort::open("pnwp1", opts()).unwrap();
         let mut vm2 = AfPacketPort::open("pnwp2", opts()).unwrap();
         let mut pool = FramePool::new(4096);
-        // 32 flows to each VM, 8 frames each, in batches the switch drains in between.
+        // 32 flows to each VM, 8 frames each, in batches the switch drains in between, sent
+        // by two threads on CPUs 0 and 1: a veth puts a frame sent from an AF_PACKET socket
+        // on the queue of the sending CPU (packet_pick_tx_queue), as a NIC's RSS would
+        // spread flows.
         const FLOWS: u16 = 32;
         const PER_FLOW: usize = 8;
         let (mut to1, mut to2) = (0, 0);
         for round in 0..PER_FLOW {
-            let mut batch: Vec<Frame> = (0..FLOWS)
-                .flat_map(|flow| [from_r9_flow(1, flow), from_r9_flow(2, flow)])
-                .map(|bytes| {
-                    let mut f = pool.get().unwrap();
-                    assert!(f.fill_from(&bytes));
-                    f
-                })
-                .collect();
-            send_all(&mut fabric, &mut pool, &mut batch);
+            std::thread::scope(|s| {
+                for cpu in 0..2u16 {
+                    s.spawn(move || {
+                        let _ = picnic_switch::sched::set_thread_cpus(&[cpu as usize]);
+                        let mut fabric = AfPacketPort::open("pnwfab", opts()).unwrap();
+                        let mut pool = FramePool::new(256);
+                        let mut batch: Vec<Frame> = (0..FLOWS)
+                            .filter(|flow| flow % 2 == cpu)
+                            .flat_map(|flow| [from_r9_flow(1, flow), from_r9_flow(2, flow)])
+                            .map(|bytes| {
+                                let mut f = pool.get().unwrap();
+                                assert!(f.fill_from(&bytes));
+                                f
+                            })
+                            .collect();
+                        send_all(&mut fabric, &mut pool, &mut batch);
+                    });
+                }
+            });
             std::thread::sleep(Duration::from_millis(5 + round as u64));
             count_from_r9(&mut vm1, &mut pool, &mut to1);
             count_from_r9(&mut vm2, &mut pool, &mut to2);
@@ -369,7 +404,10 @@ fn root_two_workers_read_a_two_queue_uplink_through_fanout() {
             .filter(|port| port.name == "pnwup")
             .map(|port| (port.worker, port.stats.rx_frames))
             .collect();
-        println!("uplink frames read per worker: {uplink_rx:?}; workers: {:?}", p.workers);
+        println!(
+            "{backend}: uplink frames read per worker: {uplink_rx:?}; workers: {:?}",
+            p.workers
+        );
         assert_eq!(uplink_rx.len(), 2, "each worker has its uplink socket");
         for (w, rx) in &uplink_rx {
             assert!(*rx > 0, "worker {w} read part of the uplink (fanout by flow hash)");
