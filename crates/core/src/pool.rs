@@ -70,7 +70,8 @@ impl SharedBucket {
             return;
         }
         let elapsed = now.as_nanos().saturating_sub(self.origin) as u128;
-        let due = (elapsed * self.rate as u128 / NANOS_PER_SEC as u128).min(u64::MAX as u128) as u64;
+        let due =
+            (elapsed * self.rate as u128 / NANOS_PER_SEC as u128).min(u64::MAX as u128) as u64;
         let mut credited = self.credited.load(Ordering::Acquire);
         while due > credited {
             match self.credited.compare_exchange_weak(

@@ -15,8 +15,8 @@ const SEC: u128 = NANOS_PER_SEC as u128;
 /// Caches sharing one bucket: each step advances the clock, then the caches try in a random
 /// interleaving (backlogged: each until blocked; otherwise one call, with random releases).
 /// Returns `(time, size)` of every consumption and the last instant.
-fn run_caches(
-    rng: &mut SmallRng,
+#[derive(Clone, Copy)]
+struct CacheRun {
     caches: usize,
     chunk: u64,
     rate: u64,
@@ -24,7 +24,18 @@ fn run_caches(
     max_packet: u64,
     max_gap: u64,
     backlogged: bool,
-) -> (Vec<(u64, u64)>, u64) {
+}
+
+fn run_caches(rng: &mut SmallRng, run: CacheRun) -> (Vec<(u64, u64)>, u64) {
+    let CacheRun {
+        caches,
+        chunk,
+        rate,
+        burst,
+        max_packet,
+        max_gap,
+        backlogged,
+    } = run;
     let shared = SharedBucket::new(rate, burst, Instant::ZERO);
     let mut cores: Vec<TokenCache> = (0..caches).map(|_| TokenCache::new(chunk)).collect();
     let mut heads: Vec<u64> = (0..caches).map(|_| rng.gen_range(1..=max_packet)).collect();
@@ -72,8 +83,8 @@ proptest! {
         let burst = 4 * max_packet;
         let mut rng = SmallRng::seed_from_u64(seed);
         let max_gap = rng.gen_range(1..=2_000_000);
-        let (sends, _) =
-            run_caches(&mut rng, caches, chunk, rate, burst, max_packet, max_gap, backlogged);
+        let run = CacheRun { caches, chunk, rate, burst, max_packet, max_gap, backlogged };
+        let (sends, _) = run_caches(&mut rng, run);
         let slack = burst + caches as u64 * chunk.saturating_sub(1);
         let mut sent = 0u128;
         for (i, &(t, size)) in sends.iter().enumerate() {
@@ -103,8 +114,8 @@ proptest! {
         let max_gap = 100_000;
         let burst = 4 * max_packet + rate * max_gap / NANOS_PER_SEC;
         let mut rng = SmallRng::seed_from_u64(seed);
-        let (sends, end) =
-            run_caches(&mut rng, caches, chunk, rate, burst, max_packet, max_gap, true);
+        let run = CacheRun { caches, chunk, rate, burst, max_packet, max_gap, backlogged: true };
+        let (sends, end) = run_caches(&mut rng, run);
         let sent: u128 = sends.iter().map(|s| s.1 as u128).sum();
         let stranded = (max_packet + caches as u64 * chunk.min(max_packet)) as u128;
         prop_assert!(sent * SEC + stranded * SEC > rate as u128 * end as u128 + burst as u128 * SEC);

@@ -534,7 +534,11 @@ impl Config {
                 "must list at least one CPU (or be left out)",
             ));
         }
-        if self.switch.workers.is_some_and(|w| !(1..=MAX_WORKERS).contains(&w)) {
+        if self
+            .switch
+            .workers
+            .is_some_and(|w| !(1..=MAX_WORKERS).contains(&w))
+        {
             return Err(err(
                 "switch.workers",
                 format!("must be in 1..={MAX_WORKERS} (or left out: one per CPU)"),

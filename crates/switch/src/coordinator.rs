@@ -21,7 +21,7 @@ use crate::frame::FramePool;
 use crate::port::Port;
 use crate::runner::{setup_thread, Command, Published, SpinWork, Switch};
 use crate::worker::{Team, Worker};
-use crate::workers::{assign, SharedBudgets, Mailbox};
+use crate::workers::{assign, Mailbox, SharedBudgets};
 
 /// Frames a worker's mailbox holds.
 const MAILBOX_FRAMES: usize = 4096;
@@ -96,8 +96,10 @@ impl Switch {
         let mailboxes = (0..n)
             .map(|_| Mailbox::new(MAILBOX_FRAMES))
             .collect::<std::io::Result<Vec<_>>>()?;
-        let mut ports: Vec<Option<Box<dyn Port>>> =
-            std::mem::take(&mut self.ports).into_iter().map(Some).collect();
+        let mut ports: Vec<Option<Box<dyn Port>>> = std::mem::take(&mut self.ports)
+            .into_iter()
+            .map(Some)
+            .collect();
         let mut uplinks: Vec<Option<Box<dyn Port>>> = std::iter::once(ports[0].take())
             .chain(self.extra_uplinks.drain(..).map(Some))
             .collect();
@@ -320,9 +322,14 @@ impl Switch {
 
     /// Publishes the merge of every worker's latest snapshot.
     fn publish_merged(&self, team: &Team) {
-        let parts: Vec<Arc<Published>> = team.published.iter().filter_map(|p| p.load_full()).collect();
+        let parts: Vec<Arc<Published>> = team
+            .published
+            .iter()
+            .filter_map(|p| p.load_full())
+            .collect();
         if !parts.is_empty() {
-            self.shared.publish(merge(&parts, self.cfg.switch.frame_pool));
+            self.shared
+                .publish(merge(&parts, self.cfg.switch.frame_pool));
         }
     }
 }
@@ -371,7 +378,10 @@ pub fn merge(parts: &[Arc<Published>], frames: usize) -> Published {
         ports: parts.iter().flat_map(|p| p.ports.iter().cloned()).collect(),
         pool_free: parts.iter().map(|p| p.pool_free).sum(),
         pool_capacity: frames,
-        workers: parts.iter().flat_map(|p| p.workers.iter().cloned()).collect(),
+        workers: parts
+            .iter()
+            .flat_map(|p| p.workers.iter().cloned())
+            .collect(),
         slo,
     }
 }

@@ -26,10 +26,10 @@ use crate::driver::{Driver, Io};
 use crate::ebpf::{EarlyDrop, KernelLink};
 use crate::engine::{Engine, SloReport, Snapshot, Work, IRON_PERIOD};
 use crate::frame::{Frame, FramePool};
-use crate::worker::WorkerView;
 use crate::port::{
     wait_readable, AfPacketOptions, AfPacketPort, AfXdpOptions, AfXdpPort, Port, PortStats, TapPort,
 };
+use crate::worker::WorkerView;
 use picnic_core::notify::{AdaptiveWait, Params, Role, WaitConfig, WaitDecision};
 
 /// Monotonic nanoseconds since the switch started, as the engines' `now`.
@@ -315,16 +315,17 @@ pub fn vm_max_frame(cfg: &Config) -> usize {
     (cfg.uplink.mtu + 14).saturating_sub(ENCAP_OVERHEAD)
 }
 
+/// The uplink's sockets (one per worker where the backend allows it) and, for AF_XDP, the
+/// maps of its early drop.
+type Uplinks = (Vec<Box<dyn Port>>, Option<EarlyDrop>);
+
 /// Opens the uplink; an AF_XDP uplink also gives the maps of its early drop. With several
 /// workers, one socket per worker where the backend allows it: AF_PACKET sockets joined in
 /// one `PACKET_FANOUT` hash group (the kernel spreads frames by flow hash, so a flow stays on
 /// one socket); AF_XDP one socket per NIC queue, at most one per worker (RSS spreads flows
 /// over the queues; workers beyond the queues get their frames handed over). A TAP uplink has
 /// one socket, read by worker 0.
-fn open_uplinks(
-    cfg: &Config,
-    workers: usize,
-) -> anyhow::Result<(Vec<Box<dyn Port>>, Option<EarlyDrop>)> {
+fn open_uplinks(cfg: &Config, workers: usize) -> anyhow::Result<Uplinks> {
     let ifname = &cfg.uplink.ifname;
     match cfg.uplink.backend {
         BackendKind::AfXdp => {
@@ -344,7 +345,12 @@ fn open_uplinks(
             let group = (std::process::id() & 0xffff) as u16;
             let mut sockets = Vec::with_capacity(workers);
             for _ in 0..workers {
-                let port = open_port(ifname, cfg.uplink.backend, "uplink.ifname", cfg.uplink.mtu + 14)?;
+                let port = open_port(
+                    ifname,
+                    cfg.uplink.backend,
+                    "uplink.ifname",
+                    cfg.uplink.mtu + 14,
+                )?;
                 let fd = port.raw_fd().expect("an AF_PACKET port has a descriptor");
                 crate::port::join_fanout(fd, group)
                     .with_context(|| format!("uplink.ifname: PACKET_FANOUT on '{ifname}'"))?;
@@ -353,7 +359,12 @@ fn open_uplinks(
             Ok((sockets, None))
         }
         backend => Ok((
-            vec![open_port(ifname, backend, "uplink.ifname", cfg.uplink.mtu + 14)?],
+            vec![open_port(
+                ifname,
+                backend,
+                "uplink.ifname",
+                cfg.uplink.mtu + 14,
+            )?],
             None,
         )),
     }
@@ -401,7 +412,10 @@ impl Switch {
         let clock = Clock::new();
         let mut engine = Engine::new(&cfg, clock.now())?;
         let feedback_key = match &cfg.switch.feedback_key_file {
-            Some(path) => Some(crate::config::read_secret(path, "switch.feedback_key_file")?),
+            Some(path) => Some(crate::config::read_secret(
+                path,
+                "switch.feedback_key_file",
+            )?),
             None => None,
         };
         if let Some(key) = &feedback_key {

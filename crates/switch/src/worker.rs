@@ -21,7 +21,7 @@ use crate::frame::{Frame, FramePool};
 use crate::port::{wait_readable, Port};
 use crate::runner::{ring_wait, thread_cpu_ns, Clock, PortView, Published, SpinWork, RING_SLOTS};
 use crate::stats::DropReason;
-use crate::workers::{Assignment, SharedBudgets, Handoff, Mailbox};
+use crate::workers::{Assignment, Handoff, Mailbox, SharedBudgets};
 
 /// What every worker shares: the assignment, the mailboxes, the budgets and each worker's
 /// published snapshot.
@@ -83,7 +83,12 @@ pub struct Worker {
 }
 
 impl Worker {
-    pub fn new(index: usize, engine: Engine, ports: Vec<Option<Box<dyn Port>>>, pool: FramePool) -> Worker {
+    pub fn new(
+        index: usize,
+        engine: Engine,
+        ports: Vec<Option<Box<dyn Port>>>,
+        pool: FramePool,
+    ) -> Worker {
         Worker {
             index,
             engine,
@@ -110,7 +115,9 @@ impl Worker {
         let mailbox = &team.mailboxes[self.index];
         self.owed.resize(team.assignment.workers, 0);
         if self.waits.len() != self.ports.len() {
-            self.waits = (0..self.ports.len()).map(|_| (ring_wait(spin), 0)).collect();
+            self.waits = (0..self.ports.len())
+                .map(|_| (ring_wait(spin), 0))
+                .collect();
         }
         let mut next_publish = clock.now();
         let mut spin_until: Option<Instant> = None;
@@ -128,7 +135,8 @@ impl Worker {
             cpu_mark = cpu_now;
             if now >= next_publish {
                 next_publish = now + Duration::from_millis(100);
-                team.published[self.index].store(Some(Arc::new(self.publish(now, &team.assignment))));
+                team.published[self.index]
+                    .store(Some(Arc::new(self.publish(now, &team.assignment))));
             }
             let mail = self.take_mail(now, team);
             let mut io = WorkerIo {
@@ -404,7 +412,11 @@ impl Io for WorkerIo<'_> {
         }
         // A full read keeps the driver reading this port, even when frames were handed over.
         let kept = rx.len() - before;
-        Ok(if full || room == 0 { kept.max(max) } else { kept })
+        Ok(if full || room == 0 {
+            kept.max(max)
+        } else {
+            kept
+        })
     }
 
     fn send(

@@ -90,7 +90,7 @@ pub fn assign(dir: &Directory, workers: usize) -> Assignment {
         }
     }
     // Stable: equal weights keep config order.
-    units.sort_by(|a, b| b.0.cmp(&a.0));
+    units.sort_by_key(|u| std::cmp::Reverse(u.0));
     let mut load = vec![(0u64, 0usize); workers];
     for (weight, ports) in units {
         let w = (0..workers)
@@ -127,7 +127,12 @@ impl SharedBudgets {
     /// Budgets for the tenants with a quota of `quotas` (index = tenant), each `quota` ns of
     /// CPU per `period`, starting full at `now`; caches of `workers` workers borrow 1/16 of a
     /// period's smallest quota split over the workers, at most 100 us.
-    pub fn new(quotas: &[Option<Duration>], period: Duration, workers: usize, now: Instant) -> Self {
+    pub fn new(
+        quotas: &[Option<Duration>],
+        period: Duration,
+        workers: usize,
+        now: Instant,
+    ) -> Self {
         let per_sec = |q: Duration| {
             (q.as_nanos() as u128 * 1_000_000_000 / period.as_nanos().max(1) as u128) as u64
         };

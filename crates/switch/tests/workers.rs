@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::{is_root, send_all, udp, Netns};
-use picnic_switch::frame::{Frame, FramePool};
-use picnic_switch::port::{wait_readable, AfPacketOptions, AfPacketPort};
 use picnic_switch::config::Config;
 use picnic_switch::engine::Engine;
+use picnic_switch::frame::{Frame, FramePool};
+use picnic_switch::port::{wait_readable, AfPacketOptions, AfPacketPort};
 use picnic_switch::port::{MemoryPort, Port};
 use picnic_switch::runner::{Clock, Switch};
 use picnic_wire::geneve::GeneveRepr;
@@ -150,7 +150,11 @@ fn two_workers_forward_between_their_vms_and_from_the_uplink() {
     }
     // s1: r9's frames; s2: s1's and r9's; l1: l2's; nothing to l2 (the uplink carries the
     // receivers' feedback to host 2).
-    assert_eq!(got[1..], [ROUNDS, 2 * ROUNDS, ROUNDS, 0], "frames out of s1, s2, l1, l2");
+    assert_eq!(
+        got[1..],
+        [ROUNDS, 2 * ROUNDS, ROUNDS, 0],
+        "frames out of s1, s2, l1, l2"
+    );
     std::thread::sleep(Duration::from_millis(250));
     stop.store(true, Ordering::Relaxed);
     dataplane.join().unwrap().unwrap();
@@ -341,7 +345,12 @@ fn two_workers_on_a_two_queue_uplink(backend: &str) {
         );
         let switch = Switch::open(Config::parse(&cfg).unwrap()).unwrap();
         assert!(
-            switch.describe_ports().iter().filter(|l| l.contains("pnwup")).count() == 2,
+            switch
+                .describe_ports()
+                .iter()
+                .filter(|l| l.contains("pnwup"))
+                .count()
+                == 2,
             "one uplink socket per worker: {:?}",
             switch.describe_ports()
         );
@@ -393,7 +402,11 @@ fn two_workers_on_a_two_queue_uplink(backend: &str) {
             count_from_r9(&mut vm1, &mut pool, &mut to1);
             count_from_r9(&mut vm2, &mut pool, &mut to2);
         }
-        assert_eq!((to1, to2), (want, want), "every frame to s1 and s2 arrives once");
+        assert_eq!(
+            (to1, to2),
+            (want, want),
+            "every frame to s1 and s2 arrives once"
+        );
         std::thread::sleep(Duration::from_millis(250));
         stop.store(true, Ordering::Relaxed);
         dataplane.join().unwrap().unwrap();
@@ -410,11 +423,18 @@ fn two_workers_on_a_two_queue_uplink(backend: &str) {
         );
         assert_eq!(uplink_rx.len(), 2, "each worker has its uplink socket");
         for (w, rx) in &uplink_rx {
-            assert!(*rx > 0, "worker {w} read part of the uplink (fanout by flow hash)");
+            assert!(
+                *rx > 0,
+                "worker {w} read part of the uplink (fanout by flow hash)"
+            );
         }
         assert!(uplink_rx.iter().map(|(_, rx)| rx).sum::<u64>() >= 2 * want as u64);
         for w in &p.workers {
-            assert!(w.cpu_ns > 0 && w.vms.len() == 1, "worker {} owns a VM and ran", w.worker);
+            assert!(
+                w.cpu_ns > 0 && w.vms.len() == 1,
+                "worker {} owns a VM and ran",
+                w.worker
+            );
         }
     });
 }

@@ -10,8 +10,8 @@ use etherparse::{ArpHardwareId, ArpOperation, ArpPacket, EtherType, Ethernet2Hea
 use std::sync::Arc;
 
 use picnic_core::bucket::{Shaper, TokenBucket};
-use picnic_core::pool::TokenCache;
 use picnic_core::eyeq::Sender;
+use picnic_core::pool::TokenCache;
 use picnic_core::wfq::{Cap, CostKind, NodeId, QueueId, Wfq};
 use picnic_core::Instant;
 use picnic_wire::classify::{classify, FrameSummary, Network};
@@ -129,7 +129,10 @@ fn egress_cap(kind: CostKind, link_bps: u64, max_bps: Option<u64>) -> Option<Cap
 /// The uplink pacer's rate and burst, bytes/s and bytes, when egress is paced
 /// (`uplink.capacity_mbps` with the egress WFQ on).
 pub fn pacer_rate(cfg: &Config) -> Option<(u64, u64)> {
-    let mbps = cfg.uplink.capacity_mbps.filter(|_| cfg.isolation.egress_wfq)?;
+    let mbps = cfg
+        .uplink
+        .capacity_mbps
+        .filter(|_| cfg.isolation.egress_wfq)?;
     let rate = mbps * 1_000_000 / 8;
     Some((rate, burst_for(rate)))
 }

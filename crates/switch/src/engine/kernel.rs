@@ -133,8 +133,8 @@ impl Engine {
             let _ = iron.charge(now, account, Duration::from_nanos(ns));
         }
         if let Some(b) = self.budgets.as_mut() {
-                b.charge(now, tenant, ns);
-            }
+            b.charge(now, tenant, ns);
+        }
     }
 }
 

@@ -23,9 +23,9 @@ mod slo;
 use std::sync::Arc;
 
 use picnic_core::bucket::TokenBucket;
-use picnic_core::pool::TokenCache;
 use picnic_core::eyeq;
 use picnic_core::iron::{CpuAccounts, IronConfig};
+use picnic_core::pool::TokenCache;
 use picnic_core::{Duration, Instant};
 use picnic_wire::feedback::{standalone_feedback, FeedbackOption};
 use picnic_wire::geneve::GeneveRepr;

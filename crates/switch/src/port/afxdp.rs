@@ -379,8 +379,16 @@ impl AfXdpPort {
         let mut ports = Vec::new();
         let mode = first.mode;
         for q in 1..max.min(queues) {
-            let program = first.program.as_mut().expect("queue 0's port has the program");
-            ports.push(Self::open_queue(ifname, opts, q as u32, Some((program, mode)))?);
+            let program = first
+                .program
+                .as_mut()
+                .expect("queue 0's port has the program");
+            ports.push(Self::open_queue(
+                ifname,
+                opts,
+                q as u32,
+                Some((program, mode)),
+            )?);
         }
         ports.insert(0, first);
         Ok(ports)
@@ -543,7 +551,9 @@ impl AfXdpPort {
             };
             return Err(os_error(
                 err,
-                ctx(&format!("bind in copy mode to queue {queue}{hint}{fallback}")),
+                ctx(&format!(
+                    "bind in copy mode to queue {queue}{hint}{fallback}"
+                )),
             ));
         }
 
@@ -568,17 +578,16 @@ impl AfXdpPort {
                 (None, mode)
             }
             None => {
-                let mut program =
-                    PortProgram::load(sock).map_err(bpf_err("the XDP program"))?;
-            let mode = attach(&mut program, index, opts.mode).map_err(|(tried, e)| {
-                let hint = match e.raw_os_error() {
-                    Some(libc::EBUSY) | Some(libc::EEXIST) => {
-                        " (the interface already has an XDP program: see `ip link show`)"
-                    }
-                    _ => "",
-                };
-                bpf_err(&format!("attaching the XDP program in {tried} mode{hint}"))(e)
-            })?;
+                let mut program = PortProgram::load(sock).map_err(bpf_err("the XDP program"))?;
+                let mode = attach(&mut program, index, opts.mode).map_err(|(tried, e)| {
+                    let hint = match e.raw_os_error() {
+                        Some(libc::EBUSY) | Some(libc::EEXIST) => {
+                            " (the interface already has an XDP program: see `ip link show`)"
+                        }
+                        _ => "",
+                    };
+                    bpf_err(&format!("attaching the XDP program in {tried} mode{hint}"))(e)
+                })?;
                 (Some(program), mode)
             }
         };
