@@ -99,10 +99,12 @@ pub struct FineBandwidthSlice {
 }
 
 impl FineBandwidthSlice {
-    /// Sets the slice to 1 ms if some tenant of `scenario` has `cpu_cores` and the slice is
+    /// Sets the slice to 1 ms if some tenant of `scenario` (or its switch) has `cpu_cores` and the slice is
     /// coarser; None otherwise, or with a warning if it cannot be changed.
     pub fn for_scenario(scenario: &Scenario) -> Option<FineBandwidthSlice> {
-        if scenario.tenants.iter().all(|t| t.cpu_cores.is_none()) {
+        if scenario.tenants.iter().all(|t| t.cpu_cores.is_none())
+            && scenario.picnic.cpu_cores.is_none()
+        {
             return None;
         }
         let current: u64 = std::fs::read_to_string(BANDWIDTH_SLICE)
@@ -148,10 +150,13 @@ pub fn cpu_max_line(cores: f64) -> String {
     format!("{} {PERIOD_US}", quota_us(cores))
 }
 
-/// One tenant's group on one host.
+/// The name a switch's group goes by in [`Placement`] (no tenant name has brackets).
+pub const SWITCH: &str = "[switch]";
+
+/// One tenant's group on one host, or ([`SWITCH`]) the group of the host's switch.
 #[derive(Debug, Clone)]
 pub struct TenantGroup {
-    /// Tenant name.
+    /// Tenant name, or [`SWITCH`].
     pub tenant: String,
     /// Host name.
     pub host: String,
@@ -192,10 +197,14 @@ impl Placement {
         }
     }
 
-    /// Creates a group per tenant with `cpu_cores` and host it has VMs on, named after
-    /// `run_id`; nothing when no tenant asks for one. Removes groups of dead runs first.
+    /// Creates a group per tenant with `cpu_cores` and host it has VMs on, and one per host
+    /// for its switch with `picnic.cpu_cores`, named after `run_id`; nothing when nobody
+    /// asks for one. Removes groups of dead runs first.
     pub fn create(scenario: &Scenario, run_id: &str) -> Result<Placement> {
         let mut wanted: Vec<(&str, &str, f64)> = Vec::new();
+        if let Some(cores) = scenario.picnic.cpu_cores {
+            wanted.extend(scenario.hosts.iter().map(|h| (SWITCH, h.as_str(), cores)));
+        }
         for t in &scenario.tenants {
             let Some(cores) = t.cpu_cores else { continue };
             for h in &scenario.hosts {

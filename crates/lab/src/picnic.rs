@@ -13,7 +13,7 @@ use picnic_switch::engine::{SloReport, Snapshot};
 use picnic_switch::runner::{PortView, Shared, Switch};
 use picnic_wire::overlay::ENCAP_OVERHEAD;
 
-use crate::cgroup::Placement;
+use crate::cgroup::{Placement, TenantGroup, SWITCH};
 use crate::dataplane::{Dataplane, DataplaneFactory};
 use picnic_netns::{self as netns, NsThread};
 use picnic_scenario::plan::HostView;
@@ -33,6 +33,8 @@ fn charge_cgroups(config: &mut Config, placement: &Placement, host: &str) {
 pub struct PicnicSwitch {
     isolated: bool,
     config: Config,
+    /// The group of the switch's CPU allocation (`picnic.cpu_cores`), if it has one.
+    group: Option<TenantGroup>,
     running: Option<(Arc<AtomicBool>, NsThread<Result<()>>)>,
     /// What the switch publishes; kept after teardown, holding its final counters.
     shared: Option<Arc<Shared>>,
@@ -51,7 +53,9 @@ impl PicnicSwitch {
                     if isolated {
                         charge_cgroups(&mut config, placement, &host.name);
                     }
-                    Box::new(PicnicSwitch::new(config, isolated))
+                    let mut switch = PicnicSwitch::new(config, isolated);
+                    switch.group = placement.group(SWITCH, &host.name).cloned();
+                    Box::new(switch)
                 }
                 Err(e) => Box::new(Failed(format!("{e:#}"))),
             }
@@ -64,6 +68,7 @@ impl PicnicSwitch {
         PicnicSwitch {
             isolated,
             config,
+            group: None,
             running: None,
             shared: None,
         }
@@ -116,9 +121,14 @@ impl Dataplane for PicnicSwitch {
             netns::ip(ns, &["link", "set", dev, "mtu", &tenant_mtu])?;
         }
         let config = self.config.clone();
+        let group = self.group.clone();
         let (ready_tx, ready_rx) = mpsc::channel();
         let thread = netns::spawn_in_netns(&host.ns, move || -> Result<()> {
-            let mut switch = match Switch::open(config) {
+            let opened = match &group {
+                Some(g) => g.enter().and_then(|()| Switch::open(config)),
+                None => Switch::open(config),
+            };
+            let mut switch = match opened {
                 Ok(s) => s,
                 Err(e) => {
                     let _ = ready_tx.send(Err(format!("{e:#}")));

@@ -1,6 +1,6 @@
 //! Running a scenario in several modes and reporting it side by side.
 
-use crate::cgroup::Placement;
+use crate::cgroup::{Placement, SWITCH};
 use crate::dataplane::{Dataplane, DataplaneFactory, LinuxBridge};
 use crate::picnic::PicnicSwitch;
 use crate::topology;
@@ -216,9 +216,13 @@ pub fn run_mode(
     let topo = topology::build(scenario, &mut testbed, taps)?;
     let placement = Placement::create(scenario, testbed.run_id())?;
     for g in placement.groups() {
+        let who = match g.tenant.as_str() {
+            SWITCH => "the switch".to_string(),
+            tenant => format!("tenant {tenant}"),
+        };
         say(format!(
-            "  tenant {} limited to {} cores on {} (cgroup)",
-            g.tenant, g.cores, g.host
+            "  {who} limited to {} cores on {} (cgroup)",
+            g.cores, g.host
         ));
     }
     let mut dataplanes = Dataplanes(Vec::new());

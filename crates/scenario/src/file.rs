@@ -58,6 +58,10 @@ pub struct PicnicSettings {
     pub nice: i8,
     /// CPUs the switch threads run on; empty: wherever the scheduler puts them.
     pub cpus: Vec<usize>,
+    /// CPU the switch of each host is given, in cores: a cgroup quota on its threads, the
+    /// same in every picnic mode (a host gives its dataplane a fixed budget). None: whatever
+    /// the scheduler gives it.
+    pub cpu_cores: Option<f64>,
 }
 
 impl Default for PicnicSettings {
@@ -65,6 +69,7 @@ impl Default for PicnicSettings {
         PicnicSettings {
             nice: -10,
             cpus: Vec::new(),
+            cpu_cores: None,
         }
     }
 }

@@ -14,6 +14,11 @@ impl Scenario {
             bail!("field `picnic.nice`: must be in -20..=19");
         }
         let online = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if let Some(c) = self.picnic.cpu_cores {
+            if !(0.01..=1024.0).contains(&c) {
+                bail!("field `picnic.cpu_cores`: must be between 0.01 and 1024 cores");
+            }
+        }
         if let Some(cpu) = self.picnic.cpus.iter().find(|&&c| c >= online) {
             bail!("field `picnic.cpus`: CPU {cpu} does not exist (this machine has {online})");
         }

@@ -26,10 +26,16 @@ enum {
 	BPF_MAP_TYPE_ARRAY = 2,
 	BPF_MAP_TYPE_PERCPU_ARRAY = 6,
 	BPF_MAP_TYPE_XSKMAP = 17,
+	BPF_MAP_TYPE_LRU_PERCPU_HASH = 10,
 };
+
+/* bpf_map_update_elem flags. */
+#define BPF_NOEXIST 1
 
 /* Helpers (the numbers are their ids in enum bpf_func_id). */
 static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)1;
+static long (*bpf_map_update_elem)(void *map, const void *key, const void *value, u64 flags) =
+	(void *)2;
 static u64 (*bpf_ktime_get_ns)(void) = (void *)5;
 static u64 (*bpf_get_current_pid_tgid)(void) = (void *)14;
 static long (*bpf_redirect_map)(void *map, u64 key, u64 flags) = (void *)51;

@@ -11,7 +11,13 @@
  * veths: a VM's sent frames are received on the switch-side end ("from VM"), the frames the
  * switch sends to it are received on the peer ("to VM"). Windows run by the switch's own
  * dataplane thread (its `config` tid) are counted apart: the switch measures that time as its
- * own CPU time already. Everything is kept per CPU; the switch sums the CPUs. */
+ * own CPU time already. Everything is kept per CPU; the switch sums the CPUs.
+ *
+ * Without IRQ time accounting (this kernel's config) the scheduler charges a softirq run
+ * inside a task's time slice to that task. So `task_ns` keeps, per thread, the tracked ports'
+ * softirq time run in its context: the switch charges that time to the ports' tenants and
+ * credits it to the thread's own group (Iron's Algorithm 2: a container gains back what it
+ * spent on another's packets, and is not charged twice for its own). */
 #include "picnic_bpf.h"
 
 #define NET_RX_SOFTIRQ 3
@@ -72,6 +78,8 @@ struct window {
 	u32 first_pending; /* no packet seen yet: the time so far goes to the first */
 	u32 in_switch;     /* run by the switch's dataplane thread */
 	u32 in_kthread;    /* run by ksoftirqd or on an idle CPU: charged to no task */
+	u32 tid;           /* the task whose time slice the window runs in */
+	u32 pad;
 };
 
 /* Per slot, per direction: ns and packets outside the switch's thread (of which in kernel
@@ -129,6 +137,15 @@ struct {
 	__type(value, struct totals);
 } totals SEC(".maps");
 
+/* Per thread: tracked ports' softirq ns run in its context (bounded: least recently used
+ * threads make room). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_PERCPU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, u32);
+	__type(value, u64);
+} task_ns SEC(".maps");
+
 static __always_inline struct window *this_window(void)
 {
 	u32 zero = 0;
@@ -167,6 +184,14 @@ static __always_inline void charge(struct window *w, u64 now)
 	if (w->in_kthread)
 		u->kthread_ns[dir] += dt;
 	t->attributed_ns += dt;
+	if (!w->in_kthread) {
+		u32 tid = w->tid;
+		u64 *in_task = bpf_map_lookup_elem(&task_ns, &tid);
+		if (in_task)
+			*in_task += dt;
+		else
+			bpf_map_update_elem(&task_ns, &tid, &dt, BPF_NOEXIST);
+	}
 }
 
 static __always_inline u32 slot_of(unsigned int inum, int ifindex)
@@ -250,6 +275,7 @@ int picnic_softirq_entry(u64 *ctx)
 	w->first_pending = 1;
 	w->in_switch = cfg && cfg->switch_tid && cfg->switch_tid == tid;
 	w->in_kthread = tid == 0 || (task->flags & PF_KTHREAD);
+	w->tid = tid;
 	return 0;
 }
 

@@ -79,27 +79,40 @@ impl CpuQuota {
     }
 
     /// Hands the group its entitlement `budget` for the switch period starting now, less the
-    /// debt of earlier overruns, at least the kernel's 1 ms minimum, or nothing when the debt
-    /// leaves less than half of that; returns the quota written (zero: none). Call once per
-    /// period, even when the budget is unchanged: the write is the refill.
-    pub fn refill(&mut self, budget: Duration) -> Result<Duration> {
+    /// debt of earlier overruns, plus what the group gained back, at least the kernel's 1 ms
+    /// minimum, or nothing when the debt leaves less than half of that; returns the quota
+    /// written (zero: none). Call once per period, even when the budget is unchanged: the
+    /// write is the refill.
+    ///
+    /// `credit` is the ports' softirq work the kernel ran in the group's threads during the
+    /// period that ends (the scheduler charged it to them; the switch charges it to the
+    /// ports' tenants): it is taken off the group's use, and what it frees beyond the debt is
+    /// gained back in the next budget (Iron's Algorithm 2).
+    pub fn refill(&mut self, budget: Duration, credit: Duration) -> Result<Duration> {
         let used = self.used_ns()?;
+        let mut gained: i128 = 0;
         if let Some((used_before, entitled)) = self.last {
             // Threads that left the group take their time with them: never a negative use.
             // A period's use can be no more than every CPU for the whole period (and some
             // slack for a late refill): a larger step is a thread that joined with the run
             // time it had before, so that period's overrun is unknown and not charged.
             let step = used.saturating_sub(used_before);
+            let credit = credit.as_nanos() as i128;
             let overrun = if step > self.most_per_period_ns {
                 0
             } else {
-                step as i128 - entitled as i128
+                step as i128 - credit - entitled as i128
             };
+            let balance = self.debt_ns + overrun;
+            if balance < 0 {
+                gained = (-balance).min(credit);
+            }
             let cap = MAX_DEBT_PERIODS * budget.as_nanos().max(1_000_000) as i128;
-            self.debt_ns = (self.debt_ns + overrun).clamp(0, cap);
+            self.debt_ns = balance.clamp(0, cap);
         }
-        self.last = Some((used, budget.as_nanos()));
-        let left = budget.as_nanos() as i128 - self.debt_ns;
+        // The entitlement of the period starting now: its budget and what was gained back.
+        self.last = Some((used, budget.as_nanos() + gained as u64));
+        let left = budget.as_nanos() as i128 - self.debt_ns + gained;
         if left < MIN_QUOTA_NS / 2 {
             // Nothing (or less than half the kernel's minimum) left: no refill this period.
             // The group stays throttled once what it has is spent, and the kernel keeps its
@@ -135,6 +148,12 @@ impl CpuQuota {
                 stat.split_whitespace().next()?.parse::<u64>().ok()
             })
             .sum())
+    }
+
+    /// The group's threads (v1 `tasks`, v2 `cgroup.threads`).
+    pub fn threads(&self) -> Result<Vec<u32>> {
+        let list = self.read(if self.v2 { "cgroup.threads" } else { "tasks" })?;
+        Ok(list.lines().filter_map(|t| t.trim().parse().ok()).collect())
     }
 
     fn read(&self, file: &str) -> Result<String> {
@@ -215,13 +234,15 @@ mod tests {
         let mut q = CpuQuota::open(g.path(), Duration::from_millis(10)).unwrap();
         let read = |f: &str| fs::read_to_string(g.path().join(f)).unwrap();
         assert_eq!(read("cpu.cfs_period_us"), "1000000");
-        q.refill(Duration::from_micros(4_200)).unwrap();
+        q.refill(Duration::from_micros(4_200), Duration::ZERO)
+            .unwrap();
         assert_eq!(read("cpu.cfs_quota_us"), "4200");
         // Below cgroup v1's 1 ms minimum the minimum is written...
-        q.refill(Duration::from_micros(700)).unwrap();
+        q.refill(Duration::from_micros(700), Duration::ZERO)
+            .unwrap();
         assert_eq!(read("cpu.cfs_quota_us"), "1000");
         // ...and below half of it nothing: no refill this period.
-        q.refill(Duration::from_micros(10)).unwrap();
+        q.refill(Duration::from_micros(10), Duration::ZERO).unwrap();
         assert_eq!(read("cpu.cfs_quota_us"), "1000");
         q.release(Duration::from_millis(3)).unwrap();
         assert_eq!(read("cpu.cfs_period_us"), "10000");
@@ -233,7 +254,7 @@ mod tests {
         let g = fake_group(&[("cpu.max", "max 100000"), ("cpu.stat", "usage_usec 0\n")]);
         let mut q = CpuQuota::open(g.path(), Duration::from_millis(10)).unwrap();
         let read = || fs::read_to_string(g.path().join("cpu.max")).unwrap();
-        q.refill(Duration::from_millis(5)).unwrap();
+        q.refill(Duration::from_millis(5), Duration::ZERO).unwrap();
         assert_eq!(read(), "5000 1000000");
         q.release(Duration::from_millis(3)).unwrap();
         assert_eq!(read(), "3000 10000");
@@ -246,26 +267,58 @@ mod tests {
         let used =
             |us: u64| fs::write(g.path().join("cpu.stat"), format!("usage_usec {us}\n")).unwrap();
         let ms = Duration::from_millis;
-        assert_eq!(q.refill(ms(3)).unwrap(), ms(3));
+        assert_eq!(q.refill(ms(3), Duration::ZERO).unwrap(), ms(3));
         // 7 ms used on a 3 ms budget (a tick's overrun): 4 ms of debt, nothing left: no
         // refill this period.
         used(7_000);
-        assert_eq!(q.refill(ms(3)).unwrap(), Duration::ZERO);
+        assert_eq!(q.refill(ms(3), Duration::ZERO).unwrap(), Duration::ZERO);
         // 1 ms used (what was left in the group): 2 ms of debt, 1 ms of budget left.
         used(8_000);
-        assert_eq!(q.refill(ms(3)).unwrap(), ms(1));
+        assert_eq!(q.refill(ms(3), Duration::ZERO).unwrap(), ms(1));
         // 1 ms used: debt paid, the full budget again.
         used(9_000);
-        assert_eq!(q.refill(ms(3)).unwrap(), ms(3));
+        assert_eq!(q.refill(ms(3), Duration::ZERO).unwrap(), ms(3));
         // Nothing used for a period: no credit beyond the budget.
-        assert_eq!(q.refill(ms(3)).unwrap(), ms(3));
+        assert_eq!(q.refill(ms(3), Duration::ZERO).unwrap(), ms(3));
         // A thread joining with a second of earlier run time is no overrun.
         used(1_009_000);
-        assert_eq!(q.refill(ms(3)).unwrap(), ms(3));
+        assert_eq!(q.refill(ms(3), Duration::ZERO).unwrap(), ms(3));
         assert_eq!(
             fs::read_to_string(g.path().join("cpu.max")).unwrap(),
             "3000 1000000"
         );
+    }
+
+    #[test]
+    fn softirq_run_for_the_ports_in_the_groups_threads_is_taken_off_its_use_and_gained_back() {
+        let g = fake_group(&[
+            ("cpu.max", "max 100000"),
+            ("cpu.stat", "usage_usec 0\n"),
+            ("cgroup.threads", "41\n42\n"),
+        ]);
+        let mut q = CpuQuota::open(g.path(), Duration::from_millis(10)).unwrap();
+        assert_eq!(q.threads().unwrap(), vec![41, 42]);
+        let used =
+            |us: u64| fs::write(g.path().join("cpu.stat"), format!("usage_usec {us}\n")).unwrap();
+        let ms = Duration::from_millis;
+        assert_eq!(q.refill(ms(3), ms(0)).unwrap(), ms(3));
+        // 5 ms used, 2 ms of it the kernel's softirq work for the ports (charged by the switch
+        // to their tenants): the group's own use was its 3 ms, no debt.
+        used(5_000);
+        assert_eq!(q.refill(ms(3), ms(2)).unwrap(), ms(3));
+        // Its 3 ms used, 1 ms of it softirq work for the ports: 1 ms gained back.
+        used(8_000);
+        assert_eq!(q.refill(ms(3), ms(1)).unwrap(), ms(4));
+        // A credit first pays a debt: 8 ms used on an entitlement of 4 with 1 ms of softirq
+        // work leaves 3 ms of debt and no refill; then 4 ms used with 2 ms of softirq work is
+        // 2 ms of its own against 3: 2 ms of debt left, 1 ms of budget (without the credit
+        // it would have been 4 ms of debt and no refill again).
+        used(16_000);
+        assert_eq!(q.refill(ms(3), ms(1)).unwrap(), Duration::ZERO);
+        used(20_000);
+        assert_eq!(q.refill(ms(3), ms(2)).unwrap(), ms(1));
+        // Idle with no credit: the plain budget, nothing saved up.
+        assert_eq!(q.refill(ms(3), ms(0)).unwrap(), ms(3));
     }
 
     #[test]

@@ -284,7 +284,7 @@ impl Switch {
             };
             let allocation = (IRON_PERIOD.as_nanos() as f64 * cores) as u64;
             let quota = Duration::from_nanos(allocation.saturating_sub(used));
-            if let Err(e) = group.refill(quota).map(drop) {
+            if let Err(e) = group.refill(quota, Duration::ZERO) {
                 eprintln!("picnic switch: warning: {e:#}");
             }
         }

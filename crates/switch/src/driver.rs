@@ -64,6 +64,8 @@ impl Pass {
 pub struct Driver {
     batch: usize,
     rx: Vec<Frame>,
+    /// Start of the last pass, if it found nothing to do.
+    idle_since: Option<Instant>,
 }
 
 impl Driver {
@@ -72,6 +74,7 @@ impl Driver {
         Driver {
             batch,
             rx: Vec::with_capacity(batch),
+            idle_since: None,
         }
     }
 
@@ -82,7 +85,8 @@ impl Driver {
 
     /// One iteration at `now`: every port whose engine has room for a batch is read (a VM
     /// port held back stays in its ring: backpressure), the engines run their schedulers,
-    /// and every transmit queue is sent.
+    /// and every transmit queue is sent. The time from a pass that found nothing to do to
+    /// the next pass is the loop's idle time (whether it spun or blocked).
     pub fn iterate(
         &mut self,
         now: Instant,
@@ -91,6 +95,9 @@ impl Driver {
         pool: &mut FramePool,
     ) -> anyhow::Result<Pass> {
         let batch = self.batch;
+        if let Some(since) = self.idle_since.take() {
+            engine.note_idle(now, now.saturating_since(since).as_nanos());
+        }
         let mut pass = Pass::default();
         for p in 0..engine.dir.port_count() {
             if !engine.rx_ready(now, p, batch) {
@@ -113,6 +120,9 @@ impl Driver {
         }
         pass.processed = engine.poll(now, batch, io.work(), pool);
         self.transmit(engine, io, pool)?;
+        if pass.busy() == 0 {
+            self.idle_since = Some(now);
+        }
         Ok(pass)
     }
 

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::io;
 use std::os::fd::RawFd;
 
-use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray};
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap};
 use aya::programs::{BtfTracePoint, Xdp, XdpFlags};
 use aya::{include_bytes_aligned, Btf, Ebpf, EbpfLoader, Pod};
 
@@ -271,6 +271,11 @@ pub struct SoftirqAccounting {
     ports: BpfHashMap<MapData, u64, u32>,
     usage: PerCpuArray<MapData, Usage>,
     totals: PerCpuArray<MapData, SoftirqTotals>,
+    /// Per thread: tracked ports' softirq ns run in its context.
+    task_ns: PerCpuHashMap<MapData, u32, u64>,
+    /// Per thread asked about at the last [`SoftirqAccounting::new_in_threads`]: its
+    /// `task_ns` then.
+    task_seen: rustc_hash::FxHashMap<u32, u64>,
     /// The network namespace of the thread that opened it (its nsfs inode number, the
     /// kernel's `ns.inum`): the switch's, where its ports are.
     netns: u64,
@@ -310,6 +315,8 @@ impl SoftirqAccounting {
             PerCpuArray::try_from(take(&mut bpf, "usage")?).map_err(|e| aya_error(e, "usage"))?;
         let totals =
             PerCpuArray::try_from(take(&mut bpf, "totals")?).map_err(|e| aya_error(e, "totals"))?;
+        let task_ns = PerCpuHashMap::try_from(take(&mut bpf, "task_ns")?)
+            .map_err(|e| aya_error(e, "task_ns"))?;
         let netns = std::fs::metadata("/proc/thread-self/ns/net")
             .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
             .map_err(|e| io::Error::new(e.kind(), format!("/proc/thread-self/ns/net: {e}")))?;
@@ -319,6 +326,8 @@ impl SoftirqAccounting {
             ports,
             usage,
             totals,
+            task_ns,
+            task_seen: Default::default(),
             netns,
             seen: Vec::new(),
         })
@@ -400,6 +409,29 @@ impl SoftirqAccounting {
                 out.push(delta);
             }
         }
+    }
+
+    /// For each group of threads, the tracked ports' softirq time run in its threads'
+    /// contexts since the last call (a thread seen for the first time counts from 0).
+    /// Threads not in `groups` are forgotten.
+    pub fn new_in_threads(&mut self, groups: &[Vec<u32>], out: &mut Vec<u64>) {
+        out.clear();
+        let mut seen = rustc_hash::FxHashMap::default();
+        for tids in groups {
+            let mut sum = 0;
+            for &tid in tids {
+                let now: u64 = self
+                    .task_ns
+                    .get(&tid, 0)
+                    .map(|per_cpu| per_cpu.iter().sum())
+                    .unwrap_or(0);
+                let before = self.task_seen.get(&tid).copied().unwrap_or(0);
+                sum += now.saturating_sub(before);
+                seen.insert(tid, now);
+            }
+            out.push(sum);
+        }
+        self.task_seen = seen;
     }
 
     /// All NET_RX softirq time so far, summed over the CPUs.
@@ -527,6 +559,19 @@ impl KernelLink {
                 for d in &self.deltas {
                     engine.charge_softirq(now, d);
                 }
+            }
+        }
+    }
+
+    /// For each group of threads (a tenant cgroup's), the tracked ports' softirq time the
+    /// kernel ran in their time slices since the last call; zeros without softirq
+    /// accounting (nothing is then charged for ports' softirq work, nothing credited).
+    pub fn softirq_in_threads(&mut self, groups: &[Vec<u32>], out: &mut Vec<u64>) {
+        match self.softirq.as_mut() {
+            Some(s) => s.new_in_threads(groups, out),
+            None => {
+                out.clear();
+                out.resize(groups.len(), 0);
             }
         }
     }

@@ -4,6 +4,8 @@
 
 use std::fmt;
 
+use picnic_core::{Duration, Instant};
+
 /// Total bytes of one frame buffer (headroom included).
 pub const FRAME_CAP: usize = 2048;
 /// Bytes reserved in front of received data so outer headers (Geneve: Ethernet + IP + UDP +
@@ -21,6 +23,9 @@ pub struct Frame {
     buf: Box<[u8; FRAME_CAP]>,
     start: usize,
     len: usize,
+    /// How long the frame waited in its port's receive ring before the switch read it, ns,
+    /// where the port knows (0 otherwise).
+    ring_wait_ns: u32,
 }
 
 impl Frame {
@@ -30,6 +35,7 @@ impl Frame {
             buf: Box::new([0u8; FRAME_CAP]),
             start: HEADROOM,
             len: 0,
+            ring_wait_ns: 0,
         }
     }
 
@@ -101,6 +107,18 @@ impl Frame {
     pub fn reset(&mut self) {
         self.start = HEADROOM;
         self.len = 0;
+        self.ring_wait_ns = 0;
+    }
+
+    /// Notes that the frame waited `ns` in its port's receive ring (at most ~4 s is kept).
+    pub fn set_ring_wait(&mut self, ns: u64) {
+        self.ring_wait_ns = ns.min(u32::MAX as u64) as u32;
+    }
+
+    /// When the frame entered the switch, given that it was read at `now`: its port's ring
+    /// is part of the switch (its wait there counts in the latency through the switch).
+    pub fn entered(&self, now: Instant) -> Instant {
+        now - Duration::from_nanos(self.ring_wait_ns as u64)
     }
 
     /// Resets the frame and returns the whole writable region after the headroom
@@ -257,6 +275,25 @@ mod tests {
         assert_eq!(f.data(), b"abc");
         f.set_len(DATA_CAP);
         assert_eq!(f.data_mut().len(), DATA_CAP);
+    }
+
+    #[test]
+    fn a_frame_entered_the_switch_when_it_entered_its_ring_until_reset() {
+        let mut pool = FramePool::new(1);
+        let mut f = pool.get().unwrap();
+        let now = Instant::from_nanos(1_000_000);
+        assert_eq!(f.entered(now), now);
+        f.set_ring_wait(250_000);
+        assert_eq!(f.entered(now), Instant::from_nanos(750_000));
+        f.set_ring_wait(5_000_000);
+        assert_eq!(
+            f.entered(now),
+            Instant::ZERO,
+            "never before the clock's zero"
+        );
+        pool.put(f);
+        let f = pool.get().unwrap();
+        assert_eq!(f.entered(now), now, "a recycled frame has waited nowhere");
     }
 
     #[test]

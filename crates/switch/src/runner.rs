@@ -32,6 +32,32 @@ use crate::port::{
 use crate::worker::WorkerView;
 use picnic_core::notify::{AdaptiveWait, Params, Role, WaitConfig, WaitDecision};
 
+/// Writes each tenant group's budget for the Iron period starting now, crediting what the
+/// kernel ran of the ports' softirq work in the group's threads (Iron's Algorithm 2; the
+/// switch charges that work to the ports' tenants).
+fn refill_cgroups(
+    cgroups: &mut [Option<CpuQuota>],
+    quotas: &[(TenantIdx, Duration)],
+    kernel: &mut KernelLink,
+) {
+    let groups: Vec<Vec<u32>> = quotas
+        .iter()
+        .map(|&(t, _)| match cgroups.get(t) {
+            Some(Some(group)) => group.threads().unwrap_or_default(),
+            _ => Vec::new(),
+        })
+        .collect();
+    let mut credits = Vec::with_capacity(groups.len());
+    kernel.softirq_in_threads(&groups, &mut credits);
+    for (&(tenant, quota), &credit) in quotas.iter().zip(&credits) {
+        if let Some(Some(group)) = cgroups.get_mut(tenant) {
+            if let Err(e) = group.refill(quota, Duration::from_nanos(credit)) {
+                eprintln!("picnic switch: warning: {e:#}");
+            }
+        }
+    }
+}
+
 /// Monotonic nanoseconds since the switch started, as the engines' `now`.
 #[derive(Clone, Copy)]
 pub struct Clock(StdInstant);
@@ -567,12 +593,8 @@ impl Switch {
             cpu_mark = cpu_now;
             self.kernel.tick(&mut self.engine, now);
             self.engine.cgroup_quotas(now, &mut quotas);
-            for &(tenant, quota) in &quotas {
-                if let Some(Some(group)) = cgroups.get_mut(tenant) {
-                    if let Err(e) = group.refill(quota).map(drop) {
-                        eprintln!("picnic switch: warning: {e:#}");
-                    }
-                }
+            if !quotas.is_empty() {
+                refill_cgroups(&mut cgroups, &quotas, &mut self.kernel);
             }
             if now >= next_publish {
                 next_publish = now + Duration::from_millis(100);

@@ -219,9 +219,10 @@ fn softirq_time_is_attributed_to_the_port_and_direction_it_was_spent_for() {
     let before = rx_packets(&sw, "pnsa");
 
     // The VM behind pnsa floods its port for a second.
-    let sent = vm.enter(|| {
+    let (sent, flooder) = vm.enter(|| {
         let mut port = AfPacketPort::open("pnsb", AfPacketOptions::default()).unwrap();
-        flood(&mut port, &mut FramePool::new(1024), Duration::from_secs(1))
+        let sent = flood(&mut port, &mut FramePool::new(1024), Duration::from_secs(1));
+        (sent, gettid())
     });
     std::thread::sleep(Duration::from_millis(100));
     let received = rx_packets(&sw, "pnsa") - before;
@@ -237,6 +238,20 @@ fn softirq_time_is_attributed_to_the_port_and_direction_it_was_spent_for() {
         "a second's flood costs > 10 ms: {a:?}"
     );
     assert!(a.from_vm_ns > 20 * a.to_vm_ns, "{a:?}");
+    // The kernel ran that work in the flooding thread's time slices (a veth's receive runs
+    // when its sender re-enables softirqs), except what ksoftirqd took over: the scheduler
+    // charged it to the flooder, which Iron's Algorithm 2 credits back.
+    let mut in_threads = Vec::new();
+    acct.new_in_threads(&[vec![flooder], vec![]], &mut in_threads);
+    println!("of it in the flooding thread's context: {in_threads:?}");
+    let in_context = a.from_vm_ns + a.to_vm_ns - a.kthread_ns;
+    assert!(
+        in_threads[0] >= in_context * 8 / 10 && in_threads[0] <= in_context,
+        "{in_threads:?} of {in_context} ns"
+    );
+    assert_eq!(in_threads[1], 0, "no thread, no time");
+    acct.new_in_threads(&[vec![flooder]], &mut in_threads);
+    assert_eq!(in_threads, [0], "counted once");
     let idle = usage
         .iter()
         .find(|d| d.slot == 2)

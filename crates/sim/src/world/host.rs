@@ -63,6 +63,9 @@ pub(super) struct Host {
     nic_rx: VecDeque<Frame>,
     /// The CPU is busy with the last poll's work until then.
     busy_until: Nanos,
+    /// Share of a core the switch is given (`[picnic] cpu_cores`, at most 1): a poll's
+    /// CPU time takes 1/share of wall time.
+    cpu_share: f64,
     /// Generation of the scheduled poll (stale polls are skipped).
     pub gen: u32,
     /// When the next poll is scheduled, if one is.
@@ -183,6 +186,7 @@ pub(super) fn build_hosts(
                 ports,
                 nic_rx: VecDeque::new(),
                 busy_until: 0,
+                cpu_share: sc.picnic.cpu_cores.map_or(1.0, |c| c.min(1.0)),
                 gen: 0,
                 pending: None,
                 driver: Driver::new(cfg.switch.batch),
@@ -300,8 +304,8 @@ impl Net {
 
     /// Host `h` polls its engine: one iteration of the switch's own run-loop policy
     /// ([`Driver::iterate`]) over the host's NIC and VM rings ([`HostIo`]) at the modelled
-    /// cost. The CPU is busy until `now` + the cost; the next poll is then, or at the
-    /// engine's deadline.
+    /// cost. The CPU is busy until `now` + the cost (stretched when the switch has less
+    /// than a core); the next poll is then, or at the engine's deadline.
     pub fn host_poll(&mut self, h: u32, now: Nanos) {
         self.reserve_frames(POLL_RESERVE);
         let t = Instant::from_nanos(now);
@@ -338,7 +342,7 @@ impl Net {
         // The modelled time of this poll is charged like the switch charges its measured
         // loop time: split over the VMs whose frames it handled (Iron 3.1).
         host.engine.charge_cpu(t, cost);
-        host.busy_until = now + cost;
+        host.busy_until = now + (cost as f64 / host.cpu_share) as Nanos;
         let next = if more || pass.processed > 0 {
             Some(host.busy_until)
         } else {

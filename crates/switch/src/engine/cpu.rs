@@ -146,6 +146,13 @@ impl Engine {
         }
     }
 
+    /// Notes that the loop spent `ns` up to `now` without work (read-side fairness holds
+    /// tenants back only while the loop is saturated).
+    pub fn note_idle(&mut self, now: Instant, ns: u64) {
+        self.share.roll(now);
+        self.share.idle(ns);
+    }
+
     /// Charges `cpu_ns` of dataplane CPU time, measured since the previous call, to the VMs
     /// whose frames were handled in that time (Iron 3.1's batch split) and their tenants'
     /// CPU accounts. Time with no frame handled is the switch's own overhead. The charges,
@@ -153,7 +160,6 @@ impl Engine {
     pub fn charge_cpu(&mut self, now: Instant, cpu_ns: u64) {
         self.counters.cpu_ns += cpu_ns;
         self.share.roll(now);
-        self.share.busy(cpu_ns);
         let ledger = &mut self.cpu;
         let (packets, bytes) = ledger.touched.iter().fold(ledger.unattributed, |acc, &v| {
             (acc.0 + ledger.tally[v].0, acc.1 + ledger.tally[v].1)
@@ -172,7 +178,7 @@ impl Engine {
                 b.charge(now, tenant, ns);
             }
             ledger.direct[v] = 0;
-            self.share.charge(tenant, ns);
+            self.share.charge(tenant, ns, 0);
         }
         let cpu_ns = cpu_ns - direct_total;
         ledger.fit.observe(packets as u64, bytes, cpu_ns);
@@ -210,7 +216,7 @@ impl Engine {
             let v = entry.tenant;
             self.vm_counters[v].cost_ns += ns;
             let tenant = self.dir.vms[v].tenant;
-            self.share.charge(tenant, ns);
+            self.share.charge(tenant, ns, entry.bytes);
             if let (Some(iron), Some(account)) = (self.iron.as_mut(), self.iron_index[tenant]) {
                 let _ = iron.charge(now, account, Duration::from_nanos(ns));
             }

@@ -385,7 +385,14 @@ impl Engine {
         if frame.len() + ENCAP_OVERHEAD > self.uplink_mtu + 14 {
             return self.drop_frame(now, pool, frame, Some(vm), DropReason::TooBig);
         }
-        let item = (frame, w, entropy_source_port(summary.flow_hash()), vm, now);
+        let entered = frame.entered(now);
+        let item = (
+            frame,
+            w,
+            entropy_source_port(summary.flow_hash()),
+            vm,
+            entered,
+        );
         // Limiters and the pacer count bytes on the wire, encapsulation included, the unit
         // the receiver meters its access link in.
         let len = item.0.len() as u64;

@@ -456,10 +456,11 @@ impl Engine {
             self.meter_and_feedback(now, w, source, wire_len, pool);
         }
         let q = self.ingress.queue_of[w].expect("every local VM has an ingress queue");
+        let entered = frame.entered(now);
         if let Err(rejected) = self
             .ingress
             .wfq
-            .enqueue(now, q, (frame, w, now), len as u32)
+            .enqueue(now, q, (frame, w, entered), len as u32)
         {
             self.drop_frame(
                 now,

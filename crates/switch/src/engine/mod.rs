@@ -132,6 +132,8 @@ pub struct Engine {
     /// Whether both schedulers share the dominant resource (CPU or link time) instead of
     /// bytes.
     cpu_fair: bool,
+    /// Whether ports are read fairly ([`share`]): with the schedulers, in their resource.
+    fair_reads: bool,
     /// Frames waiting for each port's transmit, filled by the engines, drained by the caller.
     tx: Vec<Vec<Frame>>,
     pub vm_counters: Vec<VmCounters>,
@@ -171,7 +173,7 @@ impl Engine {
         let ports = dir.port_count();
         let dir_vms = dir.vms.len();
         let (pps_out, pps_in) = (pps_buckets(&dir, now), pps_buckets(&dir, now));
-        let share = share::FairShare::new(tenant_weights(&dir), now);
+        let share = share::FairShare::new(share_unit(cfg), tenant_weights(&dir), now);
         let slo = slo::SloTracker::new(&dir, now)?;
         Ok(Engine {
             vm_counters: vec![VmCounters::default(); dir.vms.len()],
@@ -193,6 +195,9 @@ impl Engine {
             slo,
             feedback_auth: None,
             cpu_fair: cfg.isolation.cpu_fair,
+            fair_reads: cfg.isolation.cpu_fair
+                || cfg.isolation.egress_wfq
+                || cfg.isolation.ingress_wfq,
             tx: (0..ports)
                 .map(|_| Vec::with_capacity(cfg.switch.batch * 2))
                 .collect(),
@@ -230,7 +235,7 @@ impl Engine {
                         .as_ref()
                         .is_none_or(|b| b.available(now) > 0)
                     && !self.cpu_throttled(now, *vm)
-                    && !(self.cpu_fair && self.share.over(self.dir.vms[*vm].tenant))
+                    && !(self.fair_reads && self.share.over(self.dir.vms[*vm].tenant))
             }
             _ => true,
         }
@@ -704,6 +709,15 @@ fn cost_kind(cfg: &Config) -> CostKind {
         }
     } else {
         CostKind::Bytes
+    }
+}
+
+/// What read-side fairness counts: the resource the schedulers share.
+fn share_unit(cfg: &Config) -> share::ShareUnit {
+    if cfg.isolation.cpu_fair {
+        share::ShareUnit::CpuNs
+    } else {
+        share::ShareUnit::Bytes
     }
 }
 

@@ -1,42 +1,60 @@
-//! Read-side CPU fairness (PicNIC 2.2; Iron 3.2's "do not poll a throttled container"):
-//! the CPU-fair WFQs decide whose queued frames are processed, but reading a port, and
-//! dropping what its tenant's full queues cannot take, is spent before any scheduler. While
-//! the loop is saturated (its thread was busy for most of the last period), a tenant that
-//! has used its weighted share of the current period's CPU is not read until the next one,
-//! so a flood's excess stays in its own ring (the kernel drops it at the sender's expense).
-//! Shares are weighted like the schedulers: by the sum of the tenant's local guarantees,
-//! among the tenants that used the switch in this period or the last.
+//! Read-side fairness (PicNIC 2.2; Iron 3.2's "do not poll a throttled container"): the
+//! WFQs decide whose queued frames are processed, but reading a port, and dropping what its
+//! tenant's full queues cannot take, is spent before any scheduler. While the loop is
+//! saturated (it found work on its passes for most of the last period, whether its thread
+//! ran or waited for a CPU), a tenant that has used its
+//! weighted share of the current period is not read until the next one, so a flood's excess
+//! stays in its own ring (the kernel drops it at the sender's expense). The share is of the
+//! resource the schedulers share: measured CPU with `isolation.cpu_fair` (PicNIC's CPU-fair
+//! queuing), bytes otherwise (byte-fair queuing at every stage, the baseline it is compared
+//! with). Shares are weighted like the schedulers: by the sum of the tenant's local
+//! guarantees, among the tenants that used the switch in this period or the last. Holding
+//! back is work-conserving: nobody is held while every active tenant is past its share.
 
 use picnic_core::{Duration, Instant};
 
 /// Length of a fairness period.
 const PERIOD: Duration = Duration::from_millis(10);
-/// Busy fraction of a period, in thousandths, above which the loop counts as saturated.
-const SATURATED_PERMILLE: u64 = 900;
+/// Idle fraction of a period, in thousandths, up to which the loop counts as saturated.
+const SATURATED_IDLE_PERMILLE: u64 = 100;
+
+/// What a tenant's share of a period is counted in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ShareUnit {
+    /// Measured CPU ns.
+    CpuNs,
+    /// Frame bytes.
+    Bytes,
+}
 
 #[derive(Debug)]
 pub(super) struct FairShare {
+    unit: ShareUnit,
     /// Per tenant: sum of its local VMs' guarantees (0 without local VMs).
     weights: Vec<u64>,
-    /// Per tenant: CPU charged this period, ns.
+    /// Per tenant: units charged this period.
     used: Vec<u64>,
     /// Per tenant: whether it used the switch in the last period.
     active_before: Vec<bool>,
-    /// Loop CPU this period, ns.
-    busy: u64,
+    /// Units charged to all tenants in the last period.
+    used_before: u64,
+    /// Time the loop found nothing to do this period, ns.
+    idle: u64,
     period_start: Instant,
     /// Whether the last period was saturated.
     saturated: bool,
 }
 
 impl FairShare {
-    pub(super) fn new(weights: Vec<u64>, now: Instant) -> FairShare {
+    pub(super) fn new(unit: ShareUnit, weights: Vec<u64>, now: Instant) -> FairShare {
         let n = weights.len();
         FairShare {
+            unit,
             weights,
             used: vec![0; n],
             active_before: vec![false; n],
-            busy: 0,
+            used_before: 0,
+            idle: 0,
             period_start: now,
             saturated: false,
         }
@@ -53,35 +71,54 @@ impl FairShare {
         if elapsed < PERIOD {
             return;
         }
-        self.saturated = self.busy * 1000 >= elapsed.as_nanos() * SATURATED_PERMILLE;
+        self.saturated = self.idle * 1000 <= elapsed.as_nanos() * SATURATED_IDLE_PERMILLE;
+        self.used_before = self.used.iter().sum();
         for (before, used) in self.active_before.iter_mut().zip(&mut self.used) {
             *before = *used > 0;
             *used = 0;
         }
-        self.busy = 0;
+        self.idle = 0;
         self.period_start = now;
     }
 
-    /// Notes `ns` of loop CPU, of which `tenant`'s frames took `ns` (call once per charge).
-    pub(super) fn busy(&mut self, ns: u64) {
-        self.busy += ns;
+    /// Notes `ns` the loop spent without work (spinning or blocked). A loop idle for more
+    /// than the saturation bound is not saturated for the rest of the period either: a
+    /// tenant held back while the others lack work would leave the switch idle.
+    pub(super) fn idle(&mut self, ns: u64) {
+        self.idle += ns;
+        if self.idle * 1000 > PERIOD.as_nanos() * SATURATED_IDLE_PERMILLE {
+            self.saturated = false;
+        }
     }
 
-    pub(super) fn charge(&mut self, tenant: usize, ns: u64) {
-        self.used[tenant] += ns;
+    /// Charges `tenant` for frames of `bytes` that took `ns` of the loop's CPU.
+    pub(super) fn charge(&mut self, tenant: usize, ns: u64, bytes: u64) {
+        self.used[tenant] += match self.unit {
+            ShareUnit::CpuNs => ns,
+            ShareUnit::Bytes => bytes,
+        };
     }
 
-    /// Whether `tenant` has used its share of a saturated loop's current period.
+    /// Whether `tenant` has used its share of a saturated loop's current period while
+    /// another active tenant has not.
     pub(super) fn over(&self, tenant: usize) -> bool {
         if !self.saturated || self.weights[tenant] == 0 {
             return false;
         }
-        let active: u128 = (0..self.weights.len())
-            .filter(|&t| self.used[t] > 0 || self.active_before[t])
+        let active = |t: usize| self.used[t] > 0 || self.active_before[t];
+        let active_weight: u128 = (0..self.weights.len())
+            .filter(|&t| active(t))
             .map(|t| self.weights[t] as u128)
             .sum();
-        let allowance = PERIOD.as_nanos() as u128 * self.weights[tenant] as u128 / active.max(1);
-        self.used[tenant] as u128 > allowance
+        // A saturated period's capacity is what the last one delivered: the loop's thread
+        // does not get the whole period's CPU where others compete for it.
+        let capacity = self.used_before as u128;
+        let past_share = |t: usize| {
+            self.used[t] as u128 > capacity * self.weights[t] as u128 / active_weight.max(1)
+        };
+        past_share(tenant)
+            && (0..self.weights.len())
+                .any(|t| t != tenant && self.weights[t] > 0 && active(t) && !past_share(t))
     }
 
     /// When a tenant held back becomes readable again.
@@ -101,32 +138,49 @@ mod tests {
 
     #[test]
     fn only_a_saturated_loop_holds_a_tenant_back_and_only_past_its_weighted_share() {
-        let mut s = FairShare::new(vec![1, 3, 0], Instant::ZERO);
-        // A period at half load: nobody is held back whatever they use.
-        s.busy(5_000_000);
-        s.charge(0, 5_000_000);
+        let mut s = FairShare::new(ShareUnit::CpuNs, vec![1, 3, 0], Instant::ZERO);
+        // A period with the loop idle for half of it: nobody is held back in the next.
+        s.idle(5_000_000);
+        s.charge(0, 5_000_000, 0);
         s.roll(at_us(10_000));
-        s.charge(0, 9_000_000);
+        s.charge(0, 7_000_000, 0);
+        s.charge(1, 1_000_000, 0);
         assert!(!s.over(0));
-        // A saturated period with both tenants active: shares 1/4 and 3/4 of 10 ms.
-        s.busy(10_000_000);
-        s.charge(1, 1_000);
+        // That period was saturated and delivered 8 ms of CPU (the thread did not get all
+        // of the 10): tenants 0 and 1 share the next 8 ms 1:3, tenant 2 has no local VM.
         s.roll(at_us(20_000));
-        s.charge(0, 2_500_000);
-        assert!(!s.over(0), "exactly its 2.5 ms");
-        s.charge(0, 1);
+        s.charge(0, 2_000_000, 0);
+        assert!(!s.over(0), "exactly its 2 ms");
+        s.charge(0, 1, 0);
         assert!(s.over(0));
         assert_eq!(s.poll_at(), Some(at_us(30_000)));
-        s.charge(1, 7_000_000);
-        assert!(!s.over(1), "7 of its 7.5 ms");
+        s.charge(1, 5_000_000, 0);
+        assert!(!s.over(1), "5 of its 6 ms");
         // A tenant without local VMs is never held back.
-        s.charge(2, 50_000_000);
+        s.charge(2, 50_000_000, 0);
         assert!(!s.over(2));
-        // The next period starts unsaturated if the loop was not busy enough.
-        s.busy(1_000_000);
-        s.roll(at_us(30_000));
-        s.charge(0, 9_000_000);
+        // Idle time beyond the bound ends the saturation at once, not a period later.
+        s.idle(1_000_001);
         assert!(!s.over(0));
+        assert_eq!(s.poll_at(), None);
+    }
+
+    #[test]
+    fn byte_shares_follow_the_last_periods_bytes_and_nobody_is_held_when_all_are_past_theirs() {
+        let mut s = FairShare::new(ShareUnit::Bytes, vec![1, 1], Instant::ZERO);
+        // A saturated period that moved 100 kB: each tenant's share of the next is 50 kB,
+        // counted in bytes whatever CPU they took.
+        s.idle(0);
+        s.charge(0, 9_000_000, 60_000);
+        s.charge(1, 1_000_000, 40_000);
+        s.roll(at_us(10_000));
+        s.charge(0, 9_000_000, 50_000);
+        assert!(!s.over(0), "exactly its 50 kB, however much CPU");
+        s.charge(0, 0, 1);
+        assert!(s.over(0));
+        // Work conservation: once the other tenant is past its share too, neither waits.
+        s.charge(1, 0, 50_001);
+        assert!(!s.over(0) && !s.over(1));
         assert_eq!(s.poll_at(), None);
     }
 }

@@ -377,11 +377,28 @@ impl AfPacketPort {
     }
 }
 
+/// Ring waits longer than this are taken for timestamps from another clock.
+const MAX_RING_WAIT_NS: u64 = 1_000_000_000;
+
+/// CLOCK_REALTIME now, ns (the clock of the kernel's ring timestamps).
+fn realtime_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 impl AfPacketPort {
     /// TPACKET_V2 receive: walk the fixed slots while the kernel has handed them over.
     fn recv_v2(&mut self, pool: &mut FramePool, out: &mut Vec<Frame>, max: usize) -> usize {
         let slots = self.block_size * self.block_count / RING_FRAME_SIZE;
         let mut n = 0;
+        // The kernel stamps each slot (CLOCK_REALTIME) when it fills it: how long a frame
+        // waited in the ring is part of its latency through the switch.
+        let read_at = realtime_ns();
         loop {
             n += self.vnet.drain(pool, out, max - n, &mut self.stats);
             if n >= max || self.vnet.busy() {
@@ -435,6 +452,14 @@ impl AfPacketPort {
             }
             if taken == Taken::NoFrame {
                 break;
+            }
+            let stamped = hdr.tp_sec as u64 * 1_000_000_000 + hdr.tp_nsec as u64;
+            let wait = read_at.saturating_sub(stamped);
+            // A timestamp from another clock (a delivery time left on the skb) is no wait.
+            if stamped > 0 && wait < MAX_RING_WAIT_NS {
+                for f in &mut out[before..] {
+                    f.set_ring_wait(wait);
+                }
             }
             n += out.len() - before;
             // Release: our reads of the slot happen before the kernel may overwrite it.
