@@ -320,6 +320,24 @@ impl Switch {
         Some(Ok(()))
     }
 
+    /// The workers and their VMs, for the start-up report ([`Switch::describe_ports`]).
+    pub(crate) fn describe_workers(&self, lines: &mut Vec<String>) {
+        if self.workers > 1 {
+            let assignment = crate::workers::assign(&self.engine.dir, self.workers);
+            let dir = &self.engine.dir;
+            for w in 0..self.workers {
+                let vms: Vec<&str> = assignment
+                    .ports_of(w)
+                    .filter_map(|p| dir.port_vm[p].map(|v| dir.vms[v].name.as_str()))
+                    .collect();
+                lines.push(format!("worker {w}: VMs {vms:?}"));
+            }
+            if self.extra_uplinks.is_empty() {
+                lines.push("uplink: one socket, read by worker 0, which hands the other workers their frames".into());
+            }
+        }
+    }
+
     /// Publishes the merge of every worker's latest snapshot.
     fn publish_merged(&self, team: &Team) {
         let parts: Vec<Arc<Published>> = team

@@ -23,7 +23,7 @@ use crate::cgroup::CpuQuota;
 use crate::config::{BackendKind, Config};
 use crate::directory::{PortIdx, TenantIdx};
 use crate::driver::{Driver, Io};
-use crate::ebpf::{EarlyDrop, KernelLink};
+use crate::ebpf::KernelLink;
 use crate::engine::{Engine, SloReport, Snapshot, Work, IRON_PERIOD};
 use crate::frame::{Frame, FramePool};
 use crate::port::{
@@ -341,87 +341,6 @@ pub fn vm_max_frame(cfg: &Config) -> usize {
     (cfg.uplink.mtu + 14).saturating_sub(ENCAP_OVERHEAD)
 }
 
-/// The uplink's sockets (one per worker where the backend allows it) and, for AF_XDP, the
-/// maps of its early drop.
-type Uplinks = (Vec<Box<dyn Port>>, Option<EarlyDrop>);
-
-/// Opens the uplink; an AF_XDP uplink also gives the maps of its early drop. With several
-/// workers, one socket per worker where the backend allows it: AF_PACKET sockets joined in
-/// one `PACKET_FANOUT` hash group (the kernel spreads frames by flow hash, so a flow stays on
-/// one socket); AF_XDP one socket per NIC queue, at most one per worker (RSS spreads flows
-/// over the queues; workers beyond the queues get their frames handed over). A TAP uplink has
-/// one socket, read by worker 0.
-fn open_uplinks(cfg: &Config, workers: usize) -> anyhow::Result<Uplinks> {
-    let ifname = &cfg.uplink.ifname;
-    match cfg.uplink.backend {
-        BackendKind::AfXdp => {
-            let mut sockets = AfXdpPort::open_queues(ifname, AfXdpOptions::default(), workers)
-                .with_context(|| format!("uplink.ifname: cannot open '{ifname}' with AF_XDP"))?;
-            let early = sockets[0].early_drop();
-            Ok((
-                sockets
-                    .into_iter()
-                    .map(|p| Box::new(p) as Box<dyn Port>)
-                    .collect(),
-                early,
-            ))
-        }
-        BackendKind::AfPacket if workers > 1 => {
-            // A group id of this process's own (one switch per network namespace).
-            let group = (std::process::id() & 0xffff) as u16;
-            let mut sockets = Vec::with_capacity(workers);
-            for _ in 0..workers {
-                let port = open_port(
-                    ifname,
-                    cfg.uplink.backend,
-                    "uplink.ifname",
-                    cfg.uplink.mtu + 14,
-                )?;
-                let fd = port.raw_fd().expect("an AF_PACKET port has a descriptor");
-                crate::port::join_fanout(fd, group)
-                    .with_context(|| format!("uplink.ifname: PACKET_FANOUT on '{ifname}'"))?;
-                sockets.push(port);
-            }
-            Ok((sockets, None))
-        }
-        backend => Ok((
-            vec![open_port(
-                ifname,
-                backend,
-                "uplink.ifname",
-                cfg.uplink.mtu + 14,
-            )?],
-            None,
-        )),
-    }
-}
-
-/// Whether `cfg` has the switch drive eBPF programs from its loop: the AF_XDP uplink's early
-/// drop of throttled VMs, or the softirq accounting of tenants with a CPU quota. One worker's
-/// engine drives them, so they need the single loop (docs/switch.md "Workers").
-fn drives_ebpf(cfg: &Config) -> bool {
-    cfg.uplink.backend == BackendKind::AfXdp
-        || (cfg.isolation.cpu_accounting
-            && cfg.isolation.softirq_accounting
-            && cfg.tenants.iter().any(|t| t.cpu_quota.is_some()))
-}
-
-/// How many workers `cfg` asks for with `vm_ports` local VM ports: `switch.workers`, else one
-/// per CPU of `switch.cpus` or of the thread's affinity mask, at most one per VM port, and
-/// one while the loop drives eBPF programs ([`drives_ebpf`]).
-pub fn worker_count(cfg: &Config, vm_ports: usize) -> usize {
-    if cfg.switch.workers.is_none() && drives_ebpf(cfg) {
-        return 1;
-    }
-    cfg.switch.workers.unwrap_or_else(|| {
-        let cpus = match &cfg.switch.cpus {
-            Some(c) => c.len(),
-            None => crate::sched::thread_cpus().map(|c| c.len()).unwrap_or(1),
-        };
-        crate::workers::default_count(cpus, vm_ports)
-    })
-}
-
 /// The tenant ports (every port but the uplink) as (interface name, slot = port index).
 fn tenant_ports(ports: &[Box<dyn Port>]) -> Vec<(String, u32)> {
     ports
@@ -454,13 +373,13 @@ impl Switch {
             .iter()
             .filter(|vm| vm.port.is_some() && vm.host == cfg.switch.host_id)
             .count();
-        let workers = worker_count(&cfg, vm_ports);
-        if workers > 1 && drives_ebpf(&cfg) {
+        let workers = crate::workers::worker_count(&cfg, vm_ports);
+        if workers > 1 && crate::workers::drives_ebpf(&cfg) {
             eprintln!(
                 "picnic switch: warning: with {workers} workers the uplink's XDP early drop and the softirq accounting are not driven (switch.workers = 1 keeps them)"
             );
         }
-        let (mut uplinks, early_drop) = open_uplinks(&cfg, workers)?;
+        let (mut uplinks, early_drop) = crate::workers::open_uplinks(&cfg, workers)?;
         let extra_uplinks = uplinks.split_off(1);
         let mut ports = uplinks;
         for (i, vm) in cfg.vms.iter().enumerate() {
@@ -531,20 +450,7 @@ impl Switch {
                 p.backend()
             ));
         }
-        if self.workers > 1 {
-            let assignment = crate::workers::assign(&self.engine.dir, self.workers);
-            let dir = &self.engine.dir;
-            for w in 0..self.workers {
-                let vms: Vec<&str> = assignment
-                    .ports_of(w)
-                    .filter_map(|p| dir.port_vm[p].map(|v| dir.vms[v].name.as_str()))
-                    .collect();
-                lines.push(format!("worker {w}: VMs {vms:?}"));
-            }
-            if self.extra_uplinks.is_empty() {
-                lines.push("uplink: one socket, read by worker 0, which hands the other workers their frames".into());
-            }
-        }
+        self.describe_workers(&mut lines);
         if self.kernel.early_drop_on() {
             lines.push("uplink XDP early drop of throttled VMs: on".into());
         }
