@@ -15,7 +15,7 @@ use picnic_switch::engine::Engine;
 use picnic_switch::frame::{Frame, FramePool};
 use picnic_switch::port::{wait_readable, AfPacketOptions, AfPacketPort};
 use picnic_switch::port::{MemoryPort, Port};
-use picnic_switch::runner::{Clock, Switch};
+use picnic_switch::runner::{Clock, Published, Switch};
 use picnic_wire::geneve::GeneveRepr;
 use picnic_wire::overlay::{encap, OuterHeaders};
 
@@ -437,4 +437,86 @@ fn two_workers_on_a_two_queue_uplink(backend: &str) {
             );
         }
     });
+}
+
+/// Forwarding rate and switch CPU per forwarded frame with 1 and 2 workers, printed (not a
+/// pass mark: the machine's cores are shared with the generators and whatever else runs).
+/// Two generator threads, one per VM, each send 64 B frames to remote VM r9 as fast as an
+/// AF_PACKET socket lets them for a second; the switch encapsulates them onto the uplink.
+/// Run: `sudo cargo test --release -p picnic-switch --test workers -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn root_forwarding_with_1_and_2_workers_printed() {
+    if !is_root() {
+        return;
+    }
+    for workers in [1, 2, 1, 2] {
+        let ns = Netns::new();
+        ns.ip("link add pnwup numtxqueues 2 numrxqueues 2 type veth peer name pnwfab numtxqueues 2 numrxqueues 2");
+        ns.ip("link set pnwup up");
+        ns.ip("link set pnwfab up");
+        ns.veth_pair("pnwv1", "pnwp1");
+        ns.veth_pair("pnwv2", "pnwp2");
+        ns.enter(|| {
+            let cfg = ROOT_CONFIG
+                .replace("workers = 2", &format!("workers = {workers}"))
+                .replace(
+                    "ifname = \"pnwup\"",
+                    "ifname = \"pnwup\"\ncapacity_mbps = 100000\n[ingress]\ncapacity_mbps = 100000",
+                );
+            let mut switch = Switch::open(Config::parse(&cfg).unwrap()).unwrap();
+            let (stop, shared) = (switch.stop_flag(), switch.shared());
+            let dataplane = std::thread::spawn(move || switch.run());
+            std::thread::sleep(Duration::from_millis(200));
+            let before = shared.latest().unwrap();
+            let window = Duration::from_secs(1);
+            let offered: u64 = std::thread::scope(|s| {
+                let gens: Vec<_> = [("pnwp1", 1u8), ("pnwp2", 2u8)]
+                    .into_iter()
+                    .map(|(dev, vm)| {
+                        s.spawn(move || {
+                            let mut port = AfPacketPort::open(dev, AfPacketOptions::default()).unwrap();
+                            let mut pool = FramePool::new(1024);
+                            let frame = udp(vm, 9, 22);
+                            let (start, mut sent) = (Instant::now(), 0u64);
+                            while start.elapsed() < window {
+                                let mut batch: Vec<Frame> = (0..64)
+                                    .map(|_| {
+                                        let mut f = pool.get().unwrap();
+                                        assert!(f.fill_from(&frame));
+                                        f
+                                    })
+                                    .collect();
+                                sent += port.send_batch(&mut batch, &mut pool).unwrap_or(0) as u64;
+                                for f in batch.drain(..) {
+                                    pool.put(f);
+                                }
+                            }
+                            sent
+                        })
+                    })
+                    .collect();
+                gens.into_iter().map(|g| g.join().unwrap()).sum()
+            });
+            std::thread::sleep(Duration::from_millis(200));
+            let after = shared.latest().unwrap();
+            stop.store(true, Ordering::Relaxed);
+            dataplane.join().unwrap().unwrap();
+            let tx = |p: &Published| {
+                p.ports
+                    .iter()
+                    .filter(|port| port.name == "pnwup")
+                    .map(|port| port.stats.tx_frames)
+                    .sum::<u64>()
+            };
+            let forwarded = tx(&after) - tx(&before);
+            let cpu = after.switch.switch.cpu_ns - before.switch.switch.cpu_ns;
+            println!(
+                "workers {workers}: offered {offered} frames, forwarded {forwarded} ({:.0} kpps over the 1 s window), switch CPU {:.1} ms, {:.0} ns per forwarded frame",
+                forwarded as f64 / 1e3,
+                cpu as f64 / 1e6,
+                cpu as f64 / forwarded.max(1) as f64
+            );
+        });
+    }
 }
