@@ -254,6 +254,10 @@ impl Switch {
                 next_period = now + IRON_PERIOD;
                 self.refill_cgroups(team, cgroups, &mut charged_before);
             }
+            // Without cgroups to refill, the coordinator wakes only to publish.
+            if cgroups.iter().all(Option::is_none) {
+                next_period = next_publish;
+            }
             let wait = std::time::Duration::from_nanos(
                 (next_publish.min(next_period).saturating_since(now)).as_nanos(),
             );

@@ -15,7 +15,7 @@ use picnic_wire::overlay::decap;
 use serde::Serialize;
 
 use crate::directory::{Directory, PortIdx, UPLINK};
-use crate::driver::{Driver, Io};
+use crate::driver::{Driver, Io, UPLINK_READ_ROUNDS};
 use crate::engine::{Engine, Work};
 use crate::frame::{Frame, FramePool};
 use crate::port::{wait_readable, Port};
@@ -77,6 +77,8 @@ pub struct Worker {
     waits: Vec<(AdaptiveWait, u64)>,
     /// Uplink frames handed over by other workers, read before this worker's own socket.
     inbound: Vec<Frame>,
+    /// Frames read per port and round (`switch.batch`).
+    batch: usize,
     /// Frames owed back to each worker.
     owed: Vec<u64>,
     handoff: HandoffCounters,
@@ -96,6 +98,7 @@ impl Worker {
             pool,
             waits: Vec::new(),
             inbound: Vec::new(),
+            batch: 1,
             owed: Vec::new(),
             handoff: HandoffCounters::default(),
         }
@@ -112,6 +115,7 @@ impl Worker {
         work: &mut SpinWork,
     ) -> anyhow::Result<()> {
         let mut driver = Driver::new(batch);
+        self.batch = batch;
         let mailbox = &team.mailboxes[self.index];
         self.owed.resize(team.assignment.workers, 0);
         if self.waits.len() != self.ports.len() {
@@ -214,7 +218,13 @@ impl Worker {
     fn take_mail(&mut self, now: Instant, team: &Team) -> usize {
         let mailbox = &team.mailboxes[self.index];
         let mut n = 0;
-        while let Some((from, h)) = mailbox.take() {
+        // Uplink frames wait here no deeper than the driver reads in one pass; the rest stay
+        // in the mailbox, which drops (`handoff_full`) when the owner cannot keep up.
+        let room = UPLINK_READ_ROUNDS * self.batch;
+        while self.inbound.len() < room {
+            let Some((from, h)) = mailbox.take() else {
+                break;
+            };
             n += 1;
             self.owed[from] += 1;
             match h {
