@@ -344,7 +344,7 @@ impl Engine {
             }
         };
         if let Some(fb) = feedback {
-            self.apply_feedback(now, src_ip, vni, &fb, auth.as_ref());
+            self.apply_feedback(now, src_ip, vni, &fb, auth.as_ref(), false);
         }
         if standalone {
             pool.put(frame);
@@ -382,7 +382,8 @@ impl Engine {
 
     /// Congestion feedback for this host's senders: checked before anything is applied (only
     /// the host owning the endpoint may slow traffic to it, authenticated when the deployment
-    /// has a key), then given to the egress limiters.
+    /// has a key), then given to the egress limiters. A `copy` (another worker counted the
+    /// frame) is not counted again.
     fn apply_feedback(
         &mut self,
         now: Instant,
@@ -390,8 +391,9 @@ impl Engine {
         vni: u32,
         fb: &picnic_wire::feedback::FeedbackOption,
         auth: Option<&picnic_wire::feedback::FeedbackAuth>,
+        copy: bool,
     ) {
-        self.counters.feedback_received += 1;
+        self.counters.feedback_received += u64::from(!copy);
         let my_ip = self.dir.hosts.get(&self.host_id).map(|h| h.underlay_ip);
         let verdict = match my_ip {
             Some(my_ip) => feedback::check(
@@ -410,7 +412,8 @@ impl Engine {
             Ok(()) => self
                 .egress
                 .on_feedback(now, fb.dst_endpoint, fb.rate_bps / 8, fb.seq),
-            Err(reason) => self.counters.feedback_rejected.add(reason),
+            Err(reason) if !copy => self.counters.feedback_rejected.add(reason),
+            Err(_) => {}
         }
     }
 
@@ -420,7 +423,7 @@ impl Engine {
         if let Ok(d) = decap(frame.data()) {
             if let Some(fb) = d.geneve.feedback {
                 let auth = d.geneve.feedback_auth;
-                self.apply_feedback(now, d.outer_src_ip, d.geneve.vni, &fb, auth.as_ref());
+                self.apply_feedback(now, d.outer_src_ip, d.geneve.vni, &fb, auth.as_ref(), true);
             }
         }
         pool.put(frame);
