@@ -104,6 +104,8 @@ impl Switch {
             .chain(self.extra_uplinks.drain(..).map(Some))
             .collect();
         let frames = self.cfg.switch.frame_pool;
+        // The workers' pools replace the switch's (given back by `join_back`).
+        self.pool = FramePool::new(0);
         let mut workers = Vec::with_capacity(n);
         for w in 0..n {
             let mut engine = if w == 0 {
