@@ -245,6 +245,13 @@ fn workers_share_a_tenants_cpu_budget_through_their_caches() {
     // Each worker alone used less than the allocation: without sharing neither would be.
     let alone = with_b_quota(0.1);
     assert!(alone.engine.rx_ready(t, b1, 64));
+    // b's frames from the uplink are dropped on worker 1 before any work, and counted.
+    let mut h2 = Host::new(2, 1000);
+    h2.inject(t, h2.port_of("b2"), &udp(B2, B1, IP_B2, IP_B1, 7, 64));
+    h2.poll(t);
+    super::tests::carry(&mut h2, &mut w1, t);
+    assert_eq!(w1.drops("b1", DropReason::CpuThrottled), 1);
+    assert_eq!(w1.engine.snapshot().tenants[1].cpu_throttle_drops, 1);
     // The 0.1 ms of debt is paid back at the allocation's rate: b is read again after it.
     let later = Instant::from_nanos(100_000 + 1_100_000);
     assert!(w0.engine.rx_ready(later, b1, 64) && w1.engine.rx_ready(later, b1, 64));

@@ -446,6 +446,9 @@ impl Engine {
             }
         }
         if self.budget_exhausted(now, tenant) {
+            if let Some(b) = self.budgets.as_mut() {
+                b.throttle_drops[tenant] += 1;
+            }
             return self.drop_frame(now, pool, frame, Some(w), DropReason::CpuThrottled);
         }
         if let Some(pps) = self.pps_in[w].as_mut() {

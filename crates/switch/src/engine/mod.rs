@@ -80,6 +80,8 @@ pub fn iron_quota(tenant: &crate::directory::Tenant) -> Option<Duration> {
 struct WorkerBudgets {
     budgets: Arc<SharedBudgets>,
     caches: Vec<TokenCache>,
+    /// Per tenant: frames this worker dropped because the shared budget was used up.
+    throttle_drops: Vec<u64>,
 }
 
 impl WorkerBudgets {
@@ -269,7 +271,12 @@ impl Engine {
             .map(|_| TokenCache::new(budgets.chunk))
             .collect();
         self.egress.share_pacer(&budgets);
-        self.budgets = Some(WorkerBudgets { budgets, caches });
+        let throttle_drops = vec![0; self.dir.tenants.len()];
+        self.budgets = Some(WorkerBudgets {
+            budgets,
+            caches,
+            throttle_drops,
+        });
         if let Some(auth) = self.feedback_auth.as_mut() {
             auth.set_lane(worker as u8);
         }
@@ -558,7 +565,8 @@ impl Engine {
                         .sum(),
                     cpu_throttle_drops: stats
                         .map(|s| s.throttle_drops + s.early_drops)
-                        .unwrap_or(0),
+                        .unwrap_or(0)
+                        + self.budgets.as_ref().map_or(0, |b| b.throttle_drops[t]),
                     cpu_charged_ns: stats.map(|s| s.charged_ns).unwrap_or(0),
                     softirq_ns: self
                         .dir
