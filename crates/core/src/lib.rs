@@ -13,6 +13,9 @@ pub mod iron;
 /// Per-endpoint windowed rate meters with EWMA (EyeQ 3.2).
 pub mod meter;
 pub mod notify;
+/// A lock-free token bucket shared by dataplane workers and their per-worker token caches
+/// (EyeQ 4, FairNIC 4.4).
+pub mod pool;
 pub mod slo;
 pub mod time;
 pub mod wfq;

@@ -19,9 +19,12 @@
 #define REASON_PPS 1
 #define REASONS 2
 
+/* One AF_XDP socket per NIC queue the switch reads (one per worker). */
+#define MAX_QUEUES 64
+
 struct {
 	__uint(type, BPF_MAP_TYPE_XSKMAP);
-	__uint(max_entries, 1);
+	__uint(max_entries, MAX_QUEUES);
 	__type(key, u32);
 	__type(value, u32);
 } xsks SEC(".maps");

@@ -491,6 +491,10 @@ struct PortDecisionLabels {
     decision: String,
 }
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WorkerLabels {
+    worker: String,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: String,
 }
@@ -623,6 +627,38 @@ fn metrics(published: &Published) -> String {
         tenant_cost.get_or_create(&l).inc_by(t.cpu_charged_ns);
         softirq.get_or_create(&l).inc_by(t.softirq_ns);
         throttled.get_or_create(&l).inc_by(t.cpu_throttle_drops);
+    }
+    let vm_worker = Family::<VmLabels, Gauge>::default();
+    reg.register(
+        "vm_worker",
+        "The dataplane worker that owns the VM's port",
+        vm_worker.clone(),
+    );
+    for vm in &snap.vms {
+        let l = VmLabels {
+            tenant: vm.tenant.clone(),
+            vm: vm.name.clone(),
+        };
+        vm_worker.get_or_create(&l).set(vm.worker as i64);
+    }
+    let worker_cpu = Family::<WorkerLabels, Counter>::default();
+    reg.register(
+        "worker_cpu_ns",
+        "CPU time of each dataplane worker's thread, ns",
+        worker_cpu.clone(),
+    );
+    let handoff = Family::<WorkerLabels, Counter>::default();
+    reg.register(
+        "worker_handoff_frames",
+        "Frames each worker handed to another (uplink frames for its VMs, frames for its ports, feedback copies)",
+        handoff.clone(),
+    );
+    for w in &published.workers {
+        let l = WorkerLabels {
+            worker: w.worker.to_string(),
+        };
+        worker_cpu.get_or_create(&l).inc_by(w.cpu_ns);
+        handoff.get_or_create(&l).inc_by(w.handoff.out);
     }
     for (reason, n) in snap.switch.drops.iter() {
         sw_drops
@@ -828,6 +864,7 @@ mod tests {
             pool_free: pool.available(),
             pool_capacity: pool.capacity(),
             accel: None,
+            workers: Vec::new(),
             slo: engine.slo_report(now),
         });
         shared

@@ -152,7 +152,16 @@ pub struct SwitchSection {
     /// CPUs the dataplane thread runs on (e.g. cores kept for the dataplane). None: any.
     #[serde(default)]
     pub cpus: Option<Vec<usize>>,
+    /// Dataplane workers: threads each owning a share of the VMs' ports and reading the
+    /// uplink through its own socket (docs/switch.md "Workers"). None: one per CPU the switch
+    /// may run on (`cpus`, else its affinity mask), at most one per local VM port, at least
+    /// one. 1 is a single loop serving every port, as before workers existed.
+    #[serde(default)]
+    pub workers: Option<usize>,
 }
+/// The most dataplane workers a switch runs.
+pub const MAX_WORKERS: usize = 64;
+
 fn default_api_socket_mode() -> u32 {
     0o600
 }
@@ -621,6 +630,16 @@ impl Config {
             return Err(err(
                 "switch.cpus",
                 "must list at least one CPU (or be left out)",
+            ));
+        }
+        if self
+            .switch
+            .workers
+            .is_some_and(|w| !(1..=MAX_WORKERS).contains(&w))
+        {
+            return Err(err(
+                "switch.workers",
+                format!("must be in 1..={MAX_WORKERS} (or left out: one per CPU)"),
             ));
         }
         if let Some(api) = &self.switch.api {

@@ -105,6 +105,17 @@ impl PortProgram {
         Ok(PortProgram { bpf })
     }
 
+    /// Adds socket `xsk` at key `queue` of the XSKMAP: the frames of that NIC queue go to it.
+    pub(crate) fn add_socket(&mut self, queue: u32, xsk: RawFd) -> io::Result<()> {
+        let map = self
+            .bpf
+            .map_mut("xsks")
+            .expect("xdp_port.bpf.c defines xsks");
+        let mut xsks = aya::maps::XskMap::try_from(map).map_err(|e| aya_error(e, "XSKMAP"))?;
+        xsks.set(queue, xsk, 0)
+            .map_err(|e| aya_error(e, &format!("adding queue {queue}'s socket to the XSKMAP")))
+    }
+
     /// Attaches the program to interface `index`.
     pub(crate) fn attach(&mut self, index: u32, mode: AttachFlags) -> io::Result<()> {
         let prog: &mut Xdp = self

@@ -173,6 +173,16 @@ impl FramePool {
         }
     }
 
+    /// Allocates `frames` frames and takes back up to `limit` (at least `frames`): a worker's
+    /// share of the switch's frames, which may hold frames other workers handed over until it
+    /// repays them.
+    pub fn with_limit(frames: usize, limit: usize) -> FramePool {
+        let mut pool = FramePool::new(frames);
+        pool.capacity = limit.max(frames);
+        pool.free.reserve(pool.capacity - frames);
+        pool
+    }
+
     /// Takes a free, empty frame (full headroom, length 0); `None` when the pool is exhausted.
     pub fn get(&mut self) -> Option<Frame> {
         self.free.pop()

@@ -25,12 +25,13 @@ use crate::cgroup::CpuQuota;
 use crate::config::{BackendKind, Config};
 use crate::directory::{PortIdx, TenantIdx};
 use crate::driver::{Driver, Io};
-use crate::ebpf::{EarlyDrop, KernelLink};
+use crate::ebpf::KernelLink;
 use crate::engine::{Engine, SloReport, Snapshot, Work, IRON_PERIOD};
 use crate::frame::{Frame, FramePool};
 use crate::port::{
     wait_readable, AfPacketOptions, AfPacketPort, AfXdpOptions, AfXdpPort, Port, PortStats, TapPort,
 };
+use crate::worker::WorkerView;
 use picnic_core::notify::{AdaptiveWait, Params, Role, WaitConfig, WaitDecision};
 
 /// Writes each tenant group's budget for the Iron period starting now, crediting what the
@@ -103,6 +104,15 @@ pub fn thread_cpu_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+impl SpinWork {
+    pub fn new(cfg: &Config) -> SpinWork {
+        SpinWork {
+            work_ns: cfg.ingress.work_ns,
+            work_ps_per_byte: cfg.ingress.work_ps_per_byte,
+        }
+    }
+}
+
 impl Work for SpinWork {
     fn process(&mut self, _tenant: TenantIdx, frame: &mut Frame) -> u64 {
         let target = self.work_ns + self.work_ps_per_byte * frame.len() as u64 / 1000;
@@ -131,6 +141,8 @@ pub enum Command {
 pub struct PortView {
     pub name: String,
     pub backend: String,
+    /// The worker that reads it (each worker has its own uplink socket).
+    pub worker: usize,
     pub stats: PortStats,
     /// Rizzo et al. regime of this ring: GP while its wait last chose to spin, otherwise the
     /// Table 1 regime under notification (None until estimated).
@@ -155,6 +167,8 @@ pub struct Published {
     /// The shared encryption engine, when a tenant encrypts.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accel: Option<AccelView>,
+    /// The dataplane workers: the VMs each owns, its CPU, its handoffs.
+    pub workers: Vec<WorkerView>,
     #[serde(skip)]
     pub slo: SloReport,
 }
@@ -197,26 +211,32 @@ impl Shared {
 }
 
 pub struct Switch {
-    cfg: Config,
-    engine: Engine,
-    ports: Vec<Box<dyn Port>>,
-    pool: FramePool,
-    clock: Clock,
+    pub(crate) cfg: Config,
+    pub(crate) engine: Engine,
+    pub(crate) ports: Vec<Box<dyn Port>>,
+    pub(crate) pool: FramePool,
+    pub(crate) clock: Clock,
     work: SpinWork,
-    stop: Arc<AtomicBool>,
-    shared: Arc<Shared>,
-    commands: Option<mpsc::Receiver<Command>>,
+    pub(crate) stop: Arc<AtomicBool>,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) commands: Option<mpsc::Receiver<Command>>,
     /// Per port: the adaptive wait of its receive ring and frames read from it so far.
     waits: Vec<(AdaptiveWait, u64)>,
     /// The eBPF programs' maps: the uplink's early drop, the ports' softirq time.
-    kernel: KernelLink,
+    pub(crate) kernel: KernelLink,
     /// The shared encryption engine, when a tenant encrypts, and its exchange buffers.
     accel: Option<Accel>,
     accel_scratch: Exchange,
+    /// Dataplane workers (`switch.workers`); 1 runs the single loop of [`Switch::run`].
+    pub(crate) workers: usize,
+    /// The uplink sockets of workers 1.. (worker 0 reads `ports[0]`).
+    pub(crate) extra_uplinks: Vec<Box<dyn Port>>,
+    /// The deployment's feedback key, for the engines of workers 1...
+    pub(crate) feedback_key: Option<Vec<u8>>,
 }
 
 /// Receive ring slots, the queue length L of the Rizzo model.
-const RING_SLOTS: u32 = 2048;
+pub(crate) const RING_SLOTS: u32 = 2048;
 
 /// The adaptive wait of one receive ring: the switch is its consumer. N and S are the
 /// notification and wake-up costs measured on the lab machines (`picnic model measure`:
@@ -224,7 +244,7 @@ const RING_SLOTS: u32 = 2048;
 /// frames come less than N + S = 6.5 us apart. It never slows down with a timed sleep: a
 /// 50 us sleep wakes after 105-162 us here (DESIGN.md 7), while blocking on the ring wakes
 /// on the frame. W_P and W_C start as guesses and are estimated as frames flow.
-fn ring_wait(max_spin: Duration) -> AdaptiveWait {
+pub(crate) fn ring_wait(max_spin: Duration) -> AdaptiveWait {
     AdaptiveWait::new(WaitConfig {
         role: Role::Consumer,
         params: Params::measured_ring(RING_SLOTS),
@@ -232,6 +252,29 @@ fn ring_wait(max_spin: Duration) -> AdaptiveWait {
         max_sleep: Duration::ZERO,
     })
     .expect("valid model parameters")
+}
+
+/// Applies `switch.nice`, `cpus` (the CPUs this thread may use) and `switch.slice_us` to the
+/// calling dataplane thread.
+pub(crate) fn setup_thread(cfg: &Config, cpus: Option<&[usize]>) -> anyhow::Result<()> {
+    if let Some(nice) = cfg.switch.nice {
+        if let Err(e) = crate::sched::set_thread_nice(nice.into()) {
+            eprintln!(
+                "picnic switch: warning: switch.nice {nice}: {e} (running at the inherited priority)"
+            );
+        }
+    }
+    if let Some(cpus) = cpus {
+        crate::sched::set_thread_cpus(cpus).with_context(|| format!("switch.cpus {cpus:?}"))?;
+    }
+    if let Some(us) = cfg.switch.slice_us {
+        if let Err(e) = crate::sched::set_thread_slice(us * 1000) {
+            eprintln!(
+                "picnic switch: warning: switch.slice_us {us}: {e} (needs Linux 6.12+; running with the kernel's slice)"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The ports as the driver's [`Io`]: each read feeds the adaptive wait of the port's ring.
@@ -327,26 +370,6 @@ fn vm_max_frame_of(cfg: &Config, tenant: &str) -> usize {
     })
 }
 
-/// Opens the uplink; an AF_XDP uplink also gives the maps of its early drop.
-fn open_uplink(cfg: &Config) -> anyhow::Result<(Box<dyn Port>, Option<EarlyDrop>)> {
-    let ifname = &cfg.uplink.ifname;
-    if cfg.uplink.backend != BackendKind::AfXdp {
-        return Ok((
-            open_port(
-                ifname,
-                cfg.uplink.backend,
-                "uplink.ifname",
-                cfg.uplink.mtu + 14,
-            )?,
-            None,
-        ));
-    }
-    let mut port = AfXdpPort::open(ifname, AfXdpOptions::default())
-        .with_context(|| format!("uplink.ifname: cannot open '{ifname}' with AF_XDP"))?;
-    let early = port.early_drop();
-    Ok((Box::new(port), early))
-}
-
 /// The tenant ports (every port but the uplink) as (interface name, slot = port index).
 fn tenant_ports(ports: &[Box<dyn Port>]) -> Vec<(String, u32)> {
     ports
@@ -363,14 +386,37 @@ impl Switch {
         let clock = Clock::new();
         let mut engine = Engine::new(&cfg, clock.now())?;
         calibrate_offloads(&mut engine);
-        if let Some(path) = &cfg.switch.feedback_key_file {
-            let key = crate::config::read_secret(path, "switch.feedback_key_file")?;
+        let feedback_key = match &cfg.switch.feedback_key_file {
+            Some(path) => Some(crate::config::read_secret(
+                path,
+                "switch.feedback_key_file",
+            )?),
+            None => None,
+        };
+        if let Some(key) = &feedback_key {
             engine
-                .set_feedback_key(&key, clock.wall_at_zero_ns())
+                .set_feedback_key(key, clock.wall_at_zero_ns())
                 .map_err(|e| anyhow::anyhow!("switch.feedback_key_file: {e}"))?;
         }
-        let (uplink, early_drop) = open_uplink(&cfg)?;
-        let mut ports = vec![uplink];
+        let vm_ports = cfg
+            .vms
+            .iter()
+            .filter(|vm| vm.port.is_some() && vm.host == cfg.switch.host_id)
+            .count();
+        let workers = crate::workers::worker_count(&cfg, vm_ports);
+        if workers > 1 && crate::workers::encrypts(&cfg) {
+            anyhow::bail!(
+                "switch.workers = {workers}: a tenant encrypts (tenants[].encrypt), and the shared encryption engine runs with one worker only; set switch.workers = 1"
+            );
+        }
+        if workers > 1 && crate::workers::drives_ebpf(&cfg) {
+            eprintln!(
+                "picnic switch: warning: with {workers} workers the uplink's XDP early drop and the softirq accounting are not driven (switch.workers = 1 keeps them)"
+            );
+        }
+        let (mut uplinks, early_drop) = crate::workers::open_uplinks(&cfg, workers)?;
+        let extra_uplinks = uplinks.split_off(1);
+        let mut ports = uplinks;
         for (i, vm) in cfg.vms.iter().enumerate() {
             if let Some(p) = vm.port.as_ref().filter(|_| vm.host == cfg.switch.host_id) {
                 ports.push(open_port(
@@ -383,14 +429,19 @@ impl Switch {
         }
         // Only while Iron runs (some tenant has an allocation): the tracepoints cost every
         // packet of the host (docs/switch.md "eBPF").
+        // With several workers the eBPF programs are not driven (docs/switch.md "Workers").
         let softirq = cfg.isolation.cpu_accounting
             && cfg.isolation.softirq_accounting
-            && cfg.tenants.iter().any(|t| t.cpu_quota.is_some());
+            && cfg.tenants.iter().any(|t| t.cpu_quota.is_some())
+            && workers == 1;
         let kernel = KernelLink::open(early_drop, softirq, &tenant_ports(&ports));
         let accel = Accel::from_config(&cfg)?;
         let mut switch = Self::with_ports(cfg, engine, ports, clock);
         switch.kernel = kernel;
         switch.set_accel(accel);
+        switch.workers = workers;
+        switch.extra_uplinks = extra_uplinks;
+        switch.feedback_key = feedback_key;
         Ok(switch)
     }
 
@@ -402,11 +453,11 @@ impl Switch {
         ports: Vec<Box<dyn Port>>,
         clock: Clock,
     ) -> Switch {
-        let work = SpinWork {
-            work_ns: cfg.ingress.work_ns,
-            work_ps_per_byte: cfg.ingress.work_ps_per_byte,
-        };
+        let work = SpinWork::new(&cfg);
         Switch {
+            workers: cfg.switch.workers.unwrap_or(1),
+            extra_uplinks: Vec::new(),
+            feedback_key: None,
             pool: FramePool::new(cfg.switch.frame_pool),
             engine,
             ports,
@@ -430,6 +481,15 @@ impl Switch {
             .enumerate()
             .map(|(i, p)| format!("port {i} {}: {}", p.name(), p.backend()))
             .collect();
+        for (w, p) in self.extra_uplinks.iter().enumerate() {
+            lines.push(format!(
+                "port 0 {} (worker {}'s socket): {}",
+                p.name(),
+                w + 1,
+                p.backend()
+            ));
+        }
+        self.describe_workers(&mut lines);
         if self.kernel.early_drop_on() {
             lines.push("uplink XDP early drop of throttled VMs: on".into());
         }
@@ -454,6 +514,9 @@ impl Switch {
 
     /// Runs until the stop flag is set. Port errors other than would-block end the run.
     pub fn run(&mut self) -> anyhow::Result<()> {
+        if self.workers > 1 {
+            return self.run_workers();
+        }
         let batch = self.cfg.switch.batch;
         let spin = Duration::from_micros(self.cfg.switch.spin_us);
         let mut driver = Driver::new(batch);
@@ -461,23 +524,7 @@ impl Switch {
         let mut fds = Vec::new();
         let mut spin_until: Option<Instant> = None;
         self.shared.set_config(self.cfg.clone());
-        if let Some(nice) = self.cfg.switch.nice {
-            if let Err(e) = crate::sched::set_thread_nice(nice.into()) {
-                eprintln!(
-                    "picnic switch: warning: switch.nice {nice}: {e} (running at the inherited priority)"
-                );
-            }
-        }
-        if let Some(cpus) = &self.cfg.switch.cpus {
-            crate::sched::set_thread_cpus(cpus).with_context(|| format!("switch.cpus {cpus:?}"))?;
-        }
-        if let Some(us) = self.cfg.switch.slice_us {
-            if let Err(e) = crate::sched::set_thread_slice(us * 1000) {
-                eprintln!(
-                    "picnic switch: warning: switch.slice_us {us}: {e} (needs Linux 6.12+; running with the kernel's slice)"
-                );
-            }
-        }
+        setup_thread(&self.cfg, self.cfg.switch.cpus.as_deref())?;
         let mut cgroups = self.open_cgroups()?;
         let mut quotas = Vec::new();
         self.kernel.set_dataplane_thread();
@@ -584,7 +631,7 @@ impl Switch {
     }
 
     /// The quota file of every tenant with a `cgroup` (index = tenant), period set to Iron's.
-    fn open_cgroups(&self) -> anyhow::Result<Vec<Option<CpuQuota>>> {
+    pub(crate) fn open_cgroups(&self) -> anyhow::Result<Vec<Option<CpuQuota>>> {
         self.cfg
             .tenants
             .iter()
@@ -601,7 +648,7 @@ impl Switch {
     }
 
     /// Gives each charged cgroup its whole allocation back when the switch stops.
-    fn release_cgroups(&self, cgroups: &mut [Option<CpuQuota>]) {
+    pub(crate) fn release_cgroups(&self, cgroups: &mut [Option<CpuQuota>]) {
         for (t, group) in self.cfg.tenants.iter().zip(cgroups.iter_mut()) {
             if let (Some(group), Some(cores)) = (group.as_mut(), t.cpu_quota) {
                 let allocation = IRON_PERIOD.as_nanos() as f64 * cores;
@@ -624,6 +671,7 @@ impl Switch {
                 PortView {
                     name: p.name().to_string(),
                     backend: p.backend().to_string(),
+                    worker: 0,
                     stats: p.stats(),
                     wait_regime: wait.and_then(|w| w.regime()).map(|r| r.to_string()),
                     wait_spins: decisions.spins,
@@ -632,12 +680,20 @@ impl Switch {
                 }
             })
             .collect();
+        let switch = self.engine.snapshot();
+        let workers = vec![WorkerView {
+            worker: 0,
+            vms: switch.vms.iter().map(|v| v.name.clone()).collect(),
+            cpu_ns: switch.switch.cpu_ns,
+            handoff: Default::default(),
+        }];
         self.shared.publish(Published {
-            switch: self.engine.snapshot(),
+            switch,
             ports,
             pool_free: self.pool.available(),
             pool_capacity: self.pool.capacity(),
             accel: self.accel.as_ref().map(|a| a.view(&self.cfg)),
+            workers,
             slo: self.engine.slo_report(now),
         });
     }
@@ -660,7 +716,7 @@ impl Switch {
     /// Rebuilds the engines for a new config, keeping ports that stay and opening new ones.
     /// Every frame the old engines held returns to the pool; counters of VMs that stay carry
     /// over.
-    fn reconfigure(&mut self, cfg: Config) -> anyhow::Result<()> {
+    pub(crate) fn reconfigure(&mut self, cfg: Config) -> anyhow::Result<()> {
         cfg.validate()?;
         if cfg.uplink.ifname != self.cfg.uplink.ifname
             || cfg.switch.host_id != self.cfg.switch.host_id

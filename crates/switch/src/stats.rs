@@ -57,10 +57,12 @@ pub enum DropReason {
     OffloadMemory,
     /// The tenant's offload program trapped (unreachable, out-of-bounds access, ...).
     OffloadTrap,
+    /// The frame reached a worker other than its VM's, whose mailbox was full.
+    HandoffFull,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 24] = [
+    pub const ALL: [DropReason; 25] = [
         DropReason::Malformed,
         DropReason::Spoofed,
         DropReason::UnknownDestination,
@@ -85,6 +87,7 @@ impl DropReason {
         DropReason::OffloadBudget,
         DropReason::OffloadMemory,
         DropReason::OffloadTrap,
+        DropReason::HandoffFull,
     ];
     pub fn as_str(self) -> &'static str {
         match self {
@@ -112,6 +115,7 @@ impl DropReason {
             DropReason::OffloadBudget => "offload_budget",
             DropReason::OffloadMemory => "offload_memory",
             DropReason::OffloadTrap => "offload_trap",
+            DropReason::HandoffFull => "handoff_full",
         }
     }
 }
@@ -185,6 +189,27 @@ pub struct VmCounters {
     /// Frames of the VM held in a limiter's queue because their destination asked for less
     /// (receiver feedback, EyeQ 3.3).
     pub waited_limiter: u64,
+}
+
+impl VmCounters {
+    /// Adds every counter of `o` (the same VM as another worker counted it).
+    pub fn add_all(&mut self, o: &VmCounters) {
+        self.tx_packets += o.tx_packets;
+        self.tx_bytes += o.tx_bytes;
+        self.rx_packets += o.rx_packets;
+        self.rx_bytes += o.rx_bytes;
+        self.drops.add_all(&o.drops);
+        self.cost_ns += o.cost_ns;
+        self.softirq_ns += o.softirq_ns;
+        self.softirq_packets += o.softirq_packets;
+        self.softirq_kthread_ns += o.softirq_kthread_ns;
+        self.softirq_in_switch_ns += o.softirq_in_switch_ns;
+        for (mine, theirs) in self.ingress_wait.0.iter_mut().zip(o.ingress_wait.0) {
+            *mine += theirs;
+        }
+        self.waited_shaped_class += o.waited_shaped_class;
+        self.waited_limiter += o.waited_limiter;
+    }
 }
 
 /// A histogram of waits in power-of-two microsecond buckets (bucket i holds waits below
@@ -293,6 +318,30 @@ pub struct SwitchCounters {
     /// All NET_RX softirq time on this host and how it was attributed (None while softirq
     /// accounting is off).
     pub softirq: Option<SoftirqTotals>,
+}
+
+impl SwitchCounters {
+    /// Adds every counter of `o` (another worker's); softirq totals are host-wide, kept.
+    pub fn add_all(&mut self, o: &SwitchCounters) {
+        self.uplink_rx_packets += o.uplink_rx_packets;
+        self.uplink_tx_packets += o.uplink_tx_packets;
+        self.feedback_sent += o.feedback_sent;
+        self.feedback_received += o.feedback_received;
+        let (r, q) = (&mut self.feedback_rejected, &o.feedback_rejected);
+        r.forged += q.forged;
+        r.unauthenticated += q.unauthenticated;
+        r.replayed += q.replayed;
+        r.out_of_range += q.out_of_range;
+        self.arp_replies += o.arp_replies;
+        self.ecn_marked += o.ecn_marked;
+        self.drops.add_all(&o.drops);
+        self.cpu_ns += o.cpu_ns;
+        self.unattributed_ns += o.unattributed_ns;
+        self.overhead_ns += o.overhead_ns;
+        if self.softirq.is_none() {
+            self.softirq = o.softirq;
+        }
+    }
 }
 
 /// The host's NET_RX softirq time as the softirq accounting programs measured it, ns.

@@ -174,6 +174,9 @@ impl Engine {
             if let (Some(iron), Some(account)) = (self.iron.as_mut(), self.iron_index[tenant]) {
                 let _ = iron.charge(now, account, Duration::from_nanos(ns));
             }
+            if let Some(b) = self.budgets.as_mut() {
+                b.charge(now, tenant, ns);
+            }
             ledger.direct[v] = 0;
             self.share.charge(tenant, ns, 0);
         }
@@ -216,6 +219,9 @@ impl Engine {
             self.share.charge(tenant, ns, entry.bytes);
             if let (Some(iron), Some(account)) = (self.iron.as_mut(), self.iron_index[tenant]) {
                 let _ = iron.charge(now, account, Duration::from_nanos(ns));
+            }
+            if let Some(b) = self.budgets.as_mut() {
+                b.charge(now, tenant, ns);
             }
         }
         for &v in &ledger.touched {

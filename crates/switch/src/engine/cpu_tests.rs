@@ -257,3 +257,54 @@ fn cpu_fair_queuing_gives_equal_guarantees_equal_cpu_whatever_their_frame_size()
     );
     println!("byte-fair CPU ratio 64 B / 1400 B tenant: {ratio:.2}");
 }
+
+/// Two workers' engines sharing tenant b's budget (crate::workers): what one worker charges
+/// throttles b on the other too, and the charges of both add up in the shared account.
+#[test]
+fn workers_share_a_tenants_cpu_budget_through_their_caches() {
+    use crate::workers::SharedBudgets;
+    use std::sync::Arc;
+    let (mut w0, mut w1) = (with_b_quota(0.1), with_b_quota(0.1));
+    let quotas: Vec<_> = w0
+        .engine
+        .dir
+        .tenants
+        .iter()
+        .map(super::iron_quota)
+        .collect();
+    let budgets = Arc::new(SharedBudgets::new(
+        &quotas,
+        super::IRON_PERIOD,
+        2,
+        Instant::ZERO,
+    ));
+    w0.engine.join_workers(budgets.clone(), 0);
+    w1.engine.join_workers(budgets.clone(), 1);
+    let b1 = w0.port_of("b1");
+    let t = Instant::from_nanos(100_000);
+    // Worker 0 spends 0.6 ms on b's frames, worker 1 0.5 ms: 1.1 of b's 1 ms together.
+    for (w, ns) in [(&mut w0, 600_000), (&mut w1, 500_000)] {
+        w.inject(t, b1, &udp(B1, B2, IP_B1, IP_B2, 7, 64));
+        w.poll(t);
+        w.engine.charge_cpu(t, ns);
+    }
+    assert_eq!(
+        budgets.charged[1].load(std::sync::atomic::Ordering::Relaxed),
+        1_100_000
+    );
+    assert!(!w0.engine.rx_ready(t, b1, 64), "b is throttled on worker 0");
+    assert!(!w1.engine.rx_ready(t, b1, 64), "and on worker 1");
+    // Each worker alone used less than the allocation: without sharing neither would be.
+    let alone = with_b_quota(0.1);
+    assert!(alone.engine.rx_ready(t, b1, 64));
+    // b's frames from the uplink are dropped on worker 1 before any work, and counted.
+    let mut h2 = Host::new(2, 1000);
+    h2.inject(t, h2.port_of("b2"), &udp(B2, B1, IP_B2, IP_B1, 7, 64));
+    h2.poll(t);
+    super::tests::carry(&mut h2, &mut w1, t);
+    assert_eq!(w1.drops("b1", DropReason::CpuThrottled), 1);
+    assert_eq!(w1.engine.snapshot().tenants[1].cpu_throttle_drops, 1);
+    // The 0.1 ms of debt is paid back at the allocation's rate: b is read again after it.
+    let later = Instant::from_nanos(100_000 + 1_100_000);
+    assert!(w0.engine.rx_ready(later, b1, 64) && w1.engine.rx_ready(later, b1, 64));
+}

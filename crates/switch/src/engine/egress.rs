@@ -7,8 +7,11 @@
 use std::collections::BTreeMap;
 
 use etherparse::{ArpHardwareId, ArpOperation, ArpPacket, EtherType, Ethernet2Header};
+use std::sync::Arc;
+
 use picnic_core::bucket::{Shaper, TokenBucket};
 use picnic_core::eyeq::Sender;
+use picnic_core::pool::TokenCache;
 use picnic_core::wfq::{Cap, CostKind, NodeId, QueueId, Wfq};
 use picnic_core::Instant;
 use picnic_wire::classify::{classify, FrameSummary, Network};
@@ -23,6 +26,7 @@ use crate::directory::{Directory, PortIdx, VmIdx};
 use crate::frame::{Frame, FramePool};
 use crate::offload::Hook;
 use crate::stats::DropReason;
+use crate::workers::SharedBudgets;
 
 /// A frame on its way to a remote VM: the frame, its destination VM, the outer UDP source
 /// port (flow entropy), the local VM that sent it (who pays for its CPU) and when it entered
@@ -49,7 +53,7 @@ pub struct Egress {
     link_bps: u64,
     /// Paces the WFQ to the uplink's capacity so the scheduler, not a FIFO downstream,
     /// decides who goes first.
-    pacer: Option<TokenBucket>,
+    pacer: Option<Pacer>,
     /// Per-destination rates set by receiver feedback (EyeQ sender module).
     admission: Option<Sender<u32>>,
     /// Shaped classes and rate-limited destinations, each in its own bounded queue so it
@@ -69,6 +73,41 @@ pub struct Egress {
     /// Local VMs with a packet-rate guarantee (`min_pps`) and the bucket of it: their queued
     /// frames are served up to that rate before the WFQ's turn, outside their share.
     guaranteed: Vec<(VmIdx, TokenBucket)>,
+}
+
+/// Paces the WFQ to the uplink: a bucket of its own, or with several workers a token cache of
+/// the link's bucket every worker borrows from (EyeQ 4: the total tokens, a local count per
+/// CPU borrowing only when it runs out).
+enum Pacer {
+    Own(TokenBucket),
+    Shared(Arc<SharedBudgets>, TokenCache),
+}
+
+impl Pacer {
+    /// Takes a sent frame's `bytes` (debt when short).
+    fn force_consume(&mut self, now: Instant, bytes: u64) {
+        match self {
+            Pacer::Own(b) => {
+                b.force_consume(now, bytes);
+            }
+            Pacer::Shared(shared, cache) => {
+                if let Some(link) = shared.link.as_ref() {
+                    cache.charge(now, link, bytes);
+                }
+            }
+        }
+    }
+
+    /// Whether a frame may leave now.
+    fn has_tokens(&self, now: Instant) -> bool {
+        match self {
+            Pacer::Own(b) => b.available(now) > 0,
+            Pacer::Shared(shared, cache) => shared
+                .link
+                .as_ref()
+                .is_none_or(|link| !cache.exhausted(now, link)),
+        }
+    }
 }
 
 /// Queue length of a limiter at which ECN-capable frames are marked CE.
@@ -106,12 +145,41 @@ fn guaranteed_lanes(cfg: &Config, dir: &Directory, now: Instant) -> Vec<(VmIdx, 
         .collect()
 }
 
+/// The uplink pacer's rate and burst, bytes/s and bytes, when egress is paced
+/// (`uplink.capacity_mbps` with the egress WFQ on).
+pub fn pacer_rate(cfg: &Config) -> Option<(u64, u64)> {
+    let mbps = cfg
+        .uplink
+        .capacity_mbps
+        .filter(|_| cfg.isolation.egress_wfq)?;
+    let rate = mbps * 1_000_000 / 8;
+    Some((rate, burst_for(rate)))
+}
+
 /// Burst of a rate limiter: 1 ms at its rate, at least three full frames.
 fn burst_for(rate_bytes: u64) -> u64 {
     (rate_bytes / 1000).max(3 * 1514)
 }
 
 impl Egress {
+    /// With several workers: paces to the link's bucket in `shared` (when egress is paced at
+    /// all) through a cache of this worker's own.
+    pub(super) fn share_pacer(&mut self, shared: &Arc<SharedBudgets>) {
+        if self.pacer.is_some() && shared.link.is_some() {
+            let cache = TokenCache::new(shared.link_chunk);
+            self.pacer = Some(Pacer::Shared(shared.clone(), cache));
+        }
+    }
+
+    /// Returns the link tokens this worker's cache holds (it stops).
+    pub(super) fn release_pacer(&mut self, now: Instant) {
+        if let Some(Pacer::Shared(shared, cache)) = self.pacer.as_mut() {
+            if let Some(link) = shared.link.as_ref() {
+                cache.release(now, link);
+            }
+        }
+    }
+
     pub fn new(cfg: &Config, dir: &Directory, now: Instant) -> anyhow::Result<Egress> {
         let link_bps = cfg
             .uplink
@@ -131,14 +199,8 @@ impl Egress {
             now,
             "egress scheduler",
         )?;
-        let pacer = cfg
-            .uplink
-            .capacity_mbps
-            .filter(|_| cfg.isolation.egress_wfq)
-            .map(|mbps| {
-                let rate = mbps * 1_000_000 / 8;
-                TokenBucket::new(rate, burst_for(rate), now)
-            });
+        let pacer =
+            pacer_rate(cfg).map(|(rate, burst)| Pacer::Own(TokenBucket::new(rate, burst, now)));
         let admission = if cfg.isolation.admission {
             Some(
                 Sender::new(sender_config(cfg))
@@ -496,7 +558,7 @@ impl Engine {
         for (vm, bucket) in eg.guaranteed.iter_mut() {
             let Some(q) = eg.queue_of[*vm] else { continue };
             while picked.len() < budget && bucket.available(now) > 0 {
-                if eg.pacer.as_ref().is_some_and(|p| p.available(now) == 0) {
+                if eg.pacer.as_ref().is_some_and(|p| !p.has_tokens(now)) {
                     break;
                 }
                 let Some(d) = eg.wfq.dequeue_from(q) else {
@@ -511,7 +573,7 @@ impl Engine {
             }
         }
         while picked.len() < budget {
-            if eg.pacer.as_ref().is_some_and(|p| p.available(now) == 0) {
+            if eg.pacer.as_ref().is_some_and(|p| !p.has_tokens(now)) {
                 break;
             }
             let Some(d) = eg.wfq.dequeue(now) else { break };
@@ -537,7 +599,7 @@ impl Engine {
         let done = picked.len();
         eg.cpu_bound = done == budget
             && !eg.wfq.is_empty()
-            && eg.pacer.as_ref().is_none_or(|p| p.available(now) > 0);
+            && eg.pacer.as_ref().is_none_or(|p| p.has_tokens(now));
         let picked_waited = picked.drain(..).zip(waited.drain(..));
         for ((mut frame, w, entropy, src, arrived), via) in picked_waited {
             self.cpu.note(Some(src), frame.len());

@@ -13,7 +13,8 @@
 //!    owner's source address passes step 1.
 //! 3. **replayed**: with a key, the nonce's timestamp (its high 32 bits, seconds) lies within
 //!    [`MAX_CLOCK_SKEW_SECS`] of this host's clock and the nonce was not seen before from that
-//!    host: a 64-nonce sliding window per host (RFC 4303 3.4.3).
+//!    host: a 64-nonce sliding window per host and nonce lane (RFC 4303 3.4.3; a host's workers
+//!    sign in lanes of their own, bits 24..32 of the nonce).
 //! 4. **out of range**: the rate is in 1 b/s..=[`MAX_FEEDBACK_BPS`].
 
 use std::collections::HashMap;
@@ -49,8 +50,11 @@ pub struct FeedbackAuthState {
     wall_at_zero_ns: u64,
     /// The last nonce this host sent.
     last_nonce: u64,
-    /// Per sending host id: (highest nonce accepted, bitmap of the ones below it).
-    windows: HashMap<u32, (u64, u64)>,
+    /// This worker's nonce lane (bits 24..32 of its nonces): the workers of a host sign
+    /// independently, so each has its own nonce space and replay window at the receivers.
+    lane: u64,
+    /// Per sending host id and lane: (highest nonce accepted, bitmap of the ones below it).
+    windows: HashMap<(u32, u64), (u64, u64)>,
 }
 
 impl FeedbackAuthState {
@@ -67,8 +71,14 @@ impl FeedbackAuthState {
             mac,
             wall_at_zero_ns,
             last_nonce: 0,
+            lane: 0,
             windows: HashMap::new(),
         })
+    }
+
+    /// Signs in nonce lane `lane` (a worker's index; 0 for a single loop), at most 255.
+    pub fn set_lane(&mut self, lane: u8) {
+        self.lane = u64::from(lane);
     }
 
     fn wall_secs(&self, now: Instant) -> u64 {
@@ -84,8 +94,8 @@ impl FeedbackAuthState {
         tag
     }
 
-    /// Authenticates feedback this host sends: a fresh nonce (the time in seconds above a
-    /// counter, always growing) and its tag.
+    /// Authenticates feedback this host sends: a fresh nonce (the time in seconds above the
+    /// lane and a 24-bit counter, always growing) and its tag.
     pub fn sign(
         &mut self,
         now: Instant,
@@ -94,7 +104,7 @@ impl FeedbackAuthState {
         vni: u32,
         fb: &FeedbackOption,
     ) -> FeedbackAuth {
-        let nonce = (self.last_nonce + 1).max(self.wall_secs(now) << 32);
+        let nonce = (self.last_nonce + 1).max((self.wall_secs(now) << 32) | (self.lane << 24));
         self.last_nonce = nonce;
         let tag = self.tag(&FeedbackAuth::message(src_ip, dst_ip, vni, fb, nonce));
         FeedbackAuth { nonce, tag }
@@ -120,7 +130,8 @@ impl FeedbackAuthState {
         if (auth.nonce >> 32).abs_diff(self.wall_secs(now)) > MAX_CLOCK_SKEW_SECS {
             return Err(FeedbackReject::Replayed);
         }
-        let (top, seen) = self.windows.entry(from_host).or_insert((0, 0));
+        let lane = (auth.nonce >> 24) & 0xff;
+        let (top, seen) = self.windows.entry((from_host, lane)).or_insert((0, 0));
         if auth.nonce > *top {
             let shift = auth.nonce - *top;
             *seen = if shift >= REPLAY_WINDOW {

@@ -274,3 +274,37 @@ fn hosts_sharing_a_key_exchange_authenticated_feedback_end_to_end() {
         other.engine.counters.feedback_received
     );
 }
+
+/// A host's workers sign in lanes of their own: a busy worker's nonces never push a quiet
+/// one's out of the receiver's replay window, and each lane still refuses its replays.
+#[test]
+fn each_worker_signs_in_its_own_nonce_lane() {
+    let mut h1 = keyed_host(1);
+    let t = Instant::ZERO + Duration::from_secs(20);
+    let fb = |seq| FeedbackOption {
+        dst_endpoint: 3,
+        rate_bps: 1_000_000,
+        seq,
+    };
+    let (mut busy, mut quiet) = (
+        FeedbackAuthState::new(KEY, WALL_AT_ZERO_NS).unwrap(),
+        FeedbackAuthState::new(KEY, WALL_AT_ZERO_NS).unwrap(),
+    );
+    quiet.set_lane(1);
+    let packet = |s: &mut FeedbackAuthState, seq| {
+        let auth = s.sign(t, HOST2_IP.into(), HOST1_IP.into(), 100, &fb(seq));
+        feedback_packet(HOST2_IP, 100, 3, 1_000_000, seq, Some(auth))
+    };
+    let late = packet(&mut quiet, 1);
+    for seq in 0..100 {
+        h1.inject(t, UPLINK, &packet(&mut busy, seq));
+    }
+    h1.inject(t, UPLINK, &late);
+    assert_eq!(
+        rejected(&h1).replayed,
+        0,
+        "the quiet lane's nonce is in its window"
+    );
+    h1.inject(t, UPLINK, &late);
+    assert_eq!(rejected(&h1).replayed, 1, "and is not accepted twice");
+}

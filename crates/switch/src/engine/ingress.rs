@@ -361,29 +361,7 @@ impl Engine {
             }
         };
         if let Some(fb) = feedback {
-            self.counters.feedback_received += 1;
-            // Checked before anything is applied: only the host owning the endpoint may slow
-            // traffic to it, authenticated when the deployment has a key.
-            let my_ip = self.dir.hosts.get(&self.host_id).map(|h| h.underlay_ip);
-            let verdict = match my_ip {
-                Some(my_ip) => feedback::check(
-                    &self.dir,
-                    self.feedback_auth.as_mut(),
-                    now,
-                    src_ip,
-                    my_ip,
-                    vni,
-                    &fb,
-                    auth.as_ref(),
-                ),
-                None => Err(FeedbackReject::Forged),
-            };
-            match verdict {
-                Ok(()) => self
-                    .egress
-                    .on_feedback(now, fb.dst_endpoint, fb.rate_bps / 8, fb.seq),
-                Err(reason) => self.counters.feedback_rejected.add(reason),
-            }
+            self.apply_feedback(now, src_ip, vni, &fb, auth.as_ref(), false);
         }
         if standalone {
             pool.put(frame);
@@ -423,6 +401,55 @@ impl Engine {
         Some(w)
     }
 
+    /// Congestion feedback for this host's senders: checked before anything is applied (only
+    /// the host owning the endpoint may slow traffic to it, authenticated when the deployment
+    /// has a key), then given to the egress limiters. A `copy` (another worker counted the
+    /// frame) is not counted again.
+    fn apply_feedback(
+        &mut self,
+        now: Instant,
+        src_ip: std::net::Ipv4Addr,
+        vni: u32,
+        fb: &picnic_wire::feedback::FeedbackOption,
+        auth: Option<&picnic_wire::feedback::FeedbackAuth>,
+        copy: bool,
+    ) {
+        self.counters.feedback_received += u64::from(!copy);
+        let my_ip = self.dir.hosts.get(&self.host_id).map(|h| h.underlay_ip);
+        let verdict = match my_ip {
+            Some(my_ip) => feedback::check(
+                &self.dir,
+                self.feedback_auth.as_mut(),
+                now,
+                src_ip,
+                my_ip,
+                vni,
+                fb,
+                auth,
+            ),
+            None => Err(FeedbackReject::Forged),
+        };
+        match verdict {
+            Ok(()) => self
+                .egress
+                .on_feedback(now, fb.dst_endpoint, fb.rate_bps / 8, fb.seq),
+            Err(reason) if !copy => self.counters.feedback_rejected.add(reason),
+            Err(_) => {}
+        }
+    }
+
+    /// A copy of an uplink frame another worker received, for the feedback it carries only
+    /// (every worker's senders obey it); the frame goes back to `pool`.
+    pub fn on_feedback_copy(&mut self, now: Instant, frame: Frame, pool: &mut FramePool) {
+        if let Ok(d) = decap(frame.data()) {
+            if let Some(fb) = d.geneve.feedback {
+                let auth = d.geneve.feedback_auth;
+                self.apply_feedback(now, d.outer_src_ip, d.geneve.vni, &fb, auth.as_ref(), true);
+            }
+        }
+        pool.put(frame);
+    }
+
     /// Queues a frame for local VM `w`; `source` is the sending host and the frame's length on
     /// the wire (encapsulated) for remote frames.
     pub(super) fn to_local_vm(
@@ -438,6 +465,12 @@ impl Engine {
             if !matches!(iron.admit(now, account), Ok(Admission::Admit)) {
                 return self.drop_frame(now, pool, frame, Some(w), DropReason::CpuThrottled);
             }
+        }
+        if self.budget_exhausted(now, tenant) {
+            if let Some(b) = self.budgets.as_mut() {
+                b.throttle_drops[tenant] += 1;
+            }
+            return self.drop_frame(now, pool, frame, Some(w), DropReason::CpuThrottled);
         }
         if let Some(pps) = self.pps_in[w].as_mut() {
             if !pps.try_consume(now, 1) {

@@ -61,7 +61,7 @@ impl Engine {
                 continue;
             };
             let mut reasons = 0;
-            if self.cpu_throttled(v) {
+            if self.cpu_throttled(now, v) {
                 reasons |= XDP_CPU;
             }
             if let Some(bucket) = self.pps_in[v].as_ref() {
@@ -131,6 +131,9 @@ impl Engine {
         let tenant = self.dir.vms[v].tenant;
         if let (Some(iron), Some(account)) = (self.iron.as_mut(), self.iron_index[tenant]) {
             let _ = iron.charge(now, account, Duration::from_nanos(ns));
+        }
+        if let Some(b) = self.budgets.as_mut() {
+            b.charge(now, tenant, ns);
         }
     }
 }

@@ -22,9 +22,12 @@ mod sealing;
 mod share;
 mod slo;
 
+use std::sync::Arc;
+
 use picnic_core::bucket::TokenBucket;
 use picnic_core::eyeq;
 use picnic_core::iron::{CpuAccounts, IronConfig};
+use picnic_core::pool::TokenCache;
 use picnic_core::{Duration, Instant};
 use picnic_wire::feedback::{standalone_feedback, FeedbackOption};
 use picnic_wire::geneve::GeneveRepr;
@@ -35,9 +38,10 @@ use crate::config::{Config, Isolation, Mac};
 use crate::directory::{Directory, PortIdx, TenantIdx, Vm, VmIdx, UPLINK};
 use crate::frame::{Frame, FramePool};
 use crate::stats::{DropReason, SwitchCounters, VmCounters};
+use crate::workers::SharedBudgets;
 use picnic_core::wfq::{Cap, CostKind, NodeId, QueueId, QueueLimits, Wfq};
 
-pub use egress::Egress;
+pub use egress::{pacer_rate, Egress};
 pub use ingress::Ingress;
 pub use kernel::{SoftirqDelta, XdpThrottle, XDP_CPU, XDP_PPS};
 pub use sealing::AccelUse;
@@ -56,6 +60,50 @@ const FEEDBACK_TIMEOUT: Duration = Duration::from_millis(100);
 /// Iron's accounting period, which is also the period of the cgroups the switch charges.
 pub const IRON_PERIOD: Duration = Duration::from_millis(10);
 
+/// The CPU the switch may spend per Iron period on `tenant`'s frames, if it has a quota. With a
+/// cgroup, switch work and the cgroup's quota share the allocation (Iron 3.2), and the cgroup
+/// never gets less than cgroup v1's minimum: the switch's part stops that much short, so
+/// together they stay within it.
+pub fn iron_quota(tenant: &crate::directory::Tenant) -> Option<Duration> {
+    let q = tenant.cpu_quota?;
+    let allocation = Duration::from_nanos((IRON_PERIOD.as_nanos() as f64 * q) as u64);
+    Some(match tenant.cgroup {
+        Some(_) => Duration::from_nanos(
+            allocation
+                .as_nanos()
+                .saturating_sub(cpu::CGROUP_MIN_QUOTA.as_nanos())
+                .max(100_000),
+        ),
+        None => allocation,
+    })
+}
+
+/// One worker's share of the tenants' CPU budgets: the budgets every worker draws from and
+/// this worker's token cache of each.
+struct WorkerBudgets {
+    budgets: Arc<SharedBudgets>,
+    caches: Vec<TokenCache>,
+    /// Per tenant: frames this worker dropped because the shared budget was used up.
+    throttle_drops: Vec<u64>,
+}
+
+impl WorkerBudgets {
+    fn exhausted(&self, now: Instant, tenant: TenantIdx) -> bool {
+        self.budgets
+            .bucket(tenant)
+            .is_some_and(|b| self.caches[tenant].exhausted(now, b))
+    }
+
+    /// Charges `ns` to `tenant` after the work: what the cache cannot cover is debt on the
+    /// shared budget.
+    fn charge(&mut self, now: Instant, tenant: TenantIdx, ns: u64) {
+        if let Some(bucket) = self.budgets.bucket(tenant) {
+            self.caches[tenant].charge(now, bucket, ns);
+            self.budgets.note_charged(tenant, ns);
+        }
+    }
+}
+
 /// Both engines of one host plus the tables they share.
 pub struct Engine {
     pub dir: Directory,
@@ -69,6 +117,9 @@ pub struct Engine {
     /// Per-tenant processing-CPU accounts (Iron); `iron_index[t]` is the tenant's account.
     iron: Option<CpuAccounts>,
     iron_index: Vec<Option<usize>>,
+    /// With several workers: the tenants' CPU budgets every worker draws from, and this
+    /// worker's token cache of each (see [`crate::workers`]).
+    budgets: Option<WorkerBudgets>,
     /// Per local VM with `max_pps`: packets it may send into / receive from the switch.
     pps_out: Vec<Option<TokenBucket>>,
     pps_in: Vec<Option<TokenBucket>>,
@@ -118,21 +169,7 @@ impl Engine {
                 )
                 .map_err(|e| anyhow::anyhow!("cpu accounting: {e}"))?;
                 for (t, tenant) in dir.tenants.iter().enumerate() {
-                    if let Some(q) = tenant.cpu_quota {
-                        let allocation =
-                            Duration::from_nanos((IRON_PERIOD.as_nanos() as f64 * q) as u64);
-                        // With a cgroup, switch work and the cgroup's quota share the allocation
-                        // (Iron 3.2), and the cgroup never gets less than cgroup v1's minimum:
-                        // the switch's part stops that much short, so together they stay within it.
-                        let quota = match tenant.cgroup {
-                            Some(_) => Duration::from_nanos(
-                                allocation
-                                    .as_nanos()
-                                    .saturating_sub(cpu::CGROUP_MIN_QUOTA.as_nanos())
-                                    .max(100_000),
-                            ),
-                            None => allocation,
-                        };
+                    if let Some(quota) = iron_quota(tenant) {
                         iron_index[t] = Some(
                             accounts
                                 .add_tenant(quota)
@@ -163,6 +200,7 @@ impl Engine {
             ingress,
             iron,
             iron_index,
+            budgets: None,
             pps_out,
             pps_in,
             xdp_pps: vec![false; dir_vms],
@@ -213,7 +251,7 @@ impl Engine {
                     && self.pps_out[*vm]
                         .as_ref()
                         .is_none_or(|b| b.available(now) > 0)
-                    && !self.cpu_throttled(*vm)
+                    && !self.cpu_throttled(now, *vm)
                     && !(self.fair_reads && self.share.over(self.dir.vms[*vm].tenant))
             }
             _ => true,
@@ -223,11 +261,51 @@ impl Engine {
     /// Whether `vm`'s tenant has used its CPU allocation for this period (Iron 3.2): its port
     /// is then not read, so its frames wait or are dropped by the kernel at the sender's
     /// expense, before the switch spends any work on them.
-    fn cpu_throttled(&self, vm: VmIdx) -> bool {
+    fn cpu_throttled(&self, now: Instant, vm: VmIdx) -> bool {
         let tenant = self.dir.vms[vm].tenant;
-        match (self.iron.as_ref(), self.iron_index[tenant]) {
+        let local = match (self.iron.as_ref(), self.iron_index[tenant]) {
             (Some(iron), Some(account)) => iron.exhausted(account),
             _ => false,
+        };
+        local || self.budget_exhausted(now, tenant)
+    }
+
+    /// With several workers: whether `tenant`'s budget shared by every worker is used up
+    /// (this worker's cache is empty and so is the pool).
+    fn budget_exhausted(&self, now: Instant, tenant: TenantIdx) -> bool {
+        self.budgets
+            .as_ref()
+            .is_some_and(|b| b.exhausted(now, tenant))
+    }
+
+    /// Makes this engine one of several workers': tenants' CPU is charged to and checked
+    /// against `budgets`, shared by every worker, through token caches of this engine's own,
+    /// and so is the uplink's pacing; the feedback it signs uses nonce lane `worker`.
+    pub fn join_workers(&mut self, budgets: Arc<SharedBudgets>, worker: usize) {
+        let caches = (0..self.dir.tenants.len())
+            .map(|_| TokenCache::new(budgets.chunk))
+            .collect();
+        self.egress.share_pacer(&budgets);
+        let throttle_drops = vec![0; self.dir.tenants.len()];
+        self.budgets = Some(WorkerBudgets {
+            budgets,
+            caches,
+            throttle_drops,
+        });
+        if let Some(auth) = self.feedback_auth.as_mut() {
+            auth.set_lane(worker as u8);
+        }
+    }
+
+    /// Returns the tokens this worker's caches hold to the shared budgets (it stops).
+    pub fn leave_workers(&mut self, now: Instant) {
+        self.egress.release_pacer(now);
+        if let Some(b) = self.budgets.as_mut() {
+            for (t, cache) in b.caches.iter_mut().enumerate() {
+                if let Some(bucket) = b.budgets.bucket(t) {
+                    cache.release(now, bucket);
+                }
+            }
         }
     }
 
@@ -472,6 +550,7 @@ impl Engine {
             .map(|(i, v)| VmSnapshot {
                 name: v.name.clone(),
                 id: v.id,
+                worker: 0,
                 tenant: self.dir.tenants[v.tenant].name.clone(),
                 mac: v.mac,
                 counters: self.vm_counters[i].clone(),
@@ -505,7 +584,8 @@ impl Engine {
                         .sum(),
                     cpu_throttle_drops: stats
                         .map(|s| s.throttle_drops + s.early_drops)
-                        .unwrap_or(0),
+                        .unwrap_or(0)
+                        + self.budgets.as_ref().map_or(0, |b| b.throttle_drops[t]),
                     cpu_charged_ns: stats.map(|s| s.charged_ns).unwrap_or(0),
                     softirq_ns: self
                         .dir
@@ -556,6 +636,8 @@ pub struct CostModelView {
 pub struct VmSnapshot {
     pub name: String,
     pub id: u32,
+    /// The dataplane worker that owns the VM's port (see [`crate::workers`]).
+    pub worker: usize,
     pub tenant: String,
     pub mac: Mac,
     pub counters: VmCounters,

@@ -5,6 +5,7 @@
 //! ([`crate::ebpf`]).
 //!
 //! - **Socket and UMEM.** One AF_XDP socket bound to queue 0 of the interface in copy mode
+//!   ([`AfXdpPort::open_queues`]: one per queue, each with its UMEM, for the switch's workers)
 //!   (`XDP_COPY`: the only mode veth has). Its UMEM is an anonymous mapping of
 //!   [`AfXdpOptions::frames`] chunks of 2 KiB: the first half feeds the fill ring (receive
 //!   buffers), the second half is the transmit buffer pool. The four rings (fill, RX, TX,
@@ -12,7 +13,7 @@
 //!   always has room for every receive buffer handed back.
 //! - **XDP program.** `bpf_redirect_map(xskmap, ctx->rx_queue_index, XDP_PASS)`: frames of
 //!   queue 0 go to the socket, anything else to the kernel stack. The XSKMAP holds the socket
-//!   at key 0. On the uplink the same program drops the frames of throttled VMs first
+//!   at key 0 (queue `q`'s socket at key `q`; the program belongs to queue 0's port). On the uplink the same program drops the frames of throttled VMs first
 //!   ([`AfXdpPort::early_drop`]). It is attached with a BPF link (`BPF_LINK_CREATE`), so it is
 //!   detached when the port is dropped, also when the process dies. Attach mode: [`XdpMode::Auto`]
 //!   tries the driver's native XDP first (veth has it) and falls back to generic (skb) XDP,
@@ -60,6 +61,8 @@ const MAX_MTU: i32 = (CHUNK_SIZE - 256 - 18) as i32;
 /// How long `open` retries binding to a queue that is still being released.
 const BIND_BUSY_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
 /// Socket option raising that budget (Linux >= 6.17; older kernels keep 32).
+/// Entries of the XDP program's XSKMAP (`MAX_QUEUES` in xdp_port.bpf.c): queues with a socket.
+const MAX_QUEUES: usize = 64;
 const XDP_MAX_TX_SKB_BUDGET: libc::c_int = 9;
 
 /// How the XDP program is attached to the interface.
@@ -287,9 +290,10 @@ impl<T: Copy> Ring<T> {
 /// A port on an AF_XDP socket bound to queue 0 of one interface (see the module doc).
 pub struct AfXdpPort {
     name: String,
-    /// The XDP program and its link; dropped first, so the program is detached before the
+    /// The XDP program and its link (queue 0's port; None on the others); dropped first, so
+    /// the program is detached before the
     /// socket goes away.
-    program: PortProgram,
+    program: Option<PortProgram>,
     mode: XdpMode,
     rx: Ring<libc::xdp_desc>,
     tx: Ring<libc::xdp_desc>,
@@ -320,6 +324,27 @@ fn interface_mtu(fd: RawFd, name: &std::ffi::CStr) -> io::Result<i32> {
     Ok(unsafe { req.ifr_ifru.ifru_mtu })
 }
 
+/// The receive queues of interface `name` (ethtool's channels: rx or combined, whichever the
+/// driver reports), asked through socket `fd`; sysfs would show the mounting namespace's
+/// interfaces, not the thread's.
+fn rx_queues(fd: RawFd, name: &std::ffi::CStr) -> io::Result<usize> {
+    const SIOCETHTOOL: libc::c_ulong = 0x8946;
+    const ETHTOOL_GCHANNELS: u32 = 0x3c;
+    // struct ethtool_channels: cmd, then max_rx, max_tx, max_other, max_combined, rx_count,
+    // tx_count, other_count, combined_count.
+    let mut channels = [0u32; 9];
+    channels[0] = ETHTOOL_GCHANNELS;
+    let mut req = ifreq_named(name);
+    req.ifr_ifru.ifru_data = channels.as_mut_ptr().cast();
+    // SAFETY: `req` names the interface and points at `channels`, a live ethtool_channels the
+    // kernel writes within.
+    let ret = unsafe { libc::ioctl(fd, SIOCETHTOOL as _, &mut req) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(channels[5].max(channels[8]) as usize)
+}
+
 /// An AF_PACKET socket that receives nothing (protocol 0) and keeps interface `index`
 /// promiscuous while it is open.
 fn promiscuous_holder(index: u32) -> io::Result<OwnedFd> {
@@ -339,6 +364,44 @@ impl AfXdpPort {
     /// namespace): UMEM and rings set up, socket bound in copy mode, XDP program attached
     /// as `opts.mode` says. Needs root (CAP_NET_RAW, CAP_BPF, CAP_NET_ADMIN).
     pub fn open(ifname: &str, opts: AfXdpOptions) -> io::Result<AfXdpPort> {
+        Self::open_queue(ifname, opts, 0, None)
+    }
+
+    /// Opens one port per receive queue of `ifname`, at most `max` (queues 0..): queue 0's
+    /// port attaches the XDP program, which sends each other queue's frames to its own socket
+    /// (RSS spreads flows over the queues). Fewer ports than `max` when the interface has
+    /// fewer queues.
+    pub fn open_queues(ifname: &str, opts: AfXdpOptions, max: usize) -> io::Result<Vec<AfXdpPort>> {
+        let mut first = Self::open(ifname, opts)?;
+        let queues = rx_queues(first._promisc.as_raw_fd(), &ifname_cstring(ifname)?)
+            .unwrap_or(1)
+            .clamp(1, MAX_QUEUES);
+        let mut ports = Vec::new();
+        let mode = first.mode;
+        for q in 1..max.min(queues) {
+            let program = first
+                .program
+                .as_mut()
+                .expect("queue 0's port has the program");
+            ports.push(Self::open_queue(
+                ifname,
+                opts,
+                q as u32,
+                Some((program, mode)),
+            )?);
+        }
+        ports.insert(0, first);
+        Ok(ports)
+    }
+
+    /// Opens a port on `queue`; with `program`, the socket joins that program's XSKMAP instead
+    /// of loading one.
+    fn open_queue(
+        ifname: &str,
+        opts: AfXdpOptions,
+        queue: u32,
+        program: Option<(&mut PortProgram, XdpMode)>,
+    ) -> io::Result<AfXdpPort> {
         let ctx = |what: &str| format!("af_xdp port '{ifname}': {what}");
         let fallback = "; backend = \"af_packet\" works on any interface";
         opts.validate()
@@ -457,7 +520,7 @@ impl AfXdpPort {
         addr.sxdp_family = libc::AF_XDP as u16;
         addr.sxdp_flags = libc::XDP_COPY;
         addr.sxdp_ifindex = index;
-        addr.sxdp_queue_id = 0;
+        addr.sxdp_queue_id = queue;
         // A socket closed just before (a restarted switch) frees its queue from a kernel work
         // item, shortly after close(2): retry a busy queue for up to BIND_BUSY_RETRY.
         let started = std::time::Instant::now();
@@ -481,14 +544,16 @@ impl AfXdpPort {
             }
             let hint = match err.raw_os_error() {
                 Some(libc::EBUSY) => {
-                    " (queue 0 already has an AF_XDP socket: another switch or OVS afxdp port?)"
+                    " (the queue already has an AF_XDP socket: another switch or OVS afxdp port?)"
                 }
                 Some(libc::ENETDOWN) => " (interface down: set it up first)",
                 _ => "",
             };
             return Err(os_error(
                 err,
-                ctx(&format!("bind in copy mode to queue 0{hint}{fallback}")),
+                ctx(&format!(
+                    "bind in copy mode to queue {queue}{hint}{fallback}"
+                )),
             ));
         }
 
@@ -505,17 +570,27 @@ impl AfXdpPort {
                 }
             }
         };
-        let mut program = PortProgram::load(sock).map_err(bpf_err("the XDP program"))?;
-        let mode = attach(&mut program, index, opts.mode).map_err(|(tried, e)| {
-            let hint = match e.raw_os_error() {
-                Some(libc::EBUSY) | Some(libc::EEXIST) => {
-                    " (the interface already has an XDP program: see `ip link show`)"
-                }
-                _ => "",
-            };
-            bpf_err(&format!("attaching the XDP program in {tried} mode{hint}"))(e)
-        })?;
-
+        let (program, mode) = match program {
+            Some((shared, mode)) => {
+                shared
+                    .add_socket(queue, sock)
+                    .map_err(bpf_err("the XDP program's socket map"))?;
+                (None, mode)
+            }
+            None => {
+                let mut program = PortProgram::load(sock).map_err(bpf_err("the XDP program"))?;
+                let mode = attach(&mut program, index, opts.mode).map_err(|(tried, e)| {
+                    let hint = match e.raw_os_error() {
+                        Some(libc::EBUSY) | Some(libc::EEXIST) => {
+                            " (the interface already has an XDP program: see `ip link show`)"
+                        }
+                        _ => "",
+                    };
+                    bpf_err(&format!("attaching the XDP program in {tried} mode{hint}"))(e)
+                })?;
+                (Some(program), mode)
+            }
+        };
         Ok(AfXdpPort {
             name: ifname.to_owned(),
             program,
@@ -535,7 +610,7 @@ impl AfXdpPort {
     /// The uplink's early drop: the maps through which the switch makes this port's XDP
     /// program drop the frames of throttled VMs (taken once; None afterwards).
     pub fn early_drop(&mut self) -> Option<EarlyDrop> {
-        self.program.early_drop()
+        self.program.as_mut()?.early_drop()
     }
 
     /// The attach mode in use: [`XdpMode::Native`] or [`XdpMode::Generic`].

@@ -121,6 +121,14 @@ pub trait Port: Send {
 }
 
 /// Most descriptors [`wait_readable`] polls without allocating.
+/// Joins AF_PACKET socket `fd` to fanout group `group` in hash mode: the kernel spreads the
+/// interface's frames over the group's sockets by flow hash, so a flow stays on one socket
+/// (one worker) and its frames in order.
+pub fn join_fanout(fd: RawFd, group: u16) -> io::Result<()> {
+    let arg = libc::c_int::from(group) | ((libc::PACKET_FANOUT_HASH as libc::c_int) << 16);
+    sys::set_opt(fd, libc::SOL_PACKET, libc::PACKET_FANOUT, &arg)
+}
+
 const POLL_STACK_FDS: usize = 32;
 
 /// Blocks until one of `fds` is readable (or reports an error/hang-up, which the next receive

@@ -1,0 +1,457 @@
+//! One dataplane worker of several ([`crate::workers`]): a thread running the same
+//! [`Driver`] as the single loop over the VM ports it owns and its own uplink socket, with its
+//! own engine, frame pool and adaptive waits (Rizzo et al., per worker). Frames that belong to
+//! another worker go through that worker's [`Mailbox`]; every frame handed over is repaid from
+//! the receiver's pool, so each worker's pool keeps its size.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::Context;
+use arc_swap::ArcSwapOption;
+use picnic_core::notify::{AdaptiveWait, WaitDecision};
+use picnic_core::{Duration, Instant};
+use picnic_wire::overlay::decap;
+use serde::Serialize;
+
+use crate::directory::{Directory, PortIdx, UPLINK};
+use crate::driver::{Driver, Io, UPLINK_READ_ROUNDS};
+use crate::engine::{Engine, Work};
+use crate::frame::{Frame, FramePool};
+use crate::port::{wait_readable, Port};
+use crate::runner::{ring_wait, thread_cpu_ns, Clock, PortView, Published, SpinWork, RING_SLOTS};
+use crate::stats::DropReason;
+use crate::workers::{Assignment, Handoff, Mailbox, SharedBudgets};
+
+/// What every worker shares: the assignment, the mailboxes, the budgets and each worker's
+/// published snapshot.
+pub struct Team {
+    pub assignment: Assignment,
+    pub mailboxes: Vec<Mailbox>,
+    pub budgets: Arc<SharedBudgets>,
+    pub published: Vec<ArcSwapOption<Published>>,
+    /// Set to make every worker return (a stop or a live change).
+    pub pause: AtomicBool,
+}
+
+impl Team {
+    /// Wakes every worker (after setting `pause`).
+    pub fn kick_all(&self) {
+        for m in &self.mailboxes {
+            m.kick();
+        }
+    }
+}
+
+/// A worker's handoff counters (`/stats` `workers`).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct HandoffCounters {
+    /// Frames this worker handed to others (uplink frames for their VMs, frames for their
+    /// ports, feedback copies).
+    pub out: u64,
+    /// Frames other workers handed to this one.
+    pub r#in: u64,
+    /// Frames dropped because the receiving worker's mailbox was full.
+    pub full: u64,
+}
+
+/// A worker as `/stats` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct WorkerView {
+    pub worker: usize,
+    /// The VMs whose ports it owns.
+    pub vms: Vec<String>,
+    /// CPU time of its thread, ns (its engine's `cpu_ns`).
+    pub cpu_ns: u64,
+    pub handoff: HandoffCounters,
+}
+
+/// One worker's state; it lives across pauses (live changes) and goes back to the switch when
+/// the workers stop.
+pub struct Worker {
+    pub index: usize,
+    pub engine: Engine,
+    /// By port index: the ports this worker owns ([`UPLINK`]: its own uplink socket, if any).
+    pub ports: Vec<Option<Box<dyn Port>>>,
+    pub pool: FramePool,
+    waits: Vec<(AdaptiveWait, u64)>,
+    /// Uplink frames handed over by other workers, read before this worker's own socket.
+    inbound: Vec<Frame>,
+    /// Frames read per port and round (`switch.batch`).
+    batch: usize,
+    /// Frames owed back to each worker.
+    owed: Vec<u64>,
+    handoff: HandoffCounters,
+}
+
+impl Worker {
+    pub fn new(
+        index: usize,
+        engine: Engine,
+        ports: Vec<Option<Box<dyn Port>>>,
+        pool: FramePool,
+    ) -> Worker {
+        Worker {
+            index,
+            engine,
+            ports,
+            pool,
+            waits: Vec::new(),
+            inbound: Vec::new(),
+            batch: 1,
+            owed: Vec::new(),
+            handoff: HandoffCounters::default(),
+        }
+    }
+
+    /// Runs until `stop` or the team's `pause` is set; a port error ends it.
+    pub fn run(
+        &mut self,
+        team: &Team,
+        stop: &AtomicBool,
+        clock: Clock,
+        batch: usize,
+        spin: Duration,
+        work: &mut SpinWork,
+    ) -> anyhow::Result<()> {
+        let mut driver = Driver::new(batch);
+        self.batch = batch;
+        let mailbox = &team.mailboxes[self.index];
+        self.owed.resize(team.assignment.workers, 0);
+        if self.waits.len() != self.ports.len() {
+            self.waits = (0..self.ports.len())
+                .map(|_| (ring_wait(spin), 0))
+                .collect();
+        }
+        let mut next_publish = clock.now();
+        let mut spin_until: Option<Instant> = None;
+        let mut fds = Vec::new();
+        // The directory the uplink frames are routed with; it changes only at a live change,
+        // while the workers are stopped.
+        let dir = self.engine.dir.clone();
+        let mut cpu_mark = thread_cpu_ns();
+        while !stop.load(Ordering::Relaxed) && !team.pause.load(Ordering::Relaxed) {
+            let now = clock.now();
+            // Iron 3.1, per worker: this thread's CPU since the last pass, charged to the VMs
+            // whose frames it handled; the workers' charges add up to the switch's.
+            let cpu_now = thread_cpu_ns();
+            self.engine.charge_cpu(now, cpu_now - cpu_mark);
+            cpu_mark = cpu_now;
+            if now >= next_publish {
+                next_publish = now + Duration::from_millis(100);
+                team.published[self.index]
+                    .store(Some(Arc::new(self.publish(now, &team.assignment))));
+            }
+            let mail = self.take_mail(now, team);
+            let mut io = WorkerIo {
+                me: self.index,
+                ports: &mut self.ports,
+                waits: &mut self.waits,
+                work: &mut *work,
+                team,
+                dir: &dir,
+                inbound: &mut self.inbound,
+                handoff: &mut self.handoff,
+            };
+            let busy = driver
+                .iterate(now, &mut self.engine, &mut io, &mut self.pool)?
+                .busy()
+                + mail;
+            if busy > 0 {
+                let took = clock.now() - now;
+                for (wait, _) in &mut self.waits {
+                    wait.record_own_work(busy as u32, took);
+                }
+                spin_until = None;
+                continue;
+            }
+            match spin_until {
+                Some(t) if now < t => {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                Some(_) => {}
+                None => {
+                    spin_until = self
+                        .waits
+                        .iter_mut()
+                        .filter_map(|(w, _)| match w.decide(now, RING_SLOTS) {
+                            WaitDecision::Spin { until } => Some(until),
+                            WaitDecision::SlowDown { .. } | WaitDecision::Block => None,
+                        })
+                        .max();
+                    if spin_until.is_some() {
+                        continue;
+                    }
+                }
+            }
+            spin_until = None;
+            if !mailbox.sleep() {
+                continue;
+            }
+            let until = self
+                .engine
+                .poll_at()
+                .map(|t| t - now)
+                .unwrap_or(Duration::from_millis(5));
+            let timeout = until.min(Duration::from_millis(5));
+            fds.clear();
+            fds.push(mailbox.wake_fd());
+            fds.extend(
+                (0..self.ports.len())
+                    .filter(|&p| self.engine.rx_ready(now, p, batch))
+                    .filter_map(|p| self.ports[p].as_ref().and_then(|port| port.raw_fd())),
+            );
+            let woke = wait_readable(&fds, std::time::Duration::from_nanos(timeout.as_nanos()));
+            mailbox.awake();
+            woke?;
+        }
+        let now = clock.now();
+        self.engine.leave_workers(now);
+        team.published[self.index].store(Some(Arc::new(self.publish(now, &team.assignment))));
+        Ok(())
+    }
+
+    /// Takes what other workers handed over: uplink frames wait for the next uplink read,
+    /// frames for this worker's ports join their transmit queues, feedback copies are applied.
+    /// Repays what is owed and takes back what was repaid. Returns the frames taken.
+    fn take_mail(&mut self, now: Instant, team: &Team) -> usize {
+        let mailbox = &team.mailboxes[self.index];
+        let mut n = 0;
+        // Uplink frames wait here no deeper than the driver reads in one pass; the rest stay
+        // in the mailbox, which drops (`handoff_full`) when the owner cannot keep up.
+        let room = UPLINK_READ_ROUNDS * self.batch;
+        while self.inbound.len() < room {
+            let Some((from, h)) = mailbox.take() else {
+                break;
+            };
+            n += 1;
+            self.owed[from] += 1;
+            match h {
+                Handoff::Uplink(f) => self.inbound.push(f),
+                Handoff::Tx(p, f) => self.engine.tx_queue(p).push(f),
+                Handoff::Feedback(f) => self.engine.on_feedback_copy(now, f, &mut self.pool),
+            }
+        }
+        self.handoff.r#in += n as u64;
+        for (w, owed) in self.owed.iter_mut().enumerate() {
+            while *owed > 0 {
+                let Some(f) = self.pool.get() else { break };
+                if let Err(f) = team.mailboxes[w].repay(f) {
+                    self.pool.put(f);
+                    break;
+                }
+                *owed -= 1;
+            }
+        }
+        while let Some(f) = mailbox.repaid() {
+            self.pool.put(f);
+        }
+        n
+    }
+
+    /// This worker's snapshot: its VMs (every VM shows the worker that owns it), its ports,
+    /// and the SLOs of the tenants whose VMs it owns.
+    fn publish(&mut self, now: Instant, assignment: &Assignment) -> Published {
+        let mut switch = self.engine.snapshot();
+        switch
+            .switch
+            .drops
+            .add_n(DropReason::HandoffFull, self.handoff.full);
+        let mut slo = self.engine.slo_report(now);
+        let dir = &self.engine.dir;
+        let owner_of = |name: &str| {
+            dir.vms
+                .iter()
+                .find(|v| v.name == name)
+                .and_then(|v| v.port)
+                .map(|p| assignment.owner[p])
+        };
+        for vm in &mut switch.vms {
+            vm.worker = owner_of(&vm.name).unwrap_or(0);
+        }
+        slo.tenants.retain(|t| {
+            let mut owners = dir
+                .local_vms()
+                .filter(|&(v, _)| dir.tenants[dir.vms[v].tenant].name == t.tenant)
+                .map(|(_, p)| assignment.owner[p]);
+            owners.next().unwrap_or(0) == self.index
+        });
+        let ports = self
+            .ports
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| p.as_ref().map(|p| (i, p)))
+            .map(|(i, p)| {
+                let wait = self.waits.get(i).map(|(w, _)| w);
+                let decisions = wait.map(|w| w.counts()).unwrap_or_default();
+                PortView {
+                    name: p.name().to_string(),
+                    backend: p.backend().to_string(),
+                    worker: self.index,
+                    stats: p.stats(),
+                    wait_regime: wait.and_then(|w| w.regime()).map(|r| r.to_string()),
+                    wait_spins: decisions.spins,
+                    wait_blocks: decisions.blocks,
+                    producer_period_ns: wait.and_then(|w| w.peer_period()).map(|d| d.as_nanos()),
+                }
+            })
+            .collect();
+        let workers = vec![WorkerView {
+            worker: self.index,
+            vms: assignment
+                .ports_of(self.index)
+                .filter_map(|p| dir.port_vm[p].map(|v| dir.vms[v].name.clone()))
+                .collect(),
+            cpu_ns: switch.switch.cpu_ns,
+            handoff: self.handoff.clone(),
+        }];
+        Published {
+            switch,
+            ports,
+            pool_free: self.pool.available(),
+            pool_capacity: self.pool.capacity(),
+            workers,
+            slo,
+            accel: None,
+        }
+    }
+}
+
+/// Where an uplink frame goes: the port of the local VM it is for (None: the receiving
+/// worker handles it, e.g. malformed or standalone feedback), and whether it carries
+/// feedback every worker's senders need.
+pub fn uplink_target(dir: &Directory, data: &[u8]) -> (Option<PortIdx>, bool) {
+    let Ok(d) = decap(data) else {
+        return (None, false);
+    };
+    let feedback = d.geneve.feedback.is_some();
+    let port = dir
+        .tenant_by_vni(d.geneve.vni)
+        .filter(|_| d.inner.len() >= 14)
+        .and_then(|t| {
+            let dst = crate::config::Mac(d.inner[0..6].try_into().expect("length checked"));
+            dir.vm_by_mac(t, dst)
+        })
+        .and_then(|v| dir.vms[v].port);
+    (port, feedback)
+}
+
+/// A worker's ports as the driver's [`Io`]: frames read for, or queued to, another worker's
+/// VM go to its mailbox.
+struct WorkerIo<'a> {
+    me: usize,
+    ports: &'a mut [Option<Box<dyn Port>>],
+    waits: &'a mut [(AdaptiveWait, u64)],
+    work: &'a mut SpinWork,
+    team: &'a Team,
+    dir: &'a Directory,
+    inbound: &'a mut Vec<Frame>,
+    handoff: &'a mut HandoffCounters,
+}
+
+impl WorkerIo<'_> {
+    /// Posts `h` to worker `to`; a full mailbox drops the frame (counted).
+    fn post(&mut self, to: usize, h: Handoff, pool: &mut FramePool) {
+        match self.team.mailboxes[to].post(self.me, h) {
+            Ok(()) => self.handoff.out += 1,
+            Err(Handoff::Uplink(f) | Handoff::Tx(_, f) | Handoff::Feedback(f)) => {
+                self.handoff.full += 1;
+                pool.put(f);
+            }
+        }
+    }
+
+    /// Sorts the frames `rx[from..]` read from this worker's uplink socket: those for another
+    /// worker's VMs are handed over, feedback is copied to every other worker.
+    fn route_uplink(&mut self, rx: &mut Vec<Frame>, from: usize, pool: &mut FramePool) {
+        let workers = self.team.assignment.workers;
+        let mut i = from;
+        while i < rx.len() {
+            let (port, feedback) = uplink_target(self.dir, rx[i].data());
+            let owner = port.map_or(self.me, |p| self.team.assignment.owner[p]);
+            if feedback {
+                for w in (0..workers).filter(|&w| w != owner) {
+                    let Some(mut copy) = pool.get() else { break };
+                    if copy.fill_from(rx[i].data()) {
+                        self.post(w, Handoff::Feedback(copy), pool);
+                    } else {
+                        pool.put(copy);
+                    }
+                }
+            }
+            if owner != self.me {
+                let f = rx.swap_remove(i);
+                self.post(owner, Handoff::Uplink(f), pool);
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
+
+impl Io for WorkerIo<'_> {
+    fn recv(
+        &mut self,
+        now: Instant,
+        port: PortIdx,
+        pool: &mut FramePool,
+        rx: &mut Vec<Frame>,
+        max: usize,
+    ) -> anyhow::Result<usize> {
+        let before = rx.len();
+        if port == UPLINK {
+            let take = self.inbound.len().min(max);
+            rx.extend(self.inbound.drain(..take));
+        }
+        let start = rx.len();
+        let room = max - (start - before);
+        let mut full = false;
+        if let Some(p) = self.ports[port].as_mut().filter(|_| room > 0) {
+            let n = p
+                .recv_batch(pool, rx, room)
+                .with_context(|| format!("receive on {}", p.name()))?;
+            full = n == room;
+            if n > 0 {
+                let (wait, seen) = &mut self.waits[port];
+                *seen += n as u64;
+                wait.observe(now, *seen);
+                if port == UPLINK && self.team.assignment.workers > 1 {
+                    self.route_uplink(rx, start, pool);
+                }
+            }
+        }
+        // A full read keeps the driver reading this port, even when frames were handed over.
+        let kept = rx.len() - before;
+        Ok(if full || room == 0 {
+            kept.max(max)
+        } else {
+            kept
+        })
+    }
+
+    fn send(
+        &mut self,
+        port: PortIdx,
+        queue: &mut Vec<Frame>,
+        pool: &mut FramePool,
+    ) -> anyhow::Result<()> {
+        match self.ports[port].as_mut() {
+            Some(p) => {
+                p.send_batch(queue, pool)
+                    .with_context(|| format!("send on {}", p.name()))?;
+            }
+            None => {
+                let owner = self.team.assignment.owner[port];
+                for f in queue.drain(..) {
+                    self.post(owner, Handoff::Tx(port, f), pool);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn work(&mut self) -> &mut dyn Work {
+        self.work
+    }
+}

@@ -1,0 +1,509 @@
+//! The worker model (DESIGN.md 4 "Workers", docs/switch.md "Workers"): N dataplane threads,
+//! each running the same [`crate::driver::Driver`] over the VM ports it owns and its own
+//! uplink socket, with its own [`crate::engine::Engine`] (per-VM queues, WFQ, shapers, meters
+//! are per VM anyway, and every VM has exactly one owner).
+//!
+//! What spans workers, and how it stays correct without a lock on the per-packet path:
+//! - **Tenant CPU budgets** (Iron 3.2): one lock-free [`SharedBucket`] per tenant with a quota,
+//!   refilled at the tenant's allocation, from which each worker borrows through its own
+//!   [`picnic_core::pool::TokenCache`] (EyeQ 4's per-CPU token counts, FairNIC 4.4's per-core
+//!   caches, CFS's per-CPU runtime slices). Charges are settled into the cache after the work
+//!   (debt when they exceed it), so the tenant's total across workers stays within its
+//!   allocation up to one chunk per worker. [`SharedBudgets::charged`] sums every worker's charges
+//!   for the cgroup quotas.
+//! - **Tenant SLOs**: a tenant's conformance must be judged on all its traffic, so the VMs of
+//!   a tenant with an SLO are assigned to one worker ([`assign`]); each worker reports the
+//!   SLO tenants it owns.
+//! - **Frames that reach the wrong worker**: an uplink frame for a VM another worker owns, or
+//!   a frame an engine queued for another worker's port, is handed over through that worker's
+//!   bounded lock-free [`Mailbox`] (dropped, counted as `handoff_full`, when it is full);
+//!   standalone congestion feedback is copied to every worker, whose senders all obey it.
+//! - **Control**: API changes reach workers as today through the run loop (workers pause at a
+//!   live change); each worker publishes its snapshot through its own `arc-swap` slot and the
+//!   coordinator merges them ([`merge`]).
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use crossbeam_queue::ArrayQueue;
+use picnic_core::pool::SharedBucket;
+use picnic_core::{Duration, Instant};
+
+use anyhow::Context;
+
+use crate::config::{BackendKind, Config};
+use crate::directory::{Directory, PortIdx, TenantIdx};
+use crate::ebpf::EarlyDrop;
+use crate::frame::Frame;
+use crate::port::{AfXdpOptions, AfXdpPort, Port};
+use crate::runner::open_port;
+
+/// The default number of workers: one per CPU the switch may run on, at most one per local
+/// VM port (a worker without a VM would only share the uplink), at least one.
+pub fn default_count(cpus: usize, vm_ports: usize) -> usize {
+    cpus.min(vm_ports).max(1)
+}
+
+/// The uplink's sockets (one per worker where the backend allows it) and, for AF_XDP, the
+/// maps of its early drop.
+type Uplinks = (Vec<Box<dyn Port>>, Option<EarlyDrop>);
+
+/// Opens the uplink; an AF_XDP uplink also gives the maps of its early drop. With several
+/// workers, one socket per worker where the backend allows it: AF_PACKET sockets joined in
+/// one `PACKET_FANOUT` hash group (the kernel spreads frames by flow hash, so a flow stays on
+/// one socket); AF_XDP one socket per NIC queue, at most one per worker (RSS spreads flows
+/// over the queues; workers beyond the queues get their frames handed over). A TAP uplink has
+/// one socket, read by worker 0.
+pub fn open_uplinks(cfg: &Config, workers: usize) -> anyhow::Result<Uplinks> {
+    let ifname = &cfg.uplink.ifname;
+    match cfg.uplink.backend {
+        BackendKind::AfXdp => {
+            let mut sockets = AfXdpPort::open_queues(ifname, AfXdpOptions::default(), workers)
+                .with_context(|| format!("uplink.ifname: cannot open '{ifname}' with AF_XDP"))?;
+            let early = sockets[0].early_drop();
+            Ok((
+                sockets
+                    .into_iter()
+                    .map(|p| Box::new(p) as Box<dyn Port>)
+                    .collect(),
+                early,
+            ))
+        }
+        BackendKind::AfPacket if workers > 1 => {
+            // A group id of this process's own (one switch per network namespace).
+            let group = (std::process::id() & 0xffff) as u16;
+            let mut sockets = Vec::with_capacity(workers);
+            for _ in 0..workers {
+                let port = open_port(
+                    ifname,
+                    cfg.uplink.backend,
+                    "uplink.ifname",
+                    cfg.uplink.mtu + 14,
+                )?;
+                let fd = port.raw_fd().expect("an AF_PACKET port has a descriptor");
+                crate::port::join_fanout(fd, group)
+                    .with_context(|| format!("uplink.ifname: PACKET_FANOUT on '{ifname}'"))?;
+                sockets.push(port);
+            }
+            Ok((sockets, None))
+        }
+        backend => Ok((
+            vec![open_port(
+                ifname,
+                backend,
+                "uplink.ifname",
+                cfg.uplink.mtu + 14,
+            )?],
+            None,
+        )),
+    }
+}
+
+/// Whether `cfg` has the switch drive eBPF programs from its loop: the AF_XDP uplink's early
+/// drop of throttled VMs, or the softirq accounting of tenants with a CPU quota. One worker's
+/// engine drives them, so they need the single loop (docs/switch.md "Workers").
+pub fn drives_ebpf(cfg: &Config) -> bool {
+    cfg.uplink.backend == BackendKind::AfXdp
+        || (cfg.isolation.cpu_accounting
+            && cfg.isolation.softirq_accounting
+            && cfg.tenants.iter().any(|t| t.cpu_quota.is_some()))
+}
+
+/// Whether a tenant of `cfg` encrypts: the shared encryption engine is driven by the single
+/// loop only, so such a switch runs one worker.
+pub fn encrypts(cfg: &Config) -> bool {
+    cfg.tenants.iter().any(|t| t.encrypt)
+}
+
+/// How many workers `cfg` asks for with `vm_ports` local VM ports: `switch.workers`, else one
+/// per CPU of `switch.cpus` or of the thread's affinity mask, at most one per VM port, and
+/// one while the loop drives eBPF programs ([`drives_ebpf`]) or the encryption engine.
+pub fn worker_count(cfg: &Config, vm_ports: usize) -> usize {
+    if cfg.switch.workers.is_none() && (drives_ebpf(cfg) || encrypts(cfg)) {
+        return 1;
+    }
+    cfg.switch.workers.unwrap_or_else(|| {
+        let cpus = match &cfg.switch.cpus {
+            Some(c) => c.len(),
+            None => crate::sched::thread_cpus().map(|c| c.len()).unwrap_or(1),
+        };
+        crate::workers::default_count(cpus, vm_ports)
+    })
+}
+
+/// Which worker owns each port: `owner[p]` for every port index (the uplink, which every
+/// worker reads through its own socket, is listed as worker 0's).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Assignment {
+    pub workers: usize,
+    pub owner: Vec<usize>,
+}
+
+impl Assignment {
+    /// Every port on worker 0 (the single-loop switch).
+    pub fn single(ports: usize) -> Assignment {
+        Assignment {
+            workers: 1,
+            owner: vec![0; ports],
+        }
+    }
+
+    /// The ports worker `w` owns, the uplink excluded.
+    pub fn ports_of(&self, w: usize) -> impl Iterator<Item = PortIdx> + '_ {
+        (1..self.owner.len()).filter(move |&p| self.owner[p] == w)
+    }
+}
+
+/// Assigns the local VMs' ports to `workers` workers. VMs are placed one by one, heaviest
+/// guarantee first (ties in config order), each on the worker with the least guarantee so far
+/// (then the fewest VMs, then the lowest index), as OVS places PMD rx queues by load. The VMs
+/// of a tenant with an SLO are placed together, as one unit weighing their sum, so one
+/// worker's monitor sees all the tenant's traffic. Deterministic.
+pub fn assign(dir: &Directory, workers: usize) -> Assignment {
+    let workers = workers.max(1);
+    let mut owner = vec![0; dir.port_count()];
+    // Units: (weight, ports), in config order of their first VM.
+    let mut units: Vec<(u64, Vec<PortIdx>)> = Vec::new();
+    let mut unit_of_tenant: Vec<Option<usize>> = vec![None; dir.tenants.len()];
+    for (v, p) in dir.local_vms() {
+        let vm = &dir.vms[v];
+        let weight = vm.min_bps.max(1);
+        let together = dir.tenants[vm.tenant].slo.is_some();
+        match unit_of_tenant[vm.tenant].filter(|_| together) {
+            Some(u) => {
+                units[u].0 += weight;
+                units[u].1.push(p);
+            }
+            None => {
+                if together {
+                    unit_of_tenant[vm.tenant] = Some(units.len());
+                }
+                units.push((weight, vec![p]));
+            }
+        }
+    }
+    // Stable: equal weights keep config order.
+    units.sort_by_key(|u| std::cmp::Reverse(u.0));
+    let mut load = vec![(0u64, 0usize); workers];
+    for (weight, ports) in units {
+        let w = (0..workers)
+            .min_by_key(|&w| (load[w].0, load[w].1, w))
+            .expect("at least one worker");
+        load[w].0 += weight;
+        load[w].1 += ports.len();
+        for p in ports {
+            owner[p] = w;
+        }
+    }
+    Assignment { workers, owner }
+}
+
+/// What all workers draw from (see the module doc): per tenant its CPU budget in ns, and the
+/// uplink's pacing bucket in bytes.
+#[derive(Debug)]
+pub struct SharedBudgets {
+    /// The uplink's capacity (`uplink.capacity_mbps`), bytes/s, when egress is paced to it:
+    /// every worker's egress scheduler borrows from it (EyeQ 4's multi-queue rate limiter).
+    pub link: Option<SharedBucket>,
+    /// What a worker's link cache borrows at once, bytes.
+    pub link_chunk: u64,
+    /// Per tenant with a quota: its bucket, refilled at its allocation (quota per Iron period)
+    /// and holding one period's quota.
+    pub buckets: Vec<Option<SharedBucket>>,
+    /// Per tenant: ns charged by every worker since the start.
+    pub charged: Vec<AtomicU64>,
+    /// What a worker's cache borrows at once, ns.
+    pub chunk: u64,
+}
+
+impl SharedBudgets {
+    /// Budgets for the tenants with a quota of `quotas` (index = tenant), each `quota` ns of
+    /// CPU per `period`, starting full at `now`; caches of `workers` workers borrow 1/16 of a
+    /// period's smallest quota split over the workers, at most 100 us.
+    pub fn new(
+        quotas: &[Option<Duration>],
+        period: Duration,
+        workers: usize,
+        now: Instant,
+    ) -> Self {
+        let per_sec = |q: Duration| {
+            (q.as_nanos() as u128 * 1_000_000_000 / period.as_nanos().max(1) as u128) as u64
+        };
+        let smallest = quotas.iter().flatten().map(|q| q.as_nanos()).min();
+        SharedBudgets {
+            link: None,
+            link_chunk: 1,
+            buckets: quotas
+                .iter()
+                .map(|q| q.map(|q| SharedBucket::new(per_sec(q), q.as_nanos(), now)))
+                .collect(),
+            charged: quotas.iter().map(|_| AtomicU64::new(0)).collect(),
+            chunk: smallest
+                .map(|q| (q / 16 / workers.max(1) as u64).clamp(1, 100_000))
+                .unwrap_or(1),
+        }
+    }
+
+    /// Paces the workers' egress together to `rate` bytes/s with bursts of `burst`; each
+    /// worker's cache borrows a share of the burst at once.
+    pub fn with_link(mut self, rate: u64, burst: u64, now: Instant, workers: usize) -> Self {
+        self.link = Some(SharedBucket::new(rate, burst, now));
+        self.link_chunk = (burst / (2 * workers.max(1) as u64)).max(1);
+        self
+    }
+
+    /// The tenant's bucket, if it has a quota.
+    pub fn bucket(&self, tenant: TenantIdx) -> Option<&SharedBucket> {
+        self.buckets.get(tenant).and_then(Option::as_ref)
+    }
+
+    /// Notes `ns` charged to `tenant` by some worker.
+    pub fn note_charged(&self, tenant: TenantIdx, ns: u64) {
+        if let Some(c) = self.charged.get(tenant) {
+            c.fetch_add(ns, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A frame handed from one worker to another.
+pub enum Handoff {
+    /// Received on the sender's uplink socket, for a VM the receiver owns: the receiver's
+    /// engine takes it as if read from its own uplink socket.
+    Uplink(Frame),
+    /// A frame to transmit on a port the receiver owns.
+    Tx(PortIdx, Frame),
+    /// A copy of a frame carrying congestion feedback, for the receiver's senders.
+    Feedback(Frame),
+}
+
+/// A worker's inbox: a bounded lock-free queue other workers post frames to, the frames it
+/// is owed back (every frame handed over is repaid from the receiver's pool, so each pool keeps
+/// its size), and an eventfd that wakes it from its wait when it sleeps.
+pub struct Mailbox {
+    inbox: ArrayQueue<(usize, Handoff)>,
+    returns: ArrayQueue<Frame>,
+    wake: OwnedFd,
+    sleeping: AtomicBool,
+}
+
+impl Mailbox {
+    /// A mailbox holding up to `capacity` frames in flight.
+    pub fn new(capacity: usize) -> std::io::Result<Mailbox> {
+        // SAFETY: eventfd takes no pointers; a non-negative return is a new descriptor.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Mailbox {
+            inbox: ArrayQueue::new(capacity.max(1)),
+            returns: ArrayQueue::new(capacity.max(1)),
+            // SAFETY: `fd` is a fresh descriptor owned by nobody else.
+            wake: unsafe { OwnedFd::from_raw_fd(fd) },
+            sleeping: AtomicBool::new(false),
+        })
+    }
+
+    /// Posts a frame from worker `from`; gives it back when the inbox is full.
+    pub fn post(&self, from: usize, h: Handoff) -> Result<(), Handoff> {
+        self.inbox.push((from, h)).map_err(|(_, h)| h)?;
+        if self.sleeping.load(Ordering::SeqCst) {
+            self.kick();
+        }
+        Ok(())
+    }
+
+    /// The next frame handed to this worker, with the worker that sent it.
+    pub fn take(&self) -> Option<(usize, Handoff)> {
+        self.inbox.pop()
+    }
+
+    /// Repays a frame to this mailbox's worker; gives it back when the queue is full.
+    pub fn repay(&self, frame: Frame) -> Result<(), Frame> {
+        self.returns.push(frame)
+    }
+
+    /// A frame repaid to this worker.
+    pub fn repaid(&self) -> Option<Frame> {
+        self.returns.pop()
+    }
+
+    /// The descriptor that becomes readable when a frame is posted while the worker sleeps.
+    pub fn wake_fd(&self) -> RawFd {
+        self.wake.as_raw_fd()
+    }
+
+    /// Announces that the worker is about to block: returns false (and stays awake) when a
+    /// frame is already waiting, so no post can be missed between the check and the wait.
+    pub fn sleep(&self) -> bool {
+        self.sleeping.store(true, Ordering::SeqCst);
+        if !self.inbox.is_empty() {
+            self.sleeping.store(false, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    /// The worker woke: clears the flag and the eventfd's count.
+    pub fn awake(&self) {
+        self.sleeping.store(false, Ordering::SeqCst);
+        let mut count = 0u64;
+        // SAFETY: reads 8 bytes into a u64 we own; the fd is non-blocking.
+        unsafe {
+            libc::read(
+                self.wake.as_raw_fd(),
+                (&mut count as *mut u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        };
+    }
+
+    /// Wakes the worker (an API change, a stop request).
+    pub fn kick(&self) {
+        let one = 1u64;
+        // SAFETY: writes 8 bytes from a u64 we own; the fd is non-blocking (a full counter
+        // means the worker is already due to wake).
+        unsafe {
+            libc::write(
+                self.wake.as_raw_fd(),
+                (&one as *const u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn dir_with(vms: &[(&str, &str, u64)], slo_tenant: Option<&str>) -> Directory {
+        let mut cfg = Config::parse(include_str!("../../../examples/host1.toml")).unwrap();
+        let template = cfg.vms[0].clone();
+        cfg.vms.clear();
+        let mut tenants: Vec<&str> = vms.iter().map(|v| v.1).collect();
+        tenants.dedup();
+        let tmpl_tenant = cfg.tenants[0].clone();
+        cfg.tenants = tenants
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let mut t = tmpl_tenant.clone();
+                t.name = name.to_string();
+                t.vni = 100 + i as u32;
+                if Some(*name) != slo_tenant {
+                    t.slo = None;
+                }
+                t
+            })
+            .collect();
+        for (i, (name, tenant, mbps)) in vms.iter().enumerate() {
+            let mut v = template.clone();
+            v.name = name.to_string();
+            v.tenant = tenant.to_string();
+            v.id = 1 + i as u32;
+            v.mac = crate::config::Mac([2, 0, 0, 0, 0, i as u8 + 1]);
+            v.ip = std::net::Ipv4Addr::new(198, 18, 0, i as u8 + 1);
+            v.min_mbps = *mbps;
+            v.host = cfg.switch.host_id;
+            let mut port = v.port.clone().unwrap();
+            port.ifname = format!("vm{i}");
+            v.port = Some(port);
+            cfg.vms.push(v);
+        }
+        Directory::from_config(&cfg)
+    }
+
+    #[test]
+    fn the_default_is_one_worker_per_cpu_at_most_one_per_vm_port() {
+        assert_eq!(default_count(2, 5), 2);
+        assert_eq!(default_count(16, 3), 3);
+        assert_eq!(default_count(8, 0), 1);
+        assert_eq!(default_count(0, 4), 1);
+    }
+
+    #[test]
+    fn vms_go_heaviest_first_to_the_least_loaded_worker() {
+        let dir = dir_with(
+            &[
+                ("a", "t1", 100),
+                ("b", "t1", 300),
+                ("c", "t2", 100),
+                ("d", "t2", 100),
+                ("e", "t2", 100),
+            ],
+            None,
+        );
+        let a = assign(&dir, 2);
+        // b (300) -> 0; then a, c, d, e (100 each, config order) -> 1, 1, 1, then 0 (300 vs 300: fewer VMs).
+        assert_eq!(a.owner, vec![0, 1, 0, 1, 1, 0]);
+        assert_eq!(a.ports_of(0).collect::<Vec<_>>(), vec![2, 5]);
+        assert_eq!(a.ports_of(1).collect::<Vec<_>>(), vec![1, 3, 4]);
+        // One worker owns everything; more workers than VMs leave some without a VM.
+        assert!(assign(&dir, 1).owner.iter().all(|&w| w == 0));
+        let wide = assign(&dir, 8);
+        let mut used: Vec<usize> = wide.owner[1..].to_vec();
+        used.sort();
+        used.dedup();
+        assert_eq!(used.len(), 5, "each VM on a worker of its own");
+    }
+
+    #[test]
+    fn a_tenant_with_an_slo_stays_on_one_worker() {
+        let dir = dir_with(
+            &[
+                ("a", "gold", 100),
+                ("b", "gold", 100),
+                ("c", "bulk", 150),
+                ("d", "bulk", 150),
+            ],
+            Some("gold"),
+        );
+        let a = assign(&dir, 2);
+        // gold (200, one unit) first on 0, c (150) on 1, d (150) on 1 (150 < 200).
+        assert_eq!(a.owner, vec![0, 0, 0, 1, 1]);
+        // Without the SLO, gold's VMs are placed one by one: c 0, d 1, a 0, b 1.
+        let dir = dir_with(
+            &[
+                ("a", "gold", 100),
+                ("b", "gold", 100),
+                ("c", "bulk", 150),
+                ("d", "bulk", 150),
+            ],
+            None,
+        );
+        assert_eq!(assign(&dir, 2).owner, vec![0, 0, 1, 0, 1]);
+    }
+
+    #[test]
+    fn cpu_budgets_refill_at_the_allocation_and_hold_one_quota() {
+        let period = Duration::from_millis(10);
+        let quotas = [Some(Duration::from_millis(5)), None];
+        let b = SharedBudgets::new(&quotas, period, 2, Instant::ZERO);
+        let bucket = b.bucket(0).unwrap();
+        assert!(b.bucket(1).is_none());
+        assert_eq!((bucket.rate(), bucket.burst()), (500_000_000, 5_000_000));
+        // 5 ms / 16 / 2 workers, capped at 100 us.
+        assert_eq!(b.chunk, 100_000);
+        b.note_charged(0, 7);
+        b.note_charged(0, 5);
+        assert_eq!(b.charged[0].load(Ordering::Relaxed), 12);
+    }
+
+    #[test]
+    fn a_mailbox_wakes_a_sleeping_worker_and_is_bounded() {
+        let m = Mailbox::new(2).unwrap();
+        let mut pool = crate::frame::FramePool::new(4);
+        assert!(m.sleep());
+        assert!(m.post(1, Handoff::Uplink(pool.get().unwrap())).is_ok());
+        assert!(crate::port::wait_readable(&[m.wake_fd()], std::time::Duration::ZERO).unwrap());
+        m.awake();
+        assert!(!crate::port::wait_readable(&[m.wake_fd()], std::time::Duration::ZERO).unwrap());
+        assert!(!m.sleep(), "a frame is waiting: do not block");
+        assert!(m.post(1, Handoff::Tx(3, pool.get().unwrap())).is_ok());
+        assert!(m.post(1, Handoff::Feedback(pool.get().unwrap())).is_err());
+        assert!(matches!(m.take(), Some((1, Handoff::Uplink(_)))));
+        assert!(matches!(m.take(), Some((1, Handoff::Tx(3, _)))));
+        assert!(m.take().is_none());
+    }
+}
