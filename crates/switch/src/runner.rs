@@ -60,6 +60,55 @@ fn refill_cgroups(
     }
 }
 
+/// What a loop does between passes (Rizzo et al. 3.2.1): after work, each ring's adaptive
+/// wait learns the loop's own service time; when idle, it spins while some ring's producer is
+/// expected to deliver its next frame sooner than a notification and wake-up would cost, at
+/// most `spin_us`, and otherwise (or once a spin has run out) the caller blocks until a frame
+/// arrives or the engines' next deadline. The single loop and every worker run it.
+#[derive(Default)]
+pub(crate) struct IdlePolicy {
+    spin_until: Option<Instant>,
+}
+
+impl IdlePolicy {
+    /// A pass handled `busy` frames in `took`.
+    pub(crate) fn worked(
+        &mut self,
+        waits: &mut [(AdaptiveWait, u64)],
+        busy: usize,
+        took: Duration,
+    ) {
+        for (wait, _) in waits.iter_mut() {
+            wait.record_own_work(busy as u32, took);
+        }
+        self.spin_until = None;
+    }
+
+    /// A pass found nothing at `now`: whether to poll again (spinning) rather than block.
+    pub(crate) fn spin(&mut self, now: Instant, waits: &mut [(AdaptiveWait, u64)]) -> bool {
+        match self.spin_until {
+            Some(t) if now < t => {
+                std::hint::spin_loop();
+                true
+            }
+            Some(_) => {
+                self.spin_until = None;
+                false
+            }
+            None => {
+                self.spin_until = waits
+                    .iter_mut()
+                    .filter_map(|(w, _)| match w.decide(now, RING_SLOTS) {
+                        WaitDecision::Spin { until } => Some(until),
+                        WaitDecision::SlowDown { .. } | WaitDecision::Block => None,
+                    })
+                    .max();
+                self.spin_until.is_some()
+            }
+        }
+    }
+}
+
 /// Monotonic nanoseconds since the switch started, as the engines' `now`.
 #[derive(Clone, Copy)]
 pub struct Clock(StdInstant);
@@ -522,7 +571,7 @@ impl Switch {
         let mut driver = Driver::new(batch);
         let mut next_publish = self.clock.now();
         let mut fds = Vec::new();
-        let mut spin_until: Option<Instant> = None;
+        let mut idle = IdlePolicy::default();
         self.shared.set_config(self.cfg.clone());
         setup_thread(&self.cfg, self.cfg.switch.cpus.as_deref())?;
         let mut cgroups = self.open_cgroups()?;
@@ -570,38 +619,12 @@ impl Switch {
                 );
             }
             if busy > 0 {
-                let took = self.clock.now() - now;
-                for (wait, _) in &mut self.waits {
-                    wait.record_own_work(busy as u32, took);
-                }
-                spin_until = None;
+                idle.worked(&mut self.waits, busy, self.clock.now() - now);
                 continue;
             }
-            // Idle: spin while some ring's producer is expected to deliver its next frame
-            // sooner than a notification and wake-up would cost (Rizzo et al. 3.2.1), at most
-            // `spin_us`. Otherwise, or once a spin has run out, block until a frame arrives or
-            // the engines' next deadline.
-            match spin_until {
-                Some(t) if now < t => {
-                    std::hint::spin_loop();
-                    continue;
-                }
-                Some(_) => {}
-                None => {
-                    spin_until = self
-                        .waits
-                        .iter_mut()
-                        .filter_map(|(w, _)| match w.decide(now, RING_SLOTS) {
-                            WaitDecision::Spin { until } => Some(until),
-                            WaitDecision::SlowDown { .. } | WaitDecision::Block => None,
-                        })
-                        .max();
-                    if spin_until.is_some() {
-                        continue;
-                    }
-                }
+            if idle.spin(now, &mut self.waits) {
+                continue;
             }
-            spin_until = None;
             let until = self
                 .engine
                 .poll_at()

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use arc_swap::ArcSwapOption;
-use picnic_core::notify::{AdaptiveWait, WaitDecision};
+use picnic_core::notify::AdaptiveWait;
 use picnic_core::{Duration, Instant};
 use picnic_wire::overlay::decap;
 use serde::Serialize;
@@ -19,7 +19,7 @@ use crate::driver::{Driver, Io, UPLINK_READ_ROUNDS};
 use crate::engine::{Engine, Work};
 use crate::frame::{Frame, FramePool};
 use crate::port::{wait_readable, Port};
-use crate::runner::{ring_wait, thread_cpu_ns, Clock, PortView, Published, SpinWork, RING_SLOTS};
+use crate::runner::{ring_wait, thread_cpu_ns, Clock, PortView, Published, SpinWork};
 use crate::stats::DropReason;
 use crate::workers::{Assignment, Handoff, Mailbox, SharedBudgets};
 
@@ -124,7 +124,7 @@ impl Worker {
                 .collect();
         }
         let mut next_publish = clock.now();
-        let mut spin_until: Option<Instant> = None;
+        let mut idle = crate::runner::IdlePolicy::default();
         let mut fds = Vec::new();
         // The directory the uplink frames are routed with; it changes only at a live change,
         // while the workers are stopped.
@@ -158,34 +158,12 @@ impl Worker {
                 .busy()
                 + mail;
             if busy > 0 {
-                let took = clock.now() - now;
-                for (wait, _) in &mut self.waits {
-                    wait.record_own_work(busy as u32, took);
-                }
-                spin_until = None;
+                idle.worked(&mut self.waits, busy, clock.now() - now);
                 continue;
             }
-            match spin_until {
-                Some(t) if now < t => {
-                    std::hint::spin_loop();
-                    continue;
-                }
-                Some(_) => {}
-                None => {
-                    spin_until = self
-                        .waits
-                        .iter_mut()
-                        .filter_map(|(w, _)| match w.decide(now, RING_SLOTS) {
-                            WaitDecision::Spin { until } => Some(until),
-                            WaitDecision::SlowDown { .. } | WaitDecision::Block => None,
-                        })
-                        .max();
-                    if spin_until.is_some() {
-                        continue;
-                    }
-                }
+            if idle.spin(now, &mut self.waits) {
+                continue;
             }
-            spin_until = None;
             if !mailbox.sleep() {
                 continue;
             }
