@@ -380,7 +380,10 @@ fn quota_changes_in_place_and_removed_tenants_free_their_index() {
     a.remove_tenant(t).unwrap();
     assert_eq!(a.tenant_count(), 1);
     assert_eq!(a.remove_tenant(t), Err(IronError::UnknownTenant(t)));
-    assert_eq!(a.charge(at_ms(101), t, ms(1)), Err(IronError::UnknownTenant(t)));
+    assert_eq!(
+        a.charge(at_ms(101), t, ms(1)),
+        Err(IronError::UnknownTenant(t))
+    );
     assert!(a.stats(t).is_err() && !a.exhausted(t));
     let batch = BatchCost {
         total: ms(1),

@@ -773,7 +773,13 @@ fn retain_and_set_limits_change_one_queue_in_place() {
     assert_eq!(wfq.queue_len(a), Some(4));
     assert!(wfq.enqueue(t, a, 9, 100).is_err());
     assert_eq!(
-        wfq.set_limits(a, QueueLimits { max_packets: 0, ..two }),
+        wfq.set_limits(
+            a,
+            QueueLimits {
+                max_packets: 0,
+                ..two
+            }
+        ),
         Err(WfqError::ZeroPacketLimit)
     );
     wfq.remove_queue(b).unwrap();

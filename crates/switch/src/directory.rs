@@ -81,13 +81,18 @@ pub struct Directory {
 }
 
 impl Directory {
+    /// Empty tables: no tenant, no VM, only the uplink's port.
+    pub fn new() -> Directory {
+        Directory {
+            port_vm: vec![None],
+            ..Default::default()
+        }
+    }
+
     /// Builds the tables of a validated config. Local VM ports are numbered from 1 in
     /// config order.
     pub fn from_config(cfg: &Config) -> Directory {
-        let mut d = Directory {
-            port_vm: vec![None],
-            ..Default::default()
-        };
+        let mut d = Directory::new();
         for t in &cfg.tenants {
             d.add_tenant(t);
         }

@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod cgroup;
+pub mod change;
 pub mod config;
 pub mod directory;
 pub mod driver;

@@ -20,11 +20,12 @@ use picnic_core::{Duration, Instant};
 use picnic_wire::overlay::ENCAP_OVERHEAD;
 
 use crate::cgroup::CpuQuota;
+use crate::change::Change;
 use crate::config::{BackendKind, Config};
 use crate::directory::{PortIdx, TenantIdx};
 use crate::driver::{Driver, Io};
 use crate::ebpf::{EarlyDrop, KernelLink};
-use crate::engine::{Engine, SloReport, Snapshot, Work, IRON_PERIOD};
+use crate::engine::{Engine, PortChange, SloReport, Snapshot, Work, IRON_PERIOD};
 use crate::frame::{Frame, FramePool};
 use crate::port::{
     wait_readable, AfPacketOptions, AfPacketPort, AfXdpOptions, AfXdpPort, Port, PortStats, TapPort,
@@ -158,7 +159,8 @@ impl Shared {
 pub struct Switch {
     cfg: Config,
     engine: Engine,
-    ports: Vec<Box<dyn Port>>,
+    /// Indexed by port slot (0 the uplink); None: a removed VM's port, closed.
+    ports: Vec<Option<Box<dyn Port>>>,
     pool: FramePool,
     clock: Clock,
     work: SpinWork,
@@ -169,6 +171,8 @@ pub struct Switch {
     waits: Vec<(AdaptiveWait, u64)>,
     /// The eBPF programs' maps: the uplink's early drop, the ports' softirq time.
     kernel: KernelLink,
+    /// Per tenant slot: the cgroup charged for its switch work (Iron), with its path.
+    cgroups: Vec<Option<(std::path::PathBuf, CpuQuota)>>,
 }
 
 /// Receive ring slots, the queue length L of the Rizzo model.
@@ -192,7 +196,7 @@ fn ring_wait(max_spin: Duration) -> AdaptiveWait {
 
 /// The ports as the driver's [`Io`]: each read feeds the adaptive wait of the port's ring.
 struct PortIo<'a> {
-    ports: &'a mut [Box<dyn Port>],
+    ports: &'a mut [Option<Box<dyn Port>>],
     waits: &'a mut [(AdaptiveWait, u64)],
     work: &'a mut SpinWork,
 }
@@ -206,9 +210,12 @@ impl Io for PortIo<'_> {
         rx: &mut Vec<Frame>,
         max: usize,
     ) -> anyhow::Result<usize> {
-        let n = self.ports[port]
+        let Some(p) = self.ports[port].as_mut() else {
+            return Ok(0);
+        };
+        let n = p
             .recv_batch(pool, rx, max)
-            .with_context(|| format!("receive on {}", self.ports[port].name()))?;
+            .with_context(|| format!("receive on {}", p.name()))?;
         if n > 0 {
             let (wait, seen) = &mut self.waits[port];
             *seen += n as u64;
@@ -223,9 +230,13 @@ impl Io for PortIo<'_> {
         queue: &mut Vec<Frame>,
         pool: &mut FramePool,
     ) -> anyhow::Result<()> {
-        self.ports[port]
-            .send_batch(queue, pool)
-            .with_context(|| format!("send on {}", self.ports[port].name()))?;
+        match self.ports[port].as_mut() {
+            Some(p) => {
+                p.send_batch(queue, pool)
+                    .with_context(|| format!("send on {}", p.name()))?;
+            }
+            None => queue.drain(..).for_each(|f| pool.put(f)),
+        }
         Ok(())
     }
 
@@ -293,12 +304,12 @@ fn open_uplink(cfg: &Config) -> anyhow::Result<(Box<dyn Port>, Option<EarlyDrop>
 }
 
 /// The tenant ports (every port but the uplink) as (interface name, slot = port index).
-fn tenant_ports(ports: &[Box<dyn Port>]) -> Vec<(String, u32)> {
+fn tenant_ports(ports: &[Option<Box<dyn Port>>]) -> Vec<(String, u32)> {
     ports
         .iter()
         .enumerate()
         .skip(1)
-        .map(|(i, p)| (p.name().to_string(), i as u32))
+        .filter_map(|(i, p)| Some((p.as_ref()?.name().to_string(), i as u32)))
         .collect()
 }
 
@@ -330,8 +341,8 @@ impl Switch {
         let softirq = cfg.isolation.cpu_accounting
             && cfg.isolation.softirq_accounting
             && cfg.tenants.iter().any(|t| t.cpu_quota.is_some());
-        let kernel = KernelLink::open(early_drop, softirq, &tenant_ports(&ports));
         let mut switch = Self::with_ports(cfg, engine, ports, clock);
+        let kernel = KernelLink::open(early_drop, softirq, &tenant_ports(&switch.ports));
         switch.kernel = kernel;
         Ok(switch)
     }
@@ -351,7 +362,7 @@ impl Switch {
         Switch {
             pool: FramePool::new(cfg.switch.frame_pool),
             engine,
-            ports,
+            ports: ports.into_iter().map(Some).collect(),
             clock,
             work,
             stop: Arc::new(AtomicBool::new(false)),
@@ -359,6 +370,7 @@ impl Switch {
             commands: None,
             waits: Vec::new(),
             kernel: KernelLink::default(),
+            cgroups: Vec::new(),
             cfg,
         }
     }
@@ -368,7 +380,10 @@ impl Switch {
             .ports
             .iter()
             .enumerate()
-            .map(|(i, p)| format!("port {i} {}: {}", p.name(), p.backend()))
+            .filter_map(|(i, p)| {
+                let p = p.as_ref()?;
+                Some(format!("port {i} {}: {}", p.name(), p.backend()))
+            })
             .collect();
         if self.kernel.early_drop_on() {
             lines.push("uplink XDP early drop of throttled VMs: on".into());
@@ -418,7 +433,7 @@ impl Switch {
                 );
             }
         }
-        let mut cgroups = self.open_cgroups()?;
+        self.cgroups = self.open_cgroups()?;
         let mut quotas = Vec::new();
         self.kernel.set_dataplane_thread();
         let mut cpu_mark = thread_cpu_ns();
@@ -432,7 +447,7 @@ impl Switch {
             self.kernel.tick(&mut self.engine, now);
             self.engine.cgroup_quotas(now, &mut quotas);
             for &(tenant, quota) in &quotas {
-                if let Some(Some(group)) = cgroups.get_mut(tenant) {
+                if let Some(Some((_, group))) = self.cgroups.get_mut(tenant) {
                     if let Err(e) = group.refill(quota).map(drop) {
                         eprintln!("picnic switch: warning: {e:#}");
                     }
@@ -441,13 +456,11 @@ impl Switch {
             if now >= next_publish {
                 next_publish = now + Duration::from_millis(100);
                 self.publish(now);
-                self.apply_commands();
             }
-            if self.waits.len() != self.ports.len() {
-                self.waits = (0..self.ports.len())
-                    .map(|_| (ring_wait(spin), 0))
-                    .collect();
-            }
+            // Live changes are applied as they come (each touches only its tenant).
+            self.apply_commands();
+            self.waits
+                .resize_with(self.ports.len(), || (ring_wait(spin), 0));
             let mut io = PortIo {
                 ports: &mut self.ports,
                 waits: &mut self.waits,
@@ -501,17 +514,17 @@ impl Switch {
             fds.extend(
                 (0..self.ports.len())
                     .filter(|&p| self.engine.rx_ready(now, p, batch))
-                    .filter_map(|p| self.ports[p].raw_fd()),
+                    .filter_map(|p| self.ports[p].as_ref()?.raw_fd()),
             );
             wait_readable(&fds, std::time::Duration::from_nanos(timeout.as_nanos()))?;
         }
         self.publish(self.clock.now());
-        self.release_cgroups(&mut cgroups);
+        self.release_cgroups();
         Ok(())
     }
 
     /// The quota file of every tenant with a `cgroup` (index = tenant), period set to Iron's.
-    fn open_cgroups(&self) -> anyhow::Result<Vec<Option<CpuQuota>>> {
+    fn open_cgroups(&self) -> anyhow::Result<Vec<Option<(std::path::PathBuf, CpuQuota)>>> {
         self.cfg
             .tenants
             .iter()
@@ -519,7 +532,7 @@ impl Switch {
             .map(
                 |(i, t)| match (&t.cgroup, self.cfg.isolation.cpu_accounting) {
                     (Some(dir), true) => CpuQuota::open(dir, IRON_PERIOD)
-                        .map(Some)
+                        .map(|q| Some((dir.clone(), q)))
                         .with_context(|| format!("tenants[{i}].cgroup")),
                     _ => Ok(None),
                 },
@@ -528,15 +541,59 @@ impl Switch {
     }
 
     /// Gives each charged cgroup its whole allocation back when the switch stops.
-    fn release_cgroups(&self, cgroups: &mut [Option<CpuQuota>]) {
-        for (t, group) in self.cfg.tenants.iter().zip(cgroups.iter_mut()) {
-            if let (Some(group), Some(cores)) = (group.as_mut(), t.cpu_quota) {
-                let allocation = IRON_PERIOD.as_nanos() as f64 * cores;
-                if let Err(e) = group.release(Duration::from_nanos(allocation as u64)) {
-                    eprintln!("picnic switch: warning: restoring a tenant's quota: {e:#}");
-                }
+    fn release_cgroups(&mut self) {
+        let cfg = self.cfg.clone();
+        for slot in 0..self.cgroups.len() {
+            self.release_cgroup(slot, &cfg);
+        }
+    }
+
+    /// Stops charging tenant slot `slot`'s cgroup, giving it back the allocation `cfg` gave
+    /// the tenant that had it.
+    fn release_cgroup(&mut self, slot: usize, cfg: &Config) {
+        let Some((path, mut group)) = self.cgroups.get_mut(slot).and_then(Option::take) else {
+            return;
+        };
+        let cores = cfg
+            .tenants
+            .iter()
+            .find(|t| t.cgroup.as_ref() == Some(&path))
+            .and_then(|t| t.cpu_quota);
+        if let Some(cores) = cores {
+            let allocation = IRON_PERIOD.as_nanos() as f64 * cores;
+            if let Err(e) = group.release(Duration::from_nanos(allocation as u64)) {
+                eprintln!("picnic switch: warning: restoring a tenant's quota: {e:#}");
             }
         }
+    }
+
+    /// After a live change: each tenant slot charges the cgroup its tenant names now; a
+    /// cgroup no longer charged gets back the allocation `old` gave it.
+    fn sync_cgroups(&mut self, old: &Config) -> anyhow::Result<()> {
+        let tenants = &self.engine.dir.tenants;
+        let want: Vec<Option<std::path::PathBuf>> = tenants
+            .iter()
+            .map(|t| {
+                (t.present && self.cfg.isolation.cpu_accounting)
+                    .then(|| t.cgroup.clone())
+                    .flatten()
+            })
+            .collect();
+        self.cgroups
+            .resize_with(want.len().max(self.cgroups.len()), || None);
+        for (slot, want) in want.into_iter().enumerate() {
+            let have = self.cgroups[slot].as_ref().map(|(p, _)| p);
+            if have == want.as_ref() {
+                continue;
+            }
+            self.release_cgroup(slot, old);
+            if let Some(dir) = want {
+                let group = CpuQuota::open(&dir, IRON_PERIOD)
+                    .with_context(|| format!("cgroup {}", dir.display()))?;
+                self.cgroups[slot] = Some((dir, group));
+            }
+        }
+        Ok(())
     }
 
     fn publish(&mut self, now: Instant) {
@@ -545,6 +602,7 @@ impl Switch {
             .ports
             .iter()
             .enumerate()
+            .filter_map(|(i, p)| Some((i, p.as_ref()?)))
             .map(|(i, p)| {
                 let wait = self.waits.get(i).map(|(w, _)| w);
                 let decisions = wait.map(|w| w.counts()).unwrap_or_default();
@@ -583,90 +641,74 @@ impl Switch {
         self.commands = Some(rx);
     }
 
-    /// Rebuilds the engines for a new config, keeping ports that stay and opening new ones.
-    /// Every frame the old engines held returns to the pool; counters of VMs that stay carry
-    /// over.
+    /// Applies a new config as live changes ([`crate::change::diff`]): each touches only its
+    /// host, tenant or VM in place. The ports of added VMs are opened first (if one cannot be,
+    /// nothing changes); a removed VM's port is closed; the other ports and their rings are
+    /// not touched.
     fn reconfigure(&mut self, cfg: Config) -> anyhow::Result<()> {
         cfg.validate()?;
-        if cfg.uplink.ifname != self.cfg.uplink.ifname
-            || cfg.switch.host_id != self.cfg.switch.host_id
-        {
-            anyhow::bail!("uplink and host_id cannot change live; restart the switch");
-        }
-        // A VM's guarantee or cap changes in place: no other tenant's state is touched.
-        if let Some(changes) = crate::config::rate_only_changes(&self.cfg, &cfg) {
-            let now = self.clock.now();
-            for (name, min_bps, max_bps) in changes {
-                self.engine
-                    .set_vm_rates(now, &name, min_bps, max_bps)
-                    .map_err(anyhow::Error::msg)?;
+        let changes = crate::change::diff(&self.cfg, &cfg).map_err(anyhow::Error::msg)?;
+        let open_now = |name: &str, ports: &[Option<Box<dyn Port>>]| {
+            ports.iter().flatten().any(|p| p.name() == name)
+        };
+        let mut opened: Vec<Box<dyn Port>> = Vec::new();
+        for change in &changes {
+            let Change::AddVm(vm) = change else { continue };
+            let Some(p) = vm.port.as_ref().filter(|_| vm.host == cfg.switch.host_id) else {
+                continue;
+            };
+            if open_now(&p.ifname, &self.ports) {
+                continue;
             }
-            self.shared.set_config(cfg.clone());
-            self.cfg = cfg;
-            return Ok(());
+            let i = cfg.vms.iter().position(|v| v.name == vm.name).unwrap_or(0);
+            let field = format!("vms[{i}].port.ifname");
+            opened.push(open_port(&p.ifname, p.backend, &field, vm_max_frame(&cfg))?);
         }
-        let mut old: Vec<Option<Box<dyn Port>>> = std::mem::take(&mut self.ports)
-            .into_iter()
-            .map(Some)
-            .collect();
-        let mut ports: Vec<Box<dyn Port>> = vec![old[0].take().expect("uplink")];
-        for (i, vm) in cfg.vms.iter().enumerate() {
-            if let Some(p) = vm.port.as_ref().filter(|_| vm.host == cfg.switch.host_id) {
-                let reuse = old
-                    .iter_mut()
-                    .position(|o| o.as_ref().is_some_and(|o| o.name() == p.ifname));
-                match reuse {
-                    Some(j) => ports.push(old[j].take().expect("present")),
-                    None => match open_port(
-                        &p.ifname,
-                        p.backend,
-                        &format!("vms[{i}].port.ifname"),
-                        vm_max_frame(&cfg),
-                    ) {
-                        Ok(port) => ports.push(port),
-                        Err(e) => {
-                            // Put everything back as it was.
-                            let mut restored: Vec<Box<dyn Port>> = Vec::new();
-                            let mut rest = ports.into_iter();
-                            restored.push(rest.next().expect("uplink"));
-                            let mut rest: Vec<Box<dyn Port>> = rest.collect();
-                            for o in old.into_iter().skip(1) {
-                                match o {
-                                    Some(p) => restored.push(p),
-                                    None => restored.push(rest.remove(0)),
-                                }
-                            }
-                            self.ports = restored;
-                            return Err(e);
-                        }
-                    },
+        let now = self.clock.now();
+        let spin = Duration::from_micros(cfg.switch.spin_us);
+        let mut closed: Vec<Box<dyn Port>> = Vec::new();
+        // XDP drops counted so far belong to the VMs in their slots now.
+        self.kernel.publish(&mut self.engine, now);
+        for change in &changes {
+            let port = self
+                .engine
+                .apply(now, change, &mut self.pool)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            match (port, change) {
+                (Some(PortChange::Closed(slot)), _) => {
+                    closed.extend(self.ports.get_mut(slot).and_then(Option::take));
                 }
+                (Some(PortChange::Opened(slot)), Change::AddVm(vm)) => {
+                    let name = &vm.port.as_ref().expect("local VM").ifname;
+                    let take = |list: &mut Vec<Box<dyn Port>>| {
+                        let at = list.iter().position(|p| p.name() == name)?;
+                        Some(list.swap_remove(at))
+                    };
+                    let port = take(&mut opened).or_else(|| take(&mut closed));
+                    if self.ports.len() <= slot {
+                        self.ports.resize_with(slot + 1, || None);
+                    }
+                    self.ports[slot] = port;
+                    self.waits
+                        .resize_with(self.ports.len(), || (ring_wait(spin), 0));
+                    self.waits[slot] = (ring_wait(spin), 0);
+                }
+                _ => {}
             }
         }
-        let mut engine = Engine::new(&cfg, self.clock.now())?;
-        // XDP drops counted so far belong to the old engine's VMs (carried over by name).
-        self.kernel.publish(&mut self.engine, self.clock.now());
-        for (i, vm) in engine.dir.vms.iter().enumerate() {
-            if let Some(j) = self.engine.dir.vms.iter().position(|o| o.name == vm.name) {
-                engine.vm_counters[i] = self.engine.vm_counters[j].clone();
-            }
-        }
-        engine.counters = self.engine.counters.clone();
-        engine.carry_slo_from(&mut self.engine);
-        engine.carry_feedback_auth_from(&mut self.engine);
-        let mut old_engine = std::mem::replace(&mut self.engine, engine);
-        old_engine.release_frames(&mut self.pool);
-        self.ports = ports;
+        drop(closed);
         if let Err(e) = self.kernel.set_ports(&tenant_ports(&self.ports)) {
             eprintln!("picnic switch: warning: softirq accounting: {e}");
         }
-        self.shared.set_config(cfg.clone());
-        self.cfg = cfg;
-        Ok(())
+        let old = std::mem::replace(&mut self.cfg, cfg);
+        self.shared.set_config(self.cfg.clone());
+        self.sync_cgroups(&old)
     }
 
     pub fn port_index(&self, name: &str) -> Option<PortIdx> {
-        self.ports.iter().position(|p| p.name() == name)
+        self.ports
+            .iter()
+            .position(|p| p.as_ref().is_some_and(|p| p.name() == name))
     }
 }
 

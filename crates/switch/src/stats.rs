@@ -39,10 +39,12 @@ pub enum DropReason {
     CpuThrottledXdp,
     /// As `PpsLimit`, dropped by the uplink's XDP program before reaching the switch.
     PpsLimitXdp,
+    /// Queued for a VM or in a shaped class that a live change removed meanwhile.
+    Removed,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 16] = [
+    pub const ALL: [DropReason; 17] = [
         DropReason::Malformed,
         DropReason::Spoofed,
         DropReason::UnknownDestination,
@@ -59,6 +61,7 @@ impl DropReason {
         DropReason::NoBuffer,
         DropReason::CpuThrottledXdp,
         DropReason::PpsLimitXdp,
+        DropReason::Removed,
     ];
     pub fn as_str(self) -> &'static str {
         match self {
@@ -78,6 +81,7 @@ impl DropReason {
             DropReason::NoBuffer => "no_buffer",
             DropReason::CpuThrottledXdp => "cpu_throttled_xdp",
             DropReason::PpsLimitXdp => "pps_limit_xdp",
+            DropReason::Removed => "removed",
         }
     }
 }
