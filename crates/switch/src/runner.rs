@@ -20,17 +20,19 @@ use picnic_core::{Duration, Instant};
 use picnic_wire::overlay::ENCAP_OVERHEAD;
 
 use crate::cgroup::CpuQuota;
-use crate::change::Change;
 use crate::config::{BackendKind, Config};
 use crate::directory::{PortIdx, TenantIdx};
 use crate::driver::{Driver, Io};
 use crate::ebpf::{EarlyDrop, KernelLink};
-use crate::engine::{Engine, PortChange, SloReport, Snapshot, Work, IRON_PERIOD};
+use crate::engine::{Engine, SloReport, Snapshot, Work, IRON_PERIOD};
 use crate::frame::{Frame, FramePool};
 use crate::port::{
     wait_readable, AfPacketOptions, AfPacketPort, AfXdpOptions, AfXdpPort, Port, PortStats, TapPort,
 };
 use picnic_core::notify::{AdaptiveWait, Params, Role, WaitConfig, WaitDecision};
+
+mod live;
+use live::Opening;
 
 /// Monotonic nanoseconds since the switch started, as the engines' `now`.
 #[derive(Clone, Copy)]
@@ -167,6 +169,8 @@ pub struct Switch {
     stop: Arc<AtomicBool>,
     shared: Arc<Shared>,
     commands: Option<mpsc::Receiver<Command>>,
+    /// A change waiting for its new ports, which a helper thread opens.
+    opening: Option<Opening>,
     /// Per port: the adaptive wait of its receive ring and frames read from it so far.
     waits: Vec<(AdaptiveWait, u64)>,
     /// The eBPF programs' maps: the uplink's early drop, the ports' softirq time.
@@ -368,6 +372,7 @@ impl Switch {
             stop: Arc::new(AtomicBool::new(false)),
             shared: Arc::new(Shared::default()),
             commands: None,
+            opening: None,
             waits: Vec::new(),
             kernel: KernelLink::default(),
             cgroups: Vec::new(),
@@ -567,35 +572,6 @@ impl Switch {
         }
     }
 
-    /// After a live change: each tenant slot charges the cgroup its tenant names now; a
-    /// cgroup no longer charged gets back the allocation `old` gave it.
-    fn sync_cgroups(&mut self, old: &Config) -> anyhow::Result<()> {
-        let tenants = &self.engine.dir.tenants;
-        let want: Vec<Option<std::path::PathBuf>> = tenants
-            .iter()
-            .map(|t| {
-                (t.present && self.cfg.isolation.cpu_accounting)
-                    .then(|| t.cgroup.clone())
-                    .flatten()
-            })
-            .collect();
-        self.cgroups
-            .resize_with(want.len().max(self.cgroups.len()), || None);
-        for (slot, want) in want.into_iter().enumerate() {
-            let have = self.cgroups[slot].as_ref().map(|(p, _)| p);
-            if have == want.as_ref() {
-                continue;
-            }
-            self.release_cgroup(slot, old);
-            if let Some(dir) = want {
-                let group = CpuQuota::open(&dir, IRON_PERIOD)
-                    .with_context(|| format!("cgroup {}", dir.display()))?;
-                self.cgroups[slot] = Some((dir, group));
-            }
-        }
-        Ok(())
-    }
-
     fn publish(&mut self, now: Instant) {
         self.kernel.publish(&mut self.engine, now);
         let ports = self
@@ -624,85 +600,6 @@ impl Switch {
             pool_capacity: self.pool.capacity(),
             slo: self.engine.slo_report(now),
         });
-    }
-
-    fn apply_commands(&mut self) {
-        let Some(rx) = self.commands.take() else {
-            return;
-        };
-        while let Ok(cmd) = rx.try_recv() {
-            match cmd {
-                Command::Reconfigure(cfg, reply) => {
-                    let result = self.reconfigure(*cfg);
-                    let _ = reply.send(result);
-                }
-            }
-        }
-        self.commands = Some(rx);
-    }
-
-    /// Applies a new config as live changes ([`crate::change::diff`]): each touches only its
-    /// host, tenant or VM in place. The ports of added VMs are opened first (if one cannot be,
-    /// nothing changes); a removed VM's port is closed; the other ports and their rings are
-    /// not touched.
-    fn reconfigure(&mut self, cfg: Config) -> anyhow::Result<()> {
-        cfg.validate()?;
-        let changes = crate::change::diff(&self.cfg, &cfg).map_err(anyhow::Error::msg)?;
-        let open_now = |name: &str, ports: &[Option<Box<dyn Port>>]| {
-            ports.iter().flatten().any(|p| p.name() == name)
-        };
-        let mut opened: Vec<Box<dyn Port>> = Vec::new();
-        for change in &changes {
-            let Change::AddVm(vm) = change else { continue };
-            let Some(p) = vm.port.as_ref().filter(|_| vm.host == cfg.switch.host_id) else {
-                continue;
-            };
-            if open_now(&p.ifname, &self.ports) {
-                continue;
-            }
-            let i = cfg.vms.iter().position(|v| v.name == vm.name).unwrap_or(0);
-            let field = format!("vms[{i}].port.ifname");
-            opened.push(open_port(&p.ifname, p.backend, &field, vm_max_frame(&cfg))?);
-        }
-        let now = self.clock.now();
-        let spin = Duration::from_micros(cfg.switch.spin_us);
-        let mut closed: Vec<Box<dyn Port>> = Vec::new();
-        // XDP drops counted so far belong to the VMs in their slots now.
-        self.kernel.publish(&mut self.engine, now);
-        for change in &changes {
-            let port = self
-                .engine
-                .apply(now, change, &mut self.pool)
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
-            match (port, change) {
-                (Some(PortChange::Closed(slot)), _) => {
-                    closed.extend(self.ports.get_mut(slot).and_then(Option::take));
-                }
-                (Some(PortChange::Opened(slot)), Change::AddVm(vm)) => {
-                    let name = &vm.port.as_ref().expect("local VM").ifname;
-                    let take = |list: &mut Vec<Box<dyn Port>>| {
-                        let at = list.iter().position(|p| p.name() == name)?;
-                        Some(list.swap_remove(at))
-                    };
-                    let port = take(&mut opened).or_else(|| take(&mut closed));
-                    if self.ports.len() <= slot {
-                        self.ports.resize_with(slot + 1, || None);
-                    }
-                    self.ports[slot] = port;
-                    self.waits
-                        .resize_with(self.ports.len(), || (ring_wait(spin), 0));
-                    self.waits[slot] = (ring_wait(spin), 0);
-                }
-                _ => {}
-            }
-        }
-        drop(closed);
-        if let Err(e) = self.kernel.set_ports(&tenant_ports(&self.ports)) {
-            eprintln!("picnic switch: warning: softirq accounting: {e}");
-        }
-        let old = std::mem::replace(&mut self.cfg, cfg);
-        self.shared.set_config(self.cfg.clone());
-        self.sync_cgroups(&old)
     }
 
     pub fn port_index(&self, name: &str) -> Option<PortIdx> {
