@@ -97,7 +97,8 @@ impl Work for SpinWork {
 
 /// A request from the control API, applied by the loop between batches.
 pub enum Command {
-    /// Replace the configuration (tenants, VMs, hosts); ports are opened/closed to match.
+    /// Replace the configuration (tenants, VMs, hosts), applied as live changes in place;
+    /// only new VMs' ports open and removed VMs' ports close.
     Reconfigure(Box<Config>, mpsc::Sender<anyhow::Result<()>>),
 }
 
