@@ -359,7 +359,9 @@ pub struct CpuAccounts {
     period: u64,
     early_drop_percent: Option<u8>,
     next_boundary: Instant,
-    accounts: Vec<Account>,
+    /// Indexed by tenant; a removed tenant's slot is None until [`CpuAccounts::add_tenant`]
+    /// reuses it.
+    accounts: Vec<Option<Account>>,
 }
 
 impl CpuAccounts {
@@ -382,18 +384,59 @@ impl CpuAccounts {
     }
 
     /// Adds a tenant allowed `quota` of CPU per period (may exceed the period: several
-    /// cores' worth, as in cfs). Its full quota is available at once. Returns its index.
+    /// cores' worth, as in cfs). Its full quota is available at once. Returns its index (a
+    /// removed tenant's index may be reused).
     pub fn add_tenant(&mut self, quota: Duration) -> Result<usize, IronError> {
         if quota == Duration::ZERO {
             return Err(IronError::ZeroQuota);
         }
-        self.accounts.push(Account::new(quota.as_nanos()));
-        Ok(self.accounts.len() - 1)
+        let account = Some(Account::new(quota.as_nanos()));
+        match self.accounts.iter().position(Option::is_none) {
+            Some(free) => {
+                self.accounts[free] = account;
+                Ok(free)
+            }
+            None => {
+                self.accounts.push(account);
+                Ok(self.accounts.len() - 1)
+            }
+        }
     }
 
-    /// Number of tenants added.
+    /// Changes `tenant`'s quota in place, as a cgroup quota written mid-period: the current
+    /// period's runtime moves by the difference (debt and credit stay), at most the new
+    /// quota; later periods refill to the new quota. Other tenants are not touched.
+    pub fn set_quota(
+        &mut self,
+        now: Instant,
+        tenant: usize,
+        quota: Duration,
+    ) -> Result<(), IronError> {
+        if quota == Duration::ZERO {
+            return Err(IronError::ZeroQuota);
+        }
+        let account = self.account(now, tenant)?;
+        let new = quota.as_nanos() as i128;
+        account.runtime = (account.runtime + new - account.quota as i128).min(new);
+        account.quota = quota.as_nanos();
+        account.note_throttle();
+        Ok(())
+    }
+
+    /// Removes `tenant`'s account; its index is unknown until `add_tenant` reuses it.
+    pub fn remove_tenant(&mut self, tenant: usize) -> Result<(), IronError> {
+        match self.accounts.get_mut(tenant) {
+            Some(slot @ Some(_)) => {
+                *slot = None;
+                Ok(())
+            }
+            _ => Err(IronError::UnknownTenant(tenant)),
+        }
+    }
+
+    /// Number of tenants present.
     pub fn tenant_count(&self) -> usize {
-        self.accounts.len()
+        self.accounts.iter().flatten().count()
     }
 
     /// The next period boundary, when quotas refill and throttled tenants may resume.
@@ -408,7 +451,7 @@ impl CpuAccounts {
             return;
         }
         let periods = (now - self.next_boundary).as_nanos() / self.period + 1;
-        for account in &mut self.accounts {
+        for account in self.accounts.iter_mut().flatten() {
             account.refill(periods);
         }
         self.next_boundary += Duration::from_nanos(periods.saturating_mul(self.period));
@@ -418,6 +461,7 @@ impl CpuAccounts {
         self.on_timeout(now);
         self.accounts
             .get_mut(tenant)
+            .and_then(Option::as_mut)
             .ok_or(IronError::UnknownTenant(tenant))
     }
 
@@ -425,7 +469,10 @@ impl CpuAccounts {
     /// date (by [`CpuAccounts::on_timeout`] or any other call): a read-only check for a
     /// caller deciding whether to read the tenant's port at all. Unknown tenants are not.
     pub fn exhausted(&self, tenant: usize) -> bool {
-        self.accounts.get(tenant).is_some_and(|a| a.is_throttled())
+        self.accounts
+            .get(tenant)
+            .and_then(Option::as_ref)
+            .is_some_and(|a| a.is_throttled())
     }
 
     /// Decides, before any work is done, whether a packet of `tenant` may be processed.
@@ -495,19 +542,24 @@ impl CpuAccounts {
         model: PacketCostModel,
         packets: &[BatchPacket],
     ) -> Result<(), IronError> {
-        if let Some(p) = packets.iter().find(|p| p.tenant >= self.accounts.len()) {
+        if let Some(p) = packets
+            .iter()
+            .find(|p| self.accounts.get(p.tenant).is_none_or(Option::is_none))
+        {
             return Err(IronError::UnknownTenant(p.tenant));
         }
         self.on_timeout(now);
         let accounts = &mut self.accounts;
         for_each_share(batch, model, packets, |i, ns| {
-            let account = &mut accounts[packets[i].tenant];
+            let account = accounts[packets[i].tenant].as_mut().expect("checked");
             account.settle(ns as i128);
             account.stats.charged_ns = account.stats.charged_ns.saturating_add(ns);
             account.current.charged_ns = account.current.charged_ns.saturating_add(ns);
         })?;
         for p in packets {
-            accounts[p.tenant].note_throttle();
+            if let Some(account) = accounts[p.tenant].as_mut() {
+                account.note_throttle();
+            }
         }
         Ok(())
     }
@@ -536,6 +588,7 @@ impl CpuAccounts {
     pub fn stats(&self, tenant: usize) -> Result<TenantStats, IronError> {
         self.accounts
             .get(tenant)
+            .and_then(Option::as_ref)
             .map(|a| a.stats)
             .ok_or(IronError::UnknownTenant(tenant))
     }

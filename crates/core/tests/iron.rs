@@ -353,3 +353,54 @@ proptest! {
         }
     }
 }
+
+/// Live changes: a tenant's quota changes in place (debt kept, the new quota from then on)
+/// and a removed tenant's index is unknown until a new tenant reuses it; the neighbour's
+/// account is untouched throughout.
+#[test]
+fn quota_changes_in_place_and_removed_tenants_free_their_index() {
+    let (mut a, t) = accounts(None);
+    let n = a.add_tenant(QUOTA).unwrap();
+    a.charge(at_ms(1), n, ms(4)).unwrap();
+    a.charge(at_ms(1), t, ms(12)).unwrap();
+    // t is 2 ms in debt; a 20 ms quota leaves it 8 ms this period.
+    a.set_quota(at_ms(2), t, ms(20)).unwrap();
+    assert_eq!(a.budget(at_ms(2), t).unwrap(), (ms(8), ms(0)));
+    // Down to 5 ms: 8 - 15 = 7 ms of debt, throttled.
+    a.set_quota(at_ms(3), t, ms(5)).unwrap();
+    assert_eq!(a.budget(at_ms(3), t).unwrap(), (ms(0), ms(7)));
+    assert!(a.exhausted(t));
+    // Next period: 5 ms refill pays 5 of the 7 ms debt.
+    assert_eq!(a.budget(at_ms(100), t).unwrap(), (ms(0), ms(2)));
+    assert_eq!(a.set_quota(at_ms(100), t, ms(0)), Err(IronError::ZeroQuota));
+    // The neighbour: its own quota, refilled.
+    assert_eq!(a.budget(at_ms(100), n).unwrap(), (QUOTA, ms(0)));
+    assert_eq!(a.stats(n).unwrap().charged_ns, 4_000_000);
+
+    a.remove_tenant(t).unwrap();
+    assert_eq!(a.tenant_count(), 1);
+    assert_eq!(a.remove_tenant(t), Err(IronError::UnknownTenant(t)));
+    assert_eq!(
+        a.charge(at_ms(101), t, ms(1)),
+        Err(IronError::UnknownTenant(t))
+    );
+    assert!(a.stats(t).is_err() && !a.exhausted(t));
+    let batch = BatchCost {
+        total: ms(1),
+        fixed_overhead: ms(0),
+    };
+    let packets = [BatchPacket {
+        tenant: t,
+        packets: 1,
+        bytes: 64,
+    }];
+    assert_eq!(
+        a.charge_batch(at_ms(101), batch, PacketCostModel::EVEN, &packets),
+        Err(IronError::UnknownTenant(t))
+    );
+    // A new tenant reuses the index with a fresh account.
+    assert_eq!(a.add_tenant(ms(3)).unwrap(), t);
+    assert_eq!(a.budget(at_ms(101), t).unwrap(), (ms(3), ms(0)));
+    assert_eq!(a.stats(t).unwrap().charged_ns, 0);
+    assert_eq!(a.budget(at_ms(101), n).unwrap(), (QUOTA, ms(0)));
+}

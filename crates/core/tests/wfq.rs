@@ -785,3 +785,53 @@ fn dequeue_from_serves_a_queue_outside_its_share_and_keeps_the_tree_consistent()
     assert_eq!(wfq.len(), 0);
     assert!(wfq.dequeue(now).is_none());
 }
+
+/// `retain` takes chosen items out of one queue without disturbing the others' order or
+/// the schedule; a queue emptied by it leaves the schedule. `set_limits` bounds only what
+/// comes next.
+#[test]
+fn retain_and_set_limits_change_one_queue_in_place() {
+    let t = Instant::ZERO;
+    let mut wfq: Wfq<u32> = Wfq::new(CostKind::Packets);
+    let a = wfq.add_queue(wfq.root(), 1, ROOMY).unwrap();
+    let b = wfq.add_queue(wfq.root(), 1, ROOMY).unwrap();
+    for i in 0..6 {
+        wfq.enqueue(t, a, i, 100).unwrap();
+        wfq.enqueue(t, b, 100 + i, 100).unwrap();
+    }
+    // Odd items out of a: returned in FIFO order, a keeps 0, 2, 4.
+    assert_eq!(wfq.retain(a, |i| i % 2 == 0).unwrap(), vec![1, 3, 5]);
+    assert_eq!((wfq.queue_len(a), wfq.len()), (Some(3), 9));
+    let order: Vec<u32> = std::iter::from_fn(|| wfq.dequeue(t).map(|d| d.item)).collect();
+    assert_eq!(order, vec![0, 100, 2, 101, 4, 102, 103, 104, 105]);
+    // A queue emptied by retain is no longer scheduled.
+    wfq.enqueue(t, a, 7, 100).unwrap();
+    wfq.enqueue(t, b, 8, 100).unwrap();
+    assert_eq!(wfq.retain(a, |_| false).unwrap(), vec![7]);
+    assert_eq!(wfq.dequeue(t).map(|d| d.item), Some(8));
+    assert!(wfq.dequeue(t).is_none() && wfq.is_empty());
+    // Limits: two packets from now on; what is queued stays.
+    for i in 0..4 {
+        wfq.enqueue(t, a, i, 100).unwrap();
+    }
+    let two = QueueLimits {
+        max_packets: 2,
+        max_bytes: 1 << 20,
+    };
+    wfq.set_limits(a, two).unwrap();
+    assert_eq!(wfq.queue_len(a), Some(4));
+    assert!(wfq.enqueue(t, a, 9, 100).is_err());
+    assert_eq!(
+        wfq.set_limits(
+            a,
+            QueueLimits {
+                max_packets: 0,
+                ..two
+            }
+        ),
+        Err(WfqError::ZeroPacketLimit)
+    );
+    wfq.remove_queue(b).unwrap();
+    assert_eq!(wfq.retain(b, |_| true), Err(WfqError::UnknownQueue));
+    assert_eq!(wfq.set_limits(b, two), Err(WfqError::UnknownQueue));
+}

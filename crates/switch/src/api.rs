@@ -10,13 +10,15 @@
 //! | GET /tenants, /vms, /hosts | one section of it                                    |
 //! | POST /tenants, /vms, /hosts | add one (JSON body: the config entry)              |
 //! | PUT /vms/NAME          | replace a VM entry (e.g. new min/max bandwidth)           |
+//! | PUT /tenants/NAME      | replace a tenant entry (VNI, CPU quota, cgroup, SLO)      |
 //! | DELETE /tenants/NAME, /vms/NAME, /hosts/ID | remove one                         |
 //! | GET /tenants/NAME/key  | an encrypting tenant's key epochs and fingerprints        |
 //! | PUT /tenants/NAME/key  | rotate: `{"epoch", "key" (hex), "activate"}` installs a key, |
 //! |                        | `{"epoch", "activate": true}` seals with an installed one   |
 //!
-//! Changes are validated like the config file and applied by the run loop between batches,
-//! then persisted to `switch.state_file` before the reply. Readers load the published
+//! Changes are validated like the config file and applied by the run loop between batches
+//! as live changes in place (`crate::change`: only the host, tenant or VM named is
+//! touched), then persisted to `switch.state_file` before the reply. Readers load the published
 //! snapshot (an `Arc`, swapped without a lock) and serialize it at their own pace.
 //!
 //! Security (docs/switch.md "Security"): a Unix socket by default, created owner-only and
@@ -300,6 +302,22 @@ fn handle(state: &ApiState, method: &Method, url: &str, body: &str) -> Reply {
                 .find(|v| v.name == *name)
                 .ok_or_else(|| not_found(format!("path: no VM '{name}'")))?;
             *slot = vm;
+            Ok(())
+        }),
+        (Method::Put, ["tenants", name]) => change(state, &config, |c| {
+            let tenant: TenantEntry = parse_body(body).map_err(bad)?;
+            if tenant.name != *name {
+                return Err(bad(format!(
+                    "body.name: '{}' differs from the path's tenant '{name}' (delete and add to rename)",
+                    tenant.name
+                )));
+            }
+            let slot = c
+                .tenants
+                .iter_mut()
+                .find(|t| t.name == *name)
+                .ok_or_else(|| not_found(format!("path: no tenant '{name}'")))?;
+            *slot = tenant;
             Ok(())
         }),
         (Method::Delete, ["vms", name]) => change(state, &config, |c| {
@@ -1071,7 +1089,7 @@ mod tests {
     #[test]
     fn every_bad_request_is_a_4xx_naming_the_field() {
         let state = api_state(shared(), None);
-        let cases: [(Method, &str, String, u16, &str); 11] = [
+        let cases: [(Method, &str, String, u16, &str); 13] = [
             (
                 Method::Post,
                 "/vms",
@@ -1115,6 +1133,20 @@ mod tests {
                 vm_json(""),
                 404,
                 "path: no VM 'blue9'",
+            ),
+            (
+                Method::Put,
+                "/tenants/blue",
+                r#"{"name": "red", "vni": 7}"#.into(),
+                400,
+                "body.name",
+            ),
+            (
+                Method::Put,
+                "/tenants/green",
+                r#"{"name": "green", "vni": 7}"#.into(),
+                404,
+                "path: no tenant 'green'",
             ),
             (
                 Method::Delete,

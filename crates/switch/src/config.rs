@@ -564,36 +564,6 @@ pub fn read_secret(path: &Path, field: &str) -> anyhow::Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// When `new` differs from `old` only in the guarantees and caps (`min_mbps`, `max_mbps`)
-/// of VMs on this host, those changes as (VM name, min b/s, max b/s): the switch applies
-/// them in place instead of rebuilding its engines. None for any other difference.
-pub fn rate_only_changes(old: &Config, new: &Config) -> Option<Vec<(String, u64, Option<u64>)>> {
-    if old.vms.len() != new.vms.len() {
-        return None;
-    }
-    let mut normalized = new.clone();
-    let mut changes = Vec::new();
-    for (o, n) in old.vms.iter().zip(normalized.vms.iter_mut()) {
-        if o.name != n.name {
-            return None;
-        }
-        if (o.min_mbps, o.max_mbps) != (n.min_mbps, n.max_mbps) {
-            if o.host != old.switch.host_id {
-                return None;
-            }
-            changes.push((
-                n.name.clone(),
-                n.min_mbps * 1_000_000,
-                n.max_mbps.map(|m| m * 1_000_000),
-            ));
-            (n.min_mbps, n.max_mbps) = (o.min_mbps, o.max_mbps);
-        }
-    }
-    let same_otherwise =
-        serde_json::to_value(old).ok()? == serde_json::to_value(&normalized).ok()?;
-    (same_otherwise && !changes.is_empty()).then_some(changes)
-}
-
 impl Config {
     /// Reads and validates a config file.
     pub fn load(path: &Path) -> anyhow::Result<Config> {
@@ -893,7 +863,7 @@ impl Config {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub(crate) const EXAMPLE: &str = r#"
@@ -1044,26 +1014,6 @@ ip = "198.18.0.2"
             ),
         ] {
             expect_field(&text, field);
-        }
-    }
-
-    #[test]
-    fn only_local_rate_changes_are_applied_in_place() {
-        let old = Config::parse(EXAMPLE).unwrap();
-        let mut new = old.clone();
-        new.vms[0].min_mbps = 300;
-        new.vms[0].max_mbps = Some(900);
-        assert_eq!(
-            rate_only_changes(&old, &new),
-            Some(vec![("a1".into(), 300_000_000, Some(900_000_000))])
-        );
-        // Anything else (a remote VM's rates, another field, no change) rebuilds.
-        let mut remote = old.clone();
-        remote.vms[1].min_mbps = 300;
-        let mut other = new.clone();
-        other.vms[0].max_pps = Some(1000);
-        for n in [remote, other, old.clone()] {
-            assert_eq!(rate_only_changes(&old, &n), None);
         }
     }
 

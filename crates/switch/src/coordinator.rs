@@ -69,7 +69,8 @@ impl Switch {
                 }
             }
         };
-        self.release_cgroups(&mut cgroups);
+        self.cgroups = cgroups;
+        self.release_cgroups();
         result
     }
 
@@ -96,10 +97,7 @@ impl Switch {
         let mailboxes = (0..n)
             .map(|_| Mailbox::new(MAILBOX_FRAMES))
             .collect::<std::io::Result<Vec<_>>>()?;
-        let mut ports: Vec<Option<Box<dyn Port>>> = std::mem::take(&mut self.ports)
-            .into_iter()
-            .map(Some)
-            .collect();
+        let mut ports: Vec<Option<Box<dyn Port>>> = std::mem::take(&mut self.ports);
         let mut uplinks: Vec<Option<Box<dyn Port>>> = std::iter::once(ports[0].take())
             .chain(self.extra_uplinks.drain(..).map(Some))
             .collect();
@@ -168,10 +166,7 @@ impl Switch {
             first.counters.add_all(&e.counters);
         }
         self.engine = first;
-        self.ports = ports
-            .into_iter()
-            .map(|p| p.expect("every port comes back"))
-            .collect();
+        self.ports = ports;
         self.pool = FramePool::new(self.cfg.switch.frame_pool);
     }
 
@@ -181,7 +176,7 @@ impl Switch {
         &self,
         team: &Team,
         workers: Vec<Worker>,
-        cgroups: &mut [Option<CpuQuota>],
+        cgroups: &mut [Option<(std::path::PathBuf, CpuQuota)>],
     ) -> (Vec<Worker>, Outcome, Option<anyhow::Error>) {
         let batch = self.cfg.switch.batch;
         let spin = Duration::from_micros(self.cfg.switch.spin_us);
@@ -232,7 +227,7 @@ impl Switch {
     fn coordinate<T>(
         &self,
         team: &Team,
-        cgroups: &mut [Option<CpuQuota>],
+        cgroups: &mut [Option<(std::path::PathBuf, CpuQuota)>],
         handles: &[std::thread::ScopedJoinHandle<'_, T>],
     ) -> Outcome {
         let start = self.clock.now();
@@ -278,14 +273,15 @@ impl Switch {
     fn refill_cgroups(
         &self,
         team: &Team,
-        cgroups: &mut [Option<CpuQuota>],
+        cgroups: &mut [Option<(std::path::PathBuf, CpuQuota)>],
         charged_before: &mut [u64],
     ) {
         for (t, tenant) in self.cfg.tenants.iter().enumerate() {
             let total = team.budgets.charged[t].load(Ordering::Relaxed);
             let used = total - charged_before[t];
             charged_before[t] = total;
-            let (Some(Some(group)), Some(cores)) = (cgroups.get_mut(t), tenant.cpu_quota) else {
+            let (Some(Some((_, group))), Some(cores)) = (cgroups.get_mut(t), tenant.cpu_quota)
+            else {
                 continue;
             };
             let allocation = (IRON_PERIOD.as_nanos() as f64 * cores) as u64;
@@ -296,9 +292,10 @@ impl Switch {
         }
     }
 
-    /// A change of VM guarantees and caps only, applied to every worker's engine in place (no
-    /// other tenant's state is touched, as in the single loop); None when the change needs a
-    /// rebuild.
+    /// A live change that opens or closes no port, applied to every worker's engine in place
+    /// (each holds the whole directory; no other tenant's state is touched, as in the single
+    /// loop); None when it needs ports opened or closed, which the switch does with the
+    /// workers joined.
     fn rates_in_place(
         &mut self,
         cfg: &Config,
@@ -307,16 +304,23 @@ impl Switch {
         if let Err(e) = cfg.validate() {
             return Some(Err(e.into()));
         }
-        if cfg.uplink.ifname != self.cfg.uplink.ifname
-            || cfg.switch.host_id != self.cfg.switch.host_id
-        {
+        let changes = match crate::change::diff(&self.cfg, cfg) {
+            Ok(c) => c,
+            Err(e) => return Some(Err(anyhow::Error::msg(e))),
+        };
+        let ports = |c: &crate::change::Change| {
+            matches!(
+                c,
+                crate::change::Change::AddVm(_) | crate::change::Change::RemoveVm(_)
+            )
+        };
+        if changes.iter().any(ports) || crate::workers::encrypts(cfg) {
             return None;
         }
-        let changes = crate::config::rate_only_changes(&self.cfg, cfg)?;
         let now = self.clock.now();
-        for (name, min_bps, max_bps) in changes {
-            for w in workers.iter_mut() {
-                if let Err(e) = w.engine.set_vm_rates(now, &name, min_bps, max_bps) {
+        for w in workers.iter_mut() {
+            for change in &changes {
+                if let Err(e) = w.engine.apply(now, change, &mut w.pool) {
                     return Some(Err(anyhow::Error::msg(e)));
                 }
             }

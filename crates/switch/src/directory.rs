@@ -7,7 +7,7 @@
 use rustc_hash::FxHashMap as HashMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use crate::config::{Config, Mac, ShapedClass};
+use crate::config::{Config, HostEntry, Mac, ShapedClass, TenantEntry, VmEntry};
 
 /// Index of a tenant in [`Directory::tenants`].
 pub type TenantIdx = usize;
@@ -28,6 +28,8 @@ pub struct Tenant {
     pub slo: Option<picnic_core::slo::Slo>,
     /// Its overlay traffic is sealed by the shared engine (`accel`).
     pub encrypt: bool,
+    /// False once removed (the slot waits for the next tenant added).
+    pub present: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -50,6 +52,9 @@ pub struct Vm {
     /// Local port when the VM lives on this host.
     pub port: Option<PortIdx>,
     pub shaped: Vec<ShapedClass>,
+    /// Bumped when the VM is removed: a frame queued for a VM index also records its
+    /// generation, so it never reaches a VM added later in the same slot.
+    pub generation: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -58,87 +63,216 @@ pub struct Host {
     pub mac: Mac,
 }
 
+/// The tables. Indexes are stable while a tenant, VM or port exists: live changes add to
+/// and remove from them in place, and a removed entry's slot is reused by the next one added
+/// (so the engines' per-VM and per-tenant state is indexed the same way, DESIGN.md 4).
 #[derive(Clone, Debug, Default)]
 pub struct Directory {
     pub tenants: Vec<Tenant>,
     pub vms: Vec<Vm>,
     pub hosts: HashMap<u32, Host>,
-    /// Port index -> VM (None for the uplink).
+    /// Port index -> VM (None for the uplink and for closed ports).
     pub port_vm: Vec<Option<VmIdx>>,
     by_vni: HashMap<u32, TenantIdx>,
     by_mac: HashMap<(TenantIdx, Mac), VmIdx>,
     by_ip: HashMap<(TenantIdx, Ipv4Addr), VmIdx>,
     by_id: HashMap<u32, VmIdx>,
     by_underlay: HashMap<Ipv4Addr, u32>,
+    tenant_by_name: HashMap<String, TenantIdx>,
+    vm_by_name: HashMap<String, VmIdx>,
+    free_vms: Vec<VmIdx>,
 }
 
 impl Directory {
+    /// Empty tables: no tenant, no VM, only the uplink's port.
+    pub fn new() -> Directory {
+        Directory {
+            port_vm: vec![None],
+            ..Default::default()
+        }
+    }
+
     /// Builds the tables of a validated config. Local VM ports are numbered from 1 in
     /// config order.
     pub fn from_config(cfg: &Config) -> Directory {
-        let mut d = Directory {
-            port_vm: vec![None],
-            ..Default::default()
-        };
+        let mut d = Directory::new();
         for t in &cfg.tenants {
-            d.by_vni.insert(t.vni, d.tenants.len());
-            d.tenants.push(Tenant {
-                name: t.name.clone(),
-                vni: t.vni,
-                cpu_quota: t.cpu_quota,
-                cgroup: t.cgroup.clone(),
-                encrypt: t.encrypt,
-                slo: t.slo.clone(),
-            });
+            d.add_tenant(t);
         }
         for h in &cfg.hosts {
-            d.hosts.insert(
-                h.id,
-                Host {
-                    underlay_ip: h.underlay_ip,
-                    mac: h.mac,
-                },
-            );
-            d.by_underlay.insert(h.underlay_ip, h.id);
+            d.set_host(h);
         }
         for v in &cfg.vms {
-            let tenant = d
-                .tenants
-                .iter()
-                .position(|t| t.name == v.tenant)
-                .expect("validated");
-            let idx = d.vms.len();
-            let port = if v.host == cfg.switch.host_id {
-                d.port_vm.push(Some(idx));
-                Some(d.port_vm.len() - 1)
-            } else {
-                None
-            };
-            d.by_mac.insert((tenant, v.mac), idx);
-            d.by_ip.insert((tenant, v.ip), idx);
-            d.by_id.insert(v.id, idx);
-            d.vms.push(Vm {
-                name: v.name.clone(),
-                id: v.id,
-                tenant,
-                host: v.host,
-                mac: v.mac,
-                ip: v.ip,
-                ipv6: std::iter::once(crate::engine::antispoof::link_local(v.mac))
-                    .chain(v.ipv6.iter().copied())
-                    .collect(),
-                allow_ethertypes: v.allow_ethertypes.clone(),
-                min_bps: v.min_mbps * 1_000_000,
-                max_pps: v.max_pps,
-                min_pps: v.min_pps,
-                max_bps: v.max_mbps.map(|m| m * 1_000_000),
-                port,
-                shaped: v.shaped.clone(),
-            });
+            d.add_vm(v, cfg.switch.host_id);
         }
         d
     }
 
+    /// Adds a tenant (in a removed tenant's slot if there is one).
+    pub fn add_tenant(&mut self, t: &TenantEntry) -> TenantIdx {
+        let tenant = Tenant {
+            name: t.name.clone(),
+            vni: t.vni,
+            cpu_quota: t.cpu_quota,
+            cgroup: t.cgroup.clone(),
+            encrypt: t.encrypt,
+            slo: t.slo.clone(),
+            present: true,
+        };
+        let idx = match self.tenants.iter().position(|t| !t.present) {
+            Some(free) => {
+                self.tenants[free] = tenant;
+                free
+            }
+            None => {
+                self.tenants.push(tenant);
+                self.tenants.len() - 1
+            }
+        };
+        self.by_vni.insert(t.vni, idx);
+        self.tenant_by_name.insert(t.name.clone(), idx);
+        idx
+    }
+
+    /// Updates tenant `idx` (same name) to `t`.
+    pub fn set_tenant(&mut self, idx: TenantIdx, t: &TenantEntry) {
+        let tenant = &mut self.tenants[idx];
+        remove_if(&mut self.by_vni, &tenant.vni, idx);
+        self.by_vni.insert(t.vni, idx);
+        tenant.vni = t.vni;
+        tenant.cpu_quota = t.cpu_quota;
+        tenant.cgroup = t.cgroup.clone();
+        tenant.encrypt = t.encrypt;
+        tenant.slo = t.slo.clone();
+    }
+
+    /// Removes tenant `idx` (which has no VMs left).
+    pub fn remove_tenant(&mut self, idx: TenantIdx) {
+        let tenant = &mut self.tenants[idx];
+        remove_if(&mut self.by_vni, &tenant.vni, idx);
+        remove_if(&mut self.tenant_by_name, &tenant.name, idx);
+        *tenant = Tenant {
+            name: String::new(),
+            vni: 0,
+            cpu_quota: None,
+            encrypt: false,
+            cgroup: None,
+            slo: None,
+            present: false,
+        };
+    }
+
+    /// Adds or updates a host.
+    pub fn set_host(&mut self, h: &HostEntry) {
+        self.remove_host(h.id);
+        self.hosts.insert(
+            h.id,
+            Host {
+                underlay_ip: h.underlay_ip,
+                mac: h.mac,
+            },
+        );
+        self.by_underlay.insert(h.underlay_ip, h.id);
+    }
+
+    pub fn remove_host(&mut self, id: u32) {
+        if let Some(old) = self.hosts.remove(&id) {
+            remove_if(&mut self.by_underlay, &old.underlay_ip, id);
+        }
+    }
+
+    /// Adds a VM of an existing tenant; one on `this_host` gets a port (a closed port's
+    /// slot if there is one). Returns its index.
+    pub fn add_vm(&mut self, v: &VmEntry, this_host: u32) -> VmIdx {
+        let tenant = self.tenant_named(&v.tenant).expect("validated");
+        let idx = self.free_vms.pop().unwrap_or(self.vms.len());
+        let port = (v.host == this_host).then(|| {
+            match (1..self.port_vm.len()).find(|&p| self.port_vm[p].is_none()) {
+                Some(p) => {
+                    self.port_vm[p] = Some(idx);
+                    p
+                }
+                None => {
+                    self.port_vm.push(Some(idx));
+                    self.port_vm.len() - 1
+                }
+            }
+        });
+        let vm = Vm {
+            name: v.name.clone(),
+            id: v.id,
+            tenant,
+            host: v.host,
+            mac: v.mac,
+            ip: v.ip,
+            ipv6: Vec::new(),
+            allow_ethertypes: Vec::new(),
+            min_bps: 0,
+            max_bps: None,
+            max_pps: None,
+            min_pps: None,
+            port,
+            shaped: Vec::new(),
+            generation: self.vms.get(idx).map_or(0, |old| old.generation),
+        };
+        if idx == self.vms.len() {
+            self.vms.push(vm);
+        } else {
+            self.vms[idx] = vm;
+        }
+        self.by_id.insert(v.id, idx);
+        self.vm_by_name.insert(v.name.clone(), idx);
+        self.set_vm(idx, v);
+        idx
+    }
+
+    /// Updates VM `idx` to `v` (same name, id, tenant, host and port): addresses, allowed
+    /// EtherTypes, rates and shaped classes.
+    pub fn set_vm(&mut self, idx: VmIdx, v: &VmEntry) {
+        let vm = &mut self.vms[idx];
+        let t = vm.tenant;
+        remove_if(&mut self.by_mac, &(t, vm.mac), idx);
+        remove_if(&mut self.by_ip, &(t, vm.ip), idx);
+        self.by_mac.insert((t, v.mac), idx);
+        self.by_ip.insert((t, v.ip), idx);
+        vm.mac = v.mac;
+        vm.ip = v.ip;
+        vm.ipv6 = std::iter::once(crate::engine::antispoof::link_local(v.mac))
+            .chain(v.ipv6.iter().copied())
+            .collect();
+        vm.allow_ethertypes = v.allow_ethertypes.clone();
+        vm.min_bps = v.min_mbps * 1_000_000;
+        vm.max_bps = v.max_mbps.map(|m| m * 1_000_000);
+        vm.max_pps = v.max_pps;
+        vm.min_pps = v.min_pps;
+        vm.shaped = v.shaped.clone();
+    }
+
+    /// Removes VM `idx`: no lookup finds it any more, its generation moves on and its port
+    /// (returned, for a local VM) is closed.
+    pub fn remove_vm(&mut self, idx: VmIdx) -> Option<PortIdx> {
+        let vm = &mut self.vms[idx];
+        remove_if(&mut self.by_mac, &(vm.tenant, vm.mac), idx);
+        remove_if(&mut self.by_ip, &(vm.tenant, vm.ip), idx);
+        remove_if(&mut self.by_id, &vm.id, idx);
+        remove_if(&mut self.vm_by_name, &vm.name, idx);
+        let port = vm.port.take();
+        if let Some(p) = port {
+            self.port_vm[p] = None;
+        }
+        vm.name.clear();
+        vm.shaped.clear();
+        vm.generation = vm.generation.wrapping_add(1);
+        self.free_vms.push(idx);
+        port
+    }
+
+    pub fn tenant_named(&self, name: &str) -> Option<TenantIdx> {
+        self.tenant_by_name.get(name).copied()
+    }
+    pub fn vm_named(&self, name: &str) -> Option<VmIdx> {
+        self.vm_by_name.get(name).copied()
+    }
     pub fn tenant_by_vni(&self, vni: u32) -> Option<TenantIdx> {
         self.by_vni.get(&vni).copied()
     }
@@ -163,5 +297,13 @@ impl Directory {
     }
     pub fn port_count(&self) -> usize {
         self.port_vm.len()
+    }
+}
+
+/// Removes `key` if it still maps to `value`: within one live change an entry may already
+/// have been taken over by another tenant, VM or host.
+fn remove_if<K: std::hash::Hash + Eq, V: PartialEq>(map: &mut HashMap<K, V>, key: &K, value: V) {
+    if map.get(key) == Some(&value) {
+        map.remove(key);
     }
 }

@@ -4,6 +4,7 @@
 pub mod accel;
 pub mod api;
 pub mod cgroup;
+pub mod change;
 pub mod config;
 mod coordinator;
 pub mod directory;

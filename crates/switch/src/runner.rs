@@ -34,25 +34,28 @@ use crate::port::{
 use crate::worker::WorkerView;
 use picnic_core::notify::{AdaptiveWait, Params, Role, WaitConfig, WaitDecision};
 
+mod live;
+use live::Opening;
+
 /// Writes each tenant group's budget for the Iron period starting now, crediting what the
 /// kernel ran of the ports' softirq work in the group's threads (Iron's Algorithm 2; the
 /// switch charges that work to the ports' tenants).
 fn refill_cgroups(
-    cgroups: &mut [Option<CpuQuota>],
+    cgroups: &mut [Option<(std::path::PathBuf, CpuQuota)>],
     quotas: &[(TenantIdx, Duration)],
     kernel: &mut KernelLink,
 ) {
     let groups: Vec<Vec<u32>> = quotas
         .iter()
         .map(|&(t, _)| match cgroups.get(t) {
-            Some(Some(group)) => group.threads().unwrap_or_default(),
+            Some(Some((_, group))) => group.threads().unwrap_or_default(),
             _ => Vec::new(),
         })
         .collect();
     let mut credits = Vec::with_capacity(groups.len());
     kernel.softirq_in_threads(&groups, &mut credits);
     for (&(tenant, quota), &credit) in quotas.iter().zip(&credits) {
-        if let Some(Some(group)) = cgroups.get_mut(tenant) {
+        if let Some(Some((_, group))) = cgroups.get_mut(tenant) {
             if let Err(e) = group.refill(quota, Duration::from_nanos(credit)) {
                 eprintln!("picnic switch: warning: {e:#}");
             }
@@ -181,7 +184,8 @@ impl Work for SpinWork {
 
 /// A request from the control API, applied by the loop between batches.
 pub enum Command {
-    /// Replace the configuration (tenants, VMs, hosts); ports are opened/closed to match.
+    /// Replace the configuration (tenants, VMs, hosts), applied as live changes in place;
+    /// only new VMs' ports open and removed VMs' ports close.
     Reconfigure(Box<Config>, mpsc::Sender<anyhow::Result<()>>),
 }
 
@@ -262,17 +266,22 @@ impl Shared {
 pub struct Switch {
     pub(crate) cfg: Config,
     pub(crate) engine: Engine,
-    pub(crate) ports: Vec<Box<dyn Port>>,
+    /// Indexed by port slot (0 the uplink); None: a removed VM's port, closed.
+    pub(crate) ports: Vec<Option<Box<dyn Port>>>,
     pub(crate) pool: FramePool,
     pub(crate) clock: Clock,
     work: SpinWork,
     pub(crate) stop: Arc<AtomicBool>,
     pub(crate) shared: Arc<Shared>,
     pub(crate) commands: Option<mpsc::Receiver<Command>>,
+    /// A change waiting for its new ports, which a helper thread opens.
+    opening: Option<Opening>,
     /// Per port: the adaptive wait of its receive ring and frames read from it so far.
     waits: Vec<(AdaptiveWait, u64)>,
     /// The eBPF programs' maps: the uplink's early drop, the ports' softirq time.
     pub(crate) kernel: KernelLink,
+    /// Per tenant slot: the cgroup charged for its switch work (Iron), with its path.
+    pub(crate) cgroups: Vec<Option<(std::path::PathBuf, CpuQuota)>>,
     /// The shared encryption engine, when a tenant encrypts, and its exchange buffers.
     accel: Option<Accel>,
     accel_scratch: Exchange,
@@ -328,7 +337,7 @@ pub(crate) fn setup_thread(cfg: &Config, cpus: Option<&[usize]>) -> anyhow::Resu
 
 /// The ports as the driver's [`Io`]: each read feeds the adaptive wait of the port's ring.
 struct PortIo<'a> {
-    ports: &'a mut [Box<dyn Port>],
+    ports: &'a mut [Option<Box<dyn Port>>],
     waits: &'a mut [(AdaptiveWait, u64)],
     work: &'a mut SpinWork,
 }
@@ -342,9 +351,12 @@ impl Io for PortIo<'_> {
         rx: &mut Vec<Frame>,
         max: usize,
     ) -> anyhow::Result<usize> {
-        let n = self.ports[port]
+        let Some(p) = self.ports[port].as_mut() else {
+            return Ok(0);
+        };
+        let n = p
             .recv_batch(pool, rx, max)
-            .with_context(|| format!("receive on {}", self.ports[port].name()))?;
+            .with_context(|| format!("receive on {}", p.name()))?;
         if n > 0 {
             let (wait, seen) = &mut self.waits[port];
             *seen += n as u64;
@@ -359,9 +371,13 @@ impl Io for PortIo<'_> {
         queue: &mut Vec<Frame>,
         pool: &mut FramePool,
     ) -> anyhow::Result<()> {
-        self.ports[port]
-            .send_batch(queue, pool)
-            .with_context(|| format!("send on {}", self.ports[port].name()))?;
+        match self.ports[port].as_mut() {
+            Some(p) => {
+                p.send_batch(queue, pool)
+                    .with_context(|| format!("send on {}", p.name()))?;
+            }
+            None => queue.drain(..).for_each(|f| pool.put(f)),
+        }
         Ok(())
     }
 
@@ -420,12 +436,12 @@ fn vm_max_frame_of(cfg: &Config, tenant: &str) -> usize {
 }
 
 /// The tenant ports (every port but the uplink) as (interface name, slot = port index).
-fn tenant_ports(ports: &[Box<dyn Port>]) -> Vec<(String, u32)> {
+fn tenant_ports(ports: &[Option<Box<dyn Port>>]) -> Vec<(String, u32)> {
     ports
         .iter()
         .enumerate()
         .skip(1)
-        .map(|(i, p)| (p.name().to_string(), i as u32))
+        .filter_map(|(i, p)| Some((p.as_ref()?.name().to_string(), i as u32)))
         .collect()
 }
 
@@ -483,9 +499,9 @@ impl Switch {
             && cfg.isolation.softirq_accounting
             && cfg.tenants.iter().any(|t| t.cpu_quota.is_some())
             && workers == 1;
-        let kernel = KernelLink::open(early_drop, softirq, &tenant_ports(&ports));
         let accel = Accel::from_config(&cfg)?;
         let mut switch = Self::with_ports(cfg, engine, ports, clock);
+        let kernel = KernelLink::open(early_drop, softirq, &tenant_ports(&switch.ports));
         switch.kernel = kernel;
         switch.set_accel(accel);
         switch.workers = workers;
@@ -509,16 +525,18 @@ impl Switch {
             feedback_key: None,
             pool: FramePool::new(cfg.switch.frame_pool),
             engine,
-            ports,
+            ports: ports.into_iter().map(Some).collect(),
             clock,
             work,
             stop: Arc::new(AtomicBool::new(false)),
             shared: Arc::new(Shared::default()),
             commands: None,
+            opening: None,
             waits: Vec::new(),
             kernel: KernelLink::default(),
             accel: None,
             accel_scratch: Exchange::default(),
+            cgroups: Vec::new(),
             cfg,
         }
     }
@@ -528,7 +546,10 @@ impl Switch {
             .ports
             .iter()
             .enumerate()
-            .map(|(i, p)| format!("port {i} {}: {}", p.name(), p.backend()))
+            .filter_map(|(i, p)| {
+                let p = p.as_ref()?;
+                Some(format!("port {i} {}: {}", p.name(), p.backend()))
+            })
             .collect();
         for (w, p) in self.extra_uplinks.iter().enumerate() {
             lines.push(format!(
@@ -574,7 +595,7 @@ impl Switch {
         let mut idle = IdlePolicy::default();
         self.shared.set_config(self.cfg.clone());
         setup_thread(&self.cfg, self.cfg.switch.cpus.as_deref())?;
-        let mut cgroups = self.open_cgroups()?;
+        self.cgroups = self.open_cgroups()?;
         let mut quotas = Vec::new();
         self.kernel.set_dataplane_thread();
         let mut cpu_mark = thread_cpu_ns();
@@ -588,18 +609,16 @@ impl Switch {
             self.kernel.tick(&mut self.engine, now);
             self.engine.cgroup_quotas(now, &mut quotas);
             if !quotas.is_empty() {
-                refill_cgroups(&mut cgroups, &quotas, &mut self.kernel);
+                refill_cgroups(&mut self.cgroups, &quotas, &mut self.kernel);
             }
             if now >= next_publish {
                 next_publish = now + Duration::from_millis(100);
                 self.publish(now);
-                self.apply_commands();
             }
-            if self.waits.len() != self.ports.len() {
-                self.waits = (0..self.ports.len())
-                    .map(|_| (ring_wait(spin), 0))
-                    .collect();
-            }
+            // Live changes are applied as they come (each touches only its tenant).
+            self.apply_commands();
+            self.waits
+                .resize_with(self.ports.len(), || (ring_wait(spin), 0));
             let mut io = PortIo {
                 ports: &mut self.ports,
                 waits: &mut self.waits,
@@ -637,7 +656,7 @@ impl Switch {
             fds.extend(
                 (0..self.ports.len())
                     .filter(|&p| self.engine.rx_ready(now, p, batch))
-                    .filter_map(|p| self.ports[p].raw_fd()),
+                    .filter_map(|p| self.ports[p].as_ref()?.raw_fd()),
             );
             // The shared engine's results wake the loop too.
             fds.extend(
@@ -649,12 +668,14 @@ impl Switch {
             wait_readable(&fds, std::time::Duration::from_nanos(timeout.as_nanos()))?;
         }
         self.publish(self.clock.now());
-        self.release_cgroups(&mut cgroups);
+        self.release_cgroups();
         Ok(())
     }
 
     /// The quota file of every tenant with a `cgroup` (index = tenant), period set to Iron's.
-    pub(crate) fn open_cgroups(&self) -> anyhow::Result<Vec<Option<CpuQuota>>> {
+    pub(crate) fn open_cgroups(
+        &self,
+    ) -> anyhow::Result<Vec<Option<(std::path::PathBuf, CpuQuota)>>> {
         self.cfg
             .tenants
             .iter()
@@ -662,7 +683,7 @@ impl Switch {
             .map(
                 |(i, t)| match (&t.cgroup, self.cfg.isolation.cpu_accounting) {
                     (Some(dir), true) => CpuQuota::open(dir, IRON_PERIOD)
-                        .map(Some)
+                        .map(|q| Some((dir.clone(), q)))
                         .with_context(|| format!("tenants[{i}].cgroup")),
                     _ => Ok(None),
                 },
@@ -671,13 +692,28 @@ impl Switch {
     }
 
     /// Gives each charged cgroup its whole allocation back when the switch stops.
-    pub(crate) fn release_cgroups(&self, cgroups: &mut [Option<CpuQuota>]) {
-        for (t, group) in self.cfg.tenants.iter().zip(cgroups.iter_mut()) {
-            if let (Some(group), Some(cores)) = (group.as_mut(), t.cpu_quota) {
-                let allocation = IRON_PERIOD.as_nanos() as f64 * cores;
-                if let Err(e) = group.release(Duration::from_nanos(allocation as u64)) {
-                    eprintln!("picnic switch: warning: restoring a tenant's quota: {e:#}");
-                }
+    pub(crate) fn release_cgroups(&mut self) {
+        let cfg = self.cfg.clone();
+        for slot in 0..self.cgroups.len() {
+            self.release_cgroup(slot, &cfg);
+        }
+    }
+
+    /// Stops charging tenant slot `slot`'s cgroup, giving it back the allocation `cfg` gave
+    /// the tenant that had it.
+    fn release_cgroup(&mut self, slot: usize, cfg: &Config) {
+        let Some((path, mut group)) = self.cgroups.get_mut(slot).and_then(Option::take) else {
+            return;
+        };
+        let cores = cfg
+            .tenants
+            .iter()
+            .find(|t| t.cgroup.as_ref() == Some(&path))
+            .and_then(|t| t.cpu_quota);
+        if let Some(cores) = cores {
+            let allocation = IRON_PERIOD.as_nanos() as f64 * cores;
+            if let Err(e) = group.release(Duration::from_nanos(allocation as u64)) {
+                eprintln!("picnic switch: warning: restoring a tenant's quota: {e:#}");
             }
         }
     }
@@ -688,6 +724,7 @@ impl Switch {
             .ports
             .iter()
             .enumerate()
+            .filter_map(|(i, p)| Some((i, p.as_ref()?)))
             .map(|(i, p)| {
                 let wait = self.waits.get(i).map(|(w, _)| w);
                 let decisions = wait.map(|w| w.counts()).unwrap_or_default();
@@ -721,106 +758,6 @@ impl Switch {
         });
     }
 
-    fn apply_commands(&mut self) {
-        let Some(rx) = self.commands.take() else {
-            return;
-        };
-        while let Ok(cmd) = rx.try_recv() {
-            match cmd {
-                Command::Reconfigure(cfg, reply) => {
-                    let result = self.reconfigure(*cfg);
-                    let _ = reply.send(result);
-                }
-            }
-        }
-        self.commands = Some(rx);
-    }
-
-    /// Rebuilds the engines for a new config, keeping ports that stay and opening new ones.
-    /// Every frame the old engines held returns to the pool; counters of VMs that stay carry
-    /// over.
-    pub(crate) fn reconfigure(&mut self, cfg: Config) -> anyhow::Result<()> {
-        cfg.validate()?;
-        if cfg.uplink.ifname != self.cfg.uplink.ifname
-            || cfg.switch.host_id != self.cfg.switch.host_id
-        {
-            anyhow::bail!("uplink and host_id cannot change live; restart the switch");
-        }
-        // A VM's guarantee or cap changes in place: no other tenant's state is touched.
-        if let Some(changes) = crate::config::rate_only_changes(&self.cfg, &cfg) {
-            let now = self.clock.now();
-            for (name, min_bps, max_bps) in changes {
-                self.engine
-                    .set_vm_rates(now, &name, min_bps, max_bps)
-                    .map_err(anyhow::Error::msg)?;
-            }
-            self.shared.set_config(cfg.clone());
-            self.cfg = cfg;
-            return Ok(());
-        }
-        let mut old: Vec<Option<Box<dyn Port>>> = std::mem::take(&mut self.ports)
-            .into_iter()
-            .map(Some)
-            .collect();
-        let mut ports: Vec<Box<dyn Port>> = vec![old[0].take().expect("uplink")];
-        for (i, vm) in cfg.vms.iter().enumerate() {
-            if let Some(p) = vm.port.as_ref().filter(|_| vm.host == cfg.switch.host_id) {
-                let reuse = old
-                    .iter_mut()
-                    .position(|o| o.as_ref().is_some_and(|o| o.name() == p.ifname));
-                match reuse {
-                    Some(j) => ports.push(old[j].take().expect("present")),
-                    None => match open_port(
-                        &p.ifname,
-                        p.backend,
-                        &format!("vms[{i}].port.ifname"),
-                        vm_max_frame_of(&cfg, &vm.tenant),
-                    ) {
-                        Ok(port) => ports.push(port),
-                        Err(e) => {
-                            // Put everything back as it was.
-                            let mut restored: Vec<Box<dyn Port>> = Vec::new();
-                            let mut rest = ports.into_iter();
-                            restored.push(rest.next().expect("uplink"));
-                            let mut rest: Vec<Box<dyn Port>> = rest.collect();
-                            for o in old.into_iter().skip(1) {
-                                match o {
-                                    Some(p) => restored.push(p),
-                                    None => restored.push(rest.remove(0)),
-                                }
-                            }
-                            self.ports = restored;
-                            return Err(e);
-                        }
-                    },
-                }
-            }
-        }
-        let mut engine = Engine::new(&cfg, self.clock.now())?;
-        calibrate_offloads(&mut engine);
-        // XDP drops counted so far belong to the old engine's VMs (carried over by name).
-        self.kernel.publish(&mut self.engine, self.clock.now());
-        for (i, vm) in engine.dir.vms.iter().enumerate() {
-            if let Some(j) = self.engine.dir.vms.iter().position(|o| o.name == vm.name) {
-                engine.vm_counters[i] = self.engine.vm_counters[j].clone();
-            }
-        }
-        engine.counters = self.engine.counters.clone();
-        engine.carry_slo_from(&mut self.engine);
-        engine.carry_feedback_auth_from(&mut self.engine);
-        let accel = Accel::from_config_after(&cfg, self.accel.as_ref())?;
-        let mut old_engine = std::mem::replace(&mut self.engine, engine);
-        old_engine.release_frames(&mut self.pool);
-        self.set_accel(accel);
-        self.ports = ports;
-        if let Err(e) = self.kernel.set_ports(&tenant_ports(&self.ports)) {
-            eprintln!("picnic switch: warning: softirq accounting: {e}");
-        }
-        self.shared.set_config(cfg.clone());
-        self.cfg = cfg;
-        Ok(())
-    }
-
     /// Replaces the shared engine; the old one's frames go back to the pool.
     fn set_accel(&mut self, accel: Option<Accel>) {
         if let Some(old) = self.accel.take() {
@@ -835,7 +772,9 @@ impl Switch {
     }
 
     pub fn port_index(&self, name: &str) -> Option<PortIdx> {
-        self.ports.iter().position(|p| p.name() == name)
+        self.ports
+            .iter()
+            .position(|p| p.as_ref().is_some_and(|p| p.name() == name))
     }
 }
 

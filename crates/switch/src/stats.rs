@@ -59,10 +59,12 @@ pub enum DropReason {
     OffloadTrap,
     /// The frame reached a worker other than its VM's, whose mailbox was full.
     HandoffFull,
+    /// Queued for a VM or in a shaped class that a live change removed meanwhile.
+    Removed,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 25] = [
+    pub const ALL: [DropReason; 26] = [
         DropReason::Malformed,
         DropReason::Spoofed,
         DropReason::UnknownDestination,
@@ -88,6 +90,7 @@ impl DropReason {
         DropReason::OffloadMemory,
         DropReason::OffloadTrap,
         DropReason::HandoffFull,
+        DropReason::Removed,
     ];
     pub fn as_str(self) -> &'static str {
         match self {
@@ -116,6 +119,7 @@ impl DropReason {
             DropReason::OffloadMemory => "offload_memory",
             DropReason::OffloadTrap => "offload_trap",
             DropReason::HandoffFull => "handoff_full",
+            DropReason::Removed => "removed",
         }
     }
 }

@@ -22,7 +22,9 @@ const INNER_ETHERTYPE: [u8; 2] = [0x88, 0xb5];
 fn geneve_to(vni: u32, mac: [u8; 6], seq: u32) -> Vec<u8> {
     let mut inner = Vec::with_capacity(64);
     inner.extend_from_slice(&mac);
-    inner.extend_from_slice(&[2, 0, 0, 0, 0, 0xee]);
+    // From a VM of the VNI's tenant on host 2 (`a2`, `b2` in XDP_SWITCH): the switch checks
+    // that an underlay frame's inner source lives on the host that sent it.
+    inner.extend_from_slice(&[2, 0, 0, 0, (vni >> 8) as u8, vni as u8]);
     inner.extend_from_slice(&INNER_ETHERTYPE);
     inner.extend_from_slice(&vni.to_be_bytes());
     inner.extend_from_slice(&seq.to_be_bytes());
@@ -535,6 +537,22 @@ mac = "02:00:00:00:00:b1"
 ip = "198.18.0.2"
 max_pps = 1000
 port = { ifname = "pnxb" }
+[[vms]]
+name = "a2"
+id = 3
+tenant = "a"
+host = 2
+mac = "02:00:00:00:00:64"
+ip = "198.18.0.3"
+allow_ethertypes = [0x88b5]
+[[vms]]
+name = "b2"
+id = 4
+tenant = "b"
+host = 2
+mac = "02:00:00:00:00:c8"
+ip = "198.18.0.4"
+allow_ethertypes = [0x88b5]
 "#;
 
 /// Issue 12 item 3 on a running switch: frames from the uplink to a VM over its packet

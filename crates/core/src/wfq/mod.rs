@@ -370,6 +370,50 @@ impl<T> Wfq<T> {
         }
     }
 
+    /// Takes the items of `queue` that `keep` refuses out (the rest stay in FIFO order and
+    /// keep their place in the schedule), returning them in FIFO order. A queue left empty
+    /// leaves the schedule as after its last dequeue.
+    pub fn retain(
+        &mut self,
+        queue: QueueId,
+        mut keep: impl FnMut(&T) -> bool,
+    ) -> Result<Vec<T>, WfqError> {
+        let index = self.queue_index(queue)?;
+        let Some(leaf) = self.leaves[index as usize].as_mut() else {
+            return Err(WfqError::UnknownQueue);
+        };
+        let mut taken = Vec::new();
+        let mut kept = std::collections::VecDeque::with_capacity(leaf.items.capacity());
+        for (item, len) in leaf.items.drain(..) {
+            if keep(&item) {
+                kept.push_back((item, len));
+            } else {
+                leaf.bytes -= len as u64;
+                taken.push(item);
+            }
+        }
+        leaf.items = kept;
+        self.queued -= taken.len();
+        if leaf.items.is_empty() && !taken.is_empty() {
+            self.detach(index);
+        }
+        Ok(taken)
+    }
+
+    /// Sets the buffer limits of `queue`; items already queued beyond them stay and are
+    /// served (only new items are refused).
+    pub fn set_limits(&mut self, queue: QueueId, limits: QueueLimits) -> Result<(), WfqError> {
+        if limits.max_packets == 0 {
+            return Err(WfqError::ZeroPacketLimit);
+        }
+        let index = self.queue_index(queue)?;
+        let leaf = self.leaves[index as usize]
+            .as_mut()
+            .ok_or(WfqError::UnknownQueue)?;
+        leaf.limits = limits;
+        Ok(())
+    }
+
     /// Sets the weight (at least 1) of a node or queue; it applies to the cost
     /// charged from now on.
     pub fn set_weight(&mut self, id: impl Into<TreeId>, weight: u64) -> Result<(), WfqError> {

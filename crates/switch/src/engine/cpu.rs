@@ -44,11 +44,11 @@ pub(super) struct CpuLedger {
 const INITIAL_HANDLING_NS: u64 = 500;
 
 impl CpuLedger {
-    pub(super) fn new(vms: usize) -> CpuLedger {
-        CpuLedger {
-            tally: vec![(0, 0); vms],
-            direct: vec![0; vms],
-            ..Default::default()
+    /// Room for `vms` VMs (VMs are only ever added: removed VMs' slots are reused).
+    pub(super) fn grow(&mut self, vms: usize) {
+        if self.tally.len() < vms {
+            self.tally.resize(vms, (0, 0));
+            self.direct.resize(vms, 0);
         }
     }
 

@@ -12,26 +12,28 @@ use std::sync::Arc;
 use picnic_core::bucket::{Shaper, TokenBucket};
 use picnic_core::eyeq::Sender;
 use picnic_core::pool::TokenCache;
-use picnic_core::wfq::{Cap, CostKind, NodeId, QueueId, Wfq};
+use picnic_core::wfq::{Cap, CostKind};
 use picnic_core::Instant;
 use picnic_wire::classify::{classify, FrameSummary, Network};
 use picnic_wire::ecn::mark_ce;
 use picnic_wire::overlay::{entropy_source_port, ENCAP_OVERHEAD};
 
 use super::antispoof;
+use super::queues::VmQueues;
 use super::slo::Waited;
-use super::{cost_kind, ps_per_byte, sender_config, vm_scheduler, Engine};
-use crate::config::{Config, Mac};
+use super::{cost_kind, ps_per_byte, sender_config, Engine};
+use crate::config::{Config, Mac, ShapedClass};
 use crate::directory::{Directory, PortIdx, VmIdx};
 use crate::frame::{Frame, FramePool};
 use crate::offload::Hook;
 use crate::stats::DropReason;
 use crate::workers::SharedBudgets;
 
-/// A frame on its way to a remote VM: the frame, its destination VM, the outer UDP source
-/// port (flow entropy), the local VM that sent it (who pays for its CPU) and when it entered
-/// the switch (its latency, for the tenant's SLO).
-pub(super) type Outbound = (Frame, VmIdx, u16, VmIdx, Instant);
+/// A frame on its way to a remote VM: the frame, its destination VM and that VM's
+/// generation (a frame for a VM removed meanwhile is dropped), the outer UDP source port
+/// (flow entropy), the local VM that sent it (who pays for its CPU) and when it entered the
+/// switch (its latency, for the tenant's SLO).
+pub(super) type Outbound = (Frame, VmIdx, u32, u16, VmIdx, Instant);
 
 /// What a separately shaped queue of a VM is for.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -43,11 +45,8 @@ enum ShapeKey {
 }
 
 pub struct Egress {
-    wfq: Wfq<Outbound>,
-    /// Leaf queue of each VM (all local VMs share one when egress WFQ is off).
-    queue_of: Vec<Option<QueueId>>,
-    /// Node of each tenant with local VMs (none when egress WFQ is off).
-    tenant_node: Vec<Option<NodeId>>,
+    /// The root WFQ over tenants and their VMs' queues.
+    q: VmQueues<Outbound>,
     /// What the WFQ charges, and the uplink's rate, for the caps of [`egress_cap`].
     kind: CostKind,
     link_bps: u64,
@@ -73,6 +72,8 @@ pub struct Egress {
     /// Local VMs with a packet-rate guarantee (`min_pps`) and the bucket of it: their queued
     /// frames are served up to that rate before the WFQ's turn, outside their share.
     guaranteed: Vec<(VmIdx, TokenBucket)>,
+    /// With the egress WFQ on (each VM has its own queue): the least burst of a lane, a batch.
+    lanes: Option<u64>,
 }
 
 /// Paces the WFQ to the uplink: a bucket of its own, or with several workers a token cache of
@@ -130,19 +131,11 @@ fn egress_cap(kind: CostKind, link_bps: u64, max_bps: Option<u64>) -> Option<Cap
     })
 }
 
-/// The packet-rate guarantee of every local VM with `min_pps` (with the egress WFQ on: it is
-/// served from the VM's own queue). Burst: 1 ms of the rate, at least one batch.
-fn guaranteed_lanes(cfg: &Config, dir: &Directory, now: Instant) -> Vec<(VmIdx, TokenBucket)> {
-    if !cfg.isolation.egress_wfq {
-        return Vec::new();
-    }
-    dir.local_vms()
-        .filter_map(|(v, _)| {
-            let pps = dir.vms[v].min_pps?;
-            let burst = (pps / 1000).max(cfg.switch.batch as u64);
-            Some((v, TokenBucket::new(pps, burst, now)))
-        })
-        .collect()
+/// The packet-rate guarantee of local VM `vm` with `min_pps`, served from its own queue.
+/// Burst: 1 ms of the rate, at least one batch.
+fn guarantee_lane(dir: &Directory, vm: VmIdx, batch: u64, now: Instant) -> Option<TokenBucket> {
+    let pps = dir.vms[vm].min_pps?;
+    Some(TokenBucket::new(pps, (pps / 1000).max(batch), now))
 }
 
 /// The uplink pacer's rate and burst, bytes/s and bytes, when egress is paced
@@ -180,7 +173,8 @@ impl Egress {
         }
     }
 
-    pub fn new(cfg: &Config, dir: &Directory, now: Instant) -> anyhow::Result<Egress> {
+    /// An egress engine without VMs ([`Egress::add_vm`] adds them).
+    pub fn new(cfg: &Config, now: Instant) -> anyhow::Result<Egress> {
         let link_bps = cfg
             .uplink
             .capacity_mbps
@@ -189,16 +183,12 @@ impl Egress {
             * 1_000_000;
         let ps_per_wire_byte = ps_per_byte(link_bps);
         let kind = cost_kind(cfg);
-        let cap = |vm: &crate::directory::Vm| egress_cap(kind, link_bps, vm.max_bps);
-        let (wfq, queue_of, tenant_node) = vm_scheduler(
+        let q = VmQueues::new(
             kind,
-            dir,
             cfg.egress.queue_packets,
             cfg.isolation.egress_wfq,
-            cap,
-            now,
             "egress scheduler",
-        )?;
+        );
         let pacer =
             pacer_rate(cfg).map(|(rate, burst)| Pacer::Own(TokenBucket::new(rate, burst, now)));
         let admission = if cfg.isolation.admission {
@@ -210,9 +200,7 @@ impl Egress {
             None
         };
         Ok(Egress {
-            wfq,
-            queue_of,
-            tenant_node,
+            q,
             kind,
             link_bps,
             pacer,
@@ -224,13 +212,15 @@ impl Egress {
             scratch_waited: Vec::with_capacity(cfg.switch.batch),
             ps_per_wire_byte,
             cpu_bound: false,
-            guaranteed: guaranteed_lanes(cfg, dir, now),
+            guaranteed: Vec::new(),
+            lanes: cfg.isolation.egress_wfq.then_some(cfg.switch.batch as u64),
         })
     }
 
     pub(super) fn has_room(&self, vm: VmIdx, batch: usize) -> bool {
-        match self.queue_of[vm] {
+        match self.q.queue(vm) {
             Some(q) => self
+                .q
                 .wfq
                 .headroom(q)
                 .is_some_and(|h| h.packets as usize >= batch),
@@ -238,44 +228,102 @@ impl Egress {
         }
     }
 
-    /// Applies `vm`'s new guarantee (its leaf's weight; `tenant_weight` its tenant's node's)
-    /// and cap in place: queued frames and every other VM's state stay.
-    pub(super) fn set_rates(
+    fn cap(&self, vm: &crate::directory::Vm) -> Option<Cap> {
+        egress_cap(self.kind, self.link_bps, vm.max_bps)
+    }
+
+    /// Adds local VM `vm` (already in `dir`): its queue, and its tenant's new weight.
+    pub(super) fn add_vm(
         &mut self,
         now: Instant,
-        vm: &crate::directory::Vm,
-        vm_idx: VmIdx,
-        tenant_weight: u64,
+        dir: &Directory,
+        vm: VmIdx,
     ) -> Result<(), String> {
-        let werr = |e| format!("egress scheduler: {e:?}");
-        if let (Some(q), Some(node)) = (self.queue_of[vm_idx], self.tenant_node[vm.tenant]) {
-            self.wfq.set_weight(q, vm.min_bps.max(1)).map_err(werr)?;
-            self.wfq
-                .set_weight(node, tenant_weight.max(1))
-                .map_err(werr)?;
-            let cap = egress_cap(self.kind, self.link_bps, vm.max_bps);
-            self.wfq.set_cap(now, q, cap).map_err(werr)?;
-        }
+        let cap = self.cap(&dir.vms[vm]);
+        self.q.add_vm(now, dir, vm, cap)?;
+        self.set_lane(now, dir, vm);
         Ok(())
     }
 
-    /// Takes every queued frame out (leaf queues, shaped classes, limiters).
-    pub(super) fn take_frames(&mut self) -> Vec<Frame> {
-        let mut frames = Vec::new();
-        let mut queues: Vec<QueueId> = self.queue_of.iter().flatten().copied().collect();
-        queues.sort_unstable();
-        queues.dedup();
-        for q in queues {
-            if let Ok(items) = self.wfq.remove_queue(q) {
-                frames.extend(items.into_iter().map(|item| item.0));
+    /// `vm`'s packet-rate guarantee lane as `dir` says now (none without `min_pps`).
+    fn set_lane(&mut self, now: Instant, dir: &Directory, vm: VmIdx) {
+        self.guaranteed.retain(|(v, _)| *v != vm);
+        if let Some(bucket) = self
+            .lanes
+            .and_then(|batch| guarantee_lane(dir, vm, batch, now))
+        {
+            self.guaranteed.push((vm, bucket));
+        }
+    }
+
+    /// Applies `vm`'s new guarantee and cap in place (queued frames and every other VM's
+    /// state stay), and its shaped classes, which were `old`: a class still there at the
+    /// same position keeps its queue at its new rate; the frames of a class gone are
+    /// returned.
+    pub(super) fn set_vm(
+        &mut self,
+        now: Instant,
+        dir: &Directory,
+        vm: VmIdx,
+        old: &[ShapedClass],
+    ) -> Result<Vec<Frame>, String> {
+        let cap = self.cap(&dir.vms[vm]);
+        self.q.set_vm(now, dir, vm, cap)?;
+        self.set_lane(now, dir, vm);
+        let classes = &dir.vms[vm].shaped;
+        let mut gone = Vec::new();
+        for k in 0..old.len() {
+            let Some(shaper) = self.shapers.get_mut(&(vm, ShapeKey::Class(k))) else {
+                continue;
+            };
+            match classes.get(k) {
+                Some(class) => {
+                    let rate = class_rate(class);
+                    if shaper.bucket().rate() != rate {
+                        shaper.bucket_mut().set_rate(now, rate, burst_for(rate));
+                    }
+                }
+                None => {
+                    gone.extend(shaper.drain().map(|item| item.0));
+                    self.shapers.remove(&(vm, ShapeKey::Class(k)));
+                }
             }
         }
-        self.queue_of.iter_mut().for_each(|q| *q = None);
+        Ok(gone)
+    }
+
+    /// Removes local VM `vm` of tenant `t` (already gone from `dir`'s local VMs): its queue,
+    /// shaped classes and limiters. Returns their frames.
+    pub(super) fn remove_vm(
+        &mut self,
+        dir: &Directory,
+        vm: VmIdx,
+        t: crate::directory::TenantIdx,
+    ) -> Result<Vec<Frame>, String> {
+        let items = self.q.remove_vm(dir, vm, t, |item| item.4 == vm)?;
+        self.guaranteed.retain(|(v, _)| *v != vm);
+        let mut frames: Vec<Frame> = items.into_iter().map(|item| item.0).collect();
+        let keys: Vec<_> = self
+            .shapers
+            .range((vm, ShapeKey::Class(0))..)
+            .take_while(|((v, _), _)| *v == vm)
+            .map(|(k, _)| *k)
+            .collect();
+        for key in keys {
+            if let Some(mut shaper) = self.shapers.remove(&key) {
+                frames.extend(shaper.drain().map(|item| item.0));
+            }
+        }
+        Ok(frames)
+    }
+
+    /// Every frame queued, in the scheduler and in shaped classes and limiters (the engine is
+    /// being dropped).
+    pub(super) fn take_frames(&mut self) -> Vec<Frame> {
+        let mut frames: Vec<Frame> = self.q.take_all().into_iter().map(|item| item.0).collect();
         for shaper in self.shapers.values_mut() {
             frames.extend(shaper.drain().map(|item| item.0));
         }
-        self.shapers.clear();
-        frames.extend(self.scratch.drain(..).map(|item| item.0));
         frames
     }
 
@@ -294,8 +342,9 @@ impl Egress {
             .take_while(|((v, _), _)| *v == vm)
             .map(|(_, s)| s.len())
             .sum();
-        self.queue_of[vm]
-            .and_then(|q| self.wfq.queue_len(q))
+        self.q
+            .queue(vm)
+            .and_then(|q| self.q.wfq.queue_len(q))
             .unwrap_or(0)
             + shaped
     }
@@ -321,7 +370,7 @@ impl Egress {
     pub(super) fn poll_at(&self) -> Option<Instant> {
         let shapers = self.shapers.values().filter_map(|s| s.poll_at()).min();
         let admission = self.admission.as_ref().and_then(|a| a.poll_at());
-        [self.wfq.poll_at(), shapers, admission]
+        [self.q.wfq.poll_at(), shapers, admission]
             .into_iter()
             .flatten()
             .min()
@@ -410,13 +459,9 @@ impl Engine {
             return self.drop_frame(now, pool, frame, Some(vm), DropReason::TooBig);
         }
         let entered = frame.entered(now);
-        let item = (
-            frame,
-            w,
-            entropy_source_port(summary.flow_hash()),
-            vm,
-            entered,
-        );
+        let generation = self.dir.vms[w].generation;
+        let flow = entropy_source_port(summary.flow_hash());
+        let item = (frame, w, generation, flow, vm, entered);
         // Limiters and the pacer count bytes on the wire, encapsulation included, the unit
         // the receiver meters its access link in.
         let len = item.0.len() as u64;
@@ -427,10 +472,7 @@ impl Engine {
             .iter()
             .position(|class| class_matches(class, &summary))
         {
-            Some(k) => Some((
-                ShapeKey::Class(k),
-                (self.dir.vms[vm].shaped[k].rate_mbps * 1e6 / 8.0) as u64,
-            )),
+            Some(k) => Some((ShapeKey::Class(k), class_rate(&self.dir.vms[vm].shaped[k]))),
             None => {
                 let endpoint = self.dir.vms[w].id;
                 eg.admission
@@ -475,8 +517,8 @@ impl Engine {
                 };
             }
         }
-        let q = eg.queue_of[vm].expect("every local VM has an egress queue");
-        if let Err(rejected) = eg.wfq.enqueue(now, q, item, len as u32) {
+        let q = eg.q.queue(vm).expect("every local VM has an egress queue");
+        if let Err(rejected) = eg.q.wfq.enqueue(now, q, item, len as u32) {
             self.drop_frame(
                 now,
                 pool,
@@ -556,12 +598,12 @@ impl Engine {
         // Packet-rate guarantees: each such VM's queued frames up to its rate, on top of
         // its share (PicNIC's pps SLO), as the uplink allows.
         for (vm, bucket) in eg.guaranteed.iter_mut() {
-            let Some(q) = eg.queue_of[*vm] else { continue };
+            let Some(q) = eg.q.queue(*vm) else { continue };
             while picked.len() < budget && bucket.available(now) > 0 {
                 if eg.pacer.as_ref().is_some_and(|p| !p.has_tokens(now)) {
                     break;
                 }
-                let Some(d) = eg.wfq.dequeue_from(q) else {
+                let Some(d) = eg.q.wfq.dequeue_from(q) else {
                     break;
                 };
                 bucket.force_consume(now, 1);
@@ -576,7 +618,9 @@ impl Engine {
             if eg.pacer.as_ref().is_some_and(|p| !p.has_tokens(now)) {
                 break;
             }
-            let Some(d) = eg.wfq.dequeue(now) else { break };
+            let Some(d) = eg.q.wfq.dequeue(now) else {
+                break;
+            };
             let wire_len = d.len_bytes as u64 + encap_len;
             if let Some(p) = eg.pacer.as_mut() {
                 p.force_consume(now, wire_len);
@@ -591,18 +635,23 @@ impl Engine {
                     eg.ps_per_wire_byte,
                     eg.cpu_bound,
                 );
-                let _ = eg.wfq.settle(d.queue, d.cost, cost);
+                let _ = eg.q.wfq.settle(d.queue, d.cost, cost);
             }
             picked.push(d.item);
             waited.push(Waited::EgressQueue);
         }
         let done = picked.len();
         eg.cpu_bound = done == budget
-            && !eg.wfq.is_empty()
+            && !eg.q.wfq.is_empty()
             && eg.pacer.as_ref().is_none_or(|p| p.has_tokens(now));
         let picked_waited = picked.drain(..).zip(waited.drain(..));
-        for ((mut frame, w, entropy, src, arrived), via) in picked_waited {
+        for ((mut frame, w, generation, entropy, src, arrived), via) in picked_waited {
             self.cpu.note(Some(src), frame.len());
+            if self.dir.vms[w].generation != generation {
+                // Its destination was removed (live change) while it waited.
+                self.drop_frame(now, pool, frame, Some(src), DropReason::Removed);
+                continue;
+            }
             let (host, endpoint, tenant) = {
                 let v = &self.dir.vms[w];
                 (v.host, v.id, v.tenant)
@@ -631,7 +680,7 @@ impl Engine {
     }
 }
 
-fn class_matches(class: &crate::config::ShapedClass, s: &FrameSummary) -> bool {
+fn class_matches(class: &ShapedClass, s: &FrameSummary) -> bool {
     let Network::Ipv4 {
         dst,
         protocol,
@@ -646,4 +695,9 @@ fn class_matches(class: &crate::config::ShapedClass, s: &FrameSummary) -> bool {
         && class
             .dst_port
             .is_none_or(|p| ports.is_some_and(|ports| ports.dst == p))
+}
+
+/// A shaped class's rate, bytes/s.
+fn class_rate(class: &ShapedClass) -> u64 {
+    (class.rate_mbps * 1e6 / 8.0) as u64
 }

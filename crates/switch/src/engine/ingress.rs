@@ -15,13 +15,13 @@
 use picnic_core::eyeq::{EndpointConfig, Receiver, ReceiverConfig};
 use picnic_core::iron::Admission;
 use picnic_core::time::NANOS_PER_SEC;
-use picnic_core::wfq::{NodeId, QueueId, Wfq};
 use picnic_core::{Duration, Instant};
 use picnic_wire::overlay::decap;
 use picnic_wire::Error as WireError;
 
+use super::queues::VmQueues;
 use super::slo::Waited;
-use super::{cost_kind, feedback, ps_per_byte, vm_scheduler, Engine, Work};
+use super::{cost_kind, feedback, ps_per_byte, Engine, Work};
 use crate::config::{Config, Mac};
 use crate::directory::{Directory, VmIdx};
 use crate::frame::{Frame, FramePool};
@@ -30,10 +30,7 @@ use crate::stats::{DropReason, FeedbackReject};
 pub struct Ingress {
     /// Queued frames with their destination VM and when they were queued (= when they
     /// entered the switch: frames are queued in the call that received them).
-    wfq: Wfq<(Frame, VmIdx, Instant)>,
-    queue_of: Vec<Option<QueueId>>,
-    /// Node of each tenant with local VMs (none when ingress WFQ is off).
-    tenant_node: Vec<Option<NodeId>>,
+    q: VmQueues<(Frame, VmIdx, Instant)>,
     /// EyeQ receiver over the access link, in bytes/s.
     link: Option<Receiver<VmIdx>>,
     /// EyeQ receiver over the ingress engine's CPU, in ns of processing per second.
@@ -113,16 +110,19 @@ impl CpuCapacity {
 }
 
 impl Ingress {
-    pub fn new(cfg: &Config, dir: &Directory, now: Instant) -> anyhow::Result<Ingress> {
-        let (wfq, queue_of, tenant_node) = vm_scheduler(
+    /// Every frame queued (the engine is being dropped).
+    pub(super) fn take_frames(&mut self) -> Vec<Frame> {
+        self.q.take_all().into_iter().map(|item| item.0).collect()
+    }
+
+    /// An ingress engine without VMs ([`Ingress::add_vm`] adds them).
+    pub fn new(cfg: &Config, now: Instant) -> anyhow::Result<Ingress> {
+        let q = VmQueues::new(
             cost_kind(cfg),
-            dir,
             cfg.ingress.queue_packets,
             cfg.isolation.ingress_wfq,
-            |_| None,
-            now,
             "ingress scheduler",
-        )?;
+        );
         let (link, cpu) = if cfg.isolation.feedback {
             let headroom_permille = (cfg.ingress.headroom * 1000.0) as u32;
             let base = ReceiverConfig {
@@ -156,45 +156,17 @@ impl Ingress {
                 ..base
             };
             let rerr = |e| anyhow::anyhow!("receiver rate control: {e:?}");
-            let mut link = Receiver::new(link_cfg, now).map_err(rerr)?;
-            let mut cpu = Receiver::new(cpu_cfg, now).map_err(rerr)?;
-            let total_min: u64 = dir
-                .local_vms()
-                .map(|(v, _)| dir.vms[v].min_bps)
-                .sum::<u64>()
-                .max(1);
-            for (v, _) in dir.local_vms() {
-                let vm = &dir.vms[v];
-                link.add_endpoint(
-                    v,
-                    EndpointConfig {
-                        guarantee: vm.min_bps / 8,
-                        max_rate: vm.max_bps.map(|m| m / 8),
-                    },
-                )
-                .map_err(rerr)?;
-                // CPU guarantee: the VM's share of the core in proportion to its min bandwidth.
-                let share = (NANOS_PER_SEC as u128 * vm.min_bps as u128 / total_min as u128) as u64;
-                cpu.add_endpoint(
-                    v,
-                    EndpointConfig {
-                        guarantee: share.max(1),
-                        max_rate: None,
-                    },
-                )
-                .map_err(rerr)?;
-            }
+            let link = Receiver::new(link_cfg, now).map_err(rerr)?;
+            let cpu = Receiver::new(cpu_cfg, now).map_err(rerr)?;
             (Some(link), Some(cpu))
         } else {
             (None, None)
         };
         Ok(Ingress {
-            wfq,
-            queue_of,
-            tenant_node,
+            q,
             link,
             cpu,
-            ns_per_byte_fp: vec![0; dir.vms.len()],
+            ns_per_byte_fp: Vec::new(),
             cost_budget_ns: cfg.ingress.poll_budget_us * 1_000,
             capacity: CpuCapacity::new(NANOS_PER_SEC, now),
             ps_per_wire_byte: ps_per_byte(cfg.ingress.capacity_mbps.max(1) * 1_000_000),
@@ -202,68 +174,103 @@ impl Ingress {
         })
     }
 
-    /// Applies the VMs' guarantees and caps in place (`vm` changed): its leaf's and its
-    /// tenant's weights, its link guarantee and cap, and every local VM's CPU guarantee (a
-    /// share of the core in proportion to the guarantees, as [`Ingress::new`]).
-    pub(super) fn set_rates(
-        &mut self,
-        dir: &Directory,
-        vm_idx: VmIdx,
-        tenant_weight: u64,
-    ) -> Result<(), String> {
-        let vm = &dir.vms[vm_idx];
-        let werr = |e| format!("ingress scheduler: {e:?}");
-        if let (Some(q), Some(node)) = (self.queue_of[vm_idx], self.tenant_node[vm.tenant]) {
-            self.wfq.set_weight(q, vm.min_bps.max(1)).map_err(werr)?;
-            self.wfq
-                .set_weight(node, tenant_weight.max(1))
-                .map_err(werr)?;
+    /// The EyeQ guarantees of local VM `vm` on the access link.
+    fn link_endpoint(vm: &crate::directory::Vm) -> EndpointConfig {
+        EndpointConfig {
+            guarantee: vm.min_bps / 8,
+            max_rate: vm.max_bps.map(|m| m / 8),
         }
-        let rerr = |e| format!("receiver rate control: {e:?}");
-        if let Some(link) = self.link.as_mut() {
+    }
+
+    /// Every local VM's CPU guarantee: its share of the core in proportion to its
+    /// guarantee among the local VMs' (EyeQ's B_i on the CPU resource).
+    fn set_cpu_shares(&mut self, dir: &Directory) -> Result<(), String> {
+        let Some(cpu) = self.cpu.as_mut() else {
+            return Ok(());
+        };
+        let total_min: u64 = dir
+            .local_vms()
+            .map(|(v, _)| dir.vms[v].min_bps)
+            .sum::<u64>()
+            .max(1);
+        for (v, _) in dir.local_vms() {
+            let share =
+                (NANOS_PER_SEC as u128 * dir.vms[v].min_bps as u128 / total_min as u128) as u64;
             let config = EndpointConfig {
-                guarantee: vm.min_bps / 8,
-                max_rate: vm.max_bps.map(|m| m / 8),
+                guarantee: share.max(1),
+                max_rate: None,
             };
-            link.set_endpoint(vm_idx, config).map_err(rerr)?;
-        }
-        if let Some(cpu) = self.cpu.as_mut() {
-            let total_min: u64 = dir
-                .local_vms()
-                .map(|(v, _)| dir.vms[v].min_bps)
-                .sum::<u64>()
-                .max(1);
-            for (v, _) in dir.local_vms() {
-                let share =
-                    (NANOS_PER_SEC as u128 * dir.vms[v].min_bps as u128 / total_min as u128) as u64;
-                let config = EndpointConfig {
-                    guarantee: share.max(1),
-                    max_rate: None,
-                };
-                cpu.set_endpoint(v, config).map_err(rerr)?;
-            }
+            cpu.set_endpoint(v, config)
+                .map_err(|e| format!("receiver rate control: {e:?}"))?;
         }
         Ok(())
     }
 
-    /// Takes every queued frame out; the VMs' queues are gone afterwards.
-    pub(super) fn take_frames(&mut self) -> Vec<Frame> {
-        let mut queues: Vec<QueueId> = self.queue_of.iter().flatten().copied().collect();
-        queues.sort_unstable();
-        queues.dedup();
-        let mut frames = Vec::new();
-        for q in queues {
-            if let Ok(items) = self.wfq.remove_queue(q) {
-                frames.extend(items.into_iter().map(|item| item.0));
-            }
+    /// Adds local VM `vm` (already in `dir`): its queue, its tenant's new weight, its
+    /// receiver endpoints, and every local VM's new CPU share.
+    pub(super) fn add_vm(
+        &mut self,
+        now: Instant,
+        dir: &Directory,
+        vm: VmIdx,
+    ) -> Result<(), String> {
+        self.q.add_vm(now, dir, vm, None)?;
+        self.ns_per_byte_fp.resize(dir.vms.len(), 0);
+        self.ns_per_byte_fp[vm] = 0;
+        let rerr = |e| format!("receiver rate control: {e:?}");
+        if let Some(link) = self.link.as_mut() {
+            link.add_endpoint(vm, Self::link_endpoint(&dir.vms[vm]))
+                .map_err(rerr)?;
         }
-        self.queue_of.iter_mut().for_each(|q| *q = None);
-        frames
+        if let Some(cpu) = self.cpu.as_mut() {
+            let config = EndpointConfig {
+                guarantee: 1,
+                max_rate: None,
+            };
+            cpu.add_endpoint(vm, config).map_err(rerr)?;
+        }
+        self.set_cpu_shares(dir)
+    }
+
+    /// Applies `vm`'s guarantee and cap in place: its leaf's and its tenant's weights, its
+    /// link guarantee and cap, and every local VM's CPU share.
+    pub(super) fn set_vm(
+        &mut self,
+        now: Instant,
+        dir: &Directory,
+        vm: VmIdx,
+    ) -> Result<(), String> {
+        self.q.set_vm(now, dir, vm, None)?;
+        if let Some(link) = self.link.as_mut() {
+            link.set_endpoint(vm, Self::link_endpoint(&dir.vms[vm]))
+                .map_err(|e| format!("receiver rate control: {e:?}"))?;
+        }
+        self.set_cpu_shares(dir)
+    }
+
+    /// Removes local VM `vm` of tenant `t` (already gone from `dir`'s local VMs): its queue
+    /// and receiver endpoints; the other VMs' CPU shares grow. Returns its queued frames.
+    pub(super) fn remove_vm(
+        &mut self,
+        dir: &Directory,
+        vm: VmIdx,
+        t: crate::directory::TenantIdx,
+    ) -> Result<Vec<Frame>, String> {
+        let items = self.q.remove_vm(dir, vm, t, |item| item.1 == vm)?;
+        for r in [self.link.as_mut(), self.cpu.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            let _ = r.remove_endpoint(vm);
+        }
+        self.set_cpu_shares(dir)?;
+        Ok(items.into_iter().map(|item| item.0).collect())
     }
 
     pub(super) fn queue_len(&self, vm: VmIdx) -> usize {
-        self.queue_of[vm]
-            .and_then(|q| self.wfq.queue_len(q))
+        self.q
+            .queue(vm)
+            .and_then(|q| self.q.wfq.queue_len(q))
             .unwrap_or(0)
     }
 
@@ -294,7 +301,7 @@ impl Ingress {
 
     pub(super) fn poll_at(&self) -> Option<Instant> {
         [
-            self.wfq.poll_at(),
+            self.q.wfq.poll_at(),
             self.link.as_ref().and_then(|r| r.poll_at()),
             self.cpu.as_ref().and_then(|r| r.poll_at()),
         ]
@@ -384,6 +391,10 @@ impl Engine {
             self.drop_frame(now, pool, frame, None, DropReason::Malformed);
             return None;
         }
+        if self.isolation.anti_spoofing && !self.sent_by(tenant, source, inner) {
+            self.drop_frame(now, pool, frame, None, DropReason::Spoofed);
+            return None;
+        }
         let dst = Mac(inner[0..6].try_into().expect("length checked"));
         // Lookup within the VNI's tenant only: no frame can reach another tenant's VM.
         let Some(w) = self
@@ -450,6 +461,22 @@ impl Engine {
         pool.put(frame);
     }
 
+    /// Whether `inner`, a frame of `tenant` from host `source`, is one a VM of that tenant
+    /// living on that host could have sent: the directory knows which VM lives where, so a
+    /// host can only speak for its own VMs, and the VM's anti-spoofing rules hold for its
+    /// frames here too (docs/switch.md "Security").
+    fn sent_by(&self, tenant: crate::directory::TenantIdx, source: u32, inner: &[u8]) -> bool {
+        let Ok(summary) = picnic_wire::classify::classify(inner) else {
+            return false;
+        };
+        self.dir
+            .vm_by_mac(tenant, Mac(summary.src_mac))
+            .map(|v| &self.dir.vms[v])
+            .is_some_and(|vm| {
+                vm.host == source && !super::antispoof::is_spoofed(vm, &summary, inner)
+            })
+    }
+
     /// Queues a frame for local VM `w`; `source` is the sending host and the frame's length on
     /// the wire (encapsulated) for remote frames.
     pub(super) fn to_local_vm(
@@ -486,10 +513,15 @@ impl Engine {
         else {
             return;
         };
-        let q = self.ingress.queue_of[w].expect("every local VM has an ingress queue");
+        let q = self
+            .ingress
+            .q
+            .queue(w)
+            .expect("every local VM has an ingress queue");
         let entered = frame.entered(now);
         if let Err(rejected) = self
             .ingress
+            .q
             .wfq
             .enqueue(now, q, (frame, w, entered), len as u32)
         {
@@ -549,7 +581,7 @@ impl Engine {
     ) -> usize {
         let (mut n, mut spent) = (0, 0u64);
         while n < budget && spent < self.ingress.cost_budget_ns {
-            let Some(d) = self.ingress.wfq.dequeue(now) else {
+            let Some(d) = self.ingress.q.wfq.dequeue(now) else {
                 break;
             };
             let (mut frame, w, queued_at) = d.item;
@@ -569,7 +601,7 @@ impl Engine {
                     self.ingress.ps_per_wire_byte,
                     self.ingress.cpu_bound,
                 );
-                let _ = self.ingress.wfq.settle(d.queue, d.cost, wfq_cost);
+                let _ = self.ingress.q.wfq.settle(d.queue, d.cost, wfq_cost);
             }
             let per_byte = &mut self.ingress.ns_per_byte_fp[w];
             let sample = (cost << 16) / (len + self.encap_len);
@@ -589,9 +621,9 @@ impl Engine {
             spent += cost;
             n += 1;
         }
-        self.ingress.cpu_bound = !self.ingress.wfq.is_empty();
+        self.ingress.cpu_bound = !self.ingress.q.wfq.is_empty();
         if n > 0 {
-            let backlogged = !self.ingress.wfq.is_empty();
+            let backlogged = !self.ingress.q.wfq.is_empty();
             self.ingress
                 .capacity
                 .on_poll(now, spent, backlogged, self.ingress.cpu.as_mut());

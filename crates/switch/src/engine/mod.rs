@@ -17,7 +17,9 @@ mod egress;
 pub mod feedback;
 mod ingress;
 mod kernel;
+mod live;
 mod offload;
+mod queues;
 mod sealing;
 mod share;
 mod slo;
@@ -26,7 +28,7 @@ use std::sync::Arc;
 
 use picnic_core::bucket::TokenBucket;
 use picnic_core::eyeq;
-use picnic_core::iron::{CpuAccounts, IronConfig};
+use picnic_core::iron::CpuAccounts;
 use picnic_core::pool::TokenCache;
 use picnic_core::{Duration, Instant};
 use picnic_wire::feedback::{standalone_feedback, FeedbackOption};
@@ -35,15 +37,16 @@ use picnic_wire::overlay::{encap_headers, encap_headers_len, OuterHeaders};
 use serde::Serialize;
 
 use crate::config::{Config, Isolation, Mac};
-use crate::directory::{Directory, PortIdx, TenantIdx, Vm, VmIdx, UPLINK};
+use crate::directory::{Directory, PortIdx, TenantIdx, VmIdx, UPLINK};
 use crate::frame::{Frame, FramePool};
 use crate::stats::{DropReason, SwitchCounters, VmCounters};
 use crate::workers::SharedBudgets;
-use picnic_core::wfq::{Cap, CostKind, NodeId, QueueId, QueueLimits, Wfq};
+use picnic_core::wfq::CostKind;
 
 pub use egress::{pacer_rate, Egress};
 pub use ingress::Ingress;
 pub use kernel::{SoftirqDelta, XdpThrottle, XDP_CPU, XDP_PPS};
+pub use live::PortChange;
 pub use sealing::AccelUse;
 pub use slo::{kind_name, Late, SloReport, TenantSlo, Totals, Why, WindowView, SLO_WINDOW};
 
@@ -152,74 +155,55 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Builds the engines for a validated config, starting at `now`.
+    /// Builds the engines for a validated config, starting at `now`: an empty engine to
+    /// which the config's tenants, hosts and VMs are added as live changes would add them.
     pub fn new(cfg: &Config, now: Instant) -> anyhow::Result<Engine> {
-        let dir = Directory::from_config(cfg);
-        let egress = Egress::new(cfg, &dir, now)?;
-        let ingress = Ingress::new(cfg, &dir, now)?;
-        let mut iron_index = vec![None; dir.tenants.len()];
-        let iron =
-            if cfg.isolation.cpu_accounting && dir.tenants.iter().any(|t| t.cpu_quota.is_some()) {
-                let mut accounts = CpuAccounts::new(
-                    now,
-                    IronConfig {
-                        period: IRON_PERIOD,
-                        early_drop_percent: Some(10),
-                    },
-                )
-                .map_err(|e| anyhow::anyhow!("cpu accounting: {e}"))?;
-                for (t, tenant) in dir.tenants.iter().enumerate() {
-                    if let Some(quota) = iron_quota(tenant) {
-                        iron_index[t] = Some(
-                            accounts
-                                .add_tenant(quota)
-                                .map_err(|e| anyhow::anyhow!("tenants[{t}].cpu_quota: {e}"))?,
-                        );
-                    }
-                }
-                Some(accounts)
-            } else {
-                None
-            };
-        let ports = dir.port_count();
-        let dir_vms = dir.vms.len();
-        let dir_tenants = dir.tenants.len();
-        let (pps_out, pps_in) = (pps_buckets(&dir, now), pps_buckets(&dir, now));
-        let mut share = share::FairShare::new(share_unit(cfg), tenant_weights(&dir), now);
-        share.set_guarantees(&tenant_min_pps(&dir));
-        let slo = slo::SloTracker::new(&dir, now)?;
-        let offload = offload::Offloads::new(cfg, now)?;
-        Ok(Engine {
-            vm_counters: vec![VmCounters::default(); dir.vms.len()],
-            dir,
+        let mut engine = Engine {
+            dir: Directory::new(),
             isolation: cfg.isolation.clone(),
             host_id: cfg.switch.host_id,
             encap_len: encap_headers_len(&GeneveRepr::ethernet(1)) as u64,
             uplink_mtu: cfg.uplink.mtu,
-            egress,
-            ingress,
-            iron,
-            iron_index,
+            egress: Egress::new(cfg, now)?,
+            ingress: Ingress::new(cfg, now)?,
+            iron: None,
+            iron_index: Vec::new(),
             budgets: None,
-            pps_out,
-            pps_in,
-            xdp_pps: vec![false; dir_vms],
-            cpu: cpu::CpuLedger::new(dir_vms),
-            share,
-            slo,
+            pps_out: Vec::new(),
+            pps_in: Vec::new(),
+            xdp_pps: Vec::new(),
+            cpu: cpu::CpuLedger::default(),
+            share: share::FairShare::new(share_unit(cfg), Vec::new(), now),
+            slo: slo::SloTracker::default(),
             feedback_auth: None,
             cpu_fair: cfg.isolation.cpu_fair,
             fair_reads: cfg.isolation.cpu_fair
                 || cfg.isolation.egress_wfq
                 || cfg.isolation.ingress_wfq,
-            tx: (0..ports)
-                .map(|_| Vec::with_capacity(cfg.switch.batch * 2))
-                .collect(),
+            tx: vec![Vec::with_capacity(cfg.switch.batch * 2)],
+            vm_counters: Vec::new(),
             accel_jobs: Vec::with_capacity(cfg.switch.batch * 2),
-            accel_use: vec![AccelUse::default(); dir_tenants],
-            offload,
+            accel_use: Vec::new(),
+            offload: offload::Offloads::new(cfg),
             counters: SwitchCounters::default(),
-        })
+        };
+        for (i, t) in cfg.tenants.iter().enumerate() {
+            engine
+                .add_tenant(now, t)
+                .map_err(|e| anyhow::anyhow!("tenants[{i}]: {e}"))?;
+        }
+        for h in &cfg.hosts {
+            engine.dir.set_host(h);
+        }
+        for (i, v) in cfg.vms.iter().enumerate() {
+            engine
+                .add_vm(now, v)
+                .map_err(|e| anyhow::anyhow!("vms[{i}]: {e}"))?;
+        }
+        for q in &mut engine.tx {
+            q.reserve(cfg.switch.batch * 2);
+        }
+        Ok(engine)
     }
 
     /// Authenticates the feedback this host sends and requires it on the feedback it
@@ -228,12 +212,6 @@ impl Engine {
     pub fn set_feedback_key(&mut self, key: &[u8], wall_at_zero_ns: u64) -> Result<(), String> {
         self.feedback_auth = Some(feedback::FeedbackAuthState::new(key, wall_at_zero_ns)?);
         Ok(())
-    }
-
-    /// Takes over `old`'s feedback key, nonces and replay windows (a rebuilt engine must not
-    /// reuse a nonce or accept a replay).
-    pub fn carry_feedback_auth_from(&mut self, old: &mut Engine) {
-        self.feedback_auth = old.feedback_auth.take();
     }
 
     /// Whether the caller should read `port` now. A VM port whose egress queue cannot take
@@ -346,34 +324,6 @@ impl Engine {
         let mut done = self.egress_poll(now, budget, pool);
         done += self.ingress_poll(now, budget, work, pool);
         done
-    }
-
-    /// Changes local VM `name`'s guarantee and cap in place, through the schedulers' and
-    /// receivers' setters (weights, caps, endpoint guarantees): every other VM's queues,
-    /// limiters and scheduler state, and this VM's queued frames, stay as they are. Fails
-    /// (changing nothing) for an unknown or remote VM.
-    pub fn set_vm_rates(
-        &mut self,
-        now: Instant,
-        name: &str,
-        min_bps: u64,
-        max_bps: Option<u64>,
-    ) -> Result<(), String> {
-        let vm = self
-            .dir
-            .vms
-            .iter()
-            .position(|v| v.name == name && v.port.is_some())
-            .ok_or_else(|| format!("no local VM '{name}'"))?;
-        self.dir.vms[vm].min_bps = min_bps;
-        self.dir.vms[vm].max_bps = max_bps;
-        let weights = tenant_weights(&self.dir);
-        let tenant_weight = weights[self.dir.vms[vm].tenant];
-        self.egress
-            .set_rates(now, &self.dir.vms[vm], vm, tenant_weight)?;
-        self.ingress.set_rates(&self.dir, vm, tenant_weight)?;
-        self.share.set_weights(weights);
-        Ok(())
     }
 
     /// Returns every frame this engine holds (queued in either direction, in shaped and
@@ -565,6 +515,7 @@ impl Engine {
             .tenants
             .iter()
             .enumerate()
+            .filter(|(_, tenant)| tenant.present)
             .map(|(t, tenant)| {
                 let stats = self
                     .iron
@@ -667,71 +618,6 @@ pub struct TenantSnapshot {
     pub offload: Option<crate::offload::OffloadStats>,
 }
 
-/// The scheduler tree both engines use (PicNIC's per-VM queues, EyeQ's weights): a node per
-/// tenant weighted by the sum of its local VMs' guarantees, a bounded leaf per local VM
-/// weighted by its guarantee and capped by `cap`. With isolation off, one shared drop-tail
-/// FIFO that holds as much as all the leaves would. Returns the tree, each VM's leaf and
-/// each tenant's node.
-fn vm_scheduler<T>(
-    kind: CostKind,
-    dir: &Directory,
-    queue_packets: usize,
-    isolated: bool,
-    cap: impl Fn(&Vm) -> Option<Cap>,
-    now: Instant,
-    what: &str,
-) -> anyhow::Result<Scheduler<T>> {
-    let mut wfq = Wfq::with_capacity(kind, dir.vms.len() + dir.tenants.len() + 2);
-    let werr = |e| anyhow::anyhow!("{what}: {e:?}");
-    let limits = QueueLimits {
-        max_packets: queue_packets as u32,
-        max_bytes: queue_packets as u64 * 2048,
-    };
-    let mut queue_of = vec![None; dir.vms.len()];
-    if !isolated {
-        let n = dir.local_vms().count().max(1) as u32;
-        let shared = QueueLimits {
-            max_packets: limits.max_packets * n,
-            max_bytes: limits.max_bytes * n as u64,
-        };
-        let q = wfq.add_queue(wfq.root(), 1, shared).map_err(werr)?;
-        for (v, _) in dir.local_vms() {
-            queue_of[v] = Some(q);
-        }
-        return Ok((wfq, queue_of, vec![None; dir.tenants.len()]));
-    }
-    let mut tenant_node = vec![None; dir.tenants.len()];
-    for t in 0..dir.tenants.len() {
-        let local: Vec<VmIdx> = dir
-            .local_vms()
-            .map(|(v, _)| v)
-            .filter(|&v| dir.vms[v].tenant == t)
-            .collect();
-        if local.is_empty() {
-            continue;
-        }
-        let weight = local
-            .iter()
-            .map(|&v| dir.vms[v].min_bps)
-            .sum::<u64>()
-            .max(1);
-        let node = wfq.add_node(wfq.root(), weight, None).map_err(werr)?;
-        tenant_node[t] = Some(node);
-        for v in local {
-            let vm = &dir.vms[v];
-            let q = wfq.add_queue(node, vm.min_bps, limits).map_err(werr)?;
-            if let Some(c) = cap(vm) {
-                wfq.set_cap(now, q, Some(c)).map_err(werr)?;
-            }
-            queue_of[v] = Some(q);
-        }
-    }
-    Ok((wfq, queue_of, tenant_node))
-}
-
-/// A scheduler tree, each VM's leaf and each tenant's node (none when not isolated).
-type Scheduler<T> = (Wfq<T>, Vec<Option<QueueId>>, Vec<Option<NodeId>>);
-
 /// What both schedulers share: with `isolation.cpu_fair` the dominant resource a frame uses
 /// (its measured CPU or its time on the link, whichever is larger: one scheduler over bits
 /// and cycles, as BESS; PicNIC's CPU-fair WFQ when the CPU is the bottleneck), otherwise
@@ -754,38 +640,6 @@ fn share_unit(cfg: &Config) -> share::ShareUnit {
     } else {
         share::ShareUnit::Bytes
     }
-}
-
-/// Each tenant's packet-rate guarantee on this host: the sum of its local VMs' `min_pps`.
-fn tenant_min_pps(dir: &Directory) -> Vec<u64> {
-    let mut pps = vec![0u64; dir.tenants.len()];
-    for (v, _) in dir.local_vms() {
-        pps[dir.vms[v].tenant] += dir.vms[v].min_pps.unwrap_or(0);
-    }
-    pps
-}
-
-/// Each tenant's weight on this host: the sum of its local VMs' guarantees, as in the
-/// schedulers' tenant nodes (0 without local VMs).
-fn tenant_weights(dir: &Directory) -> Vec<u64> {
-    let mut w = vec![0u64; dir.tenants.len()];
-    for (v, _) in dir.local_vms() {
-        w[dir.vms[v].tenant] += dir.vms[v].min_bps;
-    }
-    w
-}
-
-/// A packets/s bucket for every local VM with `max_pps` (burst: 1 ms of its rate, at
-/// least one batch).
-fn pps_buckets(dir: &Directory, now: Instant) -> Vec<Option<TokenBucket>> {
-    dir.vms
-        .iter()
-        .map(|v| {
-            v.max_pps
-                .filter(|_| v.port.is_some())
-                .map(|pps| TokenBucket::new(pps, (pps / 1000).max(64), now))
-        })
-        .collect()
 }
 
 /// Picoseconds one byte takes on a link of `bps`.

@@ -16,49 +16,64 @@ use crate::frame::{Frame, FramePool};
 use crate::offload::{self, Hook, OffloadStats, Program, Verdict};
 use crate::stats::DropReason;
 
-/// Every tenant's program (None: no program), with the interpreter they share.
+/// Every tenant's program (None: no program).
 pub(super) struct Offloads {
     programs: Vec<Option<Program>>,
+    /// `isolation.offload`: without it a program has no period budget.
+    isolated: bool,
     /// Frames the last run emitted, before they are copied into pool frames.
     emitted: Vec<Vec<u8>>,
 }
 
 impl Offloads {
-    /// Loads the program of every tenant of `cfg` that has one, at `now` (without
-    /// `isolation.offload`, with no period budget).
-    pub(super) fn new(cfg: &Config, now: Instant) -> anyhow::Result<Offloads> {
-        let wasm = cfg
-            .tenants
-            .iter()
-            .any(|t| t.offload.is_some())
-            .then(offload::engine);
-        let programs = cfg
-            .tenants
-            .iter()
-            .map(|t| match (&t.offload, &wasm) {
-                (Some(o), Some(engine)) => Program::load(
-                    engine,
-                    &o.code()?,
-                    offload::Limits {
-                        fuel_per_period: if cfg.isolation.offload {
-                            o.fuel_per_period
-                        } else {
-                            u64::MAX
-                        },
-                        ..o.limits()
-                    },
-                    offload::DEFAULT_PS_PER_FUEL,
-                    now,
-                )
-                .map(Some)
-                .map_err(|e| anyhow::anyhow!("tenant '{}': {e}", t.name)),
-                _ => Ok(None),
-            })
-            .collect::<anyhow::Result<_>>()?;
-        Ok(Offloads {
-            programs,
+    /// No programs yet ([`Offloads::set`] loads them, tenant by tenant).
+    pub(super) fn new(cfg: &Config) -> Offloads {
+        Offloads {
+            programs: Vec::new(),
+            isolated: cfg.isolation.offload,
             emitted: Vec::new(),
-        })
+        }
+    }
+
+    /// Loads tenant `idx`'s program as `t` says, at `now` (none: no program), replacing what
+    /// it had; on error the tenant keeps what it had.
+    pub(super) fn set(
+        &mut self,
+        now: Instant,
+        idx: TenantIdx,
+        t: &crate::config::TenantEntry,
+    ) -> Result<(), String> {
+        let program = match &t.offload {
+            Some(o) => {
+                let code = o.code().map_err(|e| format!("tenant '{}': {e}", t.name))?;
+                let limits = offload::Limits {
+                    fuel_per_period: if self.isolated {
+                        o.fuel_per_period
+                    } else {
+                        u64::MAX
+                    },
+                    ..o.limits()
+                };
+                let engine = offload::engine();
+                Some(
+                    Program::load(&engine, &code, limits, offload::DEFAULT_PS_PER_FUEL, now)
+                        .map_err(|e| format!("tenant '{}': {e}", t.name))?,
+                )
+            }
+            None => None,
+        };
+        if self.programs.len() <= idx {
+            self.programs.resize_with(idx + 1, || None);
+        }
+        self.programs[idx] = program;
+        Ok(())
+    }
+
+    /// Tenant `idx` has no program any more.
+    pub(super) fn clear(&mut self, idx: TenantIdx) {
+        if let Some(p) = self.programs.get_mut(idx) {
+            *p = None;
+        }
     }
 }
 
@@ -75,7 +90,12 @@ impl Engine {
         pool: &mut FramePool,
     ) -> Option<Frame> {
         let tenant = self.dir.vms[vm].tenant;
-        let Some(program) = self.offload.programs[tenant].as_mut() else {
+        let Some(program) = self
+            .offload
+            .programs
+            .get_mut(tenant)
+            .and_then(Option::as_mut)
+        else {
             return Some(frame);
         };
         if !program.has(hook) {
@@ -120,6 +140,10 @@ impl Engine {
 
     /// The counters of `tenant`'s program, if it has one.
     pub(super) fn offload_stats(&self, tenant: TenantIdx) -> Option<OffloadStats> {
-        self.offload.programs[tenant].as_ref().map(Program::stats)
+        self.offload
+            .programs
+            .get(tenant)
+            .and_then(Option::as_ref)
+            .map(Program::stats)
     }
 }

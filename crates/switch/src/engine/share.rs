@@ -68,8 +68,11 @@ impl FairShare {
         }
     }
 
-    /// Each tenant's new weight (a guarantee changed).
+    /// Each tenant's new weight (a guarantee changed, a VM or tenant came or went).
     pub(super) fn set_weights(&mut self, weights: Vec<u64>) {
+        self.used.resize(weights.len(), 0);
+        self.packets.resize(weights.len(), 0);
+        self.active_before.resize(weights.len(), false);
         self.weights = weights;
     }
 

@@ -28,7 +28,7 @@ use picnic_core::{Duration, Instant};
 use serde::Serialize;
 
 use super::Engine;
-use crate::directory::{Directory, TenantIdx};
+use crate::directory::TenantIdx;
 use crate::stats::Drops;
 
 /// Length of a conformance window (DESIGN.md section 6 accuracy windows).
@@ -63,43 +63,52 @@ struct Tracked {
     late: [u64; 4],
 }
 
-/// The monitors of the tenants with an SLO.
+/// The monitors of the tenants with an SLO, indexed by tenant.
+#[derive(Default)]
 pub(super) struct SloTracker {
-    /// Per tenant: its entry in `tracked`, when it has an SLO.
-    slot: Vec<Option<usize>>,
-    tracked: Vec<Tracked>,
+    tracked: Vec<Option<Tracked>>,
 }
 
 impl SloTracker {
-    pub(super) fn new(dir: &Directory, now: Instant) -> anyhow::Result<SloTracker> {
-        let config = SloMonitorConfig {
-            window: SLO_WINDOW,
-            max_closed_violations: KEPT_VIOLATIONS,
-            latency_significant_digits: LATENCY_DIGITS,
-        };
-        let mut slot = vec![None; dir.tenants.len()];
-        let mut tracked = Vec::new();
-        for (t, tenant) in dir.tenants.iter().enumerate() {
-            let Some(slo) = tenant.slo.clone() else {
-                continue;
-            };
-            let latency_bound_ns = slo.latency_us.map(|us| us.saturating_mul(1_000));
-            let monitor = SloMonitor::new(slo, config, now)
-                .map_err(|e| anyhow::anyhow!("tenants[{t}].slo.{}: {e}", e.field))?;
-            slot[t] = Some(tracked.len());
-            tracked.push(Tracked {
-                tenant: t,
-                monitor,
-                latency_bound_ns,
-                late: [0; 4],
-            });
+    /// Sets `tenant`'s SLO (None: not monitored) in place: an unchanged SLO keeps its
+    /// monitor and history, a new one starts a fresh monitor; other tenants' are not touched.
+    pub(super) fn set(
+        &mut self,
+        now: Instant,
+        tenant: TenantIdx,
+        slo: Option<Slo>,
+    ) -> Result<(), String> {
+        if self.tracked.len() <= tenant {
+            self.tracked.resize_with(tenant + 1, || None);
         }
-        Ok(SloTracker { slot, tracked })
+        let current = self.tracked[tenant].as_ref().map(|t| t.monitor.slo());
+        if current == slo.as_ref() {
+            return Ok(());
+        }
+        self.tracked[tenant] = match slo {
+            Some(slo) => {
+                let config = SloMonitorConfig {
+                    window: SLO_WINDOW,
+                    max_closed_violations: KEPT_VIOLATIONS,
+                    latency_significant_digits: LATENCY_DIGITS,
+                };
+                let latency_bound_ns = slo.latency_us.map(|us| us.saturating_mul(1_000));
+                let monitor = SloMonitor::new(slo, config, now)
+                    .map_err(|e| format!("slo.{}: {e}", e.field))?;
+                Some(Tracked {
+                    tenant,
+                    monitor,
+                    latency_bound_ns,
+                    late: [0; 4],
+                })
+            }
+            None => None,
+        };
+        Ok(())
     }
 
     fn get(&mut self, tenant: TenantIdx) -> Option<&mut Tracked> {
-        let i = (*self.slot.get(tenant)?)?;
-        Some(&mut self.tracked[i])
+        self.tracked.get_mut(tenant)?.as_mut()
     }
 
     /// A frame of `tenant`'s entered the switch.
@@ -148,7 +157,7 @@ impl Engine {
     /// `GET /slo` and `/metrics`. Allocates: call it when publishing, not per frame.
     pub fn slo_report(&mut self, now: Instant) -> SloReport {
         let mut tenants = Vec::with_capacity(self.slo.tracked.len());
-        for t in &mut self.slo.tracked {
+        for t in self.slo.tracked.iter_mut().flatten() {
             let m = &mut t.monitor;
             let state = m.state(now);
             let s = m.summary(now);
@@ -223,22 +232,6 @@ impl Engine {
             now_ns: now.as_nanos(),
             window_ms: SLO_WINDOW.as_nanos() / 1_000_000,
             tenants,
-        }
-    }
-
-    /// Takes over the monitors of `old` (the engine this one replaces after a live change)
-    /// for tenants that kept their name and SLO, so a change to one tenant does not reset the
-    /// others' conformance history.
-    pub fn carry_slo_from(&mut self, old: &mut Engine) {
-        for t in &mut self.slo.tracked {
-            let name = &self.dir.tenants[t.tenant].name;
-            let same = old.slo.tracked.iter_mut().find(|o| {
-                &old.dir.tenants[o.tenant].name == name && o.monitor.slo() == t.monitor.slo()
-            });
-            if let Some(o) = same {
-                std::mem::swap(&mut t.monitor, &mut o.monitor);
-                std::mem::swap(&mut t.late, &mut o.late);
-            }
         }
     }
 }

@@ -7,6 +7,7 @@ use picnic_core::{Duration, Instant};
 
 use super::tests::{config, udp, Host, A1, A2, B1, B2, IP_A1, IP_A2, IP_B1, IP_B2};
 use super::{Engine, SloReport, TenantSlo};
+use crate::change::Change;
 use crate::directory::UPLINK;
 use crate::frame::FramePool;
 use crate::stats::DropReason;
@@ -189,7 +190,7 @@ fn frames_held_beyond_latency_us_violate_latency_while_the_neighbour_is_met() {
 }
 
 #[test]
-fn a_live_change_keeps_the_conformance_of_tenants_whose_slo_did_not_change() {
+fn a_tenants_slo_changes_in_place_and_the_others_keep_their_conformance() {
     let loss = "{ max_loss = 0.01 }";
     let mut old = host_with_slos(2, ms(0), loss, loss, |c| c.vms[2].max_pps = Some(1_000));
     let to_a2 = encapsulated("a1", &udp(A1, A2, IP_A1, IP_A2, 7, 200));
@@ -201,10 +202,15 @@ fn a_live_change_keeps_the_conformance_of_tenants_whose_slo_did_not_change() {
         old.take(old.port_of("a2"));
         old.take(UPLINK);
     }
-    // b's SLO changes, a's does not.
-    let mut new = host_with_slos(2, ms(300), loss, "{ max_loss = 0.02 }", |_| {});
-    new.engine.carry_slo_from(&mut old.engine);
-    let report = new.engine.slo_report(ms(300));
+    // b's SLO changes in place, a's does not; then b's is removed and set again.
+    let mut b = config(2, 1000).tenants[1].clone();
+    b.slo = Some(slo("{ max_loss = 0.02 }"));
+    let pool = &mut old.pool;
+    old.engine
+        .apply(ms(300), &Change::SetTenant(b.clone()), pool)
+        .unwrap();
+    let report = old.engine.slo_report(ms(300));
+    assert_eq!(tenant(&report, "b").slo.max_loss, Some(0.02));
     let a = tenant(&report, "a");
     assert_eq!(kinds(a), [ViolationKind::Loss]);
     assert_eq!(a.totals.windows, 3);
@@ -213,4 +219,11 @@ fn a_live_change_keeps_the_conformance_of_tenants_whose_slo_did_not_change() {
         0,
         "a new SLO starts afresh"
     );
+    b.slo = None;
+    old.engine
+        .apply(ms(300), &Change::SetTenant(b), &mut old.pool)
+        .unwrap();
+    let report = old.engine.slo_report(ms(400));
+    assert!(report.tenants.iter().all(|t| t.tenant != "b"));
+    assert_eq!(tenant(&report, "a").totals.windows, 4);
 }

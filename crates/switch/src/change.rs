@@ -1,0 +1,171 @@
+//! Live changes (docs/switch.md "Live changes"): a new configuration from the API becomes the
+//! list of in-place changes that turns the running one into it, each touching one host,
+//! tenant or VM ([`crate::engine::Engine::apply`]). Nothing is rebuilt, so a change to one
+//! tenant leaves every other tenant's queues, limiters and scheduler state as they were.
+
+use crate::config::{Config, HostEntry, TenantEntry, VmEntry};
+
+/// One change to the directory and the engines.
+#[derive(Clone, Debug)]
+pub enum Change {
+    /// Adds a host or changes its underlay address or MAC.
+    SetHost(HostEntry),
+    RemoveHost(u32),
+    AddTenant(TenantEntry),
+    /// Changes a tenant's VNI, CPU quota, cgroup or SLO (same name).
+    SetTenant(TenantEntry),
+    RemoveTenant(String),
+    AddVm(VmEntry),
+    /// Changes a VM's addresses, allowed EtherTypes, rates, packet rate or shaped classes
+    /// (same name, id, tenant, host and port).
+    SetVm(VmEntry),
+    RemoveVm(String),
+}
+
+/// The changes from `old` to `new`, in an order that keeps every intermediate directory
+/// consistent: VMs leave first, then hosts and tenants are added or changed, VMs are added
+/// or changed, and tenants and hosts leave last. A VM whose id, tenant, host or port differs
+/// is removed and added again. Fails, naming the section, if anything but `hosts`, `tenants`
+/// and `vms` differs: those need a restart.
+pub fn diff(old: &Config, new: &Config) -> Result<Vec<Change>, String> {
+    let fixed = [
+        ("switch", same(&old.switch, &new.switch)),
+        ("uplink", same(&old.uplink, &new.uplink)),
+        ("isolation", same(&old.isolation, &new.isolation)),
+        ("ingress", same(&old.ingress, &new.ingress)),
+        ("egress", same(&old.egress, &new.egress)),
+    ];
+    if let Some((name, _)) = fixed.iter().find(|(_, same)| !same) {
+        return Err(format!(
+            "{name}: only hosts, tenants and vms change live; restart the switch to change {name}"
+        ));
+    }
+    let identity = |v: &VmEntry| (v.id, v.tenant.clone(), v.host, serde_json::json!(v.port));
+    let mut changes = Vec::new();
+    let old_vm = |name: &str| old.vms.iter().find(|v| v.name == name);
+    let new_vm = |name: &str| new.vms.iter().find(|v| v.name == name);
+    for o in &old.vms {
+        if new_vm(&o.name).is_none_or(|n| identity(n) != identity(o)) {
+            changes.push(Change::RemoveVm(o.name.clone()));
+        }
+    }
+    for h in &new.hosts {
+        if old
+            .hosts
+            .iter()
+            .find(|o| o.id == h.id)
+            .is_none_or(|o| !same(o, h))
+        {
+            changes.push(Change::SetHost(h.clone()));
+        }
+    }
+    for t in &new.tenants {
+        match old.tenants.iter().find(|o| o.name == t.name) {
+            None => changes.push(Change::AddTenant(t.clone())),
+            Some(o) if !same(o, t) => changes.push(Change::SetTenant(t.clone())),
+            Some(_) => {}
+        }
+    }
+    for n in &new.vms {
+        match old_vm(&n.name) {
+            Some(o) if identity(o) == identity(n) => {
+                if !same(o, n) {
+                    changes.push(Change::SetVm(n.clone()));
+                }
+            }
+            _ => changes.push(Change::AddVm(n.clone())),
+        }
+    }
+    for o in &old.tenants {
+        if !new.tenants.iter().any(|t| t.name == o.name) {
+            changes.push(Change::RemoveTenant(o.name.clone()));
+        }
+    }
+    for o in &old.hosts {
+        if !new.hosts.iter().any(|h| h.id == o.id) {
+            changes.push(Change::RemoveHost(o.id));
+        }
+    }
+    Ok(changes)
+}
+
+/// Whether two entries are equal, compared by their serialized form (the entries hold
+/// floats: SLOs, shaped classes).
+fn same<T: serde::Serialize>(a: &T, b: &T) -> bool {
+    serde_json::to_value(a).ok() == serde_json::to_value(b).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::tests::EXAMPLE;
+
+    /// Changes compare by their Debug form (the entries hold floats and are not `Eq`).
+    fn show(changes: Vec<Change>) -> String {
+        format!("{changes:?}")
+    }
+
+    #[test]
+    fn each_edit_is_one_change_and_identity_edits_remove_and_add() {
+        let old = Config::parse(EXAMPLE).unwrap();
+        assert!(diff(&old, &old).unwrap().is_empty());
+        // A guarantee: one SetVm.
+        let mut new = old.clone();
+        new.vms[0].min_mbps = 300;
+        assert_eq!(
+            show(diff(&old, &new).unwrap()),
+            show(vec![Change::SetVm(new.vms[0].clone())])
+        );
+        // A tenant with a VM added; its SLO set.
+        let mut added = old.clone();
+        let mut t = added.tenants[0].clone();
+        t.name = "b".into();
+        t.vni = 200;
+        added.tenants.push(t.clone());
+        let mut vm = added.vms[0].clone();
+        vm.name = "b1".into();
+        vm.id = 9;
+        vm.tenant = "b".into();
+        vm.port = Some(crate::config::PortEntry {
+            ifname: "b1".into(),
+            backend: Default::default(),
+        });
+        added.vms.push(vm.clone());
+        assert_eq!(
+            show(diff(&old, &added).unwrap()),
+            show(vec![
+                Change::AddTenant(t.clone()),
+                Change::AddVm(vm.clone())
+            ])
+        );
+        // ... and removed again: the VM first, the tenant last.
+        assert_eq!(
+            show(diff(&added, &old).unwrap()),
+            show(vec![
+                Change::RemoveVm("b1".into()),
+                Change::RemoveTenant("b".into())
+            ])
+        );
+        // Moving a VM to another port is a remove and an add.
+        let mut moved = added.clone();
+        moved.vms[2].port.as_mut().unwrap().ifname = "b1x".into();
+        assert_eq!(
+            show(diff(&added, &moved).unwrap()),
+            show(vec![
+                Change::RemoveVm("b1".into()),
+                Change::AddVm(moved.vms[2].clone())
+            ])
+        );
+        // Hosts: a new address is a SetHost; a removed host goes last.
+        let mut hosts = old.clone();
+        hosts.hosts[1].underlay_ip = [198, 19, 0, 9].into();
+        assert_eq!(
+            show(diff(&old, &hosts).unwrap()),
+            show(vec![Change::SetHost(hosts.hosts[1].clone())])
+        );
+        // Anything outside hosts, tenants and vms is refused, naming the section.
+        let mut iso = old.clone();
+        iso.isolation.cpu_fair = !iso.isolation.cpu_fair;
+        assert!(diff(&old, &iso).unwrap_err().starts_with("isolation:"));
+    }
+}

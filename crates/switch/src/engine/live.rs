@@ -1,0 +1,271 @@
+//! Live changes in place (docs/switch.md "Live changes"): each [`Change`] touches only the
+//! host, tenant or VM it names, through the mechanisms' setters (the WFQs' `add_queue`,
+//! `set_weight`, `set_cap`, `remove_queue`; the EyeQ receivers' endpoints; Iron's
+//! `set_quota`; the SLO monitors), never by rebuilding the engines. Every other tenant's
+//! queued frames, limiters and scheduler state stay as they are, and the frames a removed VM
+//! or shaped class held go back to the pool. Sans-I/O like the engines: the caller opens and
+//! closes ports as [`PortChange`] says.
+
+use picnic_core::bucket::TokenBucket;
+use picnic_core::iron::{CpuAccounts, IronConfig};
+use picnic_core::{Duration, Instant};
+
+use super::queues::{tenant_min_pps, tenant_weights};
+use super::AccelUse;
+use super::{cpu, Engine, IRON_PERIOD};
+use crate::change::Change;
+use crate::config::{TenantEntry, VmEntry};
+use crate::directory::{PortIdx, Tenant, TenantIdx, VmIdx};
+use crate::frame::{Frame, FramePool};
+use crate::stats::{DropReason, VmCounters};
+
+/// What the caller does with its ports after a change.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum PortChange {
+    /// A local VM was added on this port slot: open its port there.
+    Opened(PortIdx),
+    /// A local VM was removed: close the port in this slot.
+    Closed(PortIdx),
+}
+
+/// Iron's allocation of a tenant with a `cpu_quota` (None: unlimited). With a cgroup, switch
+/// work and the cgroup's quota share the allocation (Iron 3.2), and the cgroup never gets
+/// less than cgroup v1's minimum: the switch's part stops that much short, so together they
+/// stay within it.
+fn iron_quota(tenant: &Tenant) -> Option<Duration> {
+    let cores = tenant.cpu_quota?;
+    let allocation = Duration::from_nanos((IRON_PERIOD.as_nanos() as f64 * cores) as u64);
+    Some(match tenant.cgroup {
+        Some(_) => Duration::from_nanos(
+            allocation
+                .as_nanos()
+                .saturating_sub(cpu::CGROUP_MIN_QUOTA.as_nanos())
+                .max(100_000),
+        ),
+        None => allocation,
+    })
+}
+
+/// A packets/s bucket for a VM with `max_pps` (burst: 1 ms of its rate, at least one batch).
+fn pps_bucket(max_pps: Option<u64>, now: Instant) -> Option<TokenBucket> {
+    max_pps.map(|pps| TokenBucket::new(pps, (pps / 1000).max(64), now))
+}
+
+impl Engine {
+    /// Applies one live change at `now`; frames it takes out of queues go back to `pool`.
+    /// Fails, changing nothing, for an unknown or duplicate name or a tenant that still has
+    /// VMs.
+    pub fn apply(
+        &mut self,
+        now: Instant,
+        change: &Change,
+        pool: &mut FramePool,
+    ) -> Result<Option<PortChange>, String> {
+        match change {
+            Change::SetHost(h) => self.dir.set_host(h),
+            Change::RemoveHost(id) => self.dir.remove_host(*id),
+            Change::AddTenant(t) => self.add_tenant(now, t)?,
+            Change::SetTenant(t) => self.set_tenant(now, t)?,
+            Change::RemoveTenant(name) => self.remove_tenant(name)?,
+            Change::AddVm(v) => return Ok(self.add_vm(now, v)?.map(PortChange::Opened)),
+            Change::SetVm(v) => self.set_vm(now, v, pool)?,
+            Change::RemoveVm(name) => {
+                return Ok(self.remove_vm(name, pool)?.map(PortChange::Closed));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Makes room in the per-tenant, per-VM and per-port state for the directory's slots.
+    fn grow(&mut self) {
+        let (tenants, vms, ports) = (
+            self.dir.tenants.len(),
+            self.dir.vms.len(),
+            self.dir.port_count(),
+        );
+        self.iron_index.resize(tenants, None);
+        self.accel_use.resize(tenants, AccelUse::default());
+        self.vm_counters.resize(vms, VmCounters::default());
+        self.pps_out.resize(vms, None);
+        self.pps_in.resize(vms, None);
+        self.xdp_pps.resize(vms, false);
+        self.cpu.grow(vms);
+        self.tx.resize_with(ports.max(self.tx.len()), Vec::new);
+    }
+
+    /// The read-side shares after a change of guarantees: weights and packet-rate
+    /// guarantees per tenant.
+    fn update_shares(&mut self) {
+        self.share.set_weights(tenant_weights(&self.dir));
+        self.share.set_guarantees(&tenant_min_pps(&self.dir));
+    }
+
+    pub(super) fn add_tenant(&mut self, now: Instant, t: &TenantEntry) -> Result<(), String> {
+        if self.dir.tenant_named(&t.name).is_some() {
+            return Err(format!("tenant '{}' exists", t.name));
+        }
+        let idx = self.dir.add_tenant(t);
+        self.grow();
+        self.update_shares();
+        self.offload.set(now, idx, t)?;
+        self.set_cpu_quota(now, idx)?;
+        self.slo.set(now, idx, t.slo.clone())
+    }
+
+    fn set_tenant(&mut self, now: Instant, t: &TenantEntry) -> Result<(), String> {
+        let idx = self
+            .dir
+            .tenant_named(&t.name)
+            .ok_or_else(|| format!("no tenant '{}'", t.name))?;
+        self.dir.set_tenant(idx, t);
+        self.offload.set(now, idx, t)?;
+        self.set_cpu_quota(now, idx)?;
+        self.slo.set(now, idx, t.slo.clone())
+    }
+
+    fn remove_tenant(&mut self, name: &str) -> Result<(), String> {
+        let idx = self
+            .dir
+            .tenant_named(name)
+            .ok_or_else(|| format!("no tenant '{name}'"))?;
+        if self
+            .dir
+            .vms
+            .iter()
+            .any(|v| v.tenant == idx && !v.name.is_empty())
+        {
+            return Err(format!("tenant '{name}' still has VMs"));
+        }
+        if let (Some(iron), Some(account)) = (self.iron.as_mut(), self.iron_index[idx].take()) {
+            iron.remove_tenant(account).map_err(|e| e.to_string())?;
+        }
+        self.slo.set(Instant::ZERO, idx, None)?;
+        self.dir.remove_tenant(idx);
+        self.offload.clear(idx);
+        self.update_shares();
+        Ok(())
+    }
+
+    /// Gives tenant `idx` the Iron account its `cpu_quota` asks for, in place: a new quota
+    /// through `set_quota`, an account added or removed when the quota comes or goes.
+    fn set_cpu_quota(&mut self, now: Instant, idx: TenantIdx) -> Result<(), String> {
+        let quota = iron_quota(&self.dir.tenants[idx]).filter(|_| self.isolation.cpu_accounting);
+        let ierr = |e: picnic_core::iron::IronError| format!("cpu_quota: {e}");
+        match (self.iron_index[idx], quota) {
+            (Some(account), Some(q)) => {
+                let iron = self.iron.as_mut().expect("accounts exist");
+                iron.set_quota(now, account, q).map_err(ierr)?;
+            }
+            (None, Some(q)) => {
+                let iron = match self.iron.as_mut() {
+                    Some(iron) => iron,
+                    None => self.iron.insert(
+                        CpuAccounts::new(
+                            now,
+                            IronConfig {
+                                period: IRON_PERIOD,
+                                early_drop_percent: Some(10),
+                            },
+                        )
+                        .map_err(ierr)?,
+                    ),
+                };
+                self.iron_index[idx] = Some(iron.add_tenant(q).map_err(ierr)?);
+            }
+            (Some(account), None) => {
+                let iron = self.iron.as_mut().expect("accounts exist");
+                iron.remove_tenant(account).map_err(ierr)?;
+                self.iron_index[idx] = None;
+            }
+            (None, None) => {}
+        }
+        Ok(())
+    }
+
+    /// Adds a VM; a VM on this host gets a port slot (returned), queues in both engines and
+    /// receiver endpoints, and its tenant's weights grow.
+    pub(super) fn add_vm(&mut self, now: Instant, v: &VmEntry) -> Result<Option<PortIdx>, String> {
+        if self.dir.vm_named(&v.name).is_some() {
+            return Err(format!("VM '{}' exists", v.name));
+        }
+        if self.dir.tenant_named(&v.tenant).is_none() {
+            return Err(format!("no tenant '{}'", v.tenant));
+        }
+        let idx = self.dir.add_vm(v, self.host_id);
+        self.grow();
+        self.vm_counters[idx] = VmCounters::default();
+        self.xdp_pps[idx] = false;
+        let port = self.dir.vms[idx].port;
+        if port.is_some() {
+            self.egress.add_vm(now, &self.dir, idx)?;
+            self.ingress.add_vm(now, &self.dir, idx)?;
+            self.pps_out[idx] = pps_bucket(v.max_pps, now);
+            self.pps_in[idx] = pps_bucket(v.max_pps, now);
+            self.update_shares();
+        }
+        Ok(port)
+    }
+
+    /// Changes a VM in place: addresses and allowed EtherTypes in the directory; for a local
+    /// VM also its guarantee and cap (weights, caps, receiver guarantees), its packet rate
+    /// and its shaped classes (a class gone returns its frames, counted as `removed`).
+    fn set_vm(&mut self, now: Instant, v: &VmEntry, pool: &mut FramePool) -> Result<(), String> {
+        let idx = self
+            .dir
+            .vm_named(&v.name)
+            .ok_or_else(|| format!("no VM '{}'", v.name))?;
+        let old_shaped = std::mem::take(&mut self.dir.vms[idx].shaped);
+        let old_pps = self.dir.vms[idx].max_pps;
+        self.dir.set_vm(idx, v);
+        if self.dir.vms[idx].port.is_none() {
+            return Ok(());
+        }
+        let gone = self.egress.set_vm(now, &self.dir, idx, &old_shaped)?;
+        self.drop_removed(now, pool, idx, gone);
+        self.ingress.set_vm(now, &self.dir, idx)?;
+        self.update_shares();
+        if old_pps != v.max_pps {
+            for bucket in [&mut self.pps_out[idx], &mut self.pps_in[idx]] {
+                match (bucket.as_mut(), v.max_pps) {
+                    (Some(b), Some(pps)) => b.set_rate(now, pps, (pps / 1000).max(64)),
+                    (_, pps) => *bucket = pps_bucket(pps, now),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Frames a live change took from `vm`'s queues: back to the pool, counted as dropped.
+    fn drop_removed(&mut self, now: Instant, pool: &mut FramePool, vm: VmIdx, frames: Vec<Frame>) {
+        for frame in frames {
+            self.drop_frame(now, pool, frame, Some(vm), DropReason::Removed);
+        }
+    }
+
+    /// Removes a VM. A local one's queues, shaped classes, limiters, receiver endpoints and
+    /// transmit queue go, their frames back to the pool; its port slot is returned to be
+    /// closed. Frames other VMs queued for it are dropped when they reach the head of their
+    /// queue (its generation moved on).
+    fn remove_vm(&mut self, name: &str, pool: &mut FramePool) -> Result<Option<PortIdx>, String> {
+        let idx = self
+            .dir
+            .vm_named(name)
+            .ok_or_else(|| format!("no VM '{name}'"))?;
+        let tenant = self.dir.vms[idx].tenant;
+        let port = self.dir.remove_vm(idx);
+        if let Some(p) = port {
+            let mut frames = self.egress.remove_vm(&self.dir, idx, tenant)?;
+            frames.extend(self.ingress.remove_vm(&self.dir, idx, tenant)?);
+            frames.append(&mut self.tx[p]);
+            for frame in frames {
+                pool.put(frame);
+            }
+            self.update_shares();
+        }
+        self.vm_counters[idx] = VmCounters::default();
+        self.pps_out[idx] = None;
+        self.pps_in[idx] = None;
+        self.xdp_pps[idx] = false;
+        Ok(port)
+    }
+}
