@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use picnic_netns::{self as netns, NsThread, Testbed};
-use picnic_switch::config::{BackendKind, Config, Isolation, Mac};
+use picnic_switch::config::{Backend, Config, Isolation, Mac};
 use picnic_switch::frame::{Frame, FramePool};
 use picnic_switch::port::{
     wait_readable, AfPacketOptions, AfPacketPort, AfXdpOptions, AfXdpPort, Port,
@@ -178,9 +178,9 @@ impl Dut {
                 let mut cfg = picnic_config(kind != DutKind::PicnicOff)?;
                 cfg.switch.spin_us = spin.as_micros() as u64;
                 if kind == DutKind::PicnicXdp {
-                    cfg.uplink.backend = BackendKind::AfXdp;
+                    cfg.uplink.backend = Backend::AfXdp;
                     for port in cfg.vms.iter_mut().filter_map(|v| v.port.as_mut()) {
-                        port.backend = BackendKind::AfXdp;
+                        port.backend = Backend::AfXdp;
                     }
                 }
                 spawn_thread(bed, move |stop, tid| run_picnic(cfg, stop, tid))

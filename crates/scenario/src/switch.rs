@@ -7,8 +7,8 @@
 use anyhow::{anyhow, Context, Result};
 use picnic_core::slo::Slo;
 use picnic_switch::config::{
-    BackendKind, Config, EgressSection, HostEntry, IngressSection, Isolation, PortEntry,
-    ShapedClass, SwitchSection, TenantEntry, UplinkSection, VmEntry,
+    Backend, Config, EgressSection, HostEntry, IngressSection, Isolation, PortEntry, ShapedClass,
+    SwitchSection, TenantEntry, UplinkSection, VmEntry,
 };
 
 use crate::mode::Dataplane;
@@ -87,9 +87,9 @@ pub fn switch_config(
                 port: (h.index == host.index).then(|| PortEntry {
                     ifname: vm.host_port.clone(),
                     backend: if vm.tap {
-                        BackendKind::Tap
+                        Backend::Tap
                     } else {
-                        BackendKind::default()
+                        Backend::default()
                     },
                 }),
                 shaped: shaped_classes(scenario, topo, &vm.name),

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use picnic_core::slo::Slo;
 use serde::{Deserialize, Serialize};
 
+pub use crate::port::Backend;
+
 /// A MAC address written `02:00:00:00:00:01` in the config.
 #[derive(Copy, Clone, PartialEq, Eq, Hash, Default)]
 pub struct Mac(pub [u8; 6]);
@@ -61,20 +63,6 @@ impl Mac {
         self.0[0] & 1 == 1
     }
     pub const BROADCAST: Mac = Mac([0xff; 6]);
-}
-
-/// Which packet I/O a port uses.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum BackendKind {
-    /// AF_PACKET with a TPACKET_V3 receive ring and sendmmsg (portable; veth or NIC).
-    #[default]
-    AfPacket,
-    /// AF_XDP in copy mode with an XDP redirect program (faster on veths and NICs; needs
-    /// root and an interface without another XDP program).
-    AfXdp,
-    /// A TAP device (VMs: QEMU and Firecracker attach to these).
-    Tap,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -180,7 +168,7 @@ fn default_spin_us() -> u64 {
 pub struct UplinkSection {
     pub ifname: String,
     #[serde(default)]
-    pub backend: BackendKind,
+    pub backend: Backend,
     /// MTU of the underlay; tenant MTU must leave room for the Geneve encapsulation.
     #[serde(default = "default_mtu")]
     pub mtu: usize,
@@ -472,7 +460,7 @@ fn default_min_mbps() -> u64 {
 pub struct PortEntry {
     pub ifname: String,
     #[serde(default)]
-    pub backend: BackendKind,
+    pub backend: Backend,
 }
 
 /// Traffic of a VM matching every given field is shaped to `rate_mbps` in its own queue.
@@ -921,7 +909,7 @@ ip = "198.18.0.2"
         );
         let c = Config::parse(&text).unwrap();
         let port = c.vms[0].port.as_ref().unwrap();
-        assert_eq!(port.backend, BackendKind::AfXdp);
+        assert_eq!(port.backend, Backend::AfXdp);
     }
 
     fn expect_field(text: &str, field: &str) {

@@ -22,7 +22,7 @@ use picnic_wire::overlay::ENCAP_OVERHEAD;
 
 use crate::accel::{Accel, AccelKeys, AccelView, Exchange};
 use crate::cgroup::CpuQuota;
-use crate::config::{BackendKind, Config};
+use crate::config::{Backend, Config};
 use crate::directory::{PortIdx, TenantIdx};
 use crate::driver::{Driver, Io};
 use crate::ebpf::KernelLink;
@@ -391,12 +391,12 @@ impl Io for PortIo<'_> {
 /// ([`vm_max_frame`] for VM ports).
 pub fn open_port(
     ifname: &str,
-    backend: BackendKind,
+    backend: Backend,
     field: &str,
     max_frame: usize,
 ) -> anyhow::Result<Box<dyn Port>> {
     let port: Box<dyn Port> = match backend {
-        BackendKind::AfPacket => Box::new(
+        Backend::AfPacket => Box::new(
             AfPacketPort::open(
                 ifname,
                 AfPacketOptions {
@@ -406,14 +406,17 @@ pub fn open_port(
             )
             .with_context(|| format!("{field}: cannot open '{ifname}'"))?,
         ),
-        BackendKind::AfXdp => Box::new(
+        Backend::AfXdp => Box::new(
             AfXdpPort::open(ifname, AfXdpOptions::default())
                 .with_context(|| format!("{field}: cannot open '{ifname}' with AF_XDP"))?,
         ),
-        BackendKind::Tap => Box::new(
+        Backend::Tap => Box::new(
             TapPort::open(ifname, max_frame)
                 .with_context(|| format!("{field}: cannot open TAP '{ifname}'"))?,
         ),
+        Backend::Memory => {
+            anyhow::bail!("{field}: '{ifname}': memory ports are made in-process, not opened")
+        }
     };
     Ok(port)
 }

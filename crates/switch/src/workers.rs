@@ -31,7 +31,7 @@ use picnic_core::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::config::{BackendKind, Config};
+use crate::config::{Backend, Config};
 use crate::directory::{Directory, PortIdx, TenantIdx};
 use crate::ebpf::EarlyDrop;
 use crate::frame::Frame;
@@ -57,7 +57,7 @@ type Uplinks = (Vec<Box<dyn Port>>, Option<EarlyDrop>);
 pub fn open_uplinks(cfg: &Config, workers: usize) -> anyhow::Result<Uplinks> {
     let ifname = &cfg.uplink.ifname;
     match cfg.uplink.backend {
-        BackendKind::AfXdp => {
+        Backend::AfXdp => {
             let mut sockets = AfXdpPort::open_queues(ifname, AfXdpOptions::default(), workers)
                 .with_context(|| format!("uplink.ifname: cannot open '{ifname}' with AF_XDP"))?;
             let early = sockets[0].early_drop();
@@ -69,7 +69,7 @@ pub fn open_uplinks(cfg: &Config, workers: usize) -> anyhow::Result<Uplinks> {
                 early,
             ))
         }
-        BackendKind::AfPacket if workers > 1 => {
+        Backend::AfPacket if workers > 1 => {
             // A group id of this process's own (one switch per network namespace).
             let group = (std::process::id() & 0xffff) as u16;
             let mut sockets = Vec::with_capacity(workers);
@@ -103,7 +103,7 @@ pub fn open_uplinks(cfg: &Config, workers: usize) -> anyhow::Result<Uplinks> {
 /// drop of throttled VMs, or the softirq accounting of tenants with a CPU quota. One worker's
 /// engine drives them, so they need the single loop (docs/switch.md "Workers").
 pub fn drives_ebpf(cfg: &Config) -> bool {
-    cfg.uplink.backend == BackendKind::AfXdp
+    cfg.uplink.backend == Backend::AfXdp
         || (cfg.isolation.cpu_accounting
             && cfg.isolation.softirq_accounting
             && cfg.tenants.iter().any(|t| t.cpu_quota.is_some()))

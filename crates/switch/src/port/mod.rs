@@ -25,17 +25,25 @@ use std::time::Duration;
 
 use crate::frame::{Frame, FramePool};
 
-/// Which packet I/O mechanism a port uses; its `Display` says what it does, for the start-up
-/// report.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Which packet I/O mechanism a port uses: what the config asks for (`backend = "af_xdp"`)
+/// and what a port reports; its `Display` says what it does, for the start-up report.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum Backend {
-    /// AF_PACKET socket bound to an interface: TPACKET_V3 RX ring, sendmmsg TX.
+    /// AF_PACKET socket bound to an interface: mmap RX ring, sendmmsg TX (portable; veth or
+    /// NIC).
+    #[default]
     AfPacket,
-    /// AF_XDP socket in copy mode on queue 0, fed by an XDP redirect program.
+    /// AF_XDP socket in copy mode, fed by an XDP redirect program (needs root and an
+    /// interface without another XDP program).
     AfXdp,
-    /// A TAP device through /dev/net/tun.
+    /// A TAP device through /dev/net/tun (VMs: QEMU and Firecracker attach to these).
     Tap,
-    /// In-process queues fed and drained through a [`MemoryPortHandle`].
+    /// In-process queues fed and drained through a [`MemoryPortHandle`] (tests and
+    /// benchmarks; never in a config).
+    #[serde(skip)]
     Memory,
 }
 

@@ -12,12 +12,12 @@ use super::{open_port, ring_wait, tenant_ports, vm_max_frame_of, Command, Switch
 use crate::accel::Accel;
 use crate::cgroup::CpuQuota;
 use crate::change::Change;
-use crate::config::{BackendKind, Config};
+use crate::config::{Backend, Config};
 use crate::engine::{PortChange, IRON_PERIOD};
 use crate::port::Port;
 
 /// A port to open for a new VM: interface, backend, config field, largest frame.
-pub(super) type PortSpec = (String, BackendKind, String, usize);
+pub(super) type PortSpec = (String, Backend, String, usize);
 
 /// A change waiting for the ports a helper thread opens for it.
 pub(super) struct Opening {
