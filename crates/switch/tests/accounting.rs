@@ -9,9 +9,8 @@ use std::time::{Duration, Instant};
 mod common;
 use common::udp;
 use picnic_switch::config::Config;
-use picnic_switch::engine::Engine;
-use picnic_switch::port::{MemoryPort, MemoryPortHandle, Port};
-use picnic_switch::runner::{Clock, Shared, Switch};
+use picnic_switch::port::MemoryPortHandle;
+use picnic_switch::runner::Shared;
 
 const CONFIG: &str = r#"
 [switch]
@@ -72,16 +71,7 @@ fn start(
     Arc<Shared>,
     std::thread::JoinHandle<u64>,
 ) {
-    let clock = Clock::new();
-    let engine = Engine::new(&cfg, clock.now()).unwrap();
-    let mut ports: Vec<Box<dyn Port>> = Vec::new();
-    let mut handles = Vec::new();
-    for name in ["up0", "s1", "s2", "l1", "l2"] {
-        let (p, h) = MemoryPort::new(name);
-        ports.push(Box::new(p));
-        handles.push(h);
-    }
-    let mut switch = Switch::with_ports(cfg, engine, ports, clock);
+    let (mut switch, handles) = common::memory_switch(cfg, &["up0", "s1", "s2", "l1", "l2"]);
     let (stop, shared) = (switch.stop_flag(), switch.shared());
     let dataplane = std::thread::spawn(move || {
         let before = schedstat_ns();

@@ -16,9 +16,6 @@ use std::time::{Duration, Instant};
 mod common;
 use common::udp;
 use picnic_switch::config::Config;
-use picnic_switch::engine::Engine;
-use picnic_switch::port::{MemoryPort, Port};
-use picnic_switch::runner::{Clock, Switch};
 
 /// The noisy VM's packet budget, frames/s; it offers ten times as many.
 const BUDGET_PPS: u64 = 20_000;
@@ -112,16 +109,7 @@ fn ten_times_overload_keeps_memory_flat_the_victim_whole_and_the_counters_conser
         .unwrap_or(5)
         .max(3);
     let cfg = Config::parse(CONFIG).unwrap();
-    let clock = Clock::new();
-    let engine = Engine::new(&cfg, clock.now()).unwrap();
-    let mut ports: Vec<Box<dyn Port>> = Vec::new();
-    let mut handles = Vec::new();
-    for name in ["up0", "v1", "v2", "n1", "n2"] {
-        let (p, h) = MemoryPort::new(name);
-        ports.push(Box::new(p));
-        handles.push(h);
-    }
-    let mut switch = Switch::with_ports(cfg, engine, ports, clock);
+    let (mut switch, handles) = common::memory_switch(cfg, &["up0", "v1", "v2", "n1", "n2"]);
     let (stop, shared) = (switch.stop_flag(), switch.shared());
     let dataplane = std::thread::spawn(move || switch.run().unwrap());
 

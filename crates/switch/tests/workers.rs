@@ -110,16 +110,7 @@ fn from_r9_flow(dst: u8, flow: u16) -> Vec<u8> {
 #[test]
 fn two_workers_forward_between_their_vms_and_from_the_uplink() {
     let cfg = Config::parse(CONFIG).unwrap();
-    let clock = Clock::new();
-    let engine = Engine::new(&cfg, clock.now()).unwrap();
-    let mut ports: Vec<Box<dyn Port>> = Vec::new();
-    let mut h = Vec::new();
-    for name in ["up0", "s1", "s2", "l1", "l2"] {
-        let (p, handle) = MemoryPort::new(name);
-        ports.push(Box::new(p));
-        h.push(handle);
-    }
-    let mut switch = Switch::with_ports(cfg, engine, ports, clock);
+    let (mut switch, h) = common::memory_switch(cfg, &["up0", "s1", "s2", "l1", "l2"]);
     let (stop, shared) = (switch.stop_flag(), switch.shared());
     let dataplane = std::thread::spawn(move || switch.run());
 
@@ -198,16 +189,7 @@ fn two_workers_forward_between_their_vms_and_from_the_uplink() {
 #[test]
 fn two_workers_take_live_changes() {
     let cfg = Config::parse(CONFIG).unwrap();
-    let clock = Clock::new();
-    let engine = Engine::new(&cfg, clock.now()).unwrap();
-    let mut ports: Vec<Box<dyn Port>> = Vec::new();
-    let mut h = Vec::new();
-    for name in ["up0", "s1", "s2", "l1", "l2"] {
-        let (p, handle) = MemoryPort::new(name);
-        ports.push(Box::new(p));
-        h.push(handle);
-    }
-    let mut switch = Switch::with_ports(cfg.clone(), engine, ports, clock);
+    let (mut switch, h) = common::memory_switch(cfg.clone(), &["up0", "s1", "s2", "l1", "l2"]);
     let (stop, shared, commands) = (
         switch.stop_flag(),
         switch.shared(),

@@ -222,3 +222,25 @@ pub fn udp(src: u8, dst: u8, payload: usize) -> Vec<u8> {
         .unwrap();
     out
 }
+
+/// A switch for `cfg` on in-memory ports named `names` (the uplink first, then the local
+/// VMs' ports in config order), with the handles that feed and drain them.
+pub fn memory_switch(
+    cfg: picnic_switch::config::Config,
+    names: &[&str],
+) -> (
+    picnic_switch::runner::Switch,
+    Vec<picnic_switch::port::MemoryPortHandle>,
+) {
+    let clock = picnic_switch::runner::Clock::new();
+    let engine = picnic_switch::engine::Engine::new(&cfg, clock.now()).unwrap();
+    let mut ports: Vec<Box<dyn Port>> = Vec::new();
+    let mut handles = Vec::new();
+    for name in names {
+        let (p, h) = picnic_switch::port::MemoryPort::new(name);
+        ports.push(Box::new(p));
+        handles.push(h);
+    }
+    let switch = picnic_switch::runner::Switch::with_ports(cfg, engine, ports, clock);
+    (switch, handles)
+}
