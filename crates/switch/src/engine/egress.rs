@@ -133,7 +133,12 @@ fn egress_cap(kind: CostKind, link_bps: u64, max_bps: Option<u64>) -> Option<Cap
 
 /// The packet-rate guarantee of local VM `vm` with `min_pps`, served from its own queue.
 /// Burst: 1 ms of the rate, at least one batch.
-fn guarantee_lane(dir: &Directory, vm: VmIdx, batch: u64, now: Instant) -> Option<TokenBucket> {
+pub(super) fn guarantee_lane(
+    dir: &Directory,
+    vm: VmIdx,
+    batch: u64,
+    now: Instant,
+) -> Option<TokenBucket> {
     let pps = dir.vms[vm].min_pps?;
     Some(TokenBucket::new(pps, (pps / 1000).max(batch), now))
 }
