@@ -584,9 +584,15 @@ impl Engine {
         let mut waited = std::mem::take(&mut self.egress.scratch_waited);
         let encap_len = self.encap_len;
         let eg = &mut self.egress;
-        for ((_, key), shaper) in eg.shapers.iter_mut() {
+        let dir = &self.dir;
+        for ((vm, key), shaper) in eg.shapers.iter_mut() {
             let via = match key {
                 ShapeKey::Class(_) => Waited::ShapedClass,
+                // A limiter at or above the sending VM's guarantee holds only what it sends
+                // beyond it (EyeQ gives every VM at least its guarantee).
+                ShapeKey::Destination(_) if shaper.bucket().rate() >= dir.vms[*vm].min_bps / 8 => {
+                    Waited::BeyondGuarantee
+                }
                 ShapeKey::Destination(_) => Waited::Limiter,
             };
             while picked.len() < budget {
