@@ -171,6 +171,23 @@ impl Dataplane for PicnicSwitch {
             .unwrap_or_default()
     }
 
+    fn tenant_slo(&self) -> Vec<(String, picnic_scenario::SwitchSlo)> {
+        self.slo_report()
+            .map(|r| {
+                r.tenants
+                    .iter()
+                    .map(|t| {
+                        let judged = picnic_scenario::SwitchSlo {
+                            windows: t.totals.windows,
+                            violated_windows: t.totals.violated_windows,
+                        };
+                        (t.tenant.clone(), judged)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     fn teardown(&mut self, host: &HostView) -> Result<()> {
         if let Some((stop, thread)) = self.running.take() {
             stop.store(true, Ordering::Relaxed);

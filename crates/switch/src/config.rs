@@ -137,6 +137,14 @@ pub struct SwitchSection {
     /// for that thread's default slice (see `sched.rs`). None: the kernel's default.
     #[serde(default)]
     pub slice_us: Option<u64>,
+    /// Runs the dataplane threads in the real-time class, SCHED_FIFO at this priority
+    /// (1..=99), as a kernel datapath runs in softirq ahead of every task: a tenant's busy
+    /// thread then cannot hold the switch's core until the next scheduler tick (4 ms at
+    /// HZ=250; see `sched.rs`). `nice` and `slice_us` then do not apply. The kernel stops an
+    /// RT thread that polls hard for the rest of its 1 s RT period after 95% of it, so keep
+    /// `spin_us` low. None: the fair class.
+    #[serde(default)]
+    pub realtime_priority: Option<u8>,
     /// CPUs the dataplane thread runs on (e.g. cores kept for the dataplane). None: any.
     #[serde(default)]
     pub cpus: Option<Vec<usize>>,
@@ -584,6 +592,17 @@ impl Config {
         }) {
             return Err(err("switch.slice_us", "must be in 100..=100000"));
         }
+        if let Some(p) = self.switch.realtime_priority {
+            if !(1..=99).contains(&p) {
+                return Err(err("switch.realtime_priority", "must be in 1..=99"));
+            }
+            if self.switch.slice_us.is_some() {
+                return Err(err(
+                    "switch.realtime_priority",
+                    "a real-time dataplane has no fair-class slice: leave out slice_us",
+                ));
+            }
+        }
         if self.switch.cpus.as_ref().is_some_and(|c| c.is_empty()) {
             return Err(err(
                 "switch.cpus",
@@ -999,6 +1018,17 @@ ip = "198.18.0.2"
             (
                 EXAMPLE.replace("host_id = 1", "host_id = 1\nslice_us = 18446744073709652"),
                 "switch.slice_us",
+            ),
+            (
+                EXAMPLE.replace("host_id = 1", "host_id = 1\nrealtime_priority = 100"),
+                "switch.realtime_priority",
+            ),
+            (
+                EXAMPLE.replace(
+                    "host_id = 1",
+                    "host_id = 1\nrealtime_priority = 10\nslice_us = 200",
+                ),
+                "switch.realtime_priority",
             ),
         ] {
             expect_field(&text, field);
