@@ -139,6 +139,7 @@ impl Ingress {
             let headroom_permille = (cfg.ingress.headroom * 1000.0) as u32;
             let base = ReceiverConfig {
                 headroom_permille,
+                solo_headroom_permille: (cfg.ingress.solo_headroom * 1000.0) as u32,
                 // The lowest rate advertised: 0.5% of the access link, at least 1 Mb/s (EyeQ's
                 // floor). Low enough that many senders to one VM can be held to its share,
                 // high enough that a throttled sender, whose feedback only comes with its own
