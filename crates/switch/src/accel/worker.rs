@@ -13,6 +13,8 @@ use super::sched::Pick;
 use super::{lock, Completion, KeyRing, Op, Outcome, Shared};
 use crate::frame::Frame;
 
+/// Worker `index`'s loop: until the engine stops, runs the job the scheduler picks for it,
+/// or waits for one to be queued or admitted.
 pub(super) fn worker(shared: &Shared, index: usize, results: &SyncSender<Completion>) {
     loop {
         let (tenant, mut job, waited, queued_at) = {
