@@ -88,6 +88,14 @@ pub struct SwitchSection {
     /// for that thread's default slice (see `sched.rs`). None: the kernel's default.
     #[serde(default)]
     pub slice_us: Option<u64>,
+    /// Runs the dataplane threads in the real-time class, SCHED_FIFO at this priority
+    /// (1..=99), as a kernel datapath runs in softirq ahead of every task: a tenant's busy
+    /// thread then cannot hold the switch's core until the next scheduler tick (4 ms at
+    /// HZ=250; see `sched.rs`). `nice` and `slice_us` then do not apply. The kernel stops an
+    /// RT thread that polls hard for the rest of its 1 s RT period after 95% of it, so keep
+    /// `spin_us` low. None: the fair class.
+    #[serde(default)]
+    pub realtime_priority: Option<u8>,
     /// CPUs the dataplane thread runs on (e.g. cores kept for the dataplane). None: any.
     #[serde(default)]
     pub cpus: Option<Vec<usize>>,

@@ -148,6 +148,17 @@ fn out_of_range_numbers_are_refused_naming_the_field() {
             EXAMPLE.replace("host_id = 1", "host_id = 1\nslice_us = 18446744073709652"),
             "switch.slice_us",
         ),
+        (
+            EXAMPLE.replace("host_id = 1", "host_id = 1\nrealtime_priority = 100"),
+            "switch.realtime_priority",
+        ),
+        (
+            EXAMPLE.replace(
+                "host_id = 1",
+                "host_id = 1\nrealtime_priority = 10\nslice_us = 200",
+            ),
+            "switch.realtime_priority",
+        ),
     ] {
         expect_field(&text, field);
     }

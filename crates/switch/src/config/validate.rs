@@ -72,6 +72,17 @@ impl Config {
         }) {
             return Err(err("switch.slice_us", "must be in 100..=100000"));
         }
+        if let Some(p) = self.switch.realtime_priority {
+            if !(1..=99).contains(&p) {
+                return Err(err("switch.realtime_priority", "must be in 1..=99"));
+            }
+            if self.switch.slice_us.is_some() {
+                return Err(err(
+                    "switch.realtime_priority",
+                    "a real-time dataplane has no fair-class slice: leave out slice_us",
+                ));
+            }
+        }
         if self.switch.cpus.as_ref().is_some_and(|c| c.is_empty()) {
             return Err(err(
                 "switch.cpus",

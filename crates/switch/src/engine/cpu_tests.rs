@@ -2,7 +2,7 @@
 
 use picnic_core::Instant;
 
-use super::tests::{config, udp, Host, A1, A2, B1, B2, IP_A1, IP_A2, IP_B1, IP_B2};
+use super::tests::{carry, config, udp, Host, A1, A2, B1, B2, IP_A1, IP_A2, IP_B1, IP_B2};
 use super::Engine;
 use crate::frame::FramePool;
 use crate::stats::DropReason;
@@ -307,4 +307,60 @@ fn workers_share_a_tenants_cpu_budget_through_their_caches() {
     // The 0.1 ms of debt is paid back at the allocation's rate: b is read again after it.
     let later = Instant::from_nanos(100_000 + 1_100_000);
     assert!(w0.engine.rx_ready(later, b1, 64) && w1.engine.rx_ready(later, b1, 64));
+}
+
+#[test]
+fn frames_the_receiver_refuses_for_cpu_are_held_back_at_their_sender() {
+    // b has 1 ms of host 1's switch CPU per 10 ms period; each frame delivered to b1 costs
+    // 2 us, so its budget takes ~500 frames a period (50 kpps, ~58 Mb/s on the wire). b2 on
+    // host 2 offers 100 kpps: without backpressure half of what crosses the link is refused.
+    let mut h1 = with_b_quota(0.1);
+    let mut h2 = Host::new(2, 1000);
+    let (b1, b2) = (h1.port_of("b1"), h2.port_of("b2"));
+    let frame = udp(B2, B1, IP_B2, IP_B1, 7, 64);
+    let (mut crossed, mut refused_before) = (0, 0);
+    for step in 1..=2_000u64 {
+        let now = Instant::from_nanos(step * 100_000);
+        for _ in 0..10 {
+            h2.inject(now, b2, &frame);
+        }
+        h2.poll(now);
+        let n = carry(&mut h2, &mut h1, now);
+        h1.poll(now);
+        let delivered = h1.take(b1).len() as u64;
+        h1.engine.charge_cpu(now, 2_000 * delivered);
+        carry(&mut h1, &mut h2, now);
+        if step == 1_800 {
+            refused_before = h1.drops("b1", DropReason::CpuThrottled);
+        }
+        if step > 1_800 {
+            crossed += n as u64;
+        }
+    }
+    // The last 20 ms: what crossed is about what the budget takes (1,000 frames), and
+    // little of it is refused at the receiver.
+    let refused = h1.drops("b1", DropReason::CpuThrottled) - refused_before;
+    assert!(
+        (700..=1_400).contains(&crossed),
+        "{crossed} frames crossed the link in 20 ms for a budget of ~1,000"
+    );
+    assert!(
+        refused * 10 <= crossed,
+        "{refused} of {crossed} frames were refused at the receiver"
+    );
+    // The excess is held at the sender, by the limiter the feedback set.
+    let applied = h2
+        .engine
+        .snapshot()
+        .vms
+        .iter()
+        .find(|v| v.name == "b2")
+        .and_then(|v| {
+            v.applied_limits
+                .iter()
+                .find(|(d, _)| *d == 2)
+                .map(|(_, r)| *r)
+        })
+        .expect("a limiter towards b1");
+    assert!(applied < 80_000_000, "limit {applied} b/s");
 }

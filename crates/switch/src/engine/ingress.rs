@@ -19,9 +19,10 @@ use picnic_core::{Duration, Instant};
 use picnic_wire::overlay::decap;
 use picnic_wire::Error as WireError;
 
+use super::backpressure::Backpressure;
 use super::queues::VmQueues;
 use super::slo::Waited;
-use super::{cost_kind, feedback, ps_per_byte, Engine, Work};
+use super::{cost_kind, feedback, ps_per_byte, Engine, Work, IRON_PERIOD};
 use crate::config::{Config, Mac};
 use crate::directory::{Directory, VmIdx};
 use crate::frame::{Frame, FramePool};
@@ -45,6 +46,8 @@ pub struct Ingress {
     ps_per_wire_byte: u64,
     /// Whether the last poll ended with frames still queued (see `CpuLedger::wfq_cost`).
     cpu_bound: bool,
+    /// Caps on the rates advertised for VMs whose frames were refused here lately.
+    backpressure: Option<Backpressure>,
 }
 
 /// Estimates the processing the ingress engine really gets per second: the CPU it runs on is
@@ -123,7 +126,7 @@ impl Ingress {
             cfg.isolation.ingress_wfq,
             "ingress scheduler",
         );
-        let (link, cpu) = if cfg.isolation.feedback {
+        let (link, cpu, backpressure) = if cfg.isolation.feedback {
             let headroom_permille = (cfg.ingress.headroom * 1000.0) as u32;
             let base = ReceiverConfig {
                 headroom_permille,
@@ -158,9 +161,10 @@ impl Ingress {
             let rerr = |e| anyhow::anyhow!("receiver rate control: {e:?}");
             let link = Receiver::new(link_cfg, now).map_err(rerr)?;
             let cpu = Receiver::new(cpu_cfg, now).map_err(rerr)?;
-            (Some(link), Some(cpu))
+            let backpressure = Backpressure::new(IRON_PERIOD, link_cfg.min_rate, capacity, now);
+            (Some(link), Some(cpu), Some(backpressure))
         } else {
-            (None, None)
+            (None, None, None)
         };
         Ok(Ingress {
             q,
@@ -171,6 +175,7 @@ impl Ingress {
             capacity: CpuCapacity::new(NANOS_PER_SEC, now),
             ps_per_wire_byte: ps_per_byte(cfg.ingress.capacity_mbps.max(1) * 1_000_000),
             cpu_bound: false,
+            backpressure,
         })
     }
 
@@ -217,6 +222,9 @@ impl Ingress {
         self.q.add_vm(now, dir, vm, None)?;
         self.ns_per_byte_fp.resize(dir.vms.len(), 0);
         self.ns_per_byte_fp[vm] = 0;
+        if let Some(bp) = self.backpressure.as_mut() {
+            bp.reset_vm(vm);
+        }
         let rerr = |e| format!("receiver rate control: {e:?}");
         if let Some(link) = self.link.as_mut() {
             link.add_endpoint(vm, Self::link_endpoint(&dir.vms[vm]))
@@ -274,7 +282,8 @@ impl Ingress {
             .unwrap_or(0)
     }
 
-    /// The byte rate advertised for `vm`: the smaller of the link and CPU controllers' rates.
+    /// The byte rate advertised for `vm`: the smaller of the link and CPU controllers' rates,
+    /// and of the cap its refused frames set ([`Backpressure`]).
     pub(super) fn advertised(&self, vm: VmIdx) -> Option<u64> {
         let link = self
             .link
@@ -293,10 +302,8 @@ impl Ingress {
             .filter(|_| per_byte > 0)
             .map(|ns| ((ns as u128) << 16) / per_byte as u128)
             .map(|b| b.min(u64::MAX as u128) as u64);
-        match (link, cpu_bytes) {
-            (Some(l), Some(c)) => Some(l.min(c)),
-            (l, c) => l.or(c),
-        }
+        let cap = self.backpressure.as_ref().and_then(|b| b.cap(vm));
+        [link, cpu_bytes, cap].into_iter().flatten().min()
     }
 
     pub(super) fn poll_at(&self) -> Option<Instant> {
@@ -488,26 +495,49 @@ impl Engine {
         pool: &mut FramePool,
     ) {
         let tenant = self.dir.vms[w].tenant;
-        if let (Some(iron), Some(account)) = (self.iron.as_mut(), self.iron_index[tenant]) {
-            if !matches!(iron.admit(now, account), Ok(Admission::Admit)) {
-                return self.drop_frame(now, pool, frame, Some(w), DropReason::CpuThrottled);
-            }
-        }
-        if self.budget_exhausted(now, tenant) {
+        // EyeQ meters what the access link carried: every remote frame, encapsulated bytes,
+        // whether it is refused below or not.
+        let link_sample =
+            source.and_then(|(source, wire_len)| self.meter_link(now, w, source, wire_len));
+        let refused =
+            if let (Some(iron), Some(account)) = (self.iron.as_mut(), self.iron_index[tenant]) {
+                !matches!(iron.admit(now, account), Ok(Admission::Admit))
+            } else {
+                false
+            };
+        let refused = if refused {
+            Some(DropReason::CpuThrottled)
+        } else if self.budget_exhausted(now, tenant) {
             if let Some(b) = self.budgets.as_mut() {
                 b.throttle_drops[tenant] += 1;
             }
-            return self.drop_frame(now, pool, frame, Some(w), DropReason::CpuThrottled);
-        }
-        if let Some(pps) = self.pps_in[w].as_mut() {
-            if !pps.try_consume(now, 1) {
-                return self.drop_frame(now, pool, frame, Some(w), DropReason::PpsLimit);
+            Some(DropReason::CpuThrottled)
+        } else if self.pps_in[w]
+            .as_mut()
+            .is_some_and(|pps| !pps.try_consume(now, 1))
+        {
+            Some(DropReason::PpsLimit)
+        } else {
+            None
+        };
+        if let Some(reason) = refused {
+            if let Some(bp) = self.ingress.backpressure.as_mut() {
+                bp.refused(w);
             }
+            if let (Some((source, _)), Some(seq)) = (source, link_sample) {
+                self.feed_back(now, w, source, seq, pool);
+            }
+            return self.drop_frame(now, pool, frame, Some(w), reason);
         }
         let len = frame.len() as u64;
-        // EyeQ meters what the access link carries: encapsulated bytes.
         if let Some((source, wire_len)) = source {
-            self.meter_and_feedback(now, w, source, wire_len, pool);
+            if let Some(bp) = self.ingress.backpressure.as_mut() {
+                bp.admitted(w, wire_len);
+            }
+            let cpu_sample = self.meter_cpu(now, w, source, wire_len);
+            if let Some(seq) = link_sample.or(cpu_sample) {
+                self.feed_back(now, w, source, seq, pool);
+            }
         }
         let Some(frame) = self.offload_hook(now, w, crate::offload::Hook::Ingress, frame, pool)
         else {
@@ -535,19 +565,25 @@ impl Engine {
         }
     }
 
-    /// EyeQ 3.2: meter the arrival against both resources; when sampled, tell the sender.
-    fn meter_and_feedback(
-        &mut self,
-        now: Instant,
-        w: VmIdx,
-        source: u32,
-        len: u64,
-        pool: &mut FramePool,
-    ) {
+    /// EyeQ 3.2: meters a remote frame's arrival on the access link; the sequence number of
+    /// its feedback when it is sampled for some. Closes a backpressure period that is over.
+    fn meter_link(&mut self, now: Instant, w: VmIdx, source: u32, len: u64) -> Option<u32> {
         let ing = &mut self.ingress;
-        let (Some(link), Some(cpu)) = (ing.link.as_mut(), ing.cpu.as_mut()) else {
-            return;
-        };
+        if let Some(bp) = ing.backpressure.as_mut() {
+            bp.roll(now);
+        }
+        let link = ing.link.as_mut()?;
+        link.on_packet(now, w, source, len)
+            .ok()
+            .flatten()
+            .map(|f| f.seq)
+    }
+
+    /// EyeQ 3.2 on the engine's CPU: meters an admitted remote frame's estimated processing;
+    /// the sequence number of its feedback when it is sampled for some.
+    fn meter_cpu(&mut self, now: Instant, w: VmIdx, source: u32, len: u64) -> Option<u32> {
+        let ing = &mut self.ingress;
+        let cpu = ing.cpu.as_mut()?;
         // The frame's CPU cost, from the VM's measured CPU per byte (the model's figure
         // until a frame of this VM has been processed).
         let est_cost = match ing.ns_per_byte_fp[w] {
@@ -555,13 +591,14 @@ impl Engine {
             per_byte => (per_byte * len) >> 16,
         }
         .max(1);
-        let sampled_link = link.on_packet(now, w, source, len).ok().flatten();
-        let sampled_cpu = cpu.on_packet(now, w, source, est_cost).ok().flatten();
-        let seq = match (sampled_link, sampled_cpu) {
-            (Some(a), _) => a.seq,
-            (None, Some(b)) => b.seq,
-            (None, None) => return,
-        };
+        cpu.on_packet(now, w, source, est_cost)
+            .ok()
+            .flatten()
+            .map(|f| f.seq)
+    }
+
+    /// Tells host `source` the rate it may send to `w` at.
+    fn feed_back(&mut self, now: Instant, w: VmIdx, source: u32, seq: u32, pool: &mut FramePool) {
         if let Some(rate) = self.ingress.advertised(w) {
             self.send_feedback(now, pool, source, w, rate, seq);
         }
