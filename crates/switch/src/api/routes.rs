@@ -45,7 +45,7 @@ pub(super) fn handle(state: &ApiState, method: &Method, url: &str, body: &str) -
             "text/plain; version=0.0.4",
             shared.latest().map(|p| metrics(&p)).unwrap_or_default(),
         ),
-        (Method::Get, ["config"]) => json(200, &redacted(&config)),
+        (Method::Get, ["config"]) => json(200, redacted(&config)),
         (Method::Get, ["tenants"]) => json(200, &redacted(&config).tenants),
         (Method::Get, ["vms"]) => json(200, &config.vms),
         (Method::Get, ["hosts"]) => json(200, &config.hosts),
