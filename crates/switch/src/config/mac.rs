@@ -1,6 +1,7 @@
 //! MAC addresses as the config writes them.
 
 use std::fmt;
+use std::net::Ipv6Addr;
 
 use serde::{Deserialize, Serialize};
 
@@ -56,4 +57,28 @@ impl Mac {
         self.0[0] & 1 == 1
     }
     pub const BROADCAST: Mac = Mac([0xff; 6]);
+
+    /// The EUI-64 link-local address a host derives from this MAC (RFC 4291 appendix A,
+    /// RFC 4862).
+    pub fn link_local(self) -> Ipv6Addr {
+        let m = self.0;
+        Ipv6Addr::from([
+            0xfe,
+            0x80,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            m[0] ^ 0x02,
+            m[1],
+            m[2],
+            0xff,
+            0xfe,
+            m[3],
+            m[4],
+            m[5],
+        ])
+    }
 }

@@ -10,6 +10,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
 use picnic_core::slo::Slo;
+use picnic_core::Rate;
 use serde::{Deserialize, Serialize};
 
 pub use crate::port::Backend;
@@ -136,6 +137,12 @@ pub struct UplinkSection {
     #[serde(default)]
     pub capacity_mbps: Option<u64>,
 }
+impl UplinkSection {
+    /// `capacity_mbps` as a rate.
+    pub fn capacity(&self) -> Option<Rate> {
+        self.capacity_mbps.map(Rate::from_mbps)
+    }
+}
 fn default_mtu() -> usize {
     1500
 }
@@ -222,6 +229,12 @@ pub struct IngressSection {
     /// Processing per poll of the ingress engine before the loop reads its ports again, us.
     pub poll_budget_us: u64,
 }
+impl IngressSection {
+    /// `capacity_mbps` as a rate.
+    pub fn capacity(&self) -> Rate {
+        Rate::from_mbps(self.capacity_mbps)
+    }
+}
 impl Default for IngressSection {
     fn default() -> Self {
         IngressSection {
@@ -244,6 +257,12 @@ pub struct EgressSection {
     pub shaped_queue_packets: usize,
     /// Lowest rate a feedback-driven limiter decays to, Mb/s.
     pub min_rate_mbps: u64,
+}
+impl EgressSection {
+    /// `min_rate_mbps` as a rate.
+    pub fn min_rate(&self) -> Rate {
+        Rate::from_mbps(self.min_rate_mbps)
+    }
 }
 impl Default for EgressSection {
     fn default() -> Self {
@@ -410,6 +429,16 @@ pub struct VmEntry {
     #[serde(default)]
     pub shaped: Vec<ShapedClass>,
 }
+impl VmEntry {
+    /// `min_mbps` as a rate.
+    pub fn min_rate(&self) -> Rate {
+        Rate::from_mbps(self.min_mbps)
+    }
+    /// `max_mbps` as a rate.
+    pub fn max_rate(&self) -> Option<Rate> {
+        self.max_mbps.map(Rate::from_mbps)
+    }
+}
 fn default_min_mbps() -> u64 {
     100
 }
@@ -434,6 +463,12 @@ pub struct ShapedClass {
     #[serde(default)]
     pub dst_port: Option<u16>,
     pub rate_mbps: f64,
+}
+impl ShapedClass {
+    /// `rate_mbps` as a rate.
+    pub fn rate(&self) -> Rate {
+        Rate::from_mbps_f64(self.rate_mbps)
+    }
 }
 
 /// Where the control API listens (`switch.api`).
