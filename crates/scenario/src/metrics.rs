@@ -286,7 +286,7 @@ pub fn slo_met(tenant: &Tenant, m: &TenantMetrics, greedy: bool) -> bool {
         _ => true,
     };
     let loss_ok = tenant.loss_max.is_none_or(|max| m.loss <= max);
-    let rate_ok = !greedy || m.throughput_bps >= 0.9 * tenant.min_mbps as f64 * 1e6;
+    let rate_ok = !greedy || m.throughput_bps >= 0.9 * tenant.min_rate().bps() as f64;
     latency_ok && loss_ok && rate_ok
 }
 
