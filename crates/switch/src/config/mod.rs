@@ -219,6 +219,10 @@ pub struct IngressSection {
     pub capacity_mbps: u64,
     /// Fraction of C held back (EyeQ: 10%).
     pub headroom: f64,
+    /// Fraction of C held back while a single local VM receives (the smaller of this and
+    /// `headroom`): the headroom keeps the access link's queue short for the other VMs'
+    /// traffic, and a VM alone has none to protect, so it gets nearly the whole link.
+    pub solo_headroom: f64,
     /// Per-VM ingress queue bound in packets (overflow drops only that VM's packets).
     pub queue_packets: usize,
     /// Synthetic per-packet processing cost in ns, so the engine can be made the bottleneck
@@ -240,6 +244,7 @@ impl Default for IngressSection {
         IngressSection {
             capacity_mbps: 1000,
             headroom: 0.1,
+            solo_headroom: 0.01,
             queue_packets: 256,
             work_ns: 0,
             work_ps_per_byte: 0,

@@ -128,6 +128,12 @@ impl Config {
         if !(0.0..0.9).contains(&self.ingress.headroom) {
             return Err(err("ingress.headroom", "must be a fraction in [0, 0.9)"));
         }
+        if !(0.0..0.9).contains(&self.ingress.solo_headroom) {
+            return Err(err(
+                "ingress.solo_headroom",
+                "must be a fraction in [0, 0.9)",
+            ));
+        }
         if self.accel.workers == 0 || self.accel.workers > 64 {
             return Err(err("accel.workers", "must be in 1..=64"));
         }

@@ -364,3 +364,80 @@ fn frames_the_receiver_refuses_for_cpu_are_held_back_at_their_sender() {
         .expect("a limiter towards b1");
     assert!(applied < 80_000_000, "limit {applied} b/s");
 }
+
+/// Host 2 floods host 1's a1 with 64 B frames and b1 with 1400 B frames through a 10 Gb/s
+/// uplink, more than host 1's ingress engine processes (each iteration costs 300 ns + 500
+/// ns per frame handled + 0.5 ns per byte), b1 with `b1_min_pps` if given. Returns the
+/// frames per second delivered to a1 and b1.
+fn ingress_saturated_run(b1_min_pps: Option<u64>) -> (f64, f64) {
+    let text = toml::to_string(&config(1, 10_000)).unwrap();
+    let mut cfg: crate::config::Config = toml::from_str(&text).unwrap();
+    cfg.vms.iter_mut().find(|v| v.name == "b1").unwrap().min_pps = b1_min_pps;
+    let mut h1 = Host {
+        engine: Engine::new(&cfg, Instant::ZERO).unwrap(),
+        pool: FramePool::new(8192),
+    };
+    let mut h2 = Host::new(2, 10_000);
+    h2.inject(
+        Instant::ZERO,
+        h2.port_of("a2"),
+        &udp(A2, A1, IP_A2, IP_A1, 7, 64),
+    );
+    h2.inject(
+        Instant::ZERO,
+        h2.port_of("b2"),
+        &udp(B2, B1, IP_B2, IP_B1, 7, 1400),
+    );
+    h2.poll(Instant::ZERO);
+    let encapsulated = h2.take(crate::directory::UPLINK);
+    assert_eq!(encapsulated.len(), 2);
+    let (a1, b1) = (h1.port_of("a1"), h1.port_of("b1"));
+    let (mut now, mut delivered) = (0u64, [0u64; 2]);
+    for _ in 0..20_000 {
+        let t = Instant::from_nanos(now);
+        let (mut handled, mut bytes) = (0u64, 0u64);
+        for frame in &encapsulated {
+            for _ in 0..32 {
+                h1.inject(t, crate::directory::UPLINK, frame);
+            }
+            handled += 32;
+            bytes += 32 * frame.len() as u64;
+        }
+        h1.engine
+            .poll(t, 32, &mut super::tests::NoWork, &mut h1.pool);
+        h1.take(crate::directory::UPLINK); // feedback to host 2, which ignores it here
+        for (i, port) in [a1, b1].into_iter().enumerate() {
+            for sent in h1.take(port) {
+                delivered[i] += 1;
+                handled += 1;
+                bytes += sent.len() as u64;
+            }
+        }
+        let cost = 300 + 500 * handled + bytes / 2;
+        h1.engine.charge_cpu(t, cost);
+        now += cost;
+    }
+    let pps = |n: u64| n as f64 * 1e9 / now as f64;
+    (pps(delivered[0]), pps(delivered[1]))
+}
+
+#[test]
+fn a_packet_rate_guarantee_holds_for_what_a_vm_receives_beyond_its_cpu_fair_share() {
+    let (a_fair, b_fair) = ingress_saturated_run(None);
+    let min_pps = (b_fair * 1.5) as u64;
+    let (a, b) = ingress_saturated_run(Some(min_pps));
+    println!(
+        "1400 B VM receives {b_fair:.0} pps at its CPU-fair share, {b:.0} pps with min_pps \
+         {min_pps}; 64 B VM: {a_fair:.0} -> {a:.0} pps"
+    );
+    // At least the guarantee: a lane up to min_pps, then the VM's CPU-fair share of what the
+    // lane leaves (so no more than the lane plus its whole share before).
+    assert!(
+        b >= min_pps as f64 * 0.97 && b <= min_pps as f64 + b_fair,
+        "{b:.0} pps against a guarantee of {min_pps} (share alone {b_fair:.0})"
+    );
+    assert!(
+        a < a_fair,
+        "the neighbour gives up what the guarantee takes"
+    );
+}

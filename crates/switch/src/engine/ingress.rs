@@ -12,14 +12,17 @@
 //! rate converted to bytes with the VM's measured bytes per ns of processing. So a flood of
 //! small expensive packets is pushed back at its senders even when it uses little bandwidth.
 
+use picnic_core::bucket::TokenBucket;
 use picnic_core::eyeq::{EndpointConfig, Receiver, ReceiverConfig};
 use picnic_core::iron::Admission;
 use picnic_core::time::NANOS_PER_SEC;
+use picnic_core::wfq::Dequeued;
 use picnic_core::{Duration, Instant, Rate};
 use picnic_wire::overlay::decap;
 use picnic_wire::Error as WireError;
 
 use super::backpressure::Backpressure;
+use super::egress::guarantee_lane;
 use super::queues::VmQueues;
 use super::slo::Waited;
 use super::{cost_kind, feedback, Engine, Work, IRON_PERIOD};
@@ -48,6 +51,12 @@ pub struct Ingress {
     cpu_bound: bool,
     /// Caps on the rates advertised for VMs whose frames were refused here lately.
     backpressure: Option<Backpressure>,
+    /// Local VMs with a packet-rate guarantee (`min_pps`) and its bucket: frames queued for
+    /// them are processed up to that rate before the WFQ's turn, outside their share, as the
+    /// egress engine serves what they send.
+    guaranteed: Vec<(VmIdx, TokenBucket)>,
+    /// With the ingress WFQ on (each VM has its own queue): the least burst of a lane, a batch.
+    lanes: Option<u64>,
 }
 
 /// Estimates the processing the ingress engine really gets per second: the CPU it runs on is
@@ -130,6 +139,7 @@ impl Ingress {
             let headroom_permille = (cfg.ingress.headroom * 1000.0) as u32;
             let base = ReceiverConfig {
                 headroom_permille,
+                solo_headroom_permille: (cfg.ingress.solo_headroom * 1000.0) as u32,
                 // The lowest rate advertised: 0.5% of the access link, at least 1 Mb/s (EyeQ's
                 // floor). Low enough that many senders to one VM can be held to its share,
                 // high enough that a throttled sender, whose feedback only comes with its own
@@ -176,6 +186,8 @@ impl Ingress {
             ps_per_wire_byte: cfg.ingress.capacity().max(Rate::from_mbps(1)).ps_per_byte(),
             cpu_bound: false,
             backpressure,
+            guaranteed: Vec::new(),
+            lanes: cfg.isolation.ingress_wfq.then_some(cfg.switch.batch as u64),
         })
     }
 
@@ -225,6 +237,7 @@ impl Ingress {
         if let Some(bp) = self.backpressure.as_mut() {
             bp.reset_vm(vm);
         }
+        self.set_lane(now, dir, vm);
         let rerr = |e| format!("receiver rate control: {e:?}");
         if let Some(link) = self.link.as_mut() {
             link.add_endpoint(vm, Self::link_endpoint(&dir.vms[vm]))
@@ -253,7 +266,19 @@ impl Ingress {
             link.set_endpoint(vm, Self::link_endpoint(&dir.vms[vm]))
                 .map_err(|e| format!("receiver rate control: {e:?}"))?;
         }
+        self.set_lane(now, dir, vm);
         self.set_cpu_shares(dir)
+    }
+
+    /// `vm`'s packet-rate guarantee lane as `dir` says now (none without `min_pps`).
+    fn set_lane(&mut self, now: Instant, dir: &Directory, vm: VmIdx) {
+        self.guaranteed.retain(|(v, _)| *v != vm);
+        if let Some(bucket) = self
+            .lanes
+            .and_then(|batch| guarantee_lane(dir, vm, batch, now))
+        {
+            self.guaranteed.push((vm, bucket));
+        }
     }
 
     /// Removes local VM `vm` of tenant `t` (already gone from `dir`'s local VMs): its queue
@@ -265,6 +290,7 @@ impl Ingress {
         t: crate::directory::TenantIdx,
     ) -> Result<Vec<Frame>, String> {
         let items = self.q.remove_vm(dir, vm, t, |item| item.1 == vm)?;
+        self.guaranteed.retain(|(v, _)| *v != vm);
         for r in [self.link.as_mut(), self.cpu.as_mut()]
             .into_iter()
             .flatten()
@@ -607,11 +633,11 @@ impl Engine {
         }
     }
 
-    /// Processes up to `budget` queued frames in WFQ order and hands them to their ports.
-    /// Processes queued frames in WFQ order, at most `budget` frames and about
-    /// `ingress.poll_budget_us` of processing, and hands them to their ports. Stopping on a
-    /// time budget lets the loop read its ports (cheap) more often than it processes frames
-    /// (expensive), so overload lands in per-VM queues, not in the shared uplink ring.
+    /// Processes queued frames, at most `budget` and about `ingress.poll_budget_us` of
+    /// processing, and hands them to their ports: first the packet-rate guarantees' lanes up
+    /// to their rates, then the WFQ's order. Stopping on a time budget lets the loop read its
+    /// ports (cheap) more often than it processes frames (expensive), so overload lands in
+    /// per-VM queues, not in the shared uplink ring.
     pub(super) fn ingress_poll(
         &mut self,
         now: Instant,
@@ -620,45 +646,28 @@ impl Engine {
         _pool: &mut FramePool,
     ) -> usize {
         let (mut n, mut spent) = (0, 0u64);
+        // Packet-rate guarantees (PicNIC's pps SLO): served from the VM's own queue, which
+        // charges it no WFQ tags, so its share is untouched.
+        let mut lanes = std::mem::take(&mut self.ingress.guaranteed);
+        for (vm, bucket) in lanes.iter_mut() {
+            let Some(q) = self.ingress.q.queue(*vm) else {
+                continue;
+            };
+            while n < budget && spent < self.ingress.cost_budget_ns && bucket.available(now) > 0 {
+                let Some(d) = self.ingress.q.wfq.dequeue_from(q) else {
+                    break;
+                };
+                bucket.force_consume(now, 1);
+                spent += self.process_and_deliver(now, d, work, false);
+                n += 1;
+            }
+        }
+        self.ingress.guaranteed = lanes;
         while n < budget && spent < self.ingress.cost_budget_ns {
             let Some(d) = self.ingress.q.wfq.dequeue(now) else {
                 break;
             };
-            let (mut frame, w, queued_at) = d.item;
-            let tenant = self.dir.vms[w].tenant;
-            let len = frame.len() as u64;
-            let work_ns = work.process(tenant, &mut frame);
-            self.cpu.note(Some(w), frame.len());
-            self.cpu.note_direct(w, work_ns);
-            let cost = self.cpu.frame_cost(frame.len(), work_ns);
-            if self.cpu_fair {
-                // PicNIC CPU-fair WFQ: settle the estimate with the frame's measured cost
-                // (or its access-link time, if that is the larger share it takes).
-                let wfq_cost = self.cpu.wfq_cost(
-                    frame.len(),
-                    work_ns,
-                    len + self.encap_len,
-                    self.ingress.ps_per_wire_byte,
-                    self.ingress.cpu_bound,
-                );
-                let _ = self.ingress.q.wfq.settle(d.queue, d.cost, wfq_cost);
-            }
-            let per_byte = &mut self.ingress.ns_per_byte_fp[w];
-            let sample = (cost << 16) / (len + self.encap_len);
-            *per_byte = if *per_byte == 0 {
-                sample
-            } else {
-                *per_byte - (*per_byte >> 3) + (sample >> 3)
-            };
-            let c = &mut self.vm_counters[w];
-            c.rx_packets += 1;
-            c.rx_bytes += len;
-            c.ingress_wait.record((now - queued_at).as_nanos());
-            let port = self.dir.vms[w].port.expect("queued only for local VMs");
-            self.tx[port].push(frame);
-            self.slo
-                .delivered(now, tenant, len, queued_at, Waited::IngressQueue);
-            spent += cost;
+            spent += self.process_and_deliver(now, d, work, true);
             n += 1;
         }
         self.ingress.cpu_bound = !self.ingress.q.wfq.is_empty();
@@ -669,5 +678,52 @@ impl Engine {
                 .on_poll(now, spent, backlogged, self.ingress.cpu.as_mut());
         }
         n
+    }
+
+    /// Processes a dequeued frame and hands it to its VM's port; with `settle`, settles its
+    /// WFQ estimate with the measured cost (frames of a guarantee lane were charged none).
+    /// Returns the frame's cost, ns.
+    fn process_and_deliver(
+        &mut self,
+        now: Instant,
+        d: Dequeued<(Frame, VmIdx, Instant)>,
+        work: &mut dyn Work,
+        settle: bool,
+    ) -> u64 {
+        let (mut frame, w, queued_at) = d.item;
+        let tenant = self.dir.vms[w].tenant;
+        let len = frame.len() as u64;
+        let work_ns = work.process(tenant, &mut frame);
+        self.cpu.note(Some(w), frame.len());
+        self.cpu.note_direct(w, work_ns);
+        let cost = self.cpu.frame_cost(frame.len(), work_ns);
+        if self.cpu_fair && settle {
+            // PicNIC CPU-fair WFQ: settle the estimate with the frame's measured cost
+            // (or its access-link time, if that is the larger share it takes).
+            let wfq_cost = self.cpu.wfq_cost(
+                frame.len(),
+                work_ns,
+                len + self.encap_len,
+                self.ingress.ps_per_wire_byte,
+                self.ingress.cpu_bound,
+            );
+            let _ = self.ingress.q.wfq.settle(d.queue, d.cost, wfq_cost);
+        }
+        let per_byte = &mut self.ingress.ns_per_byte_fp[w];
+        let sample = (cost << 16) / (len + self.encap_len);
+        *per_byte = if *per_byte == 0 {
+            sample
+        } else {
+            *per_byte - (*per_byte >> 3) + (sample >> 3)
+        };
+        let c = &mut self.vm_counters[w];
+        c.rx_packets += 1;
+        c.rx_bytes += len;
+        c.ingress_wait.record((now - queued_at).as_nanos());
+        let port = self.dir.vms[w].port.expect("queued only for local VMs");
+        self.tx[port].push(frame);
+        self.slo
+            .delivered(now, tenant, len, queued_at, Waited::IngressQueue);
+        cost
     }
 }
