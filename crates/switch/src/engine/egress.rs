@@ -588,7 +588,10 @@ impl Engine {
                 ShapeKey::Class(_) => Waited::ShapedClass,
                 // A limiter at or above the sending VM's guarantee holds only what it sends
                 // beyond it (EyeQ gives every VM at least its guarantee).
-                ShapeKey::Destination(_) if shaper.bucket().rate() >= dir.vms[*vm].min_bps / 8 => {
+                ShapeKey::Destination(_)
+                    if shaper.bucket().rate()
+                        >= Rate::from_bps(dir.vms[*vm].min_bps).bytes_per_sec() =>
+                {
                     Waited::BeyondGuarantee
                 }
                 ShapeKey::Destination(_) => Waited::Limiter,
