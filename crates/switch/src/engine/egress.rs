@@ -6,7 +6,8 @@
 
 use std::collections::BTreeMap;
 
-use etherparse::{ArpHardwareId, ArpOperation, ArpPacket, EtherType, Ethernet2Header};
+use etherparse::ArpOperation;
+
 use std::sync::Arc;
 
 use picnic_core::bucket::{Shaper, TokenBucket};
@@ -530,45 +531,6 @@ impl Engine {
                 DropReason::EgressQueueFull,
             );
         }
-    }
-
-    /// Turns an ARP request for tenant VM `target` into the reply and sends it back.
-    fn answer_arp(
-        &mut self,
-        mut frame: Frame,
-        port: PortIdx,
-        pool: &mut FramePool,
-        req: &picnic_wire::classify::ArpSummary,
-        target: VmIdx,
-    ) {
-        let t = &self.dir.vms[target];
-        let reply = ArpPacket::new(
-            ArpHardwareId::ETHERNET,
-            EtherType::IPV4,
-            ArpOperation::REPLY,
-            &t.mac.0,
-            &t.ip.octets(),
-            &req.sender_mac,
-            &req.sender_ip.octets(),
-        );
-        let eth = Ethernet2Header {
-            source: t.mac.0,
-            destination: req.sender_mac,
-            ether_type: EtherType::ARP,
-        };
-        let Ok(reply) = reply else {
-            return pool.put(frame);
-        };
-        let bytes = reply.to_bytes();
-        let buf = frame.buf_for_rx();
-        buf[..14].copy_from_slice(&eth.to_bytes());
-        buf[14..14 + bytes.len()].copy_from_slice(&bytes);
-        // Pad to the Ethernet minimum.
-        let len = (14 + bytes.len()).max(60);
-        buf[14 + bytes.len()..len].fill(0);
-        frame.set_len(len);
-        self.counters.arp_replies += 1;
-        self.tx[port].push(frame);
     }
 
     /// Serves shaped queues as their rates allow, then the root WFQ as the uplink allows.

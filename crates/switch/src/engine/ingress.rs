@@ -22,6 +22,7 @@ use picnic_wire::overlay::decap;
 use picnic_wire::Error as WireError;
 
 use super::backpressure::Backpressure;
+use super::capacity::CpuCapacity;
 use super::egress::set_guarantee_lane;
 use super::queues::VmQueues;
 use super::slo::Waited;
@@ -57,68 +58,6 @@ pub struct Ingress {
     guaranteed: Vec<(VmIdx, TokenBucket)>,
     /// With the ingress WFQ on (each VM has its own queue): the least burst of a lane, a batch.
     lanes: Option<u64>,
-}
-
-/// Estimates the processing the ingress engine really gets per second: the CPU it runs on is
-/// shared and the per-frame cost varies, so a nominal "one core" overstates it (PicNIC 2:
-/// "capacity is variable, so measure it"). Over each 10 ms, if most polls ended with frames
-/// still queued the engine was saturated, and what it processed is its capacity; otherwise
-/// the estimate recovers by 1/8 per period towards the nominal capacity. The EyeQ CPU
-/// receiver allocates this estimate, so senders are pushed back before the uplink ring
-/// overflows.
-#[derive(Debug)]
-struct CpuCapacity {
-    nominal: u64,
-    estimate: u64,
-    period_start: Instant,
-    cost: u64,
-    polls: u32,
-    backlogged_polls: u32,
-}
-
-const CAPACITY_PERIOD: Duration = Duration::from_millis(10);
-
-impl CpuCapacity {
-    fn new(nominal: u64, now: Instant) -> CpuCapacity {
-        CpuCapacity {
-            nominal,
-            estimate: nominal,
-            period_start: now,
-            cost: 0,
-            polls: 0,
-            backlogged_polls: 0,
-        }
-    }
-
-    fn on_poll(
-        &mut self,
-        now: Instant,
-        cost: u64,
-        backlogged: bool,
-        receiver: Option<&mut Receiver<VmIdx>>,
-    ) {
-        self.cost += cost;
-        self.polls += 1;
-        self.backlogged_polls += u32::from(backlogged);
-        let elapsed = now - self.period_start;
-        if elapsed < CAPACITY_PERIOD {
-            return;
-        }
-        let processed =
-            (self.cost as u128 * NANOS_PER_SEC as u128 / elapsed.as_nanos().max(1) as u128) as u64;
-        self.estimate = if self.backlogged_polls * 2 > self.polls {
-            processed.clamp(self.nominal / 100, self.nominal)
-        } else {
-            (self.estimate + self.estimate / 8).min(self.nominal)
-        };
-        if let Some(r) = receiver {
-            let _ = r.set_capacity(self.estimate.max(1));
-        }
-        *self = CpuCapacity {
-            estimate: self.estimate,
-            ..CpuCapacity::new(self.nominal, now)
-        };
-    }
 }
 
 impl Ingress {

@@ -12,7 +12,9 @@
 //! caller's [`Work`] so it can be charged to the tenant it was spent for (Iron 3).
 
 pub mod antispoof;
+mod arp;
 mod backpressure;
+mod capacity;
 mod cpu;
 mod egress;
 pub mod feedback;
