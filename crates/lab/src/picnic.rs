@@ -8,6 +8,7 @@ use std::sync::{mpsc, Arc};
 use anyhow::{anyhow, Context, Result};
 use picnic_scenario::switch::dataplane_config;
 use picnic_scenario::Dataplane as Kind;
+use picnic_switch::accel::AccelView;
 use picnic_switch::config::Config;
 use picnic_switch::engine::{SloReport, Snapshot};
 use picnic_switch::runner::{PortView, Shared, Switch};
@@ -203,6 +204,10 @@ impl Dataplane for PicnicSwitch {
                     eprintln!("[picnic {}] {line}", host.name);
                 }
             }
+            let accel = self.shared.as_ref().and_then(|s| s.latest()?.accel.clone());
+            for line in accel.iter().flat_map(accel_lines) {
+                eprintln!("[picnic {}] {line}", host.name);
+            }
         }
         Ok(())
     }
@@ -241,6 +246,32 @@ fn slo_lines(report: &SloReport) -> Vec<String> {
                     .filter(|(_, n)| **n > 0)
                     .collect::<Vec<_>>(),
                 t.why.held_beyond_guarantee,
+            )
+        })
+        .collect()
+}
+
+/// One line per tenant of the shared encryption engine: jobs, refusals, worker CPU, and how
+/// long its jobs waited in its queue and took through the engine (submission to result).
+fn accel_lines(view: &AccelView) -> Vec<String> {
+    let us = |h: &picnic_switch::stats::WaitHistogram, q| {
+        h.quantile_us(q).map_or("-".into(), |v| format!("<{v}"))
+    };
+    view.tenants
+        .iter()
+        .map(|(name, t)| {
+            format!(
+                "accel {name:<8} sealed {} opened {} refused {} cpu {:.1} ms, queue p50 {} p99 {} us, \
+                 turnaround p50 {} p99 {} max {} us",
+                t.sealed,
+                t.opened,
+                t.queue_full,
+                t.cpu_ns as f64 / 1e6,
+                us(&t.latency.queue, 0.5),
+                us(&t.latency.queue, 0.99),
+                us(&t.latency.turnaround, 0.5),
+                us(&t.latency.turnaround, 0.99),
+                us(&t.latency.turnaround, 1.0),
             )
         })
         .collect()

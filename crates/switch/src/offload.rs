@@ -24,8 +24,13 @@
 //! `fuel_per_period` per 10 ms (FairNIC's coprocessor tokens, applied to the program's own
 //! CPU). A run that exhausts either, traps or hits the memory cap is stopped there and its
 //! frame dropped with that reason; the program stays attached for the next frame, its state
-//! as the stopped run left it. The fuel a run used is converted to CPU time and charged to
-//! the tenant (`Engine::charge_cpu`'s per-frame direct charge, Iron 3.1).
+//! as the stopped run left it. The fuel a run used, plus [`CALL_FUEL`] for the call itself,
+//! is converted to CPU time and charged to the tenant (`Engine::charge_cpu`'s per-frame
+//! direct charge, Iron 3.1). Against the period's budget a run that faults (a trap or the
+//! memory cap) counts its packet's whole fuel, as a loop does: a program failing on every
+//! frame is held back as soon as a looping one, not after thousands of cheap faults.
+//! While the period's budget is spent, the switch does not read the tenant's VMs' ports
+//! (`Engine::rx_ready`): its frames wait in their rings rather than being read and dropped.
 
 use picnic_core::{Duration, Instant};
 use serde::{Deserialize, Serialize};
@@ -43,6 +48,10 @@ pub const COUNTERS: usize = 64;
 pub const MAX_EMITS: usize = 4;
 /// The period of the per-period fuel budget.
 pub const PERIOD: Duration = Duration::from_millis(10);
+/// Fuel a run is charged for the call into the interpreter and back, on top of what its
+/// instructions used: an empty program's run costs about as much as 35 units of a loop's
+/// (70 ns against 2.1 ns per unit, `cargo bench -p picnic-switch --bench offload`).
+pub const CALL_FUEL: u64 = 35;
 /// Largest program accepted, bytes (text or binary).
 pub const MAX_PROGRAM_BYTES: usize = 1 << 20;
 
@@ -164,14 +173,15 @@ pub struct OffloadStats {
     pub runs: u64,
     /// Frames the program dropped (a nonzero result).
     pub dropped: u64,
-    /// Runs stopped out of per-packet fuel, of period fuel, at the memory cap, or by a trap.
+    /// Runs stopped out of per-packet fuel, of period fuel, at the memory cap, or by a trap;
+    /// `out_of_budget` also counts frames dropped without a run, the period's fuel spent.
     pub out_of_fuel: u64,
     pub out_of_budget: u64,
     pub memory_faults: u64,
     pub traps: u64,
     /// Frames the program emitted.
     pub emitted: u64,
-    /// Fuel used, and the CPU it was charged as, ns.
+    /// Fuel used (with [`CALL_FUEL`] a run), and the CPU it was charged as, ns.
     pub fuel: u64,
     pub cpu_ns: u64,
     /// The program's `count` slots that are not zero: (slot, value).
@@ -302,24 +312,23 @@ impl Program {
         let Some(func) = func else {
             return (frame, Verdict::Pass, 0);
         };
-        if now >= self.next_period {
-            self.period_fuel = self.limits.fuel_per_period;
-            let periods = (now - self.next_period).as_nanos() / PERIOD.as_nanos() + 1;
-            self.next_period += Duration::from_nanos(periods * PERIOD.as_nanos());
-        }
+        self.refill(now);
         self.stats.runs += 1;
-        if self.period_fuel == 0 {
+        if self.period_fuel <= CALL_FUEL {
+            self.period_fuel = 0;
             self.stats.out_of_budget += 1;
             return (frame, Verdict::Drop(DropReason::OffloadBudget), 0);
         }
-        let given = self.limits.fuel_per_packet.min(self.period_fuel);
+        let given = self
+            .limits
+            .fuel_per_packet
+            .min(self.period_fuel - CALL_FUEL);
         // Cannot fail: fuel metering is on for every program's engine.
         let _ = self.store.set_fuel(given);
         let len = frame.len() as i32;
         self.store.data_mut().frame = Some(frame);
         let result = func.call(&mut self.store, len);
-        let used = given - self.store.get_fuel().unwrap_or(0);
-        self.period_fuel -= used;
+        let used = given - self.store.get_fuel().unwrap_or(0) + CALL_FUEL;
         let host = self.store.data_mut();
         let frame = host
             .frame
@@ -327,6 +336,14 @@ impl Program {
             .expect("the host API never takes the frame");
         self.stats.emitted += host.emitted.len() as u64;
         emitted.append(&mut host.emitted);
+        // A fault counts the packet's whole fuel against the period (see the module doc).
+        let faulted = matches!(&result, Err(e) if e.as_trap_code() != Some(TrapCode::OutOfFuel));
+        let counted = if faulted {
+            used.max(self.limits.fuel_per_packet)
+        } else {
+            used
+        };
+        self.period_fuel = self.period_fuel.saturating_sub(counted);
         let verdict = match result {
             Ok(0) => Verdict::Pass,
             Ok(_) => {
@@ -356,6 +373,27 @@ impl Program {
         self.stats.fuel += used;
         self.stats.cpu_ns += cpu_ns;
         (frame, verdict, cpu_ns)
+    }
+
+    /// Starts the periods that began by `now`, with a full budget.
+    pub fn refill(&mut self, now: Instant) {
+        if now >= self.next_period {
+            self.period_fuel = self.limits.fuel_per_period;
+            let periods = (now - self.next_period).as_nanos() / PERIOD.as_nanos() + 1;
+            self.next_period += Duration::from_nanos(periods * PERIOD.as_nanos());
+        }
+    }
+
+    /// When the budget is back if the current period's is spent at `now` (the tenant's
+    /// ports are held until then), else None.
+    pub fn spent_until(&self, now: Instant) -> Option<Instant> {
+        self.budget_back_at().filter(|&at| now < at)
+    }
+
+    /// When the budget is back if the period's is spent (a time already past until the
+    /// next [`Program::refill`]).
+    pub fn budget_back_at(&self) -> Option<Instant> {
+        (self.period_fuel == 0).then_some(self.next_period)
     }
 
     /// Charges each unit of fuel as `ps` ps of CPU from now on.

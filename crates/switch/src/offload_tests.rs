@@ -154,8 +154,9 @@ fn a_loop_is_stopped_at_its_fuel_and_the_period_budget_caps_the_tenant() {
     assert_eq!(verdict, Verdict::Drop(DropReason::OffloadFuel));
     assert_eq!(f.data(), &before[..]);
     assert_eq!(
-        cpu_ns, 10_000,
-        "charged the whole packet's fuel (1 ns per fuel here)"
+        cpu_ns,
+        10_000 + CALL_FUEL,
+        "charged the whole packet's fuel and the call (1 ns per fuel here)"
     );
     pool.put(f);
     // The program stays attached: a TCP frame passes.
@@ -193,6 +194,9 @@ fn a_loop_is_stopped_at_its_fuel_and_the_period_budget_caps_the_tenant() {
     );
     assert_eq!(cpu_ns, 0, "nothing runs once the period's fuel is spent");
     pool.put(f);
+    // Spent: the switch holds the tenant's ports until the next period.
+    assert_eq!(p.spent_until(now), Some(Instant::ZERO + PERIOD));
+    assert_eq!(p.spent_until(Instant::ZERO + PERIOD), None);
     let s = p.stats();
     assert!(s.fuel <= limits.fuel_per_period, "{s:?}");
     assert_eq!((s.out_of_fuel, s.out_of_budget), (3, 3));
@@ -239,12 +243,53 @@ fn traps_and_memory_hogs_are_stopped_and_the_program_goes_on() {
     pool.put(f);
     let s = p.stats();
     assert_eq!((s.traps, s.memory_faults, s.runs), (1, 1, 3));
+    // Each fault counted a whole packet's fuel against the period, the passing run its own.
+    let left = LIMITS.fuel_per_period - 2 * LIMITS.fuel_per_packet;
+    assert!(
+        (left - 100..left).contains(&p.period_fuel),
+        "{} fuel left of the period",
+        p.period_fuel
+    );
+    assert!(
+        s.fuel < 2 * LIMITS.fuel_per_packet,
+        "{s:?}: the CPU charged is what ran"
+    );
 
     fn f_short_passes(p: &mut Program, mut f: Frame) {
         f.set_len(60);
         let (_, verdict, _) = run(p, Instant::ZERO, Hook::Egress, f);
         assert_eq!(verdict, Verdict::Pass);
     }
+}
+
+#[test]
+fn a_program_trapping_on_every_frame_spends_its_period_like_a_loop() {
+    let mut pool = FramePool::new(2);
+    let limits = Limits {
+        fuel_per_packet: 10_000,
+        fuel_per_period: 50_000,
+        memory_bytes: 65536,
+    };
+    let mut p = load(
+        r#"(module (func (export "egress") (param i32) (result i32) unreachable))"#,
+        limits,
+    )
+    .unwrap();
+    let now = Instant::ZERO + Duration::from_millis(3);
+    let mut traps = 0;
+    while p.spent_until(now).is_none() {
+        let (f, verdict, cpu_ns) = run(&mut p, now, Hook::Egress, pool.get().unwrap());
+        assert_eq!(verdict, Verdict::Drop(DropReason::OffloadTrap));
+        assert!(
+            cpu_ns < 100,
+            "charged {cpu_ns} ns of CPU: what ran, not the penalty"
+        );
+        pool.put(f);
+        traps += 1;
+        assert!(traps <= 5, "still running after {traps} traps");
+    }
+    assert_eq!(traps, 5, "the period holds 5 packets' fuel");
+    assert_eq!(p.spent_until(now), Some(Instant::ZERO + PERIOD));
 }
 
 #[test]

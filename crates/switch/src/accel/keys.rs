@@ -11,6 +11,8 @@ use std::sync::Arc;
 
 use picnic_wire::seal::TunnelKey;
 
+use super::Shared;
+
 /// The keys of one tenant.
 #[derive(Clone, Debug, Default)]
 pub struct KeyRing {
@@ -102,5 +104,64 @@ impl KeyRing {
     /// The live epochs and which one seals, for the API.
     pub fn epochs(&self) -> (Vec<u32>, Option<u32>) {
         (self.keys.iter().map(|(e, _)| *e).collect(), self.send)
+    }
+}
+
+/// The tenants' keys of a running engine, for the API thread.
+#[derive(Clone)]
+pub struct AccelKeys {
+    pub(super) shared: Arc<Shared>,
+    pub(super) names: Vec<String>,
+}
+
+impl AccelKeys {
+    /// Installs `key` as `epoch` for the tenant `name`, sealing with it when `activate`
+    /// (see [`KeyRing::install`]).
+    pub fn install(
+        &self,
+        name: &str,
+        epoch: u32,
+        key: TunnelKey,
+        activate: bool,
+    ) -> anyhow::Result<()> {
+        self.with_ring(name, |ring| Ok(ring.install(epoch, key, activate)?))
+    }
+
+    /// Makes the installed `epoch` the sending key of tenant `name`.
+    pub fn activate(&self, name: &str, epoch: u32) -> anyhow::Result<()> {
+        self.with_ring(name, |ring| Ok(ring.activate(epoch)?))
+    }
+
+    /// The live epochs of tenant `name`, the sending one, and each key's fingerprint (hex).
+    pub fn describe(&self, name: &str) -> anyhow::Result<serde_json::Value> {
+        self.with_ring(name, |ring| {
+            let (epochs, sending) = ring.epochs();
+            let keys: Vec<_> = epochs
+                .iter()
+                .map(|&e| {
+                    let fp = ring.key(e).map(|k| k.fingerprint()).unwrap_or_default();
+                    let hex: String = fp.iter().map(|b| format!("{b:02x}")).collect();
+                    serde_json::json!({ "epoch": e, "fingerprint": hex })
+                })
+                .collect();
+            Ok(serde_json::json!({ "tenant": name, "sending_epoch": sending, "keys": keys }))
+        })
+    }
+
+    fn with_ring<R>(
+        &self,
+        name: &str,
+        f: impl FnOnce(&mut KeyRing) -> anyhow::Result<R>,
+    ) -> anyhow::Result<R> {
+        let t = self
+            .names
+            .iter()
+            .position(|n| n == name)
+            .ok_or_else(|| anyhow::anyhow!("no tenant '{name}'"))?;
+        let mut rings = self.shared.keys.write().unwrap_or_else(|e| e.into_inner());
+        match rings.get_mut(t) {
+            Some(ring) if ring.sending().is_some() => f(ring),
+            _ => anyhow::bail!("tenant '{name}' does not encrypt (set encrypt = true and a key)"),
+        }
     }
 }

@@ -17,30 +17,38 @@
 //! failing authentication come back marked and are dropped and counted by the caller.
 //!
 //! Tokens are worker nanoseconds: the engine's capacity is `workers` x 1e9 tokens/s scaled by
-//! `capacity_percent`, and a job costs `per_job_ns + per_byte_ps * bytes / 1000`, measured at
-//! start-up ([`calibrate`]) unless configured.
+//! `capacity_percent`, and a job costs `per_job_ns + per_byte_ps * bytes / 1000` (measured at
+//! start-up, [`calibrate`], unless configured) plus the synthetic `job_work_ns`.
+//!
+//! Split by concern: `sched.rs` picks the next job, `worker.rs` runs it, `keys.rs` holds the
+//! tenants' keys, `stats.rs` is what `/stats` shows.
 
 mod keys;
 pub(crate) mod sched;
+mod stats;
 #[cfg(test)]
 mod tests;
+mod worker;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Instant as StdInstant;
 
-use picnic_core::fairnic::{TenantEngineStats, TokenCost};
+use picnic_core::fairnic::TokenCost;
 use picnic_core::{Duration, Instant};
-use picnic_wire::seal::{open_in_place, seal_in_place, OpenError, SealHeader, TunnelKey};
+use picnic_wire::seal::TunnelKey;
 use serde::Serialize;
 
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::frame::{Frame, FramePool};
-pub use keys::{KeyError, KeyRing};
-use sched::{EngineQueues, Pick};
+pub use keys::{AccelKeys, KeyError, KeyRing};
+use sched::EngineQueues;
+use stats::Counters;
+pub use stats::{AccelView, EngineLatency, LimiterView, TenantAccelStats};
+pub use worker::calibrate;
 
 /// What to do with a frame.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]
@@ -86,20 +94,8 @@ pub struct Completion {
     pub cpu_ns: u64,
     /// Time the job waited in its tenant's queue.
     pub waited: Duration,
-}
-
-/// The engine as `/stats` shows it.
-#[derive(Clone, Debug, Serialize)]
-pub struct AccelView {
-    pub workers: usize,
-    pub isolated: bool,
-    /// Tokens (worker ns) per second the limiter admits.
-    pub capacity_tokens_per_sec: u64,
-    /// Token cost of a job: `per_job + per_byte * bytes`.
-    pub cost_per_job: u64,
-    pub cost_per_byte: u64,
-    /// Per encrypting tenant, by name.
-    pub tenants: std::collections::BTreeMap<String, TenantAccelStats>,
+    /// When it was queued (the engine's clock), for its turnaround.
+    queued_at: Instant,
 }
 
 /// Buffers [`Accel::exchange`] reuses between calls.
@@ -127,67 +123,10 @@ pub struct AccelConfig {
     pub sender_id: u32,
     /// Synthetic extra CPU spun per job, ns (`accel.job_work_ns`).
     pub job_work_ns: u64,
-}
-
-/// Per-tenant engine counters.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct TenantAccelStats {
-    pub sealed: u64,
-    pub opened: u64,
-    pub auth_failed: u64,
-    pub unknown_key: u64,
-    pub no_key: u64,
-    pub malformed: u64,
-    /// Jobs given back because the tenant's queue was full.
-    pub queue_full: u64,
-    /// Jobs waiting in the tenant's queue now (all tenants' without isolation).
-    pub queued: usize,
-    /// Worker CPU spent on the tenant's jobs, ns.
-    pub cpu_ns: u64,
-    /// Bytes the tenant's jobs covered.
-    pub bytes: u64,
-    /// Live key epochs and the one sealing.
-    pub key_epochs: Vec<u32>,
-    pub sending_epoch: Option<u32>,
-    /// The FairNIC limiter's view (None without isolation).
-    pub limiter: Option<LimiterView>,
-}
-
-/// The limiter's counters for one tenant.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct LimiterView {
-    pub granted: u64,
-    pub denied: u64,
-    pub base_tokens: u64,
-    pub stolen_tokens: u64,
-    pub contentions: u64,
-    pub allowance: u64,
-}
-
-impl From<TenantEngineStats> for LimiterView {
-    fn from(s: TenantEngineStats) -> Self {
-        LimiterView {
-            granted: s.granted,
-            denied: s.denied,
-            base_tokens: s.base_tokens,
-            stolen_tokens: s.stolen_tokens,
-            contentions: s.contentions,
-            allowance: s.allowance,
-        }
-    }
-}
-
-#[derive(Default)]
-struct Counters {
-    sealed: AtomicU64,
-    opened: AtomicU64,
-    auth_failed: AtomicU64,
-    unknown_key: AtomicU64,
-    no_key: AtomicU64,
-    malformed: AtomicU64,
-    queue_full: AtomicU64,
-    cpu_ns: AtomicU64,
-    bytes: AtomicU64,
+    /// The switch threads' nice value and EEVDF slice (`switch.nice`, `switch.slice_us`):
+    /// the workers are switch threads and run with them.
+    pub nice: Option<i8>,
+    pub slice_us: Option<u64>,
 }
 
 struct Shared {
@@ -201,6 +140,13 @@ struct Shared {
     nonce: Vec<AtomicU64>,
     sender_id: u32,
     job_work_ns: u64,
+    /// Per tenant: jobs submitted whose results the dataplane has not taken back yet.
+    outstanding: Vec<AtomicUsize>,
+    /// Per tenant: how long its jobs took through the engine (written by the dataplane).
+    latency: Mutex<Vec<EngineLatency>>,
+    /// Jobs each tenant's queue holds.
+    depth: usize,
+    isolated: bool,
     stop: AtomicBool,
     epoch: StdInstant,
     /// Written when results are waiting, so a dataplane blocked in poll(2) wakes.
@@ -237,13 +183,19 @@ impl Accel {
             "accel.capacity_percent must be in 1..=100"
         );
         anyhow::ensure!(rings.len() == weights.len(), "one key ring per tenant");
-        let cost = cfg.cost.unwrap_or_else(calibrate);
+        // FairNIC 4.4 admits what the unit sustains: a job's tokens are all the worker time
+        // it takes, the synthetic work included.
+        let base = cfg.cost.unwrap_or_else(calibrate);
+        let cost = TokenCost {
+            per_request: base.per_request + cfg.job_work_ns,
+            ..base
+        };
         let (queues, capacity) = engine_queues(cfg, weights, cost)?;
         let epoch = StdInstant::now();
         let wall_ns = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64);
-        let notify = eventfd()?;
+        let notify = worker::eventfd()?;
         let shared = Arc::new(Shared {
             queues: Mutex::new(queues),
             work: Condvar::new(),
@@ -254,6 +206,10 @@ impl Accel {
             keys: RwLock::new(rings),
             sender_id: cfg.sender_id,
             job_work_ns: cfg.job_work_ns,
+            outstanding: (0..weights.len()).map(|_| AtomicUsize::new(0)).collect(),
+            latency: Mutex::new(vec![EngineLatency::default(); weights.len()]),
+            depth: cfg.queue_jobs,
+            isolated: cfg.isolated,
             stop: AtomicBool::new(false),
             epoch,
             notify: Some(notify),
@@ -266,9 +222,13 @@ impl Accel {
             .map(|w| {
                 let shared = Arc::clone(&shared);
                 let tx = tx.clone();
+                let (nice, slice_us) = (cfg.nice, cfg.slice_us);
                 std::thread::Builder::new()
                     .name(format!("picnic-accel-{w}"))
-                    .spawn(move || worker(&shared, w, &tx))
+                    .spawn(move || {
+                        worker::setup_thread(nice, slice_us);
+                        worker::worker(&shared, w, &tx)
+                    })
                     .map_err(|e| anyhow::anyhow!("cannot start accel worker: {e}"))
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
@@ -292,6 +252,9 @@ impl Accel {
         let pushed = lock(&self.shared.queues).push(now, tenant, size, job);
         match pushed {
             Ok(()) => {
+                if let Some(n) = self.shared.outstanding.get(tenant) {
+                    n.fetch_add(1, Ordering::Relaxed);
+                }
                 self.shared.work.notify_one();
                 Ok(())
             }
@@ -308,13 +271,38 @@ impl Accel {
     pub fn completions(&self, out: &mut Vec<Completion>) {
         self.shared.notified.store(false, Ordering::Release);
         if let Some(fd) = &self.shared.notify {
-            drain_eventfd(fd);
+            worker::drain_eventfd(fd);
         }
-        loop {
-            match self.results.try_recv() {
-                Ok(c) => out.push(c),
-                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+        let first = out.len();
+        while let Ok(c) = self.results.try_recv() {
+            out.push(c);
+        }
+        if out.len() == first {
+            return;
+        }
+        let now = self.shared.now();
+        let mut latency = lock(&self.shared.latency);
+        for c in &out[first..] {
+            if let Some(n) = self.shared.outstanding.get(c.tenant) {
+                n.fetch_sub(1, Ordering::Relaxed);
             }
+            if let Some(l) = latency.get_mut(c.tenant) {
+                l.queue.record(c.waited.as_nanos());
+                l.turnaround
+                    .record(now.saturating_since(c.queued_at).as_nanos());
+            }
+        }
+    }
+
+    /// Jobs `tenant` may still submit before its queue is full: its queue's depth less its
+    /// jobs not yet taken back (queued, running or finished). Unbounded without isolation
+    /// (one shared FIFO: no tenant's room of its own).
+    pub fn room(&self, tenant: usize) -> usize {
+        match self.shared.outstanding.get(tenant) {
+            Some(n) if self.shared.isolated => {
+                self.shared.depth.saturating_sub(n.load(Ordering::Relaxed))
+            }
+            _ => usize::MAX,
         }
     }
 
@@ -400,6 +388,8 @@ impl Accel {
             isolated: cfg.isolation.accel,
             sender_id: cfg.switch.host_id,
             job_work_ns: a.job_work_ns,
+            nice: cfg.switch.nice,
+            slice_us: cfg.switch.slice_us,
         };
         let mut accel = Accel::start(&config, &weights, rings)?;
         accel.names = cfg.tenants.iter().map(|t| t.name.clone()).collect();
@@ -463,56 +453,13 @@ impl Accel {
         for done in scratch.done.drain(..) {
             engine.on_accel_done(now, done, pool);
         }
+        // FairNIC 5.2's back-pressure to a tenant's VFs: its VMs' ports are read only while
+        // its queue has room for what a read brings (Engine::rx_ready).
+        engine.set_accel_room(
+            self.shared.depth,
+            (0..self.shared.outstanding.len()).map(|t| self.room(t)),
+        );
         moved
-    }
-
-    /// Counters of every tenant.
-    pub fn stats(&self) -> Vec<TenantAccelStats> {
-        let rings = self.shared.keys.read().unwrap_or_else(|e| e.into_inner());
-        let queues = lock(&self.shared.queues);
-        self.shared
-            .counters
-            .iter()
-            .enumerate()
-            .map(|(t, c)| {
-                let (key_epochs, sending_epoch) = rings[t].epochs();
-                let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-                TenantAccelStats {
-                    sealed: get(&c.sealed),
-                    opened: get(&c.opened),
-                    auth_failed: get(&c.auth_failed),
-                    unknown_key: get(&c.unknown_key),
-                    no_key: get(&c.no_key),
-                    malformed: get(&c.malformed),
-                    queue_full: get(&c.queue_full),
-                    queued: queues.queued(t),
-                    cpu_ns: get(&c.cpu_ns),
-                    bytes: get(&c.bytes),
-                    key_epochs,
-                    sending_epoch,
-                    limiter: queues.limiter_stats(t).map(LimiterView::from),
-                }
-            })
-            .collect()
-    }
-
-    /// The engine's state for `/stats`; tenants named from `cfg` (those that encrypt).
-    pub fn view(&self, cfg: &Config) -> AccelView {
-        let tenants = self
-            .stats()
-            .into_iter()
-            .zip(&cfg.tenants)
-            .filter(|(_, t)| t.encrypt)
-            .map(|(s, t)| (t.name.clone(), s))
-            .collect();
-        AccelView {
-            workers: self.workers_count,
-            isolated: cfg.isolation.accel,
-            capacity_tokens_per_sec: self.capacity,
-            cost_per_job: self.cost.per_request,
-            cost_per_byte: self.cost.per_byte,
-            tenants,
-        }
     }
 
     /// The token cost model in use (tokens are worker ns).
@@ -529,65 +476,6 @@ impl Accel {
 impl Drop for Accel {
     fn drop(&mut self) {
         self.stop_workers(&mut Vec::new());
-    }
-}
-
-/// The tenants' keys of a running engine, for the API thread.
-#[derive(Clone)]
-pub struct AccelKeys {
-    shared: Arc<Shared>,
-    names: Vec<String>,
-}
-
-impl AccelKeys {
-    /// Installs `key` as `epoch` for the tenant `name`, sealing with it when `activate`
-    /// (see [`KeyRing::install`]).
-    pub fn install(
-        &self,
-        name: &str,
-        epoch: u32,
-        key: TunnelKey,
-        activate: bool,
-    ) -> anyhow::Result<()> {
-        self.with_ring(name, |ring| Ok(ring.install(epoch, key, activate)?))
-    }
-
-    /// Makes the installed `epoch` the sending key of tenant `name`.
-    pub fn activate(&self, name: &str, epoch: u32) -> anyhow::Result<()> {
-        self.with_ring(name, |ring| Ok(ring.activate(epoch)?))
-    }
-
-    /// The live epochs of tenant `name`, the sending one, and each key's fingerprint (hex).
-    pub fn describe(&self, name: &str) -> anyhow::Result<serde_json::Value> {
-        self.with_ring(name, |ring| {
-            let (epochs, sending) = ring.epochs();
-            let keys: Vec<_> = epochs
-                .iter()
-                .map(|&e| {
-                    let fp = ring.key(e).map(|k| k.fingerprint()).unwrap_or_default();
-                    let hex: String = fp.iter().map(|b| format!("{b:02x}")).collect();
-                    serde_json::json!({ "epoch": e, "fingerprint": hex })
-                })
-                .collect();
-            Ok(serde_json::json!({ "tenant": name, "sending_epoch": sending, "keys": keys }))
-        })
-    }
-
-    fn with_ring<R>(
-        &self,
-        name: &str,
-        f: impl FnOnce(&mut KeyRing) -> anyhow::Result<R>,
-    ) -> anyhow::Result<R> {
-        let t = self
-            .names
-            .iter()
-            .position(|n| n == name)
-            .ok_or_else(|| anyhow::anyhow!("no tenant '{name}'"))?;
-        let mut rings = self.shared.keys.write().unwrap_or_else(|e| e.into_inner());
-        match rings.get_mut(t) {
-            Some(ring) if ring.sending().is_some() => f(ring),
-            _ => anyhow::bail!("tenant '{name}' does not encrypt (set encrypt = true and a key)"),
-        }
     }
 }
 
@@ -614,191 +502,4 @@ fn engine_queues<T>(
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn worker(shared: &Shared, index: usize, results: &SyncSender<Completion>) {
-    loop {
-        let (tenant, mut job, waited) = {
-            let mut queues = lock(&shared.queues);
-            loop {
-                if shared.stop.load(Ordering::Acquire) {
-                    return;
-                }
-                let now = shared.now();
-                match queues.pick(now, index) {
-                    Pick::Run {
-                        tenant,
-                        item,
-                        waited,
-                    } => break (tenant, item, waited),
-                    Pick::Idle => {
-                        queues = shared.work.wait(queues).unwrap_or_else(|e| e.into_inner());
-                    }
-                    Pick::WaitUntil(at) => {
-                        let wait = std::time::Duration::from_nanos((at - now).as_nanos().max(1));
-                        queues = shared
-                            .work
-                            .wait_timeout(queues, wait)
-                            .unwrap_or_else(|e| e.into_inner())
-                            .0;
-                    }
-                }
-            }
-        };
-        let start = thread_cpu_ns();
-        let bytes = job.frame.len() as u64;
-        let outcome = run(shared, tenant, job.op, &mut job.frame);
-        if shared.job_work_ns > 0 {
-            let until = start + shared.job_work_ns;
-            while thread_cpu_ns() < until {
-                std::hint::spin_loop();
-            }
-        }
-        let cpu_ns = thread_cpu_ns().saturating_sub(start);
-        let c = &shared.counters[tenant];
-        let counter = match (outcome, job.op) {
-            (Outcome::Done, Op::Seal) => &c.sealed,
-            (Outcome::Done, Op::Open) => &c.opened,
-            (Outcome::AuthFailed, _) => &c.auth_failed,
-            (Outcome::UnknownKey, _) => &c.unknown_key,
-            (Outcome::NoKey, _) => &c.no_key,
-            (Outcome::Malformed, _) => &c.malformed,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        c.cpu_ns.fetch_add(cpu_ns, Ordering::Relaxed);
-        c.bytes.fetch_add(bytes, Ordering::Relaxed);
-        let done = Completion {
-            tenant,
-            op: job.op,
-            frame: job.frame,
-            cookie: job.cookie,
-            outcome,
-            cpu_ns,
-            waited,
-        };
-        if results.send(done).is_err() {
-            return;
-        }
-        if !shared.notified.swap(true, Ordering::AcqRel) {
-            if let Some(fd) = &shared.notify {
-                signal_eventfd(fd);
-            }
-        }
-    }
-}
-
-/// Seals or opens `frame` in place with `tenant`'s keys.
-fn run(shared: &Shared, tenant: usize, op: Op, frame: &mut Frame) -> Outcome {
-    let len = frame.len();
-    match op {
-        Op::Seal => {
-            let sending = {
-                let rings = shared.keys.read().unwrap_or_else(|e| e.into_inner());
-                rings.get(tenant).and_then(KeyRing::sending)
-            };
-            let Some((epoch, key)) = sending else {
-                return Outcome::NoKey;
-            };
-            let counter = shared.nonce[tenant].fetch_add(1, Ordering::Relaxed);
-            let header = SealHeader::new(epoch, shared.sender_id, counter);
-            match seal_in_place(frame.data_and_tail_mut(), len, &key, header) {
-                Ok(n) => {
-                    frame.set_len(n);
-                    Outcome::Done
-                }
-                Err(_) => Outcome::Malformed,
-            }
-        }
-        Op::Open => {
-            let rings = shared.keys.read().unwrap_or_else(|e| e.into_inner());
-            let Some(ring) = rings.get(tenant) else {
-                return Outcome::UnknownKey;
-            };
-            let result = open_in_place(frame.data_and_tail_mut(), len, |epoch| ring.key(epoch));
-            match result {
-                Ok(n) => {
-                    frame.set_len(n);
-                    Outcome::Done
-                }
-                Err(OpenError::AuthFailed) => Outcome::AuthFailed,
-                Err(OpenError::UnknownKey(_)) => Outcome::UnknownKey,
-                Err(OpenError::Malformed(_)) => Outcome::Malformed,
-            }
-        }
-    }
-}
-
-/// The calling thread's CPU time, ns.
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-/// Measures the engine's token cost on this machine: the ns one seal takes at 64 and 1500
-/// bytes, fitted to `per_request + per_byte * size` (tokens are ns; per_byte rounded up so
-/// large jobs are never under-charged).
-pub fn calibrate() -> TokenCost {
-    let key = TunnelKey::new(&[0x42; 16]).expect("16-byte key");
-    let time = |inner: usize| -> u64 {
-        let outer = picnic_wire::overlay::OuterHeaders {
-            src_mac: [2, 0, 0, 0, 0, 1],
-            dst_mac: [2, 0, 0, 0, 0, 2],
-            src_ip: [198, 18, 0, 1].into(),
-            dst_ip: [198, 18, 0, 2].into(),
-            src_port: 50000,
-            ttl: 64,
-        };
-        let geneve = picnic_wire::GeneveRepr::ethernet(1);
-        let mut plain = vec![0u8; inner + 128];
-        let len = picnic_wire::encap(&outer, &geneve, &vec![0x11; inner], &mut plain)
-            .expect("buffer sized for the frame");
-        let mut buf = plain.clone();
-        let rounds = 200u64;
-        let mut best = u64::MAX;
-        for _ in 0..5 {
-            let start = StdInstant::now();
-            for i in 0..rounds {
-                buf[..len].copy_from_slice(&plain[..len]);
-                let _ = seal_in_place(&mut buf, len, &key, SealHeader::new(1, 1, i));
-            }
-            best = best.min(start.elapsed().as_nanos() as u64 / rounds);
-        }
-        best.max(1)
-    };
-    let (small, large) = (time(64), time(1500));
-    let per_byte = large.saturating_sub(small).div_ceil(1500 - 64).max(1);
-    TokenCost {
-        per_request: small.saturating_sub(per_byte * 64).max(1),
-        per_byte,
-    }
-}
-
-fn eventfd() -> anyhow::Result<std::os::fd::OwnedFd> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: eventfd returns a new descriptor or -1.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-    if fd < 0 {
-        anyhow::bail!("eventfd: {}", std::io::Error::last_os_error());
-    }
-    // SAFETY: fd is a fresh descriptor we own.
-    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
-}
-
-fn signal_eventfd(fd: &std::os::fd::OwnedFd) {
-    use std::os::fd::AsRawFd;
-    let one: u64 = 1;
-    // SAFETY: writes 8 bytes from a u64 we own; a full counter (EAGAIN) is fine to ignore.
-    unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
-}
-
-fn drain_eventfd(fd: &std::os::fd::OwnedFd) {
-    use std::os::fd::AsRawFd;
-    let mut v: u64 = 0;
-    // SAFETY: reads 8 bytes into a u64 we own; EAGAIN (nothing pending) is fine.
-    unsafe { libc::read(fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
 }

@@ -10,6 +10,7 @@ use picnic_wire::overlay::{decap, encap, OuterHeaders};
 use picnic_wire::seal::{TunnelKey, PROTOCOL_SEALED};
 use picnic_wire::GeneveRepr;
 
+use super::sched::Pick;
 use super::*;
 use crate::frame::FramePool;
 
@@ -46,6 +47,8 @@ fn config(sender_id: u32, isolated: bool, capacity_percent: u64) -> AccelConfig 
         isolated,
         sender_id,
         job_work_ns: 0,
+        nice: None,
+        slice_us: None,
     }
 }
 

@@ -152,6 +152,10 @@ pub struct Engine {
     accel_jobs: Vec<crate::accel::Job>,
     /// Per tenant: its use of the shared engine.
     accel_use: Vec<AccelUse>,
+    /// Per tenant: jobs its engine queue can still take, and the queue's depth, as the
+    /// engine last reported them (`Accel::exchange`); a tenant missing is not held.
+    accel_room: Vec<usize>,
+    accel_depth: usize,
     /// Tenants' packet programs (`offload.rs`).
     offload: offload::Offloads,
     pub vm_counters: Vec<VmCounters>,
@@ -188,6 +192,8 @@ impl Engine {
             vm_counters: Vec::new(),
             accel_jobs: Vec::with_capacity(cfg.switch.batch * 2),
             accel_use: Vec::new(),
+            accel_room: Vec::new(),
+            accel_depth: 0,
             offload: offload::Offloads::new(cfg),
             counters: SwitchCounters::default(),
         };
@@ -221,7 +227,9 @@ impl Engine {
     /// Whether the caller should read `port` now. A VM port whose egress queue cannot take
     /// another batch is not read (backpressure: the VM's frames wait in its own ring rather
     /// than being dropped here, PicNIC 2.1), nor one over its packet rate or whose tenant
-    /// used its CPU allocation (Iron 3.2: no work is spent on a throttled tenant's frames).
+    /// used its CPU allocation (Iron 3.2: no work is spent on a throttled tenant's frames),
+    /// whose tenant's queue at the shared engine cannot take a batch (FairNIC 5.2's
+    /// back-pressure), or whose tenant's offload program spent its period's fuel.
     pub fn rx_ready(&self, now: Instant, port: PortIdx, batch: usize) -> bool {
         match self.dir.port_vm.get(port) {
             // Without admission isolation a VM's shaped class shares the VM's one queue, as
@@ -235,6 +243,8 @@ impl Engine {
                         .is_none_or(|b| b.available(now) > 0)
                     && !self.cpu_throttled(now, *vm)
                     && !(self.fair_reads && self.share.over(self.dir.vms[*vm].tenant))
+                    && !self.accel_held(*vm, batch)
+                    && !self.offload_held(now, *vm)
             }
             _ => true,
         }
@@ -373,6 +383,7 @@ impl Engine {
             pps,
             self.share.poll_at(),
             self.xdp_poll_at(),
+            self.offload.poll_at(),
         ]
         .into_iter()
         .flatten()
@@ -385,6 +396,7 @@ impl Engine {
         if let Some(iron) = self.iron.as_mut() {
             iron.on_timeout(now);
         }
+        self.offload.on_timeout(now);
     }
 
     /// Drops a frame for `reason`, counted against `vm` (the local VM it came from or was

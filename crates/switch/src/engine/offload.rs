@@ -69,6 +69,22 @@ impl Offloads {
         Ok(())
     }
 
+    /// Starts new budget periods of the programs whose period ended by `now`.
+    pub(super) fn on_timeout(&mut self, now: Instant) {
+        for p in self.programs.iter_mut().flatten() {
+            p.refill(now);
+        }
+    }
+
+    /// When the earliest spent budget comes back (the loop's wake-up for held ports).
+    pub(super) fn poll_at(&self) -> Option<Instant> {
+        self.programs
+            .iter()
+            .flatten()
+            .filter_map(Program::budget_back_at)
+            .min()
+    }
+
     /// Tenant `idx` has no program any more.
     pub(super) fn clear(&mut self, idx: TenantIdx) {
         if let Some(p) = self.programs.get_mut(idx) {
@@ -78,6 +94,17 @@ impl Offloads {
 }
 
 impl Engine {
+    /// Whether `vm`'s port is held because its tenant's egress program spent its period's
+    /// fuel (Iron 3.2's throttling applied to the program's budget; FairNIC 5.2's
+    /// back-pressure): no work is spent reading frames the program cannot run on.
+    pub(super) fn offload_held(&self, now: Instant, vm: VmIdx) -> bool {
+        self.offload
+            .programs
+            .get(self.dir.vms[vm].tenant)
+            .and_then(Option::as_ref)
+            .is_some_and(|p| p.has(Hook::Egress) && p.spent_until(now).is_some())
+    }
+
     /// Runs `vm`'s tenant's `hook` on `frame`: gives the frame back to go on, or drops it
     /// (counted against `vm` with the program's reason) and gives nothing. Frames the
     /// program emitted go to `vm`'s port.

@@ -2,13 +2,14 @@
 //! example ACL and flow counter; `a`'s frames are stopped with their reason and charged to
 //! it, `b`'s go on as before.
 
-use picnic_core::Instant;
+use picnic_core::{Duration, Instant};
 
 use super::tests::{carry, udp, Host, A1, A2, B1, B2, IP_A1, IP_A2, IP_B1, IP_B2, TWO_HOSTS};
 use crate::config::Config;
 use crate::stats::DropReason;
 
-/// Loops on frames to UDP port 9, traps on port 10, passes the rest.
+/// Loops on frames to UDP port 9, traps on port 10, grows its memory without end on port
+/// 11, passes the rest.
 const HOSTILE: &str = r#"
 (module
   (import "picnic" "load" (func $load (param i32 i32 i32) (result i32)))
@@ -17,9 +18,16 @@ const HOSTILE: &str = r#"
     (drop (call $load (i32.const 36) (i32.const 0) (i32.const 2)))
     (if (i32.eq (i32.load8_u (i32.const 1)) (i32.const 9)) (then (loop (br 0))))
     (if (i32.eq (i32.load8_u (i32.const 1)) (i32.const 10)) (then unreachable))
+    (if (i32.eq (i32.load8_u (i32.const 1)) (i32.const 11))
+      (then (loop (drop (memory.grow (i32.const 1))) (br 0))))
     (i32.const 0)))"#;
 
 fn host(id: u32) -> Host {
+    host_with(id, "fuel_per_packet = 5000")
+}
+
+/// Host `id`; on host 1 tenant `a` runs [`HOSTILE`] with these offload settings.
+fn host_with(id: u32, a_settings: &str) -> Host {
     let acl = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../examples/offload/acl.wat"
@@ -38,7 +46,7 @@ fn host(id: u32) -> Host {
     // Host 1 runs a's hostile program and b's ACL, host 2 b's flow counter.
     let (a, b) = if id == 1 {
         (
-            format!("[tenants.offload]\nwat = '''{HOSTILE}'''\nfuel_per_packet = 5000"),
+            format!("[tenants.offload]\nwat = '''{HOSTILE}'''\n{a_settings}"),
             format!("[tenants.offload]\nprogram = \"{acl}\""),
         )
     } else {
@@ -143,4 +151,69 @@ fn a_program_that_does_not_load_fails_the_config() {
     );
     let e = Config::parse(&both).err().unwrap();
     assert!(e.to_string().contains("tenants[0].offload.program"), "{e}");
+}
+
+/// A flood of hostile frames (loops, traps, memory grows) from `a1`, read as a run loop
+/// reads (only while `rx_ready`), beside `b`'s steady traffic: once `a`'s period fuel is
+/// spent its port is not read until the next period, so the switch reads a few of its
+/// frames a period, drops each with its reason, and delivers every frame of `b`.
+#[test]
+fn a_hostile_flood_is_held_and_the_neighbour_loses_nothing() {
+    let settings = "fuel_per_packet = 5000\nfuel_per_period = 20000\nmemory_kib = 256";
+    let (mut h1, mut h2) = (host_with(1, settings), host(2));
+    let (a1, b1, b2) = (h1.port_of("a1"), h1.port_of("b1"), h2.port_of("b2"));
+    let (batch, steps, step) = (8, 500u64, Duration::from_micros(100));
+    let (mut read, mut held, mut b_sent, mut b_delivered) = (0, 0, 0, 0);
+    for i in 0..steps {
+        let t = Instant::ZERO + Duration::from_nanos(step.as_nanos() * i);
+        if h1.engine.rx_ready(t, a1, 64) {
+            for k in 0..batch {
+                let dport = [9, 10, 11][(i as usize + k) % 3];
+                h1.inject(t, a1, &udp(A1, A2, IP_A1, IP_A2, dport, 100));
+            }
+            read += batch;
+        } else {
+            // Held: the loop wakes by the next period, when the budget is back.
+            let period = 10_000_000;
+            let next = Instant::from_nanos((t.as_nanos() / period + 1) * period);
+            assert!(h1.engine.poll_at().is_some_and(|at| at <= next));
+            held += 1;
+        }
+        assert!(h1.engine.rx_ready(t, b1, 64), "b is never held");
+        h1.inject(t, b1, &udp(B1, B2, IP_B1, IP_B2, 7, 100));
+        b_sent += 1;
+        h1.poll(t);
+        carry(&mut h1, &mut h2, t);
+        h2.poll(t);
+        assert!(
+            h2.take(h2.port_of("a2")).is_empty(),
+            "no hostile frame passes"
+        );
+        b_delivered += h2.take(b2).len();
+    }
+    assert_eq!(b_delivered, b_sent, "every frame of b delivered");
+    // 5 periods of 20,000 fuel hold 4 faulting runs of 5,000 each: the switch read those
+    // and the rest of their batches, of the 4,000 hostile frames offered.
+    assert!(read <= 5 * 2 * batch, "read {read} hostile frames");
+    assert!(held > steps * 9 / 10, "held on {held} of {steps} steps");
+    let reasons = [
+        DropReason::OffloadFuel,
+        DropReason::OffloadTrap,
+        DropReason::OffloadMemory,
+    ];
+    for r in reasons {
+        assert!(h1.drops("a1", r) > 0, "{r:?}");
+    }
+    let dropped: u64 = reasons
+        .iter()
+        .chain(&[DropReason::OffloadBudget])
+        .map(|&r| h1.drops("a1", r))
+        .sum();
+    assert_eq!(
+        dropped, read as u64,
+        "every hostile frame read dropped with its reason"
+    );
+    for r in DropReason::ALL {
+        assert_eq!(h1.drops("b1", r), 0, "{r:?}");
+    }
 }

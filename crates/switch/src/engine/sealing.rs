@@ -68,6 +68,28 @@ impl Engine {
         }
     }
 
+    /// The shared engine's room per tenant (jobs each tenant's queue can still take) and its
+    /// queues' depth, reported by the engine after each exchange.
+    pub fn set_accel_room(&mut self, depth: usize, rooms: impl Iterator<Item = usize>) {
+        self.accel_depth = depth;
+        self.accel_room.clear();
+        self.accel_room.extend(rooms);
+    }
+
+    /// Whether `vm`'s port is held because its tenant encrypts and its queue at the engine
+    /// cannot take a read's `batch` (or, with a shallower queue, is full): FairNIC 5.2's
+    /// back-pressure to a tenant's VFs. The frames wait in the VM's ring, or the kernel
+    /// drops them at the sender's expense, instead of being read, switched and refused
+    /// (`accel_busy`) with the loop's CPU.
+    pub(super) fn accel_held(&self, vm: VmIdx, batch: usize) -> bool {
+        let tenant = self.dir.vms[vm].tenant;
+        self.dir.tenants[tenant].encrypt
+            && self
+                .accel_room
+                .get(tenant)
+                .is_some_and(|&room| room < batch.min(self.accel_depth).max(1))
+    }
+
     /// Moves the frames waiting for the engine into `out`.
     pub fn take_accel_jobs(&mut self, out: &mut Vec<Job>) {
         out.append(&mut self.accel_jobs);

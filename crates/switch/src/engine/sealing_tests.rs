@@ -146,3 +146,30 @@ fn plain_frames_for_an_encrypting_tenant_are_dropped() {
     assert!(h2.settle_drops(a2, DropReason::Unsealed, 1).is_empty());
     assert_eq!(h2.host.engine.counters.drops.get(DropReason::Unsealed), 1);
 }
+
+/// FairNIC 5.2's back-pressure: an encrypting tenant's VM ports are read only while its
+/// queue at the engine has room for a read's batch (or, shallower than a batch, is empty);
+/// a tenant that does not encrypt is never held by the engine.
+#[test]
+fn a_tenant_whose_engine_queue_is_full_is_not_read() {
+    let mut s = Sealed::new(1);
+    let (a1, b1) = (s.host.port_of("a1"), s.host.port_of("b1"));
+    let t = Instant::ZERO;
+    // The engine reports every tenant's room after each exchange: all of it, at first.
+    s.host.poll(t);
+    s.accel
+        .exchange(&mut s.host.engine, t, &mut s.host.pool, &mut s.scratch);
+    assert!(s.host.engine.rx_ready(t, a1, 64));
+    let ready = |s: &mut Sealed, depth: usize, room_a: usize| {
+        s.host.engine.set_accel_room(depth, [room_a, 0].into_iter());
+        (
+            s.host.engine.rx_ready(t, a1, 64),
+            s.host.engine.rx_ready(t, b1, 64),
+        )
+    };
+    assert_eq!(ready(&mut s, 256, 0), (false, true));
+    assert_eq!(ready(&mut s, 256, 63), (false, true));
+    assert_eq!(ready(&mut s, 256, 64), (true, true));
+    assert_eq!(ready(&mut s, 16, 15), (false, true));
+    assert_eq!(ready(&mut s, 16, 16), (true, true));
+}
