@@ -464,6 +464,8 @@ pub struct KernelLink {
     slots: Vec<u32>,
     deltas: Vec<SoftirqDelta>,
     next_softirq_read: picnic_core::Instant,
+    /// The softirq accounting could not be started at a live change (reported once).
+    softirq_failed: bool,
 }
 
 /// How often the ports' softirq time is read and charged: Iron's period.
@@ -498,6 +500,33 @@ impl KernelLink {
             link.softirq = None;
         }
         link
+    }
+
+    /// Starts the softirq accounting of `ports` when it is off, as a start-up config with a
+    /// CPU quota would have (a live change gave a tenant the switch's first quota); called on
+    /// the dataplane thread. A failure is reported once and leaves it off.
+    pub fn start_softirq(&mut self, ports: &[(String, u32)]) {
+        if self.softirq.is_some() || self.softirq_failed {
+            return;
+        }
+        let started = SoftirqAccounting::open().and_then(|s| {
+            self.softirq = Some(s);
+            self.set_ports(ports)
+        });
+        match started {
+            Ok(()) => {
+                self.set_dataplane_thread();
+                eprintln!("picnic switch: softirq accounting (eBPF tracepoints): on");
+            }
+            Err(e) => {
+                eprintln!(
+                    "picnic switch: softirq accounting off: {e} (tenants are charged for the \
+                     switch's own work only)"
+                );
+                self.softirq = None;
+                self.softirq_failed = true;
+            }
+        }
     }
 
     /// Whether the uplink drops throttled VMs' frames in XDP.

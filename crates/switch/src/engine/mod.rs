@@ -46,7 +46,7 @@ use picnic_core::wfq::CostKind;
 pub use egress::{pacer_rate, Egress};
 pub use ingress::Ingress;
 pub use kernel::{SoftirqDelta, XdpThrottle, XDP_CPU, XDP_PPS};
-pub use live::PortChange;
+pub use live::{ChangeFailed, PortChange};
 pub use sealing::AccelUse;
 pub use slo::{kind_name, Late, SloReport, TenantSlo, Totals, Why, WindowView, SLO_WINDOW};
 
