@@ -312,7 +312,12 @@ impl SharedBudgets {
         if quotas.len() == self.buckets.len() && same.iter().all(|&s| s) {
             return None;
         }
-        let kept = self.buckets.iter().zip(&self.charged).zip(&same);
+        let kept = self
+            .buckets
+            .iter()
+            .zip(&self.charged)
+            .zip(&same)
+            .take(quotas.len());
         for (t, ((bucket, charged), &same)) in kept.enumerate() {
             new.charged[t] = charged.clone();
             if same {
