@@ -5,7 +5,8 @@
 //! without stopping anyone: it opens a new VM's port itself, tries the changes on an engine of
 //! its own that mirrors the workers' directories (so a change the engines refuse reaches no
 //! worker), places the new VM and posts the changes to every worker's control queue
-//! ([`crate::workers::Control`]).
+//! ([`crate::workers::Control`]). With softirq accounting on, it reads the ports' softirq
+//! time every Iron period and charges it to the tenants' shared budgets through its engine.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -90,6 +91,10 @@ impl Switch {
                 e
             };
             engine.join_workers(budgets.clone(), w);
+            if w == 0 {
+                // The coordinator's engine charges the ports' softirq time to the budgets.
+                self.engine.join_workers(budgets.clone(), n);
+            }
             let mut mine: Vec<Option<Box<dyn Port>>> = (0..ports.len()).map(|_| None).collect();
             mine[0] = uplinks.get_mut(w).and_then(Option::take);
             for p in assignment.ports_of(w) {
@@ -106,6 +111,7 @@ impl Switch {
             budgets: ArcSwap::new(budgets),
             published: (0..n).map(|_| ArcSwapOption::empty()).collect(),
             pause: Default::default(),
+            tids: (0..n).map(|_| Default::default()).collect(),
         };
         Ok((team, workers, assignment))
     }
@@ -209,7 +215,16 @@ impl Switch {
         let (mut next_publish, mut next_period) = (start, start + IRON_PERIOD);
         let mut charged_before: Vec<u64> = Vec::new();
         let commands = self.commands.take();
+        let mut threads_told = false;
         loop {
+            // Every worker measures its own thread's CPU, softirq work run in it included:
+            // the programs must not charge that again.
+            if !threads_told {
+                if let Some(tids) = team.thread_ids() {
+                    self.kernel.set_dataplane_threads(&tids);
+                    threads_told = true;
+                }
+            }
             if self.stop.load(Ordering::Relaxed) || handles.iter().any(|h| h.is_finished()) {
                 break;
             }
@@ -220,10 +235,13 @@ impl Switch {
             }
             if now >= next_period {
                 next_period = now + IRON_PERIOD;
+                // Iron 3.1: the ports' softirq time, charged to their tenants' budgets.
+                self.kernel.tick(&mut self.engine, now);
                 self.refill_cgroups(team, &mut charged_before);
             }
-            // Without cgroups to refill, the coordinator wakes only to publish.
-            if self.cgroups.iter().all(Option::is_none) {
+            // Without cgroups to refill or softirq time to charge, the coordinator wakes only
+            // to publish.
+            if self.cgroups.iter().all(Option::is_none) && !self.kernel.softirq_on() {
                 next_period = next_publish;
             }
             let wait = std::time::Duration::from_nanos(
@@ -343,10 +361,19 @@ impl Switch {
             std::thread::spawn(move || drop(closed));
         }
         if let Some(b) = budgets {
+            self.engine.leave_workers(now);
+            self.engine.join_workers(b.clone(), n);
             team.budgets.store(b);
         }
         let old = std::mem::replace(&mut self.cfg, cfg);
         self.shared.set_config(self.cfg.clone());
+        if let Err(e) = self.kernel.set_ports(&self.vm_ports()) {
+            eprintln!("picnic switch: warning: softirq accounting: {e}");
+        }
+        if crate::workers::wants_softirq(&self.cfg) {
+            let tids = team.thread_ids().unwrap_or_default();
+            self.kernel.start_softirq(&self.vm_ports(), &tids);
+        }
         self.sync_cgroups(&old)?;
         if !failed.is_empty() {
             anyhow::bail!(
@@ -355,6 +382,19 @@ impl Switch {
             );
         }
         Ok(())
+    }
+
+    /// The local VMs' ports (interface, slot) as the coordinator's engine has them.
+    fn vm_ports(&self) -> Vec<(String, u32)> {
+        let dir = &self.engine.dir;
+        self.cfg
+            .vms
+            .iter()
+            .filter_map(|vm| {
+                let slot = dir.vms[dir.vm_named(&vm.name)?].port?;
+                Some((vm.port.as_ref()?.ifname.clone(), slot as u32))
+            })
+            .collect()
     }
 
     /// Iron 3.2 with several workers: each tenant's cgroup gets its allocation minus the switch
@@ -396,13 +436,33 @@ impl Switch {
         }
     }
 
-    /// Publishes the merge of every worker's latest snapshot.
-    fn publish_merged(&self, team: &Team) {
-        let parts: Vec<Arc<Published>> = team
+    /// Publishes the merge of every worker's latest snapshot, and the softirq time the
+    /// coordinator's engine charged.
+    fn publish_merged(&mut self, team: &Team) {
+        let mut parts: Vec<Arc<Published>> = team
             .published
             .iter()
             .filter_map(|p| p.load_full())
             .collect();
+        if self.kernel.softirq_on() && !parts.is_empty() {
+            let now = self.clock.now();
+            self.kernel.publish(&mut self.engine, now);
+            let mut switch = self.engine.snapshot();
+            // Its VMs belong to no worker's queues: only their softirq counters count.
+            switch.vms.iter_mut().for_each(|v| v.worker = usize::MAX);
+            parts.push(Arc::new(Published {
+                switch,
+                ports: Vec::new(),
+                pool_free: 0,
+                pool_capacity: 0,
+                accel: None,
+                workers: Vec::new(),
+                slo: SloReport {
+                    tenants: Vec::new(),
+                    ..parts[0].slo.clone()
+                },
+            }));
+        }
         if !parts.is_empty() {
             self.shared
                 .publish(merge(&parts, self.cfg.switch.frame_pool));

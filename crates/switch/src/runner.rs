@@ -138,10 +138,12 @@ impl Switch {
         }
         if workers > 1 && crate::workers::drives_ebpf(&cfg) {
             eprintln!(
-                "picnic switch: warning: with {workers} workers the uplink's XDP early drop and the softirq accounting are not driven (switch.workers = 1 keeps them)"
+                "picnic switch: warning: with {workers} workers the uplink's XDP early drop is not driven (switch.workers = 1 keeps it)"
             );
         }
         let (mut uplinks, early_drop) = crate::workers::open_uplinks(&cfg, workers)?;
+        // One engine decides whom the early drop holds back: the single loop's.
+        let early_drop = early_drop.filter(|_| workers == 1);
         let extra_uplinks = uplinks.split_off(1);
         let mut ports = uplinks;
         for (i, vm) in cfg.vms.iter().enumerate() {
@@ -154,8 +156,7 @@ impl Switch {
                 )?);
             }
         }
-        // With several workers the eBPF programs are not driven (docs/switch.md "Workers").
-        let softirq = crate::workers::wants_softirq(&cfg) && workers == 1;
+        let softirq = crate::workers::wants_softirq(&cfg);
         let accel = Accel::from_config(&cfg)?;
         let mut switch = Self::with_ports(cfg, engine, ports, clock);
         let kernel = KernelLink::open(early_drop, softirq, &tenant_ports(&switch.ports));

@@ -37,6 +37,20 @@ pub struct Team {
     pub published: Vec<ArcSwapOption<Published>>,
     /// Set to make every worker return (a stop, or another worker's error).
     pub pause: AtomicBool,
+    /// Each worker's thread id, once it runs (the softirq accounting tells them apart).
+    pub tids: Vec<std::sync::atomic::AtomicU32>,
+}
+
+impl Team {
+    /// The workers' thread ids, once every worker has started (None before).
+    pub fn thread_ids(&self) -> Option<Vec<u32>> {
+        let tids: Vec<u32> = self
+            .tids
+            .iter()
+            .map(|t| t.load(Ordering::Relaxed))
+            .collect();
+        tids.iter().all(|&t| t != 0).then_some(tids)
+    }
 }
 
 impl Team {
@@ -125,6 +139,8 @@ impl Worker {
         let mut driver = Driver::new(batch);
         self.batch = batch;
         let mailbox = &team.mailboxes[self.index];
+        // SAFETY: gettid has no arguments and cannot fail.
+        team.tids[self.index].store(unsafe { libc::gettid() } as u32, Ordering::Relaxed);
         self.owed.resize(team.workers, 0);
         if self.waits.len() != self.ports.len() {
             self.waits = (0..self.ports.len())

@@ -106,11 +106,12 @@ pub fn open_uplinks(cfg: &Config, workers: usize) -> anyhow::Result<Uplinks> {
     }
 }
 
-/// Whether `cfg` has the switch drive eBPF programs from its loop: the AF_XDP uplink's early
-/// drop of throttled VMs, or the softirq accounting of tenants with a CPU quota. One worker's
-/// engine drives them, so they need the single loop (docs/switch.md "Workers").
+/// Whether `cfg` has the switch drive an eBPF program from its loop that needs the single
+/// loop: the AF_XDP uplink's early drop of throttled VMs, which one engine's Iron accounts
+/// and packet budgets decide (docs/switch.md "Workers"). The softirq accounting runs with
+/// several workers (the coordinator charges it to the shared budgets).
 pub fn drives_ebpf(cfg: &Config) -> bool {
-    cfg.uplink.backend == Backend::AfXdp || wants_softirq(cfg)
+    cfg.uplink.backend == Backend::AfXdp
 }
 
 /// Whether `cfg` has the ports' softirq time measured and charged: only while Iron runs (a

@@ -180,7 +180,7 @@ impl Switch {
             eprintln!("picnic switch: warning: softirq accounting: {e}");
         }
         if crate::workers::wants_softirq(&cfg) {
-            self.kernel.start_softirq(&tenant_ports(&self.ports));
+            self.kernel.start_softirq(&tenant_ports(&self.ports), &[]);
         }
         // Tenants that encrypt, and their keys, as the new config says (keys rotate here).
         let accel = Accel::from_config_after(&cfg, self.accel.as_ref())?;
