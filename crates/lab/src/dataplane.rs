@@ -19,6 +19,11 @@ pub trait Dataplane: Send {
     fn tenant_cpu_ns(&self) -> Vec<(String, u64)> {
         Vec::new()
     }
+    /// What the dataplane judged of each tenant's SLO so far (empty when it does not judge
+    /// SLOs, as a kernel bridge).
+    fn tenant_slo(&self) -> Vec<(String, picnic_scenario::SwitchSlo)> {
+        Vec::new()
+    }
 }
 
 /// Makes a fresh dataplane for a host; a mode of a run holds one.

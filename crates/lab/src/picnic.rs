@@ -170,6 +170,23 @@ impl Dataplane for PicnicSwitch {
             .unwrap_or_default()
     }
 
+    fn tenant_slo(&self) -> Vec<(String, picnic_scenario::SwitchSlo)> {
+        self.slo_report()
+            .map(|r| {
+                r.tenants
+                    .iter()
+                    .map(|t| {
+                        let judged = picnic_scenario::SwitchSlo {
+                            windows: t.totals.windows,
+                            violated_windows: t.totals.violated_windows,
+                        };
+                        (t.tenant.clone(), judged)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     fn teardown(&mut self, host: &HostView) -> Result<()> {
         if let Some((stop, thread)) = self.running.take() {
             stop.store(true, Ordering::Relaxed);
@@ -201,9 +218,15 @@ fn slo_lines(report: &SloReport) -> Vec<String> {
         .filter(|t| t.totals.delivered_packets + t.totals.lost_packets > 0)
         .map(|t| {
             let s = &t.totals;
+            let late = t.why.late.map_or(String::new(), |l| {
+                format!(
+                    "; late in ingress queue {}, egress queue {}, shaped class {}, limiter {}",
+                    l.ingress_queue, l.egress_queue, l.shaped_class, l.limiter
+                )
+            });
             format!(
                 "slo {:<8} through switch p50 {} p99 {} p99.9 {} us, delivered {} lost {} \
-                 ({:.3}%), windows violated {}/{}",
+                 ({:.3}%), windows violated {}/{} {:?}, held beyond guarantee {}{late}",
                 t.tenant,
                 us(s.latency_p50_us),
                 us(s.latency_p99_us),
@@ -212,7 +235,12 @@ fn slo_lines(report: &SloReport) -> Vec<String> {
                 s.lost_packets,
                 s.loss_fraction * 100.0,
                 s.violated_windows,
-                s.windows
+                s.windows,
+                t.violations_total
+                    .iter()
+                    .filter(|(_, n)| **n > 0)
+                    .collect::<Vec<_>>(),
+                t.why.held_beyond_guarantee,
             )
         })
         .collect()

@@ -8,7 +8,7 @@ use crate::workload;
 use anyhow::{Context, Result};
 use picnic_netns::{self as netns, Testbed};
 use picnic_scenario::plan::HostView;
-use picnic_scenario::{Dataplane as Kind, Mode, ModeReport, Scenario, Summary};
+use picnic_scenario::{Dataplane as Kind, Mode, ModeReport, Scenario, Summary, SwitchSlo};
 use picnic_scenario::{WorkloadKind, WorkloadResult};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -117,6 +117,7 @@ pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> Result<Outcome> {
     for mode in &opts.modes {
         let mut reps = Vec::new();
         let mut cpu = Vec::new();
+        let mut slo = Vec::new();
         for rep in 0..opts.repeat.max(1) {
             say(format!(
                 "mode {} run {}/{}",
@@ -124,9 +125,10 @@ pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> Result<Outcome> {
                 rep + 1,
                 opts.repeat.max(1)
             ));
-            let (results, tenant_cpu) =
+            let (results, tenant_cpu, tenant_slo) =
                 run_mode(&scenario, mode, &say).with_context(|| format!("mode {}", mode.name))?;
             cpu.push(tenant_cpu);
+            slo.push(tenant_slo);
             for r in &results {
                 say(format!(
                     "  {:<12} {:>9.1} Mb/s  loss {:.3}%{}",
@@ -144,6 +146,7 @@ pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> Result<Outcome> {
         }
         let mut report = ModeReport::new(&scenario, &mode.name, mode.attackers, reps)?;
         report.add_cpu_share_error(&scenario, &cpu);
+        report.add_switch_slo(&scenario, &slo);
         reports.push(report);
     }
     let summary = Summary::new(&scenario, &reports, opts.judge.as_deref())?;
@@ -195,14 +198,18 @@ impl Drop for Dataplanes {
     }
 }
 
+/// One run of a mode: the workloads' results, the CPU the dataplanes charged each tenant
+/// (ns) and what they judged of each tenant's SLO (both summed over hosts; empty for kernel
+/// bridges).
+pub type ModeRun = (
+    Vec<WorkloadResult>,
+    BTreeMap<String, u64>,
+    BTreeMap<String, SwitchSlo>,
+);
+
 /// Builds a testbed, sets up `mode`'s dataplane on every host, runs the workloads (all, or
-/// the victim's only) and tears everything down. Returns the workloads' results and the CPU
-/// the dataplanes charged to each tenant (summed over hosts; empty for kernel bridges).
-pub fn run_mode(
-    scenario: &Scenario,
-    mode: &Mode,
-    say: &dyn Fn(String),
-) -> Result<(Vec<WorkloadResult>, BTreeMap<String, u64>)> {
+/// the victim's only) and tears everything down.
+pub fn run_mode(scenario: &Scenario, mode: &Mode, say: &dyn Fn(String)) -> Result<ModeRun> {
     let mut testbed = Testbed::new()?;
     let vm_count: usize = scenario.tenants.iter().map(|t| t.vms.len()).sum();
     say(format!(
@@ -247,9 +254,15 @@ pub fn run_mode(
     ));
     let results = workload::run_placed(scenario, &topo, &workloads, &placement)?;
     let mut tenant_cpu = BTreeMap::new();
+    let mut tenant_slo: BTreeMap<String, SwitchSlo> = BTreeMap::new();
     for (_, dp) in &dataplanes.0 {
         for (tenant, ns) in dp.tenant_cpu_ns() {
             *tenant_cpu.entry(tenant).or_insert(0) += ns;
+        }
+        for (tenant, judged) in dp.tenant_slo() {
+            let sum = tenant_slo.entry(tenant).or_default();
+            sum.windows += judged.windows;
+            sum.violated_windows += judged.violated_windows;
         }
     }
     // The switches give the groups their allocations back when they stop.
@@ -257,5 +270,5 @@ pub fn run_mode(
     drop(placement);
     testbed.teardown()?;
     say("  torn down".into());
-    Ok((results, tenant_cpu))
+    Ok((results, tenant_cpu, tenant_slo))
 }

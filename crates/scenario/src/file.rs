@@ -66,6 +66,10 @@ pub struct PicnicSettings {
     /// same in every picnic mode (a host gives its dataplane a fixed budget). None: whatever
     /// the scheduler gives it.
     pub cpu_cores: Option<f64>,
+    /// Runs the switch threads SCHED_FIFO at this priority (`switch.realtime_priority`), as
+    /// the bridge's softirq datapath runs ahead of every task, in every picnic mode alike.
+    /// Not with `cpu_cores` (a CFS quota does not bound a real-time thread).
+    pub realtime_priority: Option<u8>,
     /// Worker threads of each switch's shared encryption engine (`accel.workers`).
     pub accel_workers: usize,
     /// Share of the workers' time the engine's limiter admits (`accel.capacity_percent`):
@@ -81,6 +85,7 @@ impl Default for PicnicSettings {
             nice: -10,
             cpus: Vec::new(),
             cpu_cores: None,
+            realtime_priority: None,
             accel_workers: 2,
             accel_capacity_percent: 90,
             accel_job_work_ns: 0,

@@ -33,7 +33,7 @@ pub use file::{
     DEFAULT_RPC_RATE, DEFAULT_SIZE, DEFAULT_TIMEOUT_MS, MAX_NAME_LEN,
 };
 pub use files::write_outputs;
-pub use metrics::{ModeReport, TenantMetrics};
+pub use metrics::{ModeReport, SwitchSlo, TenantMetrics};
 pub use mode::{Dataplane, Mode};
 pub use results::{WorkloadResult, BIN_MS};
 pub use summary::Summary;

@@ -9,10 +9,9 @@ use std::collections::BTreeMap;
 
 use crate::results::WorkloadResult;
 use crate::shares::{
-    competitors, completion_ms, is_greedy, median, scenario_metric, weighted_error,
-    SCENARIO_METRICS,
+    competitors, completion_ms, median, scenario_metric, weighted_error, SCENARIO_METRICS,
 };
-use crate::{Scenario, Tenant};
+use crate::Scenario;
 
 /// One tenant's numbers in one mode (the keys of summary.json).
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -31,8 +30,10 @@ pub struct TenantMetrics {
     /// transfers; null when one did not complete).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub completion_ms: Option<f64>,
-    /// Whether the tenant's SLO held (see [`slo_met`]).
-    pub slo_met: bool,
+    /// Whether the tenant's SLO held, as the switches judged it (their SLO monitors, `GET
+    /// /slo`): no conformance window violated on any switch of its path in any repetition.
+    /// Null where no switch judged it (Linux bridges). See [`ModeReport::add_switch_slo`].
+    pub slo_met: Option<bool>,
     /// With `--repeat` > 1: the figures above are medians, these their min and max.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub spread: Option<Spread>,
@@ -125,20 +126,16 @@ impl ModeReport {
             .map(|rep| tenant_metrics(scenario, rep))
             .collect::<Result<Vec<_>>>()?;
         let mut tenants = BTreeMap::new();
-        for (group, tenant) in scenario.report_groups() {
+        for (group, _) in scenario.report_groups() {
             let reps: Vec<&TenantMetrics> = per_rep.iter().filter_map(|r| r.get(&group)).collect();
             if reps.is_empty() {
                 continue;
             }
-            let mut m = if reps.len() == 1 {
+            let m = if reps.len() == 1 {
                 reps[0].clone()
             } else {
                 median_metrics(&reps)
             };
-            let greedy = merged
-                .iter()
-                .any(|w| w.tenant == group && is_greedy(scenario, w));
-            m.slo_met = slo_met(tenant, &m, greedy);
             tenants.insert(group, m);
         }
         let mut latency = BTreeMap::new();
@@ -222,7 +219,7 @@ fn tenant_metrics(
                     lost as f64 / sent as f64
                 },
                 completion_ms: completion_ms(&mine),
-                slo_met: true,
+                slo_met: None,
                 spread: None,
             },
         );
@@ -258,7 +255,7 @@ fn median_metrics(reps: &[&TenantMetrics]) -> TenantMetrics {
         loss: median(&loss).unwrap_or(0.0),
         // A transfer that did not complete in some repetition has no completion figure.
         completion_ms: median(&done).filter(|_| done.len() == reps.len()),
-        slo_met: true,
+        slo_met: None,
         spread: Some(Spread {
             repetitions: reps.len(),
             throughput_bps_min: lo(&thr).unwrap_or(0.0),
@@ -277,20 +274,38 @@ fn median_metrics(reps: &[&TenantMetrics]) -> TenantMetrics {
     }
 }
 
-/// A tenant's SLO holds when its p99 is within `latency_p99_us`, its loss within
-/// `loss_max` (each when set), and, if it runs a greedy workload, its throughput reaches
-/// 90% of `min_mbps` (the 10% is the receiver's headroom, EyeQ 3.2, and header overhead).
-pub fn slo_met(tenant: &Tenant, m: &TenantMetrics, greedy: bool) -> bool {
-    let latency_ok = match (tenant.latency_p99_us, m.p99_us) {
-        (Some(bound), Some(p99)) => p99 <= bound,
-        _ => true,
-    };
-    let loss_ok = tenant.loss_max.is_none_or(|max| m.loss <= max);
-    let rate_ok = !greedy || m.throughput_bps >= 0.9 * tenant.min_mbps as f64 * 1e6;
-    latency_ok && loss_ok && rate_ok
+/// What the switches judged of a tenant's SLO in one run, summed over the switches that
+/// carried its traffic (`GET /slo`'s totals): conformance windows judged and violated.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SwitchSlo {
+    pub windows: u64,
+    pub violated_windows: u64,
 }
 
 impl ModeReport {
+    /// Takes each tenant's SLO verdict from the switches: `per_rep[r]` holds, per tenant
+    /// name, what the switches judged in repetition `r`. A tenant met its SLO when some
+    /// window was judged and none was violated, in every repetition; tenants no switch
+    /// judged keep `slo_met` null. The switches judge their own part of the path (latency
+    /// through the switch, frames they dropped), which is what picnic can promise; the
+    /// end-to-end figures are in the other columns and the pass marks.
+    pub fn add_switch_slo(&mut self, scenario: &Scenario, per_rep: &[BTreeMap<String, SwitchSlo>]) {
+        for (group, tenant) in scenario.report_groups() {
+            let Some(m) = self.tenants.get_mut(&group) else {
+                continue;
+            };
+            let judged: Vec<SwitchSlo> = per_rep
+                .iter()
+                .filter_map(|rep| rep.get(&tenant.name).copied())
+                .collect();
+            m.slo_met = (!judged.is_empty()).then(|| {
+                judged
+                    .iter()
+                    .all(|j| j.windows > 0 && j.violated_windows == 0)
+            });
+        }
+    }
+
     /// Adds `cpu_share_error` (median over repetitions) from the CPU the dataplanes charged
     /// each tenant in each repetition: the largest relative deviation of a competing tenant's
     /// switch CPU from its weighted share of what the competitors got together (PicNIC's

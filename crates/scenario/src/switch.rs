@@ -108,7 +108,9 @@ pub fn switch_config(
             batch: 64,
             spin_us: 0,
             nice: Some(scenario.picnic.nice),
-            slice_us: (scenario.sched_slice_us > 0).then_some(scenario.sched_slice_us),
+            slice_us: (scenario.sched_slice_us > 0 && scenario.picnic.realtime_priority.is_none())
+                .then_some(scenario.sched_slice_us),
+            realtime_priority: scenario.picnic.realtime_priority,
             cpus: (!scenario.picnic.cpus.is_empty()).then(|| scenario.picnic.cpus.clone()),
             // The scenarios' pass marks were measured with one dataplane loop; several
             // workers per emulated host are for the benchmarks until the lab is rerun on them.

@@ -37,7 +37,11 @@ impl Summary {
                     opt(m.p99_us),
                     opt(m.p999_us),
                     m.loss * 100.0,
-                    if m.slo_met { "yes" } else { "NO" },
+                    match m.slo_met {
+                        Some(true) => "yes",
+                        Some(false) => "NO",
+                        None => "-",
+                    },
                     r.and_then(|r| r.victim_p99_ratio)
                         .map_or("-".into(), |v| format!("{v:.2}x")),
                     r.and_then(|r| r.victim_throughput_ratio)

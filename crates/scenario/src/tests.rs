@@ -114,8 +114,12 @@ fn summary_has_the_documented_shape_and_verdict() {
     let x = &json["modes"]["bridge"]["x"];
     assert_eq!(x["throughput_bps"], 200e6);
     assert!((x["loss"].as_f64().unwrap() - 0.1).abs() < 1e-9);
-    assert_eq!(x["slo_met"], true); // greedy flood reached its 100 Mb/s guarantee
-    assert_eq!(json["modes"]["bridge"]["v"]["slo_met"], true); // 300 us <= 500 us
+    // No switch judged the bridge modes' SLOs.
+    assert_eq!(x["slo_met"], serde_json::Value::Null);
+    assert_eq!(
+        json["modes"]["bridge"]["v"]["slo_met"],
+        serde_json::Value::Null
+    );
     let ratio = json["ratios"]["bridge"]["victim_p99_ratio"]
         .as_f64()
         .unwrap();
@@ -349,4 +353,37 @@ fn cpu_share_error_weighs_the_dataplanes_charges_like_share_error_weighs_rates()
     bridge.metrics.clear();
     bridge.add_cpu_share_error(&s, &[BTreeMap::new(), BTreeMap::new()]);
     assert!(!bridge.metrics.contains_key("cpu_share_error"));
+}
+
+#[test]
+fn the_slo_verdict_is_the_switches_every_window_of_every_repetition() {
+    use crate::SwitchSlo;
+    let s = Scenario::parse(SCENARIO).unwrap();
+    let mut report = modes(&s).remove(0);
+    let judged = |windows, violated_windows| SwitchSlo {
+        windows,
+        violated_windows,
+    };
+    let rep = |v: SwitchSlo, x: Option<SwitchSlo>| {
+        let mut m = std::collections::BTreeMap::new();
+        m.insert("v".to_string(), v);
+        if let Some(x) = x {
+            m.insert("x".to_string(), x);
+        }
+        m
+    };
+    // v met in both repetitions; x violated one window of 30 in the second; nobody else.
+    report.add_switch_slo(
+        &s,
+        &[
+            rep(judged(30, 0), Some(judged(30, 0))),
+            rep(judged(30, 0), Some(judged(30, 1))),
+        ],
+    );
+    assert_eq!(report.tenants["v"].slo_met, Some(true));
+    assert_eq!(report.tenants["x"].slo_met, Some(false));
+    // Judged in no window: no verdict of met.
+    report.add_switch_slo(&s, &[rep(judged(0, 0), None)]);
+    assert_eq!(report.tenants["v"].slo_met, Some(false));
+    assert_eq!(report.tenants["x"].slo_met, None);
 }

@@ -19,6 +19,17 @@ impl Scenario {
                 bail!("field `picnic.cpu_cores`: must be between 0.01 and 1024 cores");
             }
         }
+        if let Some(p) = self.picnic.realtime_priority {
+            if !(1..=99).contains(&p) {
+                bail!("field `picnic.realtime_priority`: must be in 1..=99");
+            }
+            if self.picnic.cpu_cores.is_some() {
+                bail!(
+                    "field `picnic.realtime_priority`: a CFS quota (`picnic.cpu_cores`) does not \
+                     bound a real-time switch; use one or the other"
+                );
+            }
+        }
         if let Some(cpu) = self.picnic.cpus.iter().find(|&&c| c >= online) {
             bail!("field `picnic.cpus`: CPU {cpu} does not exist (this machine has {online})");
         }

@@ -137,6 +137,14 @@ pub struct SwitchSection {
     /// for that thread's default slice (see `sched.rs`). None: the kernel's default.
     #[serde(default)]
     pub slice_us: Option<u64>,
+    /// Runs the dataplane threads in the real-time class, SCHED_FIFO at this priority
+    /// (1..=99), as a kernel datapath runs in softirq ahead of every task: a tenant's busy
+    /// thread then cannot hold the switch's core until the next scheduler tick (4 ms at
+    /// HZ=250; see `sched.rs`). `nice` and `slice_us` then do not apply. The kernel stops an
+    /// RT thread that polls hard for the rest of its 1 s RT period after 95% of it, so keep
+    /// `spin_us` low. None: the fair class.
+    #[serde(default)]
+    pub realtime_priority: Option<u8>,
     /// CPUs the dataplane thread runs on (e.g. cores kept for the dataplane). None: any.
     #[serde(default)]
     pub cpus: Option<Vec<usize>>,
@@ -253,6 +261,10 @@ pub struct IngressSection {
     pub capacity_mbps: u64,
     /// Fraction of C held back (EyeQ: 10%).
     pub headroom: f64,
+    /// Fraction of C held back while a single local VM receives (the smaller of this and
+    /// `headroom`): the headroom keeps the access link's queue short for the other VMs'
+    /// traffic, and a VM alone has none to protect, so it gets nearly the whole link.
+    pub solo_headroom: f64,
     /// Per-VM ingress queue bound in packets (overflow drops only that VM's packets).
     pub queue_packets: usize,
     /// Synthetic per-packet processing cost in ns, so the engine can be made the bottleneck
@@ -268,6 +280,7 @@ impl Default for IngressSection {
         IngressSection {
             capacity_mbps: 1000,
             headroom: 0.1,
+            solo_headroom: 0.01,
             queue_packets: 256,
             work_ns: 0,
             work_ps_per_byte: 0,
@@ -584,6 +597,17 @@ impl Config {
         }) {
             return Err(err("switch.slice_us", "must be in 100..=100000"));
         }
+        if let Some(p) = self.switch.realtime_priority {
+            if !(1..=99).contains(&p) {
+                return Err(err("switch.realtime_priority", "must be in 1..=99"));
+            }
+            if self.switch.slice_us.is_some() {
+                return Err(err(
+                    "switch.realtime_priority",
+                    "a real-time dataplane has no fair-class slice: leave out slice_us",
+                ));
+            }
+        }
         if self.switch.cpus.as_ref().is_some_and(|c| c.is_empty()) {
             return Err(err(
                 "switch.cpus",
@@ -623,6 +647,12 @@ impl Config {
         }
         if !(0.0..0.9).contains(&self.ingress.headroom) {
             return Err(err("ingress.headroom", "must be a fraction in [0, 0.9)"));
+        }
+        if !(0.0..0.9).contains(&self.ingress.solo_headroom) {
+            return Err(err(
+                "ingress.solo_headroom",
+                "must be a fraction in [0, 0.9)",
+            ));
         }
         if self.accel.workers == 0 || self.accel.workers > 64 {
             return Err(err("accel.workers", "must be in 1..=64"));
@@ -999,6 +1029,17 @@ ip = "198.18.0.2"
             (
                 EXAMPLE.replace("host_id = 1", "host_id = 1\nslice_us = 18446744073709652"),
                 "switch.slice_us",
+            ),
+            (
+                EXAMPLE.replace("host_id = 1", "host_id = 1\nrealtime_priority = 100"),
+                "switch.realtime_priority",
+            ),
+            (
+                EXAMPLE.replace(
+                    "host_id = 1",
+                    "host_id = 1\nrealtime_priority = 10\nslice_us = 200",
+                ),
+                "switch.realtime_priority",
             ),
         ] {
             expect_field(&text, field);

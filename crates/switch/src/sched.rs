@@ -72,6 +72,24 @@ pub fn set_thread_slice(slice_ns: u64) -> io::Result<()> {
     }
 }
 
+/// Puts the calling thread in the real-time class, SCHED_FIFO at `priority` (1..=99), with
+/// SCHED_RESET_ON_FORK so threads it starts (the encryption engine's workers, tools) are back
+/// in the fair class. Needs CAP_SYS_NICE (or an RLIMIT_RTPRIO allowing the priority).
+pub fn set_thread_realtime(priority: u8) -> io::Result<()> {
+    let param = libc::sched_param {
+        sched_priority: priority.into(),
+    };
+    // SAFETY: plain syscall on the calling thread (pid 0) with a valid sched_param.
+    let rc = unsafe {
+        libc::sched_setscheduler(0, libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK, &param)
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// Restricts the calling thread to the listed CPUs (a dataplane on cores of its own).
 pub fn set_thread_cpus(cpus: &[usize]) -> io::Result<()> {
     // SAFETY: cpu_set_t is plain data; CPU_ZERO/CPU_SET write within it (indices are checked

@@ -14,6 +14,16 @@ pub struct ReceiverConfig {
     pub capacity: u64,
     /// Capacity kept free for latency, in thousandths (EyeQ 2.2 reserves 10%: 100).
     pub headroom_permille: u32,
+    /// Capacity kept free while a single endpoint receives, in thousandths (the smaller of
+    /// this and `headroom_permille` is used). The headroom keeps the resource's queue short
+    /// for the other endpoints' traffic (EyeQ 3.2); an endpoint alone has none to protect
+    /// and may use nearly all of it (work conservation). When another endpoint receives the
+    /// headroom returns at once and RCP takes the first one's excess back within a few
+    /// windows. Equal to `headroom_permille`: EyeQ's fixed headroom.
+    pub solo_headroom_permille: u32,
+    /// An endpoint is alone when no other one received anything for this long: longer than
+    /// `idle_after`, so a light flow (a probe every millisecond) keeps the full headroom.
+    pub solo_after: Duration,
     /// Metering window; rates are recomputed at the end of each (EyeQ 3.2: 200 us).
     pub window: Duration,
     /// RCP gain alpha in thousandths (500 = 0.5, as in EyeQ's implementation; stable for
@@ -37,6 +47,8 @@ impl Default for ReceiverConfig {
         ReceiverConfig {
             capacity: 10_000_000_000 / 8,
             headroom_permille: 100,
+            solo_headroom_permille: 100,
+            solo_after: Duration::from_millis(100),
             window: Duration::from_micros(200),
             alpha_permille: 500,
             min_rate: 1_000_000 / 8,
@@ -55,6 +67,7 @@ impl ReceiverConfig {
         if self.headroom_permille >= 1000 {
             return Err(EyeqError::InvalidConfig("headroom_permille must be < 1000"));
         }
+
         if self.window == Duration::ZERO {
             return Err(EyeqError::InvalidConfig("window must be > 0"));
         }
@@ -139,6 +152,8 @@ struct Endpoint<K> {
     /// Active, but no full window measured since it became active: its demand is unknown.
     fresh: bool,
     last_rx: Instant,
+    /// Whether it received anything yet (`last_rx` is meaningful).
+    received: bool,
     allowed: u64,
     advertised: u64,
     measured: u64,
@@ -185,6 +200,8 @@ pub struct Receiver<K> {
     window_start: Instant,
     /// Whether anything was metered since the window started.
     window_busy: bool,
+    /// At most one endpoint received in the last `solo_after` (see `solo_headroom_permille`).
+    solo: bool,
 }
 
 impl<K: Copy + Eq + Hash> Receiver<K> {
@@ -197,6 +214,7 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
             index: HashMap::new(),
             window_start: now,
             window_busy: false,
+            solo: true,
         })
     }
 
@@ -205,10 +223,17 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
         &self.config
     }
 
-    /// Capacity shared among endpoints: raw capacity minus headroom, in units/s.
+    /// Capacity shared among endpoints: raw capacity minus headroom (the solo headroom while
+    /// at most one endpoint received in the last `solo_after`), in units/s.
     pub fn shared_capacity(&self) -> u64 {
-        (self.config.capacity as u128 * (1000 - self.config.headroom_permille) as u128 / 1000)
-            as u64
+        let headroom = if self.solo {
+            self.config
+                .solo_headroom_permille
+                .min(self.config.headroom_permille)
+        } else {
+            self.config.headroom_permille
+        };
+        (self.config.capacity as u128 * (1000 - headroom) as u128 / 1000) as u64
     }
 
     /// Changes the raw capacity (PicNIC: processing capacity varies, so it is measured and
@@ -236,6 +261,7 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
             active: false,
             fresh: false,
             last_rx: Instant::ZERO,
+            received: false,
             allowed: 0,
             advertised: 0,
             measured: 0,
@@ -299,6 +325,7 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
         let ep = &mut self.endpoints[i];
         ep.meter.add(units);
         ep.last_rx = now;
+        ep.received = true;
         if !ep.active {
             // A newly active endpoint joins A; it starts advertising its whole allotment
             // and RCP brings the rate down if it has several senders.
@@ -374,12 +401,17 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
     /// Ends the window at `now` (late closes measure over the real elapsed time).
     fn close_window(&mut self, now: Instant) {
         let elapsed = now.saturating_since(self.window_start);
+        let mut recent = 0;
         for ep in &mut self.endpoints {
             ep.measured = ep.meter.close(elapsed);
             if ep.active && now.saturating_since(ep.last_rx) >= self.config.idle_after {
                 ep.active = false;
             }
+            if ep.received && now.saturating_since(ep.last_rx) < self.config.solo_after {
+                recent += 1;
+            }
         }
+        self.solo = recent <= 1;
         self.reallocate();
         let (alpha, min_rate) = (self.config.alpha_permille, self.config.min_rate);
         for ep in self.endpoints.iter_mut().filter(|ep| ep.active) {
@@ -550,6 +582,58 @@ mod tests {
         // After 100 us without feedback, the next packet is sampled whatever its size.
         let later = t + Duration::from_micros(100);
         assert_eq!(rx.on_packet(later, 7, 1u8, 64).unwrap().unwrap().seq, 5);
+    }
+
+    #[test]
+    fn an_endpoint_alone_uses_the_solo_headroom_and_a_second_brings_the_full_one_back() {
+        let config = ReceiverConfig {
+            capacity: 1000 * MBPS,
+            solo_headroom_permille: 10,
+            ..ReceiverConfig::default()
+        };
+        let mut rx = Receiver::new(config, Instant::ZERO).unwrap();
+        rx.add_endpoint(1u32, guarantee(100 * MBPS)).unwrap();
+        rx.add_endpoint(2u32, guarantee(100 * MBPS)).unwrap();
+        assert_eq!(
+            rx.shared_capacity(),
+            990 * MBPS,
+            "nobody active: the solo headroom"
+        );
+        let mut now = Instant::ZERO;
+        // Endpoint 1 alone, receiving more than the link: it is allowed 99% of it.
+        for _ in 0..50 {
+            now += Duration::from_micros(200);
+            let _ = rx.on_packet(now, 1, (), 400_000);
+            rx.on_timeout(now);
+        }
+        assert_eq!(rx.endpoint(1).unwrap().allowed, 990 * MBPS);
+        // Endpoint 2 starts: the 10% headroom is back, split by guarantee.
+        for _ in 0..5 {
+            now += Duration::from_micros(200);
+            let _ = rx.on_packet(now, 1, (), 400_000);
+            let _ = rx.on_packet(now, 2, (), 400_000);
+            rx.on_timeout(now);
+        }
+        assert_eq!(rx.shared_capacity(), 900 * MBPS);
+        assert_eq!(rx.endpoint(1).unwrap().allowed, 450 * MBPS);
+        assert_eq!(rx.endpoint(2).unwrap().allowed, 450 * MBPS);
+        // Endpoint 2 goes quiet: inactive after 1 ms, but endpoint 1 is not alone for
+        // another 100 ms (a light flow between its packets keeps the full headroom).
+        let quiet = now;
+        while now.saturating_since(quiet) < Duration::from_millis(99) {
+            now += Duration::from_micros(200);
+            let _ = rx.on_packet(now, 1, (), 400_000);
+            rx.on_timeout(now);
+        }
+        assert!(!rx.endpoint(2).unwrap().active);
+        assert_eq!(rx.shared_capacity(), 900 * MBPS);
+        for _ in 0..10 {
+            now += Duration::from_micros(200);
+            let _ = rx.on_packet(now, 1, (), 400_000);
+            rx.on_timeout(now);
+        }
+        assert_eq!(rx.shared_capacity(), 990 * MBPS);
+        assert_eq!(rx.endpoint(1).unwrap().allowed, 990 * MBPS);
     }
 
     #[test]

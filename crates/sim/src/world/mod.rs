@@ -200,6 +200,21 @@ impl World {
         }
         cpu
     }
+
+    /// What the hosts' engines judged of each tenant's SLO by the end of the run (their SLO
+    /// monitors, as the real switch's `GET /slo`), summed over hosts and replicas.
+    pub fn tenant_slo(&mut self) -> std::collections::BTreeMap<String, picnic_scenario::SwitchSlo> {
+        let end = picnic_core::Instant::from_nanos(self.end);
+        let mut slo = std::collections::BTreeMap::new();
+        for h in &mut self.net.hosts {
+            for t in h.engine.slo_report(end).tenants {
+                let sum: &mut picnic_scenario::SwitchSlo = slo.entry(t.tenant).or_default();
+                sum.windows += t.totals.windows;
+                sum.violated_windows += t.totals.violated_windows;
+            }
+        }
+        slo
+    }
 }
 
 impl Net {

@@ -2,7 +2,7 @@
 
 use picnic_core::Instant;
 
-use super::tests::{config, udp, Host, A1, A2, B1, B2, IP_A1, IP_A2, IP_B1, IP_B2};
+use super::tests::{carry, config, udp, Host, A1, A2, B1, B2, IP_A1, IP_A2, IP_B1, IP_B2};
 use super::Engine;
 use crate::frame::FramePool;
 use crate::stats::DropReason;
@@ -307,4 +307,137 @@ fn workers_share_a_tenants_cpu_budget_through_their_caches() {
     // The 0.1 ms of debt is paid back at the allocation's rate: b is read again after it.
     let later = Instant::from_nanos(100_000 + 1_100_000);
     assert!(w0.engine.rx_ready(later, b1, 64) && w1.engine.rx_ready(later, b1, 64));
+}
+
+#[test]
+fn frames_the_receiver_refuses_for_cpu_are_held_back_at_their_sender() {
+    // b has 1 ms of host 1's switch CPU per 10 ms period; each frame delivered to b1 costs
+    // 2 us, so its budget takes ~500 frames a period (50 kpps, ~58 Mb/s on the wire). b2 on
+    // host 2 offers 100 kpps: without backpressure half of what crosses the link is refused.
+    let mut h1 = with_b_quota(0.1);
+    let mut h2 = Host::new(2, 1000);
+    let (b1, b2) = (h1.port_of("b1"), h2.port_of("b2"));
+    let frame = udp(B2, B1, IP_B2, IP_B1, 7, 64);
+    let (mut crossed, mut refused_before) = (0, 0);
+    for step in 1..=2_000u64 {
+        let now = Instant::from_nanos(step * 100_000);
+        for _ in 0..10 {
+            h2.inject(now, b2, &frame);
+        }
+        h2.poll(now);
+        let n = carry(&mut h2, &mut h1, now);
+        h1.poll(now);
+        let delivered = h1.take(b1).len() as u64;
+        h1.engine.charge_cpu(now, 2_000 * delivered);
+        carry(&mut h1, &mut h2, now);
+        if step == 1_800 {
+            refused_before = h1.drops("b1", DropReason::CpuThrottled);
+        }
+        if step > 1_800 {
+            crossed += n as u64;
+        }
+    }
+    // The last 20 ms: what crossed is about what the budget takes (1,000 frames), and
+    // little of it is refused at the receiver.
+    let refused = h1.drops("b1", DropReason::CpuThrottled) - refused_before;
+    assert!(
+        (700..=1_400).contains(&crossed),
+        "{crossed} frames crossed the link in 20 ms for a budget of ~1,000"
+    );
+    assert!(
+        refused * 10 <= crossed,
+        "{refused} of {crossed} frames were refused at the receiver"
+    );
+    // The excess is held at the sender, by the limiter the feedback set.
+    let applied = h2
+        .engine
+        .snapshot()
+        .vms
+        .iter()
+        .find(|v| v.name == "b2")
+        .and_then(|v| {
+            v.applied_limits
+                .iter()
+                .find(|(d, _)| *d == 2)
+                .map(|(_, r)| *r)
+        })
+        .expect("a limiter towards b1");
+    assert!(applied < 80_000_000, "limit {applied} b/s");
+}
+
+/// Host 2 floods host 1's a1 with 64 B frames and b1 with 1400 B frames through a 10 Gb/s
+/// uplink, more than host 1's ingress engine processes (each iteration costs 300 ns + 500
+/// ns per frame handled + 0.5 ns per byte), b1 with `b1_min_pps` if given. Returns the
+/// frames per second delivered to a1 and b1.
+fn ingress_saturated_run(b1_min_pps: Option<u64>) -> (f64, f64) {
+    let text = toml::to_string(&config(1, 10_000)).unwrap();
+    let mut cfg: crate::config::Config = toml::from_str(&text).unwrap();
+    cfg.vms.iter_mut().find(|v| v.name == "b1").unwrap().min_pps = b1_min_pps;
+    let mut h1 = Host {
+        engine: Engine::new(&cfg, Instant::ZERO).unwrap(),
+        pool: FramePool::new(8192),
+    };
+    let mut h2 = Host::new(2, 10_000);
+    h2.inject(
+        Instant::ZERO,
+        h2.port_of("a2"),
+        &udp(A2, A1, IP_A2, IP_A1, 7, 64),
+    );
+    h2.inject(
+        Instant::ZERO,
+        h2.port_of("b2"),
+        &udp(B2, B1, IP_B2, IP_B1, 7, 1400),
+    );
+    h2.poll(Instant::ZERO);
+    let encapsulated = h2.take(crate::directory::UPLINK);
+    assert_eq!(encapsulated.len(), 2);
+    let (a1, b1) = (h1.port_of("a1"), h1.port_of("b1"));
+    let (mut now, mut delivered) = (0u64, [0u64; 2]);
+    for _ in 0..20_000 {
+        let t = Instant::from_nanos(now);
+        let (mut handled, mut bytes) = (0u64, 0u64);
+        for frame in &encapsulated {
+            for _ in 0..32 {
+                h1.inject(t, crate::directory::UPLINK, frame);
+            }
+            handled += 32;
+            bytes += 32 * frame.len() as u64;
+        }
+        h1.engine
+            .poll(t, 32, &mut super::tests::NoWork, &mut h1.pool);
+        h1.take(crate::directory::UPLINK); // feedback to host 2, which ignores it here
+        for (i, port) in [a1, b1].into_iter().enumerate() {
+            for sent in h1.take(port) {
+                delivered[i] += 1;
+                handled += 1;
+                bytes += sent.len() as u64;
+            }
+        }
+        let cost = 300 + 500 * handled + bytes / 2;
+        h1.engine.charge_cpu(t, cost);
+        now += cost;
+    }
+    let pps = |n: u64| n as f64 * 1e9 / now as f64;
+    (pps(delivered[0]), pps(delivered[1]))
+}
+
+#[test]
+fn a_packet_rate_guarantee_holds_for_what_a_vm_receives_beyond_its_cpu_fair_share() {
+    let (a_fair, b_fair) = ingress_saturated_run(None);
+    let min_pps = (b_fair * 1.5) as u64;
+    let (a, b) = ingress_saturated_run(Some(min_pps));
+    println!(
+        "1400 B VM receives {b_fair:.0} pps at its CPU-fair share, {b:.0} pps with min_pps \
+         {min_pps}; 64 B VM: {a_fair:.0} -> {a:.0} pps"
+    );
+    // At least the guarantee: a lane up to min_pps, then the VM's CPU-fair share of what the
+    // lane leaves (so no more than the lane plus its whole share before).
+    assert!(
+        b >= min_pps as f64 * 0.97 && b <= min_pps as f64 + b_fair,
+        "{b:.0} pps against a guarantee of {min_pps} (share alone {b_fair:.0})"
+    );
+    assert!(
+        a < a_fair,
+        "the neighbour gives up what the guarantee takes"
+    );
 }

@@ -133,7 +133,12 @@ fn egress_cap(kind: CostKind, link_bps: u64, max_bps: Option<u64>) -> Option<Cap
 
 /// The packet-rate guarantee of local VM `vm` with `min_pps`, served from its own queue.
 /// Burst: 1 ms of the rate, at least one batch.
-fn guarantee_lane(dir: &Directory, vm: VmIdx, batch: u64, now: Instant) -> Option<TokenBucket> {
+pub(super) fn guarantee_lane(
+    dir: &Directory,
+    vm: VmIdx,
+    batch: u64,
+    now: Instant,
+) -> Option<TokenBucket> {
     let pps = dir.vms[vm].min_pps?;
     Some(TokenBucket::new(pps, (pps / 1000).max(batch), now))
 }
@@ -579,9 +584,15 @@ impl Engine {
         let mut waited = std::mem::take(&mut self.egress.scratch_waited);
         let encap_len = self.encap_len;
         let eg = &mut self.egress;
-        for ((_, key), shaper) in eg.shapers.iter_mut() {
+        let dir = &self.dir;
+        for ((vm, key), shaper) in eg.shapers.iter_mut() {
             let via = match key {
                 ShapeKey::Class(_) => Waited::ShapedClass,
+                // A limiter at or above the sending VM's guarantee holds only what it sends
+                // beyond it (EyeQ gives every VM at least its guarantee).
+                ShapeKey::Destination(_) if shaper.bucket().rate() >= dir.vms[*vm].min_bps / 8 => {
+                    Waited::BeyondGuarantee
+                }
                 ShapeKey::Destination(_) => Waited::Limiter,
             };
             while picked.len() < budget {

@@ -12,16 +12,20 @@
 //! rate converted to bytes with the VM's measured bytes per ns of processing. So a flood of
 //! small expensive packets is pushed back at its senders even when it uses little bandwidth.
 
+use picnic_core::bucket::TokenBucket;
 use picnic_core::eyeq::{EndpointConfig, Receiver, ReceiverConfig};
 use picnic_core::iron::Admission;
 use picnic_core::time::NANOS_PER_SEC;
+use picnic_core::wfq::Dequeued;
 use picnic_core::{Duration, Instant};
 use picnic_wire::overlay::decap;
 use picnic_wire::Error as WireError;
 
+use super::backpressure::Backpressure;
+use super::egress::guarantee_lane;
 use super::queues::VmQueues;
 use super::slo::Waited;
-use super::{cost_kind, feedback, ps_per_byte, Engine, Work};
+use super::{cost_kind, feedback, ps_per_byte, Engine, Work, IRON_PERIOD};
 use crate::config::{Config, Mac};
 use crate::directory::{Directory, VmIdx};
 use crate::frame::{Frame, FramePool};
@@ -45,6 +49,14 @@ pub struct Ingress {
     ps_per_wire_byte: u64,
     /// Whether the last poll ended with frames still queued (see `CpuLedger::wfq_cost`).
     cpu_bound: bool,
+    /// Caps on the rates advertised for VMs whose frames were refused here lately.
+    backpressure: Option<Backpressure>,
+    /// Local VMs with a packet-rate guarantee (`min_pps`) and its bucket: frames queued for
+    /// them are processed up to that rate before the WFQ's turn, outside their share, as the
+    /// egress engine serves what they send.
+    guaranteed: Vec<(VmIdx, TokenBucket)>,
+    /// With the ingress WFQ on (each VM has its own queue): the least burst of a lane, a batch.
+    lanes: Option<u64>,
 }
 
 /// Estimates the processing the ingress engine really gets per second: the CPU it runs on is
@@ -123,10 +135,11 @@ impl Ingress {
             cfg.isolation.ingress_wfq,
             "ingress scheduler",
         );
-        let (link, cpu) = if cfg.isolation.feedback {
+        let (link, cpu, backpressure) = if cfg.isolation.feedback {
             let headroom_permille = (cfg.ingress.headroom * 1000.0) as u32;
             let base = ReceiverConfig {
                 headroom_permille,
+                solo_headroom_permille: (cfg.ingress.solo_headroom * 1000.0) as u32,
                 // The lowest rate advertised: 0.5% of the access link, at least 1 Mb/s (EyeQ's
                 // floor). Low enough that many senders to one VM can be held to its share,
                 // high enough that a throttled sender, whose feedback only comes with its own
@@ -158,9 +171,10 @@ impl Ingress {
             let rerr = |e| anyhow::anyhow!("receiver rate control: {e:?}");
             let link = Receiver::new(link_cfg, now).map_err(rerr)?;
             let cpu = Receiver::new(cpu_cfg, now).map_err(rerr)?;
-            (Some(link), Some(cpu))
+            let backpressure = Backpressure::new(IRON_PERIOD, link_cfg.min_rate, capacity, now);
+            (Some(link), Some(cpu), Some(backpressure))
         } else {
-            (None, None)
+            (None, None, None)
         };
         Ok(Ingress {
             q,
@@ -171,6 +185,9 @@ impl Ingress {
             capacity: CpuCapacity::new(NANOS_PER_SEC, now),
             ps_per_wire_byte: ps_per_byte(cfg.ingress.capacity_mbps.max(1) * 1_000_000),
             cpu_bound: false,
+            backpressure,
+            guaranteed: Vec::new(),
+            lanes: cfg.isolation.ingress_wfq.then_some(cfg.switch.batch as u64),
         })
     }
 
@@ -217,6 +234,10 @@ impl Ingress {
         self.q.add_vm(now, dir, vm, None)?;
         self.ns_per_byte_fp.resize(dir.vms.len(), 0);
         self.ns_per_byte_fp[vm] = 0;
+        if let Some(bp) = self.backpressure.as_mut() {
+            bp.reset_vm(vm);
+        }
+        self.set_lane(now, dir, vm);
         let rerr = |e| format!("receiver rate control: {e:?}");
         if let Some(link) = self.link.as_mut() {
             link.add_endpoint(vm, Self::link_endpoint(&dir.vms[vm]))
@@ -245,7 +266,19 @@ impl Ingress {
             link.set_endpoint(vm, Self::link_endpoint(&dir.vms[vm]))
                 .map_err(|e| format!("receiver rate control: {e:?}"))?;
         }
+        self.set_lane(now, dir, vm);
         self.set_cpu_shares(dir)
+    }
+
+    /// `vm`'s packet-rate guarantee lane as `dir` says now (none without `min_pps`).
+    fn set_lane(&mut self, now: Instant, dir: &Directory, vm: VmIdx) {
+        self.guaranteed.retain(|(v, _)| *v != vm);
+        if let Some(bucket) = self
+            .lanes
+            .and_then(|batch| guarantee_lane(dir, vm, batch, now))
+        {
+            self.guaranteed.push((vm, bucket));
+        }
     }
 
     /// Removes local VM `vm` of tenant `t` (already gone from `dir`'s local VMs): its queue
@@ -257,6 +290,7 @@ impl Ingress {
         t: crate::directory::TenantIdx,
     ) -> Result<Vec<Frame>, String> {
         let items = self.q.remove_vm(dir, vm, t, |item| item.1 == vm)?;
+        self.guaranteed.retain(|(v, _)| *v != vm);
         for r in [self.link.as_mut(), self.cpu.as_mut()]
             .into_iter()
             .flatten()
@@ -274,7 +308,8 @@ impl Ingress {
             .unwrap_or(0)
     }
 
-    /// The byte rate advertised for `vm`: the smaller of the link and CPU controllers' rates.
+    /// The byte rate advertised for `vm`: the smaller of the link and CPU controllers' rates,
+    /// and of the cap its refused frames set ([`Backpressure`]).
     pub(super) fn advertised(&self, vm: VmIdx) -> Option<u64> {
         let link = self
             .link
@@ -293,10 +328,8 @@ impl Ingress {
             .filter(|_| per_byte > 0)
             .map(|ns| ((ns as u128) << 16) / per_byte as u128)
             .map(|b| b.min(u64::MAX as u128) as u64);
-        match (link, cpu_bytes) {
-            (Some(l), Some(c)) => Some(l.min(c)),
-            (l, c) => l.or(c),
-        }
+        let cap = self.backpressure.as_ref().and_then(|b| b.cap(vm));
+        [link, cpu_bytes, cap].into_iter().flatten().min()
     }
 
     pub(super) fn poll_at(&self) -> Option<Instant> {
@@ -488,26 +521,49 @@ impl Engine {
         pool: &mut FramePool,
     ) {
         let tenant = self.dir.vms[w].tenant;
-        if let (Some(iron), Some(account)) = (self.iron.as_mut(), self.iron_index[tenant]) {
-            if !matches!(iron.admit(now, account), Ok(Admission::Admit)) {
-                return self.drop_frame(now, pool, frame, Some(w), DropReason::CpuThrottled);
-            }
-        }
-        if self.budget_exhausted(now, tenant) {
+        // EyeQ meters what the access link carried: every remote frame, encapsulated bytes,
+        // whether it is refused below or not.
+        let link_sample =
+            source.and_then(|(source, wire_len)| self.meter_link(now, w, source, wire_len));
+        let refused =
+            if let (Some(iron), Some(account)) = (self.iron.as_mut(), self.iron_index[tenant]) {
+                !matches!(iron.admit(now, account), Ok(Admission::Admit))
+            } else {
+                false
+            };
+        let refused = if refused {
+            Some(DropReason::CpuThrottled)
+        } else if self.budget_exhausted(now, tenant) {
             if let Some(b) = self.budgets.as_mut() {
                 b.throttle_drops[tenant] += 1;
             }
-            return self.drop_frame(now, pool, frame, Some(w), DropReason::CpuThrottled);
-        }
-        if let Some(pps) = self.pps_in[w].as_mut() {
-            if !pps.try_consume(now, 1) {
-                return self.drop_frame(now, pool, frame, Some(w), DropReason::PpsLimit);
+            Some(DropReason::CpuThrottled)
+        } else if self.pps_in[w]
+            .as_mut()
+            .is_some_and(|pps| !pps.try_consume(now, 1))
+        {
+            Some(DropReason::PpsLimit)
+        } else {
+            None
+        };
+        if let Some(reason) = refused {
+            if let Some(bp) = self.ingress.backpressure.as_mut() {
+                bp.refused(w);
             }
+            if let (Some((source, _)), Some(seq)) = (source, link_sample) {
+                self.feed_back(now, w, source, seq, pool);
+            }
+            return self.drop_frame(now, pool, frame, Some(w), reason);
         }
         let len = frame.len() as u64;
-        // EyeQ meters what the access link carries: encapsulated bytes.
         if let Some((source, wire_len)) = source {
-            self.meter_and_feedback(now, w, source, wire_len, pool);
+            if let Some(bp) = self.ingress.backpressure.as_mut() {
+                bp.admitted(w, wire_len);
+            }
+            let cpu_sample = self.meter_cpu(now, w, source, wire_len);
+            if let Some(seq) = link_sample.or(cpu_sample) {
+                self.feed_back(now, w, source, seq, pool);
+            }
         }
         let Some(frame) = self.offload_hook(now, w, crate::offload::Hook::Ingress, frame, pool)
         else {
@@ -535,19 +591,25 @@ impl Engine {
         }
     }
 
-    /// EyeQ 3.2: meter the arrival against both resources; when sampled, tell the sender.
-    fn meter_and_feedback(
-        &mut self,
-        now: Instant,
-        w: VmIdx,
-        source: u32,
-        len: u64,
-        pool: &mut FramePool,
-    ) {
+    /// EyeQ 3.2: meters a remote frame's arrival on the access link; the sequence number of
+    /// its feedback when it is sampled for some. Closes a backpressure period that is over.
+    fn meter_link(&mut self, now: Instant, w: VmIdx, source: u32, len: u64) -> Option<u32> {
         let ing = &mut self.ingress;
-        let (Some(link), Some(cpu)) = (ing.link.as_mut(), ing.cpu.as_mut()) else {
-            return;
-        };
+        if let Some(bp) = ing.backpressure.as_mut() {
+            bp.roll(now);
+        }
+        let link = ing.link.as_mut()?;
+        link.on_packet(now, w, source, len)
+            .ok()
+            .flatten()
+            .map(|f| f.seq)
+    }
+
+    /// EyeQ 3.2 on the engine's CPU: meters an admitted remote frame's estimated processing;
+    /// the sequence number of its feedback when it is sampled for some.
+    fn meter_cpu(&mut self, now: Instant, w: VmIdx, source: u32, len: u64) -> Option<u32> {
+        let ing = &mut self.ingress;
+        let cpu = ing.cpu.as_mut()?;
         // The frame's CPU cost, from the VM's measured CPU per byte (the model's figure
         // until a frame of this VM has been processed).
         let est_cost = match ing.ns_per_byte_fp[w] {
@@ -555,23 +617,24 @@ impl Engine {
             per_byte => (per_byte * len) >> 16,
         }
         .max(1);
-        let sampled_link = link.on_packet(now, w, source, len).ok().flatten();
-        let sampled_cpu = cpu.on_packet(now, w, source, est_cost).ok().flatten();
-        let seq = match (sampled_link, sampled_cpu) {
-            (Some(a), _) => a.seq,
-            (None, Some(b)) => b.seq,
-            (None, None) => return,
-        };
+        cpu.on_packet(now, w, source, est_cost)
+            .ok()
+            .flatten()
+            .map(|f| f.seq)
+    }
+
+    /// Tells host `source` the rate it may send to `w` at.
+    fn feed_back(&mut self, now: Instant, w: VmIdx, source: u32, seq: u32, pool: &mut FramePool) {
         if let Some(rate) = self.ingress.advertised(w) {
             self.send_feedback(now, pool, source, w, rate, seq);
         }
     }
 
-    /// Processes up to `budget` queued frames in WFQ order and hands them to their ports.
-    /// Processes queued frames in WFQ order, at most `budget` frames and about
-    /// `ingress.poll_budget_us` of processing, and hands them to their ports. Stopping on a
-    /// time budget lets the loop read its ports (cheap) more often than it processes frames
-    /// (expensive), so overload lands in per-VM queues, not in the shared uplink ring.
+    /// Processes queued frames, at most `budget` and about `ingress.poll_budget_us` of
+    /// processing, and hands them to their ports: first the packet-rate guarantees' lanes up
+    /// to their rates, then the WFQ's order. Stopping on a time budget lets the loop read its
+    /// ports (cheap) more often than it processes frames (expensive), so overload lands in
+    /// per-VM queues, not in the shared uplink ring.
     pub(super) fn ingress_poll(
         &mut self,
         now: Instant,
@@ -580,45 +643,28 @@ impl Engine {
         _pool: &mut FramePool,
     ) -> usize {
         let (mut n, mut spent) = (0, 0u64);
+        // Packet-rate guarantees (PicNIC's pps SLO): served from the VM's own queue, which
+        // charges it no WFQ tags, so its share is untouched.
+        let mut lanes = std::mem::take(&mut self.ingress.guaranteed);
+        for (vm, bucket) in lanes.iter_mut() {
+            let Some(q) = self.ingress.q.queue(*vm) else {
+                continue;
+            };
+            while n < budget && spent < self.ingress.cost_budget_ns && bucket.available(now) > 0 {
+                let Some(d) = self.ingress.q.wfq.dequeue_from(q) else {
+                    break;
+                };
+                bucket.force_consume(now, 1);
+                spent += self.process_and_deliver(now, d, work, false);
+                n += 1;
+            }
+        }
+        self.ingress.guaranteed = lanes;
         while n < budget && spent < self.ingress.cost_budget_ns {
             let Some(d) = self.ingress.q.wfq.dequeue(now) else {
                 break;
             };
-            let (mut frame, w, queued_at) = d.item;
-            let tenant = self.dir.vms[w].tenant;
-            let len = frame.len() as u64;
-            let work_ns = work.process(tenant, &mut frame);
-            self.cpu.note(Some(w), frame.len());
-            self.cpu.note_direct(w, work_ns);
-            let cost = self.cpu.frame_cost(frame.len(), work_ns);
-            if self.cpu_fair {
-                // PicNIC CPU-fair WFQ: settle the estimate with the frame's measured cost
-                // (or its access-link time, if that is the larger share it takes).
-                let wfq_cost = self.cpu.wfq_cost(
-                    frame.len(),
-                    work_ns,
-                    len + self.encap_len,
-                    self.ingress.ps_per_wire_byte,
-                    self.ingress.cpu_bound,
-                );
-                let _ = self.ingress.q.wfq.settle(d.queue, d.cost, wfq_cost);
-            }
-            let per_byte = &mut self.ingress.ns_per_byte_fp[w];
-            let sample = (cost << 16) / (len + self.encap_len);
-            *per_byte = if *per_byte == 0 {
-                sample
-            } else {
-                *per_byte - (*per_byte >> 3) + (sample >> 3)
-            };
-            let c = &mut self.vm_counters[w];
-            c.rx_packets += 1;
-            c.rx_bytes += len;
-            c.ingress_wait.record((now - queued_at).as_nanos());
-            let port = self.dir.vms[w].port.expect("queued only for local VMs");
-            self.tx[port].push(frame);
-            self.slo
-                .delivered(now, tenant, len, queued_at, Waited::IngressQueue);
-            spent += cost;
+            spent += self.process_and_deliver(now, d, work, true);
             n += 1;
         }
         self.ingress.cpu_bound = !self.ingress.q.wfq.is_empty();
@@ -629,5 +675,52 @@ impl Engine {
                 .on_poll(now, spent, backlogged, self.ingress.cpu.as_mut());
         }
         n
+    }
+
+    /// Processes a dequeued frame and hands it to its VM's port; with `settle`, settles its
+    /// WFQ estimate with the measured cost (frames of a guarantee lane were charged none).
+    /// Returns the frame's cost, ns.
+    fn process_and_deliver(
+        &mut self,
+        now: Instant,
+        d: Dequeued<(Frame, VmIdx, Instant)>,
+        work: &mut dyn Work,
+        settle: bool,
+    ) -> u64 {
+        let (mut frame, w, queued_at) = d.item;
+        let tenant = self.dir.vms[w].tenant;
+        let len = frame.len() as u64;
+        let work_ns = work.process(tenant, &mut frame);
+        self.cpu.note(Some(w), frame.len());
+        self.cpu.note_direct(w, work_ns);
+        let cost = self.cpu.frame_cost(frame.len(), work_ns);
+        if self.cpu_fair && settle {
+            // PicNIC CPU-fair WFQ: settle the estimate with the frame's measured cost
+            // (or its access-link time, if that is the larger share it takes).
+            let wfq_cost = self.cpu.wfq_cost(
+                frame.len(),
+                work_ns,
+                len + self.encap_len,
+                self.ingress.ps_per_wire_byte,
+                self.ingress.cpu_bound,
+            );
+            let _ = self.ingress.q.wfq.settle(d.queue, d.cost, wfq_cost);
+        }
+        let per_byte = &mut self.ingress.ns_per_byte_fp[w];
+        let sample = (cost << 16) / (len + self.encap_len);
+        *per_byte = if *per_byte == 0 {
+            sample
+        } else {
+            *per_byte - (*per_byte >> 3) + (sample >> 3)
+        };
+        let c = &mut self.vm_counters[w];
+        c.rx_packets += 1;
+        c.rx_bytes += len;
+        c.ingress_wait.record((now - queued_at).as_nanos());
+        let port = self.dir.vms[w].port.expect("queued only for local VMs");
+        self.tx[port].push(frame);
+        self.slo
+            .delivered(now, tenant, len, queued_at, Waited::IngressQueue);
+        cost
     }
 }

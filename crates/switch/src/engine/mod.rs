@@ -12,6 +12,7 @@
 //! caller's [`Work`] so it can be charged to the tenant it was spent for (Iron 3).
 
 pub mod antispoof;
+mod backpressure;
 mod cpu;
 mod egress;
 pub mod feedback;

@@ -8,7 +8,12 @@
 //! - delivered: each frame handed to a port for transmit, to a local VM or encapsulated to
 //!   the uplink, with its latency through the switch: from entering it to that hand-off
 //!   (ingress queueing and processing for frames to local VMs; egress queueing, shaping or
-//!   limiting and pacing for frames to the uplink);
+//!   limiting and pacing for frames to the uplink). A frame held in a feedback limiter
+//!   whose rate was at or above its VM's guarantee is delivered but its latency is not
+//!   judged: EyeQ gives every VM at least its guarantee, so such a limiter holds only what
+//!   the tenant sends beyond it (a TCP flow fills its bottleneck's queue wherever that is),
+//!   and that wait is the tenant's own demand, not a broken guarantee. It is counted in
+//!   [`Why`] (`held_beyond_guarantee`);
 //! - lost: each of its frames the switch drops, whatever the [`DropReason`]: the loss the
 //!   tenant sees. Whose doing it was (its own `max_pps`, spoofing, a full queue) is in the
 //!   per-tenant breakdown [`Why`], beside where its late frames waited.
@@ -49,8 +54,11 @@ pub(super) enum Waited {
     EgressQueue,
     /// In one of the sending VM's shaped classes.
     ShapedClass,
-    /// In a limiter set by the destination's feedback (EyeQ 3.3).
+    /// In a limiter set by the destination's feedback (EyeQ 3.3) below the VM's guarantee.
     Limiter,
+    /// In a limiter set by the destination's feedback at or above the VM's guarantee: the
+    /// tenant's demand beyond its guarantee (not judged against the latency bound).
+    BeyondGuarantee,
 }
 
 /// One monitored tenant.
@@ -61,6 +69,8 @@ struct Tracked {
     latency_bound_ns: Option<u64>,
     /// Frames delivered later than the bound, indexed by [`Waited`].
     late: [u64; 4],
+    /// Frames delivered after waiting in a limiter at or above their VM's guarantee.
+    beyond_guarantee: u64,
 }
 
 /// The monitors of the tenants with an SLO, indexed by tenant.
@@ -100,6 +110,7 @@ impl SloTracker {
                     monitor,
                     latency_bound_ns,
                     late: [0; 4],
+                    beyond_guarantee: 0,
                 })
             }
             None => None,
@@ -128,8 +139,12 @@ impl SloTracker {
         waited: Waited,
     ) {
         if let Some(t) = self.get(tenant) {
-            let latency = now.saturating_since(arrived).as_nanos();
             t.monitor.record_delivered(now, 1, bytes);
+            if waited == Waited::BeyondGuarantee {
+                t.beyond_guarantee += 1;
+                return;
+            }
+            let latency = now.saturating_since(arrived).as_nanos();
             t.monitor.record_latency(now, latency);
             if t.latency_bound_ns.is_some_and(|b| latency > b) {
                 t.late[waited as usize] += 1;
@@ -224,6 +239,7 @@ impl Engine {
                     drops,
                     waited_shaped_class,
                     waited_limiter,
+                    held_beyond_guarantee: t.beyond_guarantee,
                     late,
                 },
             });
@@ -300,7 +316,8 @@ pub struct Totals {
     pub loss_fraction: f64,
     /// Mean delivered rate, bits/s.
     pub throughput_bps: f64,
-    /// Latency through the switch (entering it to being handed to the port), us.
+    /// Latency through the switch (entering it to being handed to the port), us; frames
+    /// held beyond the guarantee left out.
     pub latency_p50_us: Option<f64>,
     pub latency_p99_us: Option<f64>,
     pub latency_p999_us: Option<f64>,
@@ -317,6 +334,10 @@ pub struct Why {
     pub waited_shaped_class: u64,
     /// Frames held in a limiter's queue because their destination asked for less (EyeQ 3.3).
     pub waited_limiter: u64,
+    /// Of those, frames held while the limiter allowed at least their VM's guarantee:
+    /// delivered, but their latency is left out of the judged distribution (the tenant's
+    /// own demand beyond its guarantee).
+    pub held_beyond_guarantee: u64,
     /// Frames delivered later than `latency_us`, by where they waited; null without a
     /// latency bound.
     pub late: Option<Late>,

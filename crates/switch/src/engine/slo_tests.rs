@@ -227,3 +227,53 @@ fn a_tenants_slo_changes_in_place_and_the_others_keep_their_conformance() {
     assert!(report.tenants.iter().all(|t| t.tenant != "b"));
     assert_eq!(tenant(&report, "a").totals.windows, 4);
 }
+
+/// a1 (host 1) sends ~400 Mb/s to a2, whose host's access link is 100 Mb/s, for 150 ms with
+/// a latency bound of 1 ms; a1's guarantee is `a1_min_mbps`. Returns a's conformance on
+/// host 1, where its frames wait in the limiter a2's feedback sets.
+fn limited_sender(a1_min_mbps: u64) -> TenantSlo {
+    let bound = "{ latency_us = 1000 }";
+    let set_min = |c: &mut crate::config::Config| c.vms[0].min_mbps = a1_min_mbps;
+    let mut h1 = host_with_slos(1, ms(0), bound, bound, set_min);
+    let mut h2 = Host {
+        engine: {
+            let mut cfg = config(2, 100);
+            set_min(&mut cfg);
+            Engine::new(&cfg, ms(0)).unwrap()
+        },
+        pool: FramePool::new(4096),
+    };
+    let frame = udp(A1, A2, IP_A1, IP_A2, 7, 1400);
+    let mut now = ms(0);
+    for _ in 0..1_500 {
+        now += Duration::from_micros(100);
+        for _ in 0..4 {
+            h1.inject(now, h1.port_of("a1"), &frame);
+        }
+        h1.poll(now);
+        super::tests::carry(&mut h1, &mut h2, now);
+        h2.poll(now);
+        super::tests::carry(&mut h2, &mut h1, now);
+        h2.take(h2.port_of("a2"));
+    }
+    tenant(&h1.engine.slo_report(now), "a").clone()
+}
+
+#[test]
+fn frames_a_limiter_holds_beyond_the_guarantee_are_delivered_but_not_judged() {
+    // A 1 Mb/s guarantee: everything the limiter holds is a's demand beyond it.
+    let a = limited_sender(1);
+    assert!(a.why.waited_limiter > 100, "{:?}", a.why);
+    assert!(a.why.held_beyond_guarantee > 100, "{:?}", a.why);
+    assert_eq!(a.why.late.unwrap().limiter, 0, "{:?}", a.why);
+    assert!(!kinds(&a).contains(&ViolationKind::Latency), "{a:?}");
+    assert!(a.totals.windows > 0);
+    assert_eq!(a.violations_total["latency"], 0, "{a:?}");
+    // A 150 Mb/s guarantee the receiver's 100 Mb/s link cannot give: the limiter is below
+    // it, and the frames it holds past 1 ms violate the latency bound.
+    let a = limited_sender(150);
+    assert!(a.why.waited_limiter > 100, "{:?}", a.why);
+    assert_eq!(a.why.held_beyond_guarantee, 0);
+    assert!(a.why.late.unwrap().limiter > 0, "{:?}", a.why);
+    assert!(a.violations_total["latency"] > 0, "{a:?}");
+}

@@ -80,18 +80,24 @@ impl Work for SpinWork {
     }
 }
 
-/// Applies `switch.nice`, `cpus` (the CPUs this thread may use) and `switch.slice_us` to the
-/// calling dataplane thread.
+/// Applies `switch.nice`, `cpus` (the CPUs this thread may use) and `switch.slice_us`, or
+/// `switch.realtime_priority`, to the calling dataplane thread.
 pub(crate) fn setup_thread(cfg: &Config, cpus: Option<&[usize]>) -> anyhow::Result<()> {
+    if let Some(cpus) = cpus {
+        crate::sched::set_thread_cpus(cpus).with_context(|| format!("switch.cpus {cpus:?}"))?;
+    }
+    if let Some(priority) = cfg.switch.realtime_priority {
+        // Asked for explicitly: without it the isolation the config promises does not hold.
+        return crate::sched::set_thread_realtime(priority).with_context(|| {
+            format!("switch.realtime_priority {priority}: SCHED_FIFO needs CAP_SYS_NICE")
+        });
+    }
     if let Some(nice) = cfg.switch.nice {
         if let Err(e) = crate::sched::set_thread_nice(nice.into()) {
             eprintln!(
                 "picnic switch: warning: switch.nice {nice}: {e} (running at the inherited priority)"
             );
         }
-    }
-    if let Some(cpus) = cpus {
-        crate::sched::set_thread_cpus(cpus).with_context(|| format!("switch.cpus {cpus:?}"))?;
     }
     if let Some(us) = cfg.switch.slice_us {
         if let Err(e) = crate::sched::set_thread_slice(us * 1000) {
