@@ -112,6 +112,7 @@ impl Switch {
             published: (0..n).map(|_| ArcSwapOption::empty()).collect(),
             pause: Default::default(),
             tids: (0..n).map(|_| Default::default()).collect(),
+            link: (0..n).map(|_| Default::default()).collect(),
         };
         Ok((team, workers, assignment))
     }
@@ -238,10 +239,13 @@ impl Switch {
                 // Iron 3.1: the ports' softirq time, charged to their tenants' budgets.
                 self.kernel.tick(&mut self.engine, now);
                 self.refill_cgroups(team, &mut charged_before);
+                self.split_access_link(team);
             }
             // Without cgroups to refill or softirq time to charge, the coordinator wakes only
             // to publish.
-            if self.cgroups.iter().all(Option::is_none) && !self.kernel.softirq_on() {
+            let link_shared = self.engine.link_capacity().is_some();
+            if self.cgroups.iter().all(Option::is_none) && !self.kernel.softirq_on() && !link_shared
+            {
                 next_period = next_publish;
             }
             let wait = std::time::Duration::from_nanos(
@@ -382,6 +386,25 @@ impl Switch {
             );
         }
         Ok(())
+    }
+
+    /// EyeQ's RX scheduler across the workers' link receivers: each gets its part of the
+    /// access link by what it reported ([`crate::engine::split_link`]).
+    fn split_access_link(&self, team: &Team) {
+        let Some(capacity) = self.engine.link_capacity() else {
+            return;
+        };
+        let parts: Vec<_> = team.link.iter().map(|l| l.reported()).collect();
+        let permille = |x: f64| (x * 1000.0) as u32;
+        let split = crate::engine::split_link(
+            capacity,
+            permille(self.cfg.ingress.headroom),
+            permille(self.cfg.ingress.solo_headroom),
+            &parts,
+        );
+        for (slot, part) in team.link.iter().zip(split) {
+            slot.part.store(part, Ordering::Relaxed);
+        }
     }
 
     /// The local VMs' ports (interface, slot) as the coordinator's engine has them.

@@ -39,6 +39,39 @@ pub struct Team {
     pub pause: AtomicBool,
     /// Each worker's thread id, once it runs (the softirq accounting tells them apart).
     pub tids: Vec<std::sync::atomic::AtomicU32>,
+    /// Per worker: its part of the access link ([`crate::engine::split_link`]).
+    pub link: Vec<LinkSlot>,
+}
+
+/// A worker's EyeQ link receiver as the coordinator sees it: what the worker reports of its
+/// active endpoints ([`picnic_core::eyeq::Aggregate`]) and the part of the access link the
+/// coordinator gives it (bytes/s; 0: not given yet).
+#[derive(Default)]
+pub struct LinkSlot {
+    pub active: std::sync::atomic::AtomicU32,
+    pub guarantee: std::sync::atomic::AtomicU64,
+    pub demand: std::sync::atomic::AtomicU64,
+    pub reserve: std::sync::atomic::AtomicU64,
+    pub part: std::sync::atomic::AtomicU64,
+}
+
+impl LinkSlot {
+    fn report(&self, a: picnic_core::eyeq::Aggregate) {
+        self.active.store(a.active, Ordering::Relaxed);
+        self.guarantee.store(a.guarantee, Ordering::Relaxed);
+        self.demand.store(a.demand, Ordering::Relaxed);
+        self.reserve.store(a.reserve, Ordering::Relaxed);
+    }
+
+    /// What the worker reported last.
+    pub fn reported(&self) -> picnic_core::eyeq::Aggregate {
+        picnic_core::eyeq::Aggregate {
+            active: self.active.load(Ordering::Relaxed),
+            guarantee: self.guarantee.load(Ordering::Relaxed),
+            demand: self.demand.load(Ordering::Relaxed),
+            reserve: self.reserve.load(Ordering::Relaxed),
+        }
+    }
 }
 
 impl Team {
@@ -148,6 +181,7 @@ impl Worker {
                 .collect();
         }
         let mut next_publish = clock.now();
+        let mut next_link = next_publish;
         let mut idle = crate::runner::IdlePolicy::default();
         let mut fds = Vec::new();
         // The directory the uplink frames are routed with; it changes only at a live change.
@@ -163,6 +197,18 @@ impl Worker {
             if now >= next_publish {
                 next_publish = now + Duration::from_millis(100);
                 team.published[self.index].store(Some(Arc::new(self.publish(now))));
+            }
+            if now >= next_link && team.workers > 1 {
+                // Once a millisecond: this worker's receiver reported, its part taken.
+                next_link = now + Duration::from_millis(1);
+                let slot = &team.link[self.index];
+                if let Some(a) = self.engine.link_aggregate(now) {
+                    slot.report(a);
+                }
+                match slot.part.load(Ordering::Relaxed) {
+                    0 => {}
+                    part => self.engine.set_link_share(part),
+                }
             }
             let mut mail = 0;
             while let Some(control) = mailbox.take_control() {

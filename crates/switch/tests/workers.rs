@@ -400,6 +400,55 @@ port = { ifname = "b1" }
     );
 }
 
+/// EyeQ's access link with two workers: s1 (worker 0) and s2 (worker 1) each receive more
+/// than half of a 10 Mb/s access link from r9. Each worker's link receiver meters only its
+/// own VM, so alone each would advertise nearly the whole link (together ~1.8x it); with the
+/// link split between the workers' receivers by the coordinator, what they advertise adds up
+/// to the link less its headroom.
+#[test]
+fn two_workers_split_the_access_link_between_their_receivers() {
+    let cfg = Config::parse(&(CONFIG.to_string() + "[ingress]\ncapacity_mbps = 10\n")).unwrap();
+    let (mut switch, h) = common::memory_switch(cfg, &["up0", "s1", "s2", "l1", "l2"]);
+    let (stop, shared) = (switch.stop_flag(), switch.shared());
+    let dataplane = std::thread::spawn(move || switch.run());
+    // ~8 Mb/s to each VM (frames of ~300 B, 33 each per 10 ms) for 1 s.
+    let (to_s1, to_s2) = (from_r9(1), from_r9(2));
+    let start = Instant::now();
+    let mut sums = Vec::new();
+    while start.elapsed() < Duration::from_millis(1000) {
+        for _ in 0..33 {
+            h[0].inject(&to_s1);
+            h[0].inject(&to_s2);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+        for port in &h {
+            while port.pop_sent().is_some() {}
+        }
+        if start.elapsed() > Duration::from_millis(500) {
+            let p = shared.latest().unwrap();
+            let adv = |name: &str| {
+                let v = p.switch.vms.iter().find(|v| v.name == name).unwrap();
+                v.advertised_bps.unwrap_or(0)
+            };
+            sums.push((adv("s1"), adv("s2")));
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    dataplane.join().unwrap().unwrap();
+    // Endpoints idle between the 10 ms bursts advertise nothing: the largest of each.
+    let s1 = sums.iter().map(|s| s.0).max().unwrap();
+    let s2 = sums.iter().map(|s| s.1).max().unwrap();
+    let most = sums.iter().map(|(a, b)| a + b).max().unwrap();
+    println!(
+        "advertised at most: s1 {s1} b/s, s2 {s2} b/s; largest sum in the last 0.5 s {most} b/s"
+    );
+    assert!(s1 > 0 && s2 > 0, "both VMs' senders are told a rate");
+    assert!(
+        most <= 10_000_000,
+        "the two receivers hand out at most the link: {most} b/s"
+    );
+}
+
 /// Two workers' egress share the uplink's pacer (EyeQ 4's token caches): two VMs on different
 /// workers, each offering more than the link, together leave at the link's rate, not twice it.
 #[test]

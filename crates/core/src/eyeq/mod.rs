@@ -18,7 +18,7 @@
 mod receiver;
 mod sender;
 
-pub use receiver::{EndpointConfig, EndpointStats, Feedback, Receiver, ReceiverConfig};
+pub use receiver::{Aggregate, EndpointConfig, EndpointStats, Feedback, Receiver, ReceiverConfig};
 pub use sender::{FeedbackOutcome, LimiterStats, Sender, SenderConfig};
 
 /// Errors of the EyeQ mechanisms: configuration mistakes and calls naming unknown endpoints.

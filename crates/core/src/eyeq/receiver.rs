@@ -123,6 +123,19 @@ pub struct EndpointStats {
     pub feedbacks: u64,
 }
 
+/// A receiver's recently receiving endpoints taken together ([`Receiver::aggregate`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Aggregate {
+    /// Endpoints that received recently.
+    pub active: u32,
+    /// Sum of their guarantees.
+    pub guarantee: u64,
+    /// Sum of their demands, units/s.
+    pub demand: u64,
+    /// Sum of every endpoint's guarantee, active or not.
+    pub reserve: u64,
+}
+
 /// Units received in the current metering window. Private so that a shared meter type can
 /// replace it without touching the rest of the module.
 #[derive(Debug, Default, Clone, Copy)]
@@ -370,6 +383,33 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
         if now >= self.window_end() {
             self.close_window(now);
         }
+    }
+
+    /// The endpoints that received in the last `solo_after` taken together, as one endpoint
+    /// of a larger resource: how many, the sum of their guarantees and of their demands (an
+    /// active one's as the RX scheduler estimates it, see `Endpoint::demand`; one idle for
+    /// the moment may want up to its max; saturating), and every endpoint's guarantees.
+    /// Several receivers sharing one resource (a switch's workers, each with the endpoints of
+    /// its VMs) are given their parts of it by these ([`Self::set_capacity`]); counting
+    /// endpoints over `solo_after` rather than EyeQ's 1 ms active set keeps a bursty one
+    /// counted between its bursts.
+    pub fn aggregate(&self, now: Instant) -> Aggregate {
+        let mut a = Aggregate::default();
+        for ep in &self.endpoints {
+            a.reserve = a.reserve.saturating_add(ep.config.guarantee);
+            if !ep.received || now.saturating_since(ep.last_rx) >= self.config.solo_after {
+                continue;
+            }
+            a.active += 1;
+            a.guarantee = a.guarantee.saturating_add(ep.config.guarantee);
+            let demand = if ep.active {
+                ep.demand()
+            } else {
+                ep.max_rate()
+            };
+            a.demand = a.demand.saturating_add(demand);
+        }
+        a
     }
 
     /// Metrics of one endpoint.

@@ -223,6 +223,15 @@ impl Ingress {
         Ok(())
     }
 
+    /// The EyeQ receiver over the access link (None without feedback).
+    pub(super) fn link(&self) -> Option<&Receiver<VmIdx>> {
+        self.link.as_ref()
+    }
+
+    pub(super) fn link_mut(&mut self) -> Option<&mut Receiver<VmIdx>> {
+        self.link.as_mut()
+    }
+
     /// Adds local VM `vm` (already in `dir`): its queue, its tenant's new weight, its
     /// receiver endpoints, and every local VM's new CPU share.
     pub(super) fn add_vm(
