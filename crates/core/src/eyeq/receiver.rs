@@ -624,6 +624,38 @@ mod tests {
         assert_eq!(rx.on_packet(later, 7, 1u8, 64).unwrap().unwrap().seq, 5);
     }
 
+    /// The aggregate counts an endpoint from its first packet until `solo_after` without
+    /// any (not only while it is in the 1 ms active set), with the demand of a hungry one.
+    #[test]
+    fn the_aggregate_counts_recent_endpoints_and_their_demands() {
+        let mut rx = Receiver::new(ReceiverConfig::default(), Instant::ZERO).unwrap();
+        rx.add_endpoint(1u32, guarantee(100 * MBPS)).unwrap();
+        rx.add_endpoint(2u32, guarantee(300 * MBPS)).unwrap();
+        let idle = rx.aggregate(Instant::ZERO);
+        assert_eq!(
+            (idle.active, idle.guarantee, idle.reserve),
+            (0, 0, 400 * MBPS)
+        );
+        let mut now = Instant::ZERO;
+        for _ in 0..10 {
+            now += Duration::from_micros(200);
+            let _ = rx.on_packet(now, 1, (), 400_000);
+            rx.on_timeout(now);
+        }
+        let busy = rx.aggregate(now);
+        assert_eq!((busy.active, busy.guarantee), (1, 100 * MBPS));
+        assert_eq!(
+            busy.demand,
+            u64::MAX,
+            "more than its share: it may want its max"
+        );
+        // Out of the active set after 1 ms, still counted until `solo_after`.
+        let later = now + Duration::from_millis(50);
+        rx.on_timeout(later);
+        assert_eq!(rx.aggregate(later).active, 1);
+        assert_eq!(rx.aggregate(now + Duration::from_millis(100)).active, 0);
+    }
+
     #[test]
     fn an_endpoint_alone_uses_the_solo_headroom_and_a_second_brings_the_full_one_back() {
         let config = ReceiverConfig {
