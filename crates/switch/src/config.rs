@@ -261,9 +261,10 @@ pub struct IngressSection {
     pub capacity_mbps: u64,
     /// Fraction of C held back (EyeQ: 10%).
     pub headroom: f64,
-    /// Fraction of C held back while a single local VM receives (the smaller of this and
+    /// Fraction of C held back on a host with a single local VM (the smaller of this and
     /// `headroom`): the headroom keeps the access link's queue short for the other VMs'
-    /// traffic, and a VM alone has none to protect, so it gets nearly the whole link.
+    /// traffic, and a VM alone on its host has none to protect, so it gets nearly the whole
+    /// link.
     pub solo_headroom: f64,
     /// Per-VM ingress queue bound in packets (overflow drops only that VM's packets).
     pub queue_packets: usize,

@@ -14,16 +14,12 @@ pub struct ReceiverConfig {
     pub capacity: u64,
     /// Capacity kept free for latency, in thousandths (EyeQ 2.2 reserves 10%: 100).
     pub headroom_permille: u32,
-    /// Capacity kept free while a single endpoint receives, in thousandths (the smaller of
-    /// this and `headroom_permille` is used). The headroom keeps the resource's queue short
-    /// for the other endpoints' traffic (EyeQ 3.2); an endpoint alone has none to protect
-    /// and may use nearly all of it (work conservation). When another endpoint receives the
-    /// headroom returns at once and RCP takes the first one's excess back within a few
-    /// windows. Equal to `headroom_permille`: EyeQ's fixed headroom.
+    /// Capacity kept free while the receiver has a single endpoint, in thousandths (the
+    /// smaller of this and `headroom_permille` is used). The headroom keeps the resource's
+    /// queue short for the other endpoints' traffic (EyeQ 3.2): an endpoint with no other
+    /// beside it has nobody to protect and may use nearly all of it (work conservation).
+    /// Equal to `headroom_permille`: EyeQ's fixed headroom.
     pub solo_headroom_permille: u32,
-    /// An endpoint is alone when no other one received anything for this long: longer than
-    /// `idle_after`, so a light flow (a probe every millisecond) keeps the full headroom.
-    pub solo_after: Duration,
     /// Metering window; rates are recomputed at the end of each (EyeQ 3.2: 200 us).
     pub window: Duration,
     /// RCP gain alpha in thousandths (500 = 0.5, as in EyeQ's implementation; stable for
@@ -48,7 +44,6 @@ impl Default for ReceiverConfig {
             capacity: 10_000_000_000 / 8,
             headroom_permille: 100,
             solo_headroom_permille: 100,
-            solo_after: Duration::from_millis(100),
             window: Duration::from_micros(200),
             alpha_permille: 500,
             min_rate: 1_000_000 / 8,
@@ -165,8 +160,6 @@ struct Endpoint<K> {
     /// Active, but no full window measured since it became active: its demand is unknown.
     fresh: bool,
     last_rx: Instant,
-    /// Whether it received anything yet (`last_rx` is meaningful).
-    received: bool,
     allowed: u64,
     advertised: u64,
     measured: u64,
@@ -213,8 +206,6 @@ pub struct Receiver<K> {
     window_start: Instant,
     /// Whether anything was metered since the window started.
     window_busy: bool,
-    /// At most one endpoint received in the last `solo_after` (see `solo_headroom_permille`).
-    solo: bool,
 }
 
 impl<K: Copy + Eq + Hash> Receiver<K> {
@@ -227,7 +218,6 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
             index: HashMap::new(),
             window_start: now,
             window_busy: false,
-            solo: true,
         })
     }
 
@@ -236,10 +226,10 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
         &self.config
     }
 
-    /// Capacity shared among endpoints: raw capacity minus headroom (the solo headroom while
-    /// at most one endpoint received in the last `solo_after`), in units/s.
+    /// Capacity shared among endpoints: raw capacity minus headroom (the solo headroom with a
+    /// single endpoint), in units/s.
     pub fn shared_capacity(&self) -> u64 {
-        let headroom = if self.solo {
+        let headroom = if self.endpoints.len() <= 1 {
             self.config
                 .solo_headroom_permille
                 .min(self.config.headroom_permille)
@@ -274,7 +264,6 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
             active: false,
             fresh: false,
             last_rx: Instant::ZERO,
-            received: false,
             allowed: 0,
             advertised: 0,
             measured: 0,
@@ -284,6 +273,8 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
             feedbacks: 0,
             settled: false,
         });
+        // A second endpoint ends a solo receiver's small headroom at once.
+        self.reallocate();
         Ok(())
     }
 
@@ -338,7 +329,6 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
         let ep = &mut self.endpoints[i];
         ep.meter.add(units);
         ep.last_rx = now;
-        ep.received = true;
         if !ep.active {
             // A newly active endpoint joins A; it starts advertising its whole allotment
             // and RCP brings the rate down if it has several senders.
@@ -441,17 +431,12 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
     /// Ends the window at `now` (late closes measure over the real elapsed time).
     fn close_window(&mut self, now: Instant) {
         let elapsed = now.saturating_since(self.window_start);
-        let mut recent = 0;
         for ep in &mut self.endpoints {
             ep.measured = ep.meter.close(elapsed);
             if ep.active && now.saturating_since(ep.last_rx) >= self.config.idle_after {
                 ep.active = false;
             }
-            if ep.received && now.saturating_since(ep.last_rx) < self.config.solo_after {
-                recent += 1;
-            }
         }
-        self.solo = recent <= 1;
         self.reallocate();
         let (alpha, min_rate) = (self.config.alpha_permille, self.config.min_rate);
         for ep in self.endpoints.iter_mut().filter(|ep| ep.active) {
@@ -657,7 +642,7 @@ mod tests {
     }
 
     #[test]
-    fn an_endpoint_alone_uses_the_solo_headroom_and_a_second_brings_the_full_one_back() {
+    fn a_single_endpoint_uses_the_solo_headroom_and_a_second_brings_the_full_one_back() {
         let config = ReceiverConfig {
             capacity: 1000 * MBPS,
             solo_headroom_permille: 10,
@@ -665,47 +650,21 @@ mod tests {
         };
         let mut rx = Receiver::new(config, Instant::ZERO).unwrap();
         rx.add_endpoint(1u32, guarantee(100 * MBPS)).unwrap();
-        rx.add_endpoint(2u32, guarantee(100 * MBPS)).unwrap();
-        assert_eq!(
-            rx.shared_capacity(),
-            990 * MBPS,
-            "nobody active: the solo headroom"
-        );
         let mut now = Instant::ZERO;
-        // Endpoint 1 alone, receiving more than the link: it is allowed 99% of it.
+        // Endpoint 1, alone on the receiver, gets more than the link: allowed 99% of it.
         for _ in 0..50 {
             now += Duration::from_micros(200);
             let _ = rx.on_packet(now, 1, (), 400_000);
             rx.on_timeout(now);
         }
         assert_eq!(rx.endpoint(1).unwrap().allowed, 990 * MBPS);
-        // Endpoint 2 starts: the 10% headroom is back, split by guarantee.
-        for _ in 0..5 {
-            now += Duration::from_micros(200);
-            let _ = rx.on_packet(now, 1, (), 400_000);
-            let _ = rx.on_packet(now, 2, (), 400_000);
-            rx.on_timeout(now);
-        }
+        // A second endpoint is added (idle yet): the 10% headroom is back at once.
+        rx.add_endpoint(2u32, guarantee(100 * MBPS)).unwrap();
         assert_eq!(rx.shared_capacity(), 900 * MBPS);
-        assert_eq!(rx.endpoint(1).unwrap().allowed, 450 * MBPS);
-        assert_eq!(rx.endpoint(2).unwrap().allowed, 450 * MBPS);
-        // Endpoint 2 goes quiet: inactive after 1 ms, but endpoint 1 is not alone for
-        // another 100 ms (a light flow between its packets keeps the full headroom).
-        let quiet = now;
-        while now.saturating_since(quiet) < Duration::from_millis(99) {
-            now += Duration::from_micros(200);
-            let _ = rx.on_packet(now, 1, (), 400_000);
-            rx.on_timeout(now);
-        }
-        assert!(!rx.endpoint(2).unwrap().active);
-        assert_eq!(rx.shared_capacity(), 900 * MBPS);
-        for _ in 0..10 {
-            now += Duration::from_micros(200);
-            let _ = rx.on_packet(now, 1, (), 400_000);
-            rx.on_timeout(now);
-        }
+        assert_eq!(rx.endpoint(1).unwrap().allowed, 900 * MBPS);
+        // Removed again: the solo headroom returns.
+        rx.remove_endpoint(2).unwrap();
         assert_eq!(rx.shared_capacity(), 990 * MBPS);
-        assert_eq!(rx.endpoint(1).unwrap().allowed, 990 * MBPS);
     }
 
     #[test]
