@@ -395,13 +395,7 @@ impl Switch {
             return;
         };
         let parts: Vec<_> = team.link.iter().map(|l| l.reported()).collect();
-        let permille = |x: f64| (x * 1000.0) as u32;
-        let split = crate::engine::split_link(
-            capacity,
-            permille(self.cfg.ingress.headroom),
-            permille(self.cfg.ingress.solo_headroom),
-            &parts,
-        );
+        let split = crate::engine::split_link(capacity, &parts);
         for (slot, part) in team.link.iter().zip(split) {
             slot.part.store(part, Ordering::Relaxed);
         }

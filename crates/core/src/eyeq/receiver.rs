@@ -118,6 +118,9 @@ pub struct EndpointStats {
     pub feedbacks: u64,
 }
 
+/// How recently an endpoint must have received to count in [`Receiver::aggregate`].
+pub const AGGREGATE_RECENT: Duration = Duration::from_millis(100);
+
 /// A receiver's recently receiving endpoints taken together ([`Receiver::aggregate`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Aggregate {
@@ -375,19 +378,21 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
         }
     }
 
-    /// The endpoints that received in the last `solo_after` taken together, as one endpoint
+    /// The endpoints that received in the last [`AGGREGATE_RECENT`] taken together, as one endpoint
     /// of a larger resource: how many, the sum of their guarantees and of their demands (an
     /// active one's as the RX scheduler estimates it, see `Endpoint::demand`; one idle for
     /// the moment may want up to its max; saturating), and every endpoint's guarantees.
     /// Several receivers sharing one resource (a switch's workers, each with the endpoints of
     /// its VMs) are given their parts of it by these ([`Self::set_capacity`]); counting
-    /// endpoints over `solo_after` rather than EyeQ's 1 ms active set keeps a bursty one
-    /// counted between its bursts.
+    /// endpoints over 100 ms rather than EyeQ's 1 ms active set keeps a bursty one counted
+    /// between its bursts.
     pub fn aggregate(&self, now: Instant) -> Aggregate {
         let mut a = Aggregate::default();
         for ep in &self.endpoints {
             a.reserve = a.reserve.saturating_add(ep.config.guarantee);
-            if !ep.received || now.saturating_since(ep.last_rx) >= self.config.solo_after {
+            // Its first packet is always sampled for feedback: it received at least once.
+            let received = ep.last_feedback.is_some();
+            if !received || now.saturating_since(ep.last_rx) >= AGGREGATE_RECENT {
                 continue;
             }
             a.active += 1;
@@ -609,7 +614,7 @@ mod tests {
         assert_eq!(rx.on_packet(later, 7, 1u8, 64).unwrap().unwrap().seq, 5);
     }
 
-    /// The aggregate counts an endpoint from its first packet until `solo_after` without
+    /// The aggregate counts an endpoint from its first packet until 100 ms without
     /// any (not only while it is in the 1 ms active set), with the demand of a hungry one.
     #[test]
     fn the_aggregate_counts_recent_endpoints_and_their_demands() {
@@ -634,7 +639,7 @@ mod tests {
             u64::MAX,
             "more than its share: it may want its max"
         );
-        // Out of the active set after 1 ms, still counted until `solo_after`.
+        // Out of the active set after 1 ms, still counted until 100 ms.
         let later = now + Duration::from_millis(50);
         rx.on_timeout(later);
         assert_eq!(rx.aggregate(later).active, 1);

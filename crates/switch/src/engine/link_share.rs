@@ -38,21 +38,15 @@ impl Engine {
 }
 
 /// Splits a link of `capacity` among workers whose receivers report `parts`. Workers with
-/// active endpoints share it by guarantee, water-filled: one whose demand is below its
-/// weighted share gets its demand plus a quarter (room to grow before the next split), the
-/// rest goes to the others by weight, and what nobody wants is spread by weight so the parts
-/// add up to the link. A worker with no active endpoint gets, provisionally, the part it
-/// would have by its VMs' guarantees (`reserve`) if they became active, so a VM that starts
-/// receiving is not held to a sliver until the next split. When more than one endpoint is
-/// active in all, a worker with one active endpoint would take only the solo headroom
-/// (EyeQ receiver's `solo_headroom_permille`), so its part is scaled by
-/// `(1000 - headroom) / (1000 - solo_headroom)` (permille) to keep the full headroom free.
-pub fn split_link(
-    capacity: u64,
-    headroom_permille: u32,
-    solo_headroom_permille: u32,
-    parts: &[Aggregate],
-) -> Vec<u64> {
+/// recently receiving endpoints share it by guarantee, water-filled: one whose demand is
+/// below its weighted share gets its demand plus a quarter (room to grow before the next
+/// split), the rest goes to the others by weight, and what nobody wants is spread by weight
+/// so the parts add up to the link. A worker with no receiving endpoint gets, provisionally,
+/// the part it would have by its VMs' guarantees (`reserve`) if they started, so a VM that
+/// starts receiving is not held to a sliver until the next split. Each receiver keeps its
+/// headroom of its part (its endpoints are every local VM, so it uses the solo headroom only
+/// on a host with a single local VM, as the single loop does).
+pub fn split_link(capacity: u64, parts: &[Aggregate]) -> Vec<u64> {
     let active_weight: u128 = parts.iter().map(|p| p.guarantee as u128).sum();
     let mut share = vec![0u128; parts.len()];
     let c = capacity as u128;
@@ -80,37 +74,21 @@ pub fn split_link(
             }
         }
     }
-    // The rest to the unsettled by weight, or, when every worker is settled, to all active
-    // ones by weight.
-    let (takers, takers_weight) = if weight > 0 {
-        (
-            parts
-                .iter()
-                .map(|p| p.guarantee > 0)
-                .zip(&settled)
-                .map(|(a, s)| a && !s)
-                .collect::<Vec<_>>(),
-            weight,
-        )
-    } else {
-        (
-            parts.iter().map(|p| p.guarantee > 0).collect(),
-            active_weight,
-        )
-    };
-    for (i, p) in parts.iter().enumerate().filter(|&(i, _)| takers[i]) {
-        share[i] += remaining * p.guarantee as u128 / takers_weight;
+    // The rest to the unsettled by weight, or, when every worker is settled, to all
+    // receiving ones by weight.
+    for (i, p) in parts.iter().enumerate() {
+        let taker = p.guarantee > 0 && (weight == 0 || !settled[i]);
+        if taker {
+            let over = if weight > 0 { weight } else { active_weight };
+            share[i] += remaining * p.guarantee as u128 / over;
+        }
     }
-    let total_active: u32 = parts.iter().map(|p| p.active).sum();
-    let solo = solo_headroom_permille.min(headroom_permille) as u128;
     parts
         .iter()
         .zip(share)
         .map(|(p, s)| {
             let s = if p.guarantee == 0 {
                 c * p.reserve as u128 / (active_weight + p.reserve as u128).max(1)
-            } else if total_active > 1 && p.active <= 1 {
-                s * (1000 - headroom_permille as u128) / (1000 - solo)
             } else {
                 s
             };
@@ -136,14 +114,14 @@ mod tests {
     fn hungry_workers_share_the_link_by_guarantee() {
         let c = 1_000_000;
         let parts = [part(2, 100, u64::MAX), part(2, 300, u64::MAX)];
-        assert_eq!(split_link(c, 100, 100, &parts), vec![250_000, 750_000]);
+        assert_eq!(split_link(c, &parts), vec![250_000, 750_000]);
     }
 
     #[test]
     fn a_light_worker_keeps_its_demand_and_a_quarter_and_the_rest_goes_on() {
         let c = 1_000_000;
         let parts = [part(2, 100, 100_000), part(2, 100, u64::MAX)];
-        let s = split_link(c, 100, 100, &parts);
+        let s = split_link(c, &parts);
         assert_eq!(s, vec![125_000, 875_000]);
         assert_eq!(s.iter().sum::<u64>(), c);
     }
@@ -151,7 +129,7 @@ mod tests {
     #[test]
     fn what_nobody_wants_is_spread_so_the_parts_add_up_to_the_link() {
         let c = 1_000_000;
-        let s = split_link(c, 100, 100, &[part(2, 100, 80_000), part(2, 100, 40_000)]);
+        let s = split_link(c, &[part(2, 100, 80_000), part(2, 100, 40_000)]);
         assert_eq!(s.iter().sum::<u64>(), c);
         assert!(s[0] > s[1] && s[1] >= 50_000, "{s:?}");
     }
@@ -165,24 +143,9 @@ mod tests {
             demand: 0,
             reserve: 100,
         };
-        let s = split_link(c, 100, 100, &[part(1, 300, u64::MAX), idle]);
+        let s = split_link(c, &[part(1, 300, u64::MAX), idle]);
         assert_eq!(s, vec![c, 250_000]);
         // Nobody active: everyone may take the whole link until the next split.
-        assert_eq!(split_link(c, 100, 100, &[idle, idle]), vec![c, c]);
-    }
-
-    #[test]
-    fn a_solo_receiver_among_others_keeps_the_full_headroom() {
-        let c = 1_000_000;
-        // One active endpoint on each worker: each receiver thinks it is alone (1% headroom)
-        // while two receive, so each part shrinks to keep 10% free in all.
-        let s = split_link(
-            c,
-            100,
-            10,
-            &[part(1, 100, u64::MAX), part(1, 100, u64::MAX)],
-        );
-        let used: u64 = s.iter().map(|&x| x * 990 / 1000).sum();
-        assert!((used as i64 - 900_000).abs() <= 2, "{s:?} use {used}");
+        assert_eq!(split_link(c, &[idle, idle]), vec![c, c]);
     }
 }
