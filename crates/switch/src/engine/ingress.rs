@@ -544,7 +544,9 @@ impl Engine {
             Some(DropReason::CpuThrottled)
         } else if self.budget_exhausted(now, tenant) {
             if let Some(b) = self.budgets.as_mut() {
-                b.throttle_drops[tenant] += 1;
+                if let Some(n) = b.throttle_drops.get_mut(tenant) {
+                    *n += 1;
+                }
             }
             Some(DropReason::CpuThrottled)
         } else if self.pps_in[w]
