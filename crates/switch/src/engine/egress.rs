@@ -131,16 +131,20 @@ fn egress_cap(kind: CostKind, link_bps: u64, max_bps: Option<u64>) -> Option<Cap
     })
 }
 
-/// The packet-rate guarantee of local VM `vm` with `min_pps`, served from its own queue.
-/// Burst: 1 ms of the rate, at least one batch.
-pub(super) fn guarantee_lane(
+/// Sets local VM `vm`'s packet-rate guarantee lane in `lanes` as `dir` says now: a bucket at
+/// its `min_pps`, burst 1 ms of the rate and at least one batch, or none without `min_pps`
+/// or without per-VM queues (`batch` None). Shared by both engines.
+pub(super) fn set_guarantee_lane(
+    lanes: &mut Vec<(VmIdx, TokenBucket)>,
+    batch: Option<u64>,
     dir: &Directory,
     vm: VmIdx,
-    batch: u64,
     now: Instant,
-) -> Option<TokenBucket> {
-    let pps = dir.vms[vm].min_pps?;
-    Some(TokenBucket::new(pps, (pps / 1000).max(batch), now))
+) {
+    lanes.retain(|(v, _)| *v != vm);
+    if let (Some(batch), Some(pps)) = (batch, dir.vms[vm].min_pps) {
+        lanes.push((vm, TokenBucket::new(pps, (pps / 1000).max(batch), now)));
+    }
 }
 
 /// The uplink pacer's rate and burst, bytes/s and bytes, when egress is paced
@@ -252,13 +256,7 @@ impl Egress {
 
     /// `vm`'s packet-rate guarantee lane as `dir` says now (none without `min_pps`).
     fn set_lane(&mut self, now: Instant, dir: &Directory, vm: VmIdx) {
-        self.guaranteed.retain(|(v, _)| *v != vm);
-        if let Some(bucket) = self
-            .lanes
-            .and_then(|batch| guarantee_lane(dir, vm, batch, now))
-        {
-            self.guaranteed.push((vm, bucket));
-        }
+        set_guarantee_lane(&mut self.guaranteed, self.lanes, dir, vm, now);
     }
 
     /// Applies `vm`'s new guarantee and cap in place (queued frames and every other VM's

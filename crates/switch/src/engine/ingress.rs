@@ -22,7 +22,7 @@ use picnic_wire::overlay::decap;
 use picnic_wire::Error as WireError;
 
 use super::backpressure::Backpressure;
-use super::egress::guarantee_lane;
+use super::egress::set_guarantee_lane;
 use super::queues::VmQueues;
 use super::slo::Waited;
 use super::{cost_kind, feedback, ps_per_byte, Engine, Work, IRON_PERIOD};
@@ -281,13 +281,7 @@ impl Ingress {
 
     /// `vm`'s packet-rate guarantee lane as `dir` says now (none without `min_pps`).
     fn set_lane(&mut self, now: Instant, dir: &Directory, vm: VmIdx) {
-        self.guaranteed.retain(|(v, _)| *v != vm);
-        if let Some(bucket) = self
-            .lanes
-            .and_then(|batch| guarantee_lane(dir, vm, batch, now))
-        {
-            self.guaranteed.push((vm, bucket));
-        }
+        set_guarantee_lane(&mut self.guaranteed, self.lanes, dir, vm, now);
     }
 
     /// Removes local VM `vm` of tenant `t` (already gone from `dir`'s local VMs): its queue
