@@ -16,8 +16,11 @@ pub mod notify;
 /// A lock-free token bucket shared by dataplane workers and their per-worker token caches
 /// (EyeQ 4, FairNIC 4.4).
 pub mod pool;
+/// Data rates in bits per second.
+pub mod rate;
 pub mod slo;
 pub mod time;
 pub mod wfq;
 
+pub use rate::Rate;
 pub use time::{Duration, Instant};

@@ -165,7 +165,7 @@ pub fn feedback(bytes: &[u8]) {
 pub fn feedback_limits(bytes: &[u8]) -> usize {
     static CONFIG: OnceLock<Config> = OnceLock::new();
     let cfg = CONFIG.get_or_init(|| Config::parse(FEEDBACK_CONFIG).expect("config parses"));
-    let floor = cfg.egress.min_rate_mbps * 1_000_000;
+    let floor = cfg.egress.min_rate().bps();
     let mut now = Instant::ZERO;
     let mut engine = Engine::new(cfg, now).expect("engine builds");
     let port = engine

@@ -37,7 +37,7 @@ pub fn build(scenario: &Scenario, testbed: &mut Testbed, taps: bool) -> Result<T
     let topo = plan(scenario, testbed);
     let fabric = testbed.add_namespace("fabric")?;
     netns::add_bridge(&fabric, FABRIC_BRIDGE)?;
-    let queue_bytes = scenario.access_link_mbps * 1_000_000 / 8 * scenario.access_queue_ms / 1000;
+    let queue_bytes = scenario.access_queue_bytes();
     for host in &topo.hosts {
         let ns = testbed.add_namespace(&format!("h-{}", host.name))?;
         netns::add_veth(&fabric, &host.fabric_port, &ns, &host.uplink)

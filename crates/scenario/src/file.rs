@@ -3,6 +3,7 @@
 //! validation names the field that is wrong.
 
 use anyhow::{anyhow, Context, Result};
+use picnic_core::{Duration, Rate};
 use serde::Deserialize;
 use std::path::Path;
 
@@ -122,6 +123,18 @@ pub struct Tenant {
     pub offload: Option<picnic_switch::offload::OffloadEntry>,
     /// The tenant's VMs.
     pub vms: Vec<Vm>,
+}
+
+impl Tenant {
+    /// `min_mbps` as a rate.
+    pub fn min_rate(&self) -> Rate {
+        Rate::from_mbps(self.min_mbps)
+    }
+
+    /// `max_mbps` as a rate; none when 0 (the access link).
+    pub fn max_rate(&self) -> Option<Rate> {
+        (self.max_mbps > 0).then(|| Rate::from_mbps(self.max_mbps))
+    }
 }
 
 /// A VM (or container) of a tenant.
@@ -289,6 +302,17 @@ impl Workload {
 }
 
 impl Scenario {
+    /// `access_link_mbps` as a rate.
+    pub fn access_link(&self) -> Rate {
+        Rate::from_mbps(self.access_link_mbps)
+    }
+
+    /// The access link's queue, bytes: `access_queue_ms` at its rate.
+    pub fn access_queue_bytes(&self) -> u64 {
+        self.access_link()
+            .bytes_in(Duration::from_millis(self.access_queue_ms))
+    }
+
     /// Reads, parses and validates a scenario file.
     pub fn load(path: &Path) -> Result<Scenario> {
         let text = std::fs::read_to_string(path)

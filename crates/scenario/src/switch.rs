@@ -6,6 +6,7 @@
 
 use anyhow::{anyhow, Context, Result};
 use picnic_core::slo::Slo;
+use picnic_core::Rate;
 use picnic_switch::config::{
     Backend, Config, EgressSection, HostEntry, IngressSection, Isolation, PortEntry, ShapedClass,
     SwitchSection, TenantEntry, UplinkSection, VmEntry,
@@ -50,8 +51,8 @@ pub fn switch_config(
             // Every tenant's SLO runs in the switch, so its own view (latency through the
             // switch, loss by reason) is printed beside the lab's end-to-end figures.
             slo: Some(Slo {
-                min_bps: tenant.min_mbps * 1_000_000,
-                max_bps: (tenant.max_mbps > 0).then_some(tenant.max_mbps * 1_000_000),
+                min_bps: tenant.min_rate().bps(),
+                max_bps: tenant.max_rate().map(Rate::bps),
                 latency_us: tenant.latency_p99_us.map(|us| us.ceil() as u64),
                 max_loss: tenant.loss_max,
                 ..Slo::default()

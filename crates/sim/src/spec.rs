@@ -4,6 +4,7 @@
 //! the lab's validation applies as is.
 
 use anyhow::{anyhow, bail, Context, Result};
+use picnic_core::Rate;
 use picnic_scenario::{Mode, Scenario};
 use serde::Deserialize;
 use std::path::Path;
@@ -197,6 +198,13 @@ pub struct SimSection {
     pub shuffles: Vec<Shuffle>,
     /// Convergence measurements.
     pub convergence: Vec<Convergence>,
+}
+
+impl SimSection {
+    /// `nic_mbps` as a rate.
+    pub fn nic_rate(&self) -> Rate {
+        Rate::from_mbps(self.nic_mbps)
+    }
 }
 
 impl Default for SimSection {

@@ -4,6 +4,7 @@
 
 // FxHash: the keys are small integers and addresses from the config, and a lookup per frame
 // with SipHash was a tenth of the engine's instructions (callgrind, docs/BENCHMARKS.md).
+use picnic_core::Rate;
 use rustc_hash::FxHashMap as HashMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
@@ -237,12 +238,12 @@ impl Directory {
         self.by_ip.insert((t, v.ip), idx);
         vm.mac = v.mac;
         vm.ip = v.ip;
-        vm.ipv6 = std::iter::once(crate::engine::antispoof::link_local(v.mac))
+        vm.ipv6 = std::iter::once(v.mac.link_local())
             .chain(v.ipv6.iter().copied())
             .collect();
         vm.allow_ethertypes = v.allow_ethertypes.clone();
-        vm.min_bps = v.min_mbps * 1_000_000;
-        vm.max_bps = v.max_mbps.map(|m| m * 1_000_000);
+        vm.min_bps = v.min_rate().bps();
+        vm.max_bps = v.max_rate().map(Rate::bps);
         vm.max_pps = v.max_pps;
         vm.min_pps = v.min_pps;
         vm.shaped = v.shaped.clone();

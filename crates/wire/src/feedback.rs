@@ -31,9 +31,9 @@
 //! A Geneve packet with the OAM bit set (RFC 8926 section 3.4: a control message, never
 //! forwarded to a tenant), protocol type [`PROTOCOL_NONE`] (0x0000, not an EtherType: marks
 //! "no inner frame"), the feedback option, and an empty payload. Build it with
-//! [`standalone_feedback`]; recognise it with [`GeneveRepr::is_standalone_feedback`].
+//! [`crate::geneve::standalone_feedback`]; recognise it with
+//! [`crate::GeneveRepr::is_standalone_feedback`].
 
-use crate::geneve::GeneveRepr;
 use crate::Error;
 
 /// Geneve option class used by picnic: 0xFFF0, from the IANA "Experimental Use" range
@@ -156,20 +156,6 @@ impl FeedbackAuth {
         let _ = feedback.emit(&mut m[20..20 + FEEDBACK_DATA_LEN]);
         m[20 + FEEDBACK_DATA_LEN..].copy_from_slice(&nonce.to_be_bytes());
         m
-    }
-}
-
-/// The Geneve header of a standalone feedback packet for tenant `vni`: OAM bit set, protocol
-/// [`PROTOCOL_NONE`], the feedback option; send it with an empty payload, for example
-/// `encap(&outer, &standalone_feedback(vni, fb), &[], out)`.
-pub fn standalone_feedback(vni: u32, feedback: FeedbackOption) -> GeneveRepr {
-    GeneveRepr {
-        vni,
-        protocol: PROTOCOL_NONE,
-        oam: true,
-        critical: false,
-        feedback: Some(feedback),
-        feedback_auth: None,
     }
 }
 

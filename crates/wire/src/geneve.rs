@@ -322,6 +322,20 @@ impl GeneveRepr {
     }
 }
 
+/// The Geneve header of a standalone feedback packet for tenant `vni`: OAM bit set, protocol
+/// [`PROTOCOL_NONE`], the feedback option; send it with an empty payload, for example
+/// `encap(&outer, &standalone_feedback(vni, fb), &[], out)`.
+pub fn standalone_feedback(vni: u32, feedback: FeedbackOption) -> GeneveRepr {
+    GeneveRepr {
+        vni,
+        protocol: PROTOCOL_NONE,
+        oam: true,
+        critical: false,
+        feedback: Some(feedback),
+        feedback_auth: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,8 +25,8 @@ pub mod seal;
 pub use classify::{classify, ArpSummary, FrameSummary, Network, Ports};
 pub use error::Error;
 pub use etherparse;
-pub use feedback::{standalone_feedback, FeedbackAuth, FeedbackOption};
-pub use geneve::{GeneveOption, GenevePacket, GeneveRepr};
+pub use feedback::{FeedbackAuth, FeedbackOption};
+pub use geneve::{standalone_feedback, GeneveOption, GenevePacket, GeneveRepr};
 pub use overlay::{
     decap, encap, encap_headers, encap_headers_len, entropy_source_port, Decapped, OuterHeaders,
     ENCAP_OVERHEAD,

@@ -221,7 +221,8 @@ pub(crate) fn tunnel_layout(frame: &[u8]) -> Result<(Decapped<'_>, Layout), Erro
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::feedback::{standalone_feedback, FeedbackOption};
+    use crate::feedback::FeedbackOption;
+    use crate::geneve::standalone_feedback;
 
     fn outer() -> OuterHeaders {
         OuterHeaders {

@@ -8,6 +8,7 @@
 use std::collections::VecDeque;
 
 use hdrhistogram::Histogram;
+use picnic_core::Rate;
 use picnic_switch::frame::{Frame, FramePool};
 use rand::rngs::SmallRng;
 use rand::Rng;
@@ -58,9 +59,9 @@ pub(super) struct Pkt {
     pub hash: u32,
 }
 
-/// One direction of a link: a FIFO queue drained at `rate_bps`, then `delay` in flight.
+/// One direction of a link: a FIFO queue drained at `rate`, then `delay` in flight.
 pub(super) struct Link {
-    rate_bps: u64,
+    rate: Rate,
     delay: Nanos,
     to: To,
     class: LinkClass,
@@ -116,9 +117,9 @@ pub(super) struct Fabric {
     pub queue_sampled: Vec<Histogram<u64>>,
 }
 
-/// Time to serialize `bytes` at `rate_bps`, ns, rounded up.
-pub(super) fn ser_ns(bytes: usize, rate_bps: u64) -> Nanos {
-    (bytes as u64 * 8 * 1_000_000_000).div_ceil(rate_bps.max(1))
+/// Time to serialize `bytes` at `rate`, ns, rounded up.
+pub(super) fn ser_ns(bytes: usize, rate: Rate) -> Nanos {
+    rate.time_to_send(bytes as u64).as_nanos()
 }
 
 fn histograms() -> Vec<Histogram<u64>> {
@@ -129,11 +130,11 @@ fn histograms() -> Vec<Histogram<u64>> {
 }
 
 impl Fabric {
-    /// The fabric of `sim` for `hosts` hosts: access links at `access_bps` with
+    /// The fabric of `sim` for `hosts` hosts: access links at `access` with
     /// `queue_bytes` of buffer, host NICs at `sim.nic_mbps` with `sim.nic_queue_frames`.
-    pub fn build(sim: &SimSection, hosts: u32, access_bps: u64, queue_bytes: u64) -> Fabric {
+    pub fn build(sim: &SimSection, hosts: u32, access: Rate, queue_bytes: u64) -> Fabric {
         let delay = sim.link_delay_ns;
-        let nic_bps = sim.nic_mbps * 1_000_000;
+        let nic = sim.nic_rate();
         let buffer = (sim.switch_buffer_kb > 0).then_some(sim.switch_buffer_kb * 1000);
         let mut f = Fabric {
             links: Vec::new(),
@@ -151,9 +152,9 @@ impl Fabric {
             queue_sampled: histograms(),
         };
         // A switch port is bounded in bytes (and by its switch's buffer), a NIC in frames.
-        let link = |f: &mut Fabric, rate_bps, to, class, owner: Option<u32>| {
+        let link = |f: &mut Fabric, rate, to, class, owner: Option<u32>| {
             f.links.push(Link {
-                rate_bps,
+                rate,
                 delay,
                 to,
                 class,
@@ -184,8 +185,8 @@ impl Fabric {
             TopologyKind::BigSwitch => {
                 f.switches.push(switch(SwitchKind::Big));
                 for h in 0..hosts {
-                    let up = link(&mut f, nic_bps, To::Switch(0), LinkClass::HostUp, None);
-                    let down = link(&mut f, access_bps, To::Host(h), LinkClass::Edge, Some(0));
+                    let up = link(&mut f, nic, To::Switch(0), LinkClass::HostUp, None);
+                    let down = link(&mut f, access, To::Host(h), LinkClass::Edge, Some(0));
                     f.host_up.push(up);
                     f.host_down.push(down);
                 }
@@ -193,8 +194,10 @@ impl Fabric {
             TopologyKind::LeafSpine => {
                 let leaves = hosts.div_ceil(f.hosts_per_leaf);
                 let spines = sim.spines;
-                let core_bps = (f.hosts_per_leaf as f64 * access_bps as f64
-                    / (spines as f64 * sim.oversubscription)) as u64;
+                let core = Rate::from_bps(
+                    (f.hosts_per_leaf as f64 * access.bps() as f64
+                        / (spines as f64 * sim.oversubscription)) as u64,
+                );
                 for l in 0..leaves {
                     f.switches.push(switch(SwitchKind::Leaf(l)));
                 }
@@ -203,8 +206,8 @@ impl Fabric {
                 }
                 for h in 0..hosts {
                     let l = h / f.hosts_per_leaf;
-                    let up = link(&mut f, nic_bps, To::Switch(l), LinkClass::HostUp, None);
-                    let down = link(&mut f, access_bps, To::Host(h), LinkClass::Edge, Some(l));
+                    let up = link(&mut f, nic, To::Switch(l), LinkClass::HostUp, None);
+                    let down = link(&mut f, access, To::Host(h), LinkClass::Edge, Some(l));
                     f.host_up.push(up);
                     f.host_down.push(down);
                 }
@@ -212,7 +215,7 @@ impl Fabric {
                     let ups = (0..spines)
                         .map(|s| {
                             let to = To::Switch(leaves + s);
-                            link(&mut f, core_bps, to, LinkClass::Core, Some(l))
+                            link(&mut f, core, to, LinkClass::Core, Some(l))
                         })
                         .collect();
                     f.leaf_up.push(ups);
@@ -221,7 +224,7 @@ impl Fabric {
                     let downs = (0..leaves)
                         .map(|l| {
                             let to = To::Switch(l);
-                            link(&mut f, core_bps, to, LinkClass::Core, Some(leaves + s))
+                            link(&mut f, core, to, LinkClass::Core, Some(leaves + s))
                         })
                         .collect();
                     f.spine_down.push(downs);
@@ -277,7 +280,7 @@ impl Fabric {
         link.queue.push_back(pkt);
         if !link.busy {
             link.busy = true;
-            let at = now + ser_ns(len as usize, link.rate_bps);
+            let at = now + ser_ns(len as usize, link.rate);
             queue.push(at, Event::LinkTxDone(l));
         }
     }
@@ -298,7 +301,7 @@ impl Fabric {
         queue.push(now + link.delay, Event::LinkArrive(l));
         match link.queue.front() {
             Some(next) => {
-                let at = now + ser_ns(next.frame.len(), link.rate_bps);
+                let at = now + ser_ns(next.frame.len(), link.rate);
                 queue.push(at, Event::LinkTxDone(l));
             }
             None => link.busy = false,
@@ -357,7 +360,7 @@ mod tests {
     use crate::packet::{self, Addr, Kind, Meta, Proto};
     use rand::SeedableRng;
 
-    const GBPS: u64 = 1_000_000_000;
+    const GBPS: Rate = Rate::from_gbps(1);
 
     /// `[sim]` defaults (10 Gb/s NICs, 1 us links, 4 MB shared buffers) with `f` applied.
     fn sim(f: impl FnOnce(&mut SimSection)) -> SimSection {

@@ -7,7 +7,8 @@
 //! - `apps/`: the applications (UDP streams, RPC probes, TCP flows, flow arrivals);
 //! - `stats.rs`: what the applications record and what a run reports ([`RunStats`]).
 //!
-//! This file holds the deployment ([`World`]) and its event loop.
+//! This file holds the deployment ([`World`]), its event loop and the end-of-run statistics
+//! it gathers from hosts, fabric and applications.
 
 mod apps;
 mod fabric;
@@ -21,6 +22,7 @@ use std::collections::HashMap;
 use anyhow::Result;
 use picnic_scenario::{Mode, WorkloadResult};
 use picnic_switch::frame::FramePool;
+use picnic_switch::stats::DropReason;
 use picnic_wire::overlay::ENCAP_OVERHEAD;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -31,7 +33,7 @@ pub use self::stats::{Conservation, ConvergenceResult, RunStats, ShuffleResult};
 use self::apps::{App, TcpParams};
 use self::fabric::Fabric;
 use self::host::{Delivery, Host, VmLoc, POOL_CHUNK};
-use self::stats::Measurements;
+use self::stats::{convergence_results, queue_quantiles, shuffle_results, Measurements};
 use crate::event::{Event, EventQueue, Nanos};
 use crate::spec::{Convergence, CostModel, Spec};
 
@@ -87,12 +89,12 @@ impl World {
     pub fn new(spec: &Spec, mode: &Mode, seed: u64) -> Result<World> {
         let sc = &spec.scenario;
         let sim = &spec.sim;
-        let access_bps = sc.access_link_mbps * 1_000_000;
-        let queue_bytes = (access_bps / 8 * sc.access_queue_ms / 1000).max(3000);
+        let access = sc.access_link();
+        let queue_bytes = sc.access_queue_bytes().max(3000);
         let built = host::build_hosts(spec, mode.dataplane, queue_bytes)?;
         let total_hosts = built.hosts.len();
         let budget = total_hosts * sim.frames_per_host.unwrap_or(built.frame_budget);
-        let fabric = Fabric::build(sim, total_hosts as u32, access_bps, queue_bytes);
+        let fabric = Fabric::build(sim, total_hosts as u32, access, queue_bytes);
         let net = Net {
             queue: EventQueue::default(),
             hosts: built.hosts,
@@ -126,7 +128,7 @@ impl World {
             convergence: sim.convergence.clone(),
         };
         let vm_locs: &[HashMap<String, VmLoc>] = &built.vm_locs;
-        world.add_apps(spec, mode.attackers, vm_locs, access_bps)?;
+        world.add_apps(spec, mode.attackers, vm_locs, access)?;
         world.net.queue.push(0, Event::Tick);
         world.net.queue.push(0, Event::Sample);
         Ok(world)
@@ -226,5 +228,100 @@ impl Net {
         if let Some((h, frame)) = arrived {
             self.nic_receive(h, frame, now);
         }
+    }
+}
+
+impl World {
+    /// The run's statistics after `wall_s` seconds of wall time.
+    fn stats(&self, wall_s: f64) -> RunStats {
+        let net = &self.net;
+        let mut cons = net.cons.clone();
+        for h in &net.hosts {
+            let snap = h.engine.snapshot();
+            cons.feedback_created += snap.switch.feedback_sent;
+            cons.feedback_consumed += snap.switch.feedback_received;
+            let drops = snap
+                .vms
+                .iter()
+                .map(|v| &v.counters.drops)
+                .chain([&snap.switch.drops]);
+            for d in drops {
+                for (reason, n) in d
+                    .iter()
+                    .filter(|(r, n)| *n > 0 && *r != DropReason::NoBuffer)
+                {
+                    *cons
+                        .engine_drops
+                        .entry(reason.as_str().to_owned())
+                        .or_default() += n;
+                }
+            }
+        }
+        let drops = net.fabric.drops;
+        cons.nic_tx_drops = drops[LinkClass::HostUp as usize];
+        for class in [LinkClass::Edge, LinkClass::Core] {
+            let n = drops[class as usize];
+            if n > 0 {
+                cons.fabric_drops.insert(class.name().to_owned(), n);
+            }
+        }
+        cons.in_flight = (net.pool.capacity() - net.pool.available()) as u64;
+        let out = cons.delivered
+            + cons.feedback_consumed
+            + cons.engine_drops.values().sum::<u64>()
+            + cons.fabric_drops.values().sum::<u64>()
+            + cons.nic_rx_drops
+            + cons.nic_tx_drops
+            + cons.in_flight;
+        cons.balanced = cons.app_created + cons.feedback_created == out;
+        let unfinished = self
+            .tcp_apps()
+            .filter(|t| t.tag.is_some() && !t.finished)
+            .count() as u64;
+        let m = &self.meas;
+        RunStats {
+            mode: self.mode.clone(),
+            hosts: net.hosts.len(),
+            events: net.queue.processed,
+            wall_s,
+            events_per_sec: net.queue.processed as f64 / wall_s.max(1e-9),
+            sim_s: self.end as f64 / 1e9,
+            conservation: cons,
+            app_blocked: net.app_blocked,
+            pool_exhausted: net.pool_exhausted,
+            ecn_marks: net.fabric.ecn_marks,
+            tcp_retransmits: self.tcp_apps().map(|t| t.sender.retransmits).sum(),
+            tcp_timeouts: self.tcp_apps().map(|t| t.sender.timeouts).sum(),
+            queue_kb: queue_quantiles(&net.fabric.queue_hist),
+            queue_sampled_kb: queue_quantiles(&net.fabric.queue_sampled),
+            shuffles: self.shuffle_results(),
+            convergence: convergence_results(
+                &self.convergence,
+                &self.tenant_names,
+                &m.fine,
+                self.duration,
+            ),
+            flows: m.flows.clone(),
+            unfinished_flows: unfinished,
+            fine_series: self
+                .tenant_names
+                .iter()
+                .cloned()
+                .zip(m.fine.iter().cloned())
+                .filter(|(_, s)| s.iter().any(|&b| b > 0))
+                .collect(),
+        }
+    }
+
+    fn tcp_apps(&self) -> impl Iterator<Item = &apps::TcpFlow> {
+        self.apps.iter().filter_map(|a| match a {
+            App::Tcp(t) => Some(&**t),
+            _ => None,
+        })
+    }
+
+    fn shuffle_results(&self) -> Vec<ShuffleResult> {
+        let tags = self.tcp_apps().filter_map(|t| t.tag.as_deref());
+        shuffle_results(tags, &self.meas.flows)
     }
 }

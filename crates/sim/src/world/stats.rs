@@ -7,12 +7,10 @@ use std::collections::BTreeMap;
 
 use hdrhistogram::Histogram;
 use picnic_scenario::{WorkloadKind, WorkloadResult, BIN_MS};
-use picnic_switch::stats::DropReason;
 use serde::Serialize;
 
-use super::apps::App;
 use super::fabric::LinkClass;
-use super::{World, FINE_BIN_NS};
+use super::FINE_BIN_NS;
 use crate::event::Nanos;
 use crate::spec::Convergence;
 
@@ -215,7 +213,7 @@ impl Measurements {
 const QUANTILES: [f64; 5] = [0.5, 0.9, 0.99, 0.999, 1.0];
 
 /// Per link class with samples, its occupancy quantiles in KB (histograms hold bytes + 1).
-fn queue_quantiles(hists: &[Histogram<u64>]) -> BTreeMap<String, Vec<(f64, f64)>> {
+pub(super) fn queue_quantiles(hists: &[Histogram<u64>]) -> BTreeMap<String, Vec<(f64, f64)>> {
     LinkClass::ALL
         .iter()
         .zip(hists)
@@ -233,104 +231,9 @@ fn queue_quantiles(hists: &[Histogram<u64>]) -> BTreeMap<String, Vec<(f64, f64)>
         .collect()
 }
 
-impl World {
-    /// The run's statistics after `wall_s` seconds of wall time.
-    pub(super) fn stats(&self, wall_s: f64) -> RunStats {
-        let net = &self.net;
-        let mut cons = net.cons.clone();
-        for h in &net.hosts {
-            let snap = h.engine.snapshot();
-            cons.feedback_created += snap.switch.feedback_sent;
-            cons.feedback_consumed += snap.switch.feedback_received;
-            let drops = snap
-                .vms
-                .iter()
-                .map(|v| &v.counters.drops)
-                .chain([&snap.switch.drops]);
-            for d in drops {
-                for (reason, n) in d
-                    .iter()
-                    .filter(|(r, n)| *n > 0 && *r != DropReason::NoBuffer)
-                {
-                    *cons
-                        .engine_drops
-                        .entry(reason.as_str().to_owned())
-                        .or_default() += n;
-                }
-            }
-        }
-        let drops = net.fabric.drops;
-        cons.nic_tx_drops = drops[LinkClass::HostUp as usize];
-        for class in [LinkClass::Edge, LinkClass::Core] {
-            let n = drops[class as usize];
-            if n > 0 {
-                cons.fabric_drops.insert(class.name().to_owned(), n);
-            }
-        }
-        cons.in_flight = (net.pool.capacity() - net.pool.available()) as u64;
-        let out = cons.delivered
-            + cons.feedback_consumed
-            + cons.engine_drops.values().sum::<u64>()
-            + cons.fabric_drops.values().sum::<u64>()
-            + cons.nic_rx_drops
-            + cons.nic_tx_drops
-            + cons.in_flight;
-        cons.balanced = cons.app_created + cons.feedback_created == out;
-        let unfinished = self
-            .tcp_apps()
-            .filter(|t| t.tag.is_some() && !t.finished)
-            .count() as u64;
-        let m = &self.meas;
-        RunStats {
-            mode: self.mode.clone(),
-            hosts: net.hosts.len(),
-            events: net.queue.processed,
-            wall_s,
-            events_per_sec: net.queue.processed as f64 / wall_s.max(1e-9),
-            sim_s: self.end as f64 / 1e9,
-            conservation: cons,
-            app_blocked: net.app_blocked,
-            pool_exhausted: net.pool_exhausted,
-            ecn_marks: net.fabric.ecn_marks,
-            tcp_retransmits: self.tcp_apps().map(|t| t.sender.retransmits).sum(),
-            tcp_timeouts: self.tcp_apps().map(|t| t.sender.timeouts).sum(),
-            queue_kb: queue_quantiles(&net.fabric.queue_hist),
-            queue_sampled_kb: queue_quantiles(&net.fabric.queue_sampled),
-            shuffles: self.shuffle_results(),
-            convergence: convergence_results(
-                &self.convergence,
-                &self.tenant_names,
-                &m.fine,
-                self.duration,
-            ),
-            flows: m.flows.clone(),
-            unfinished_flows: unfinished,
-            fine_series: self
-                .tenant_names
-                .iter()
-                .cloned()
-                .zip(m.fine.iter().cloned())
-                .filter(|(_, s)| s.iter().any(|&b| b > 0))
-                .collect(),
-        }
-    }
-
-    fn tcp_apps(&self) -> impl Iterator<Item = &super::apps::TcpFlow> {
-        self.apps.iter().filter_map(|a| match a {
-            App::Tcp(t) => Some(&**t),
-            _ => None,
-        })
-    }
-
-    fn shuffle_results(&self) -> Vec<ShuffleResult> {
-        let tags = self.tcp_apps().filter_map(|t| t.tag.as_deref());
-        shuffle_results(tags, &self.meas.flows)
-    }
-}
-
 /// Per shuffle job (flows tagged `shuffle-*`, one tag per flow in `tags`), its flows and
 /// their completion from the completed `flows` (tag, bytes, completion us).
-fn shuffle_results<'a>(
+pub(super) fn shuffle_results<'a>(
     tags: impl Iterator<Item = &'a str>,
     flows: &[(String, u64, f64)],
 ) -> Vec<ShuffleResult> {
@@ -360,7 +263,7 @@ fn shuffle_results<'a>(
 
 /// Each convergence measurement over its tenant's fine rate series (`fine`, per tenant in
 /// the order of `tenant_names`) of a run lasting `duration`.
-fn convergence_results(
+pub(super) fn convergence_results(
     specs: &[Convergence],
     tenant_names: &[String],
     fine: &[Vec<u64>],

@@ -16,7 +16,6 @@ use std::net::Ipv6Addr;
 use etherparse::{IpNumber, Ipv6Slice};
 use picnic_wire::classify::{FrameSummary, Network};
 
-use crate::config::Mac;
 use crate::directory::Vm;
 
 const ROUTER_ADVERTISEMENT: u8 = 134;
@@ -26,29 +25,6 @@ const REDIRECT: u8 = 137;
 /// NDP option types (RFC 4861 4.6.1).
 const SOURCE_LINK_LAYER: u8 = 1;
 const TARGET_LINK_LAYER: u8 = 2;
-
-/// The EUI-64 link-local address a host derives from `mac` (RFC 4291 appendix A, RFC 4862).
-pub fn link_local(mac: Mac) -> Ipv6Addr {
-    let m = mac.0;
-    Ipv6Addr::from([
-        0xfe,
-        0x80,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        m[0] ^ 0x02,
-        m[1],
-        m[2],
-        0xff,
-        0xfe,
-        m[3],
-        m[4],
-        m[5],
-    ])
-}
 
 /// Whether a frame VM `v` sent, classified as `s` (`frame` its bytes), breaks the rules of
 /// the module docs.
@@ -144,7 +120,6 @@ mod tests {
     use etherparse::{Icmpv6Type, PacketBuilder};
     use picnic_core::Instant;
 
-    use super::link_local;
     use crate::config::Mac;
     use crate::directory::UPLINK;
     use crate::engine::tests::{config, Host, A1, A2, B1, B2};
@@ -231,21 +206,21 @@ mod tests {
     #[test]
     fn ipv6_is_sent_only_from_the_vms_own_addresses() {
         let mut h = host(true);
-        let ll = link_local(Mac(A1));
+        let ll = Mac(A1).link_local();
         assert_eq!(ll.segments()[..4], [0xfe80, 0, 0, 0]);
         let own = [udp6(A1, A2, A1_V6, A2_V6), udp6(A1, A2, ll, A2_V6)];
         assert_eq!(send(&mut h, "a1", &own), (2, 0));
         let spoofed = [
             udp6(A1, A2, OTHER_V6, A2_V6),
             udp6(A1, A2, A2_V6, A2_V6),
-            udp6(A1, A2, link_local(Mac(B1)), A2_V6),
+            udp6(A1, A2, Mac(B1).link_local(), A2_V6),
             udp6(B1, A2, A1_V6, A2_V6), // a1's address, b1's MAC
         ];
         assert_eq!(send(&mut h, "a1", &spoofed), (0, 4));
         // b1 has no configured IPv6 address, only its link-local one.
         assert_eq!(send(&mut h, "b1", &[udp6(B1, B2, A1_V6, A2_V6)]), (0, 1));
         assert_eq!(
-            send(&mut h, "b1", &[udp6(B1, B2, link_local(Mac(B1)), A2_V6)]),
+            send(&mut h, "b1", &[udp6(B1, B2, Mac(B1).link_local(), A2_V6)]),
             (1, 0)
         );
     }

@@ -6,14 +6,15 @@
 
 use std::collections::BTreeMap;
 
-use etherparse::{ArpHardwareId, ArpOperation, ArpPacket, EtherType, Ethernet2Header};
+use etherparse::ArpOperation;
+
 use std::sync::Arc;
 
 use picnic_core::bucket::{Shaper, TokenBucket};
 use picnic_core::eyeq::Sender;
 use picnic_core::pool::TokenCache;
 use picnic_core::wfq::{Cap, CostKind};
-use picnic_core::Instant;
+use picnic_core::{Instant, Rate};
 use picnic_wire::classify::{classify, FrameSummary, Network};
 use picnic_wire::ecn::mark_ce;
 use picnic_wire::overlay::{entropy_source_port, ENCAP_OVERHEAD};
@@ -21,7 +22,7 @@ use picnic_wire::overlay::{entropy_source_port, ENCAP_OVERHEAD};
 use super::antispoof;
 use super::queues::VmQueues;
 use super::slo::Waited;
-use super::{cost_kind, ps_per_byte, sender_config, Engine};
+use super::{cost_kind, sender_config, Engine};
 use crate::config::{Config, Mac, ShapedClass};
 use crate::directory::{Directory, PortIdx, VmIdx};
 use crate::frame::{Frame, FramePool};
@@ -49,7 +50,7 @@ pub struct Egress {
     q: VmQueues<Outbound>,
     /// What the WFQ charges, and the uplink's rate, for the caps of [`egress_cap`].
     kind: CostKind,
-    link_bps: u64,
+    link: Rate,
     /// Paces the WFQ to the uplink's capacity so the scheduler, not a FIFO downstream,
     /// decides who goes first.
     pacer: Option<Pacer>,
@@ -114,19 +115,18 @@ impl Pacer {
 /// Queue length of a limiter at which ECN-capable frames are marked CE.
 const ECN_MARK_QUEUE_PACKETS: usize = 16;
 
-/// The egress cap of a VM capped at `max_bps`: bytes/s, or with the dominant-resource cost
+/// The egress cap of a VM capped at `max`: bytes/s, or with the dominant-resource cost
 /// the same cap in ns of link time per second (a frame costs at least its link time, so the
 /// VM's bytes stay capped).
-fn egress_cap(kind: CostKind, link_bps: u64, max_bps: Option<u64>) -> Option<Cap> {
-    let ps_per_wire_byte = ps_per_byte(link_bps);
-    max_bps.map(|max| match kind {
+fn egress_cap(kind: CostKind, link: Rate, max: Option<Rate>) -> Option<Cap> {
+    max.map(|max| match kind {
         CostKind::Measured { .. } => Cap {
-            per_sec: (max as u128 * 1_000_000_000 / link_bps as u128).max(1) as u64,
-            burst: burst_for(max / 8) * ps_per_wire_byte / 1000,
+            per_sec: (max.bps() as u128 * 1_000_000_000 / link.bps() as u128).max(1) as u64,
+            burst: burst_for(max.bytes_per_sec()) * link.ps_per_byte() / 1000,
         },
         _ => Cap {
-            per_sec: max / 8,
-            burst: burst_for(max / 8),
+            per_sec: max.bytes_per_sec(),
+            burst: burst_for(max.bytes_per_sec()),
         },
     })
 }
@@ -150,11 +150,11 @@ pub(super) fn set_guarantee_lane(
 /// The uplink pacer's rate and burst, bytes/s and bytes, when egress is paced
 /// (`uplink.capacity_mbps` with the egress WFQ on).
 pub fn pacer_rate(cfg: &Config) -> Option<(u64, u64)> {
-    let mbps = cfg
+    let rate = cfg
         .uplink
-        .capacity_mbps
-        .filter(|_| cfg.isolation.egress_wfq)?;
-    let rate = mbps * 1_000_000 / 8;
+        .capacity()
+        .filter(|_| cfg.isolation.egress_wfq)?
+        .bytes_per_sec();
     Some((rate, burst_for(rate)))
 }
 
@@ -184,13 +184,12 @@ impl Egress {
 
     /// An egress engine without VMs ([`Egress::add_vm`] adds them).
     pub fn new(cfg: &Config, now: Instant) -> anyhow::Result<Egress> {
-        let link_bps = cfg
+        let link = cfg
             .uplink
-            .capacity_mbps
-            .unwrap_or(cfg.ingress.capacity_mbps)
-            .max(1)
-            * 1_000_000;
-        let ps_per_wire_byte = ps_per_byte(link_bps);
+            .capacity()
+            .unwrap_or(cfg.ingress.capacity())
+            .max(Rate::from_mbps(1));
+        let ps_per_wire_byte = link.ps_per_byte();
         let kind = cost_kind(cfg);
         let q = VmQueues::new(
             kind,
@@ -211,7 +210,7 @@ impl Egress {
         Ok(Egress {
             q,
             kind,
-            link_bps,
+            link,
             pacer,
             admission,
             shapers: BTreeMap::new(),
@@ -238,7 +237,7 @@ impl Egress {
     }
 
     fn cap(&self, vm: &crate::directory::Vm) -> Option<Cap> {
-        egress_cap(self.kind, self.link_bps, vm.max_bps)
+        egress_cap(self.kind, self.link, vm.max_bps.map(Rate::from_bps))
     }
 
     /// Adds local VM `vm` (already in `dir`): its queue, and its tenant's new weight.
@@ -357,7 +356,9 @@ impl Egress {
         self.shapers
             .iter()
             .filter_map(|((v, key), s)| match key {
-                ShapeKey::Destination(d) if *v == vm => Some((*d, s.bucket().rate() * 8)),
+                ShapeKey::Destination(d) if *v == vm => {
+                    Some((*d, Rate::from_bytes_per_sec(s.bucket().rate()).bps()))
+                }
                 _ => None,
             })
             .collect()
@@ -532,45 +533,6 @@ impl Engine {
         }
     }
 
-    /// Turns an ARP request for tenant VM `target` into the reply and sends it back.
-    fn answer_arp(
-        &mut self,
-        mut frame: Frame,
-        port: PortIdx,
-        pool: &mut FramePool,
-        req: &picnic_wire::classify::ArpSummary,
-        target: VmIdx,
-    ) {
-        let t = &self.dir.vms[target];
-        let reply = ArpPacket::new(
-            ArpHardwareId::ETHERNET,
-            EtherType::IPV4,
-            ArpOperation::REPLY,
-            &t.mac.0,
-            &t.ip.octets(),
-            &req.sender_mac,
-            &req.sender_ip.octets(),
-        );
-        let eth = Ethernet2Header {
-            source: t.mac.0,
-            destination: req.sender_mac,
-            ether_type: EtherType::ARP,
-        };
-        let Ok(reply) = reply else {
-            return pool.put(frame);
-        };
-        let bytes = reply.to_bytes();
-        let buf = frame.buf_for_rx();
-        buf[..14].copy_from_slice(&eth.to_bytes());
-        buf[14..14 + bytes.len()].copy_from_slice(&bytes);
-        // Pad to the Ethernet minimum.
-        let len = (14 + bytes.len()).max(60);
-        buf[14 + bytes.len()..len].fill(0);
-        frame.set_len(len);
-        self.counters.arp_replies += 1;
-        self.tx[port].push(frame);
-    }
-
     /// Serves shaped queues as their rates allow, then the root WFQ as the uplink allows.
     pub(super) fn egress_poll(
         &mut self,
@@ -588,7 +550,10 @@ impl Engine {
                 ShapeKey::Class(_) => Waited::ShapedClass,
                 // A limiter at or above the sending VM's guarantee holds only what it sends
                 // beyond it (EyeQ gives every VM at least its guarantee).
-                ShapeKey::Destination(_) if shaper.bucket().rate() >= dir.vms[*vm].min_bps / 8 => {
+                ShapeKey::Destination(_)
+                    if shaper.bucket().rate()
+                        >= Rate::from_bps(dir.vms[*vm].min_bps).bytes_per_sec() =>
+                {
                     Waited::BeyondGuarantee
                 }
                 ShapeKey::Destination(_) => Waited::Limiter,
@@ -708,5 +673,5 @@ fn class_matches(class: &ShapedClass, s: &FrameSummary) -> bool {
 
 /// A shaped class's rate, bytes/s.
 fn class_rate(class: &ShapedClass) -> u64 {
-    (class.rate_mbps * 1e6 / 8.0) as u64
+    class.rate().bytes_per_sec()
 }

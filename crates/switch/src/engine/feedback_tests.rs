@@ -2,7 +2,8 @@
 //! deployment's key and never twice (see `feedback.rs`); every refusal is counted by reason.
 
 use picnic_core::{Duration, Instant};
-use picnic_wire::feedback::{standalone_feedback, FeedbackAuth, FeedbackOption};
+use picnic_wire::feedback::{FeedbackAuth, FeedbackOption};
+use picnic_wire::geneve::standalone_feedback;
 use picnic_wire::overlay::{encap, OuterHeaders};
 
 use super::feedback::{FeedbackAuthState, MAX_FEEDBACK_BPS};

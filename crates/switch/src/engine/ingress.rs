@@ -17,15 +17,16 @@ use picnic_core::eyeq::{EndpointConfig, Receiver, ReceiverConfig};
 use picnic_core::iron::Admission;
 use picnic_core::time::NANOS_PER_SEC;
 use picnic_core::wfq::Dequeued;
-use picnic_core::{Duration, Instant};
+use picnic_core::{Duration, Instant, Rate};
 use picnic_wire::overlay::decap;
 use picnic_wire::Error as WireError;
 
 use super::backpressure::Backpressure;
+use super::capacity::CpuCapacity;
 use super::egress::set_guarantee_lane;
 use super::queues::VmQueues;
 use super::slo::Waited;
-use super::{cost_kind, feedback, ps_per_byte, Engine, Work, IRON_PERIOD};
+use super::{cost_kind, feedback, Engine, Work, IRON_PERIOD};
 use crate::config::{Config, Mac};
 use crate::directory::{Directory, VmIdx};
 use crate::frame::{Frame, FramePool};
@@ -59,68 +60,6 @@ pub struct Ingress {
     lanes: Option<u64>,
 }
 
-/// Estimates the processing the ingress engine really gets per second: the CPU it runs on is
-/// shared and the per-frame cost varies, so a nominal "one core" overstates it (PicNIC 2:
-/// "capacity is variable, so measure it"). Over each 10 ms, if most polls ended with frames
-/// still queued the engine was saturated, and what it processed is its capacity; otherwise
-/// the estimate recovers by 1/8 per period towards the nominal capacity. The EyeQ CPU
-/// receiver allocates this estimate, so senders are pushed back before the uplink ring
-/// overflows.
-#[derive(Debug)]
-struct CpuCapacity {
-    nominal: u64,
-    estimate: u64,
-    period_start: Instant,
-    cost: u64,
-    polls: u32,
-    backlogged_polls: u32,
-}
-
-const CAPACITY_PERIOD: Duration = Duration::from_millis(10);
-
-impl CpuCapacity {
-    fn new(nominal: u64, now: Instant) -> CpuCapacity {
-        CpuCapacity {
-            nominal,
-            estimate: nominal,
-            period_start: now,
-            cost: 0,
-            polls: 0,
-            backlogged_polls: 0,
-        }
-    }
-
-    fn on_poll(
-        &mut self,
-        now: Instant,
-        cost: u64,
-        backlogged: bool,
-        receiver: Option<&mut Receiver<VmIdx>>,
-    ) {
-        self.cost += cost;
-        self.polls += 1;
-        self.backlogged_polls += u32::from(backlogged);
-        let elapsed = now - self.period_start;
-        if elapsed < CAPACITY_PERIOD {
-            return;
-        }
-        let processed =
-            (self.cost as u128 * NANOS_PER_SEC as u128 / elapsed.as_nanos().max(1) as u128) as u64;
-        self.estimate = if self.backlogged_polls * 2 > self.polls {
-            processed.clamp(self.nominal / 100, self.nominal)
-        } else {
-            (self.estimate + self.estimate / 8).min(self.nominal)
-        };
-        if let Some(r) = receiver {
-            let _ = r.set_capacity(self.estimate.max(1));
-        }
-        *self = CpuCapacity {
-            estimate: self.estimate,
-            ..CpuCapacity::new(self.nominal, now)
-        };
-    }
-}
-
 impl Ingress {
     /// Every frame queued (the engine is being dropped).
     pub(super) fn take_frames(&mut self) -> Vec<Frame> {
@@ -144,12 +83,12 @@ impl Ingress {
                 // floor). Low enough that many senders to one VM can be held to its share,
                 // high enough that a throttled sender, whose feedback only comes with its own
                 // packets, ramps back within a few windows.
-                min_rate: (cfg.ingress.capacity_mbps * 1_000_000 / 8 / 200).max(125_000),
+                min_rate: (cfg.ingress.capacity().bytes_per_sec() / 200).max(125_000),
                 ..Default::default()
             };
             // A meter window must hold several frames or y_i is mostly noise (EyeQ's 200 us
             // suits 10 Gb/s): at least ten full-size frames at the link's rate, at most 5 ms.
-            let capacity = cfg.ingress.capacity_mbps * 1_000_000 / 8;
+            let capacity = cfg.ingress.capacity().bytes_per_sec();
             let window_ns = (10 * 1514 * 1_000_000_000 / capacity.max(1)).clamp(200_000, 5_000_000);
             // Feedback at most once per window per endpoint unless 10 kB arrived (EyeQ 3.2
             // samples by bytes; a slow flow needs no message per packet).
@@ -183,7 +122,7 @@ impl Ingress {
             ns_per_byte_fp: Vec::new(),
             cost_budget_ns: cfg.ingress.poll_budget_us * 1_000,
             capacity: CpuCapacity::new(NANOS_PER_SEC, now),
-            ps_per_wire_byte: ps_per_byte(cfg.ingress.capacity_mbps.max(1) * 1_000_000),
+            ps_per_wire_byte: cfg.ingress.capacity().max(Rate::from_mbps(1)).ps_per_byte(),
             cpu_bound: false,
             backpressure,
             guaranteed: Vec::new(),
@@ -194,8 +133,8 @@ impl Ingress {
     /// The EyeQ guarantees of local VM `vm` on the access link.
     fn link_endpoint(vm: &crate::directory::Vm) -> EndpointConfig {
         EndpointConfig {
-            guarantee: vm.min_bps / 8,
-            max_rate: vm.max_bps.map(|m| m / 8),
+            guarantee: Rate::from_bps(vm.min_bps).bytes_per_sec(),
+            max_rate: vm.max_bps.map(|m| Rate::from_bps(m).bytes_per_sec()),
         }
     }
 
@@ -477,9 +416,12 @@ impl Engine {
             None => Err(FeedbackReject::Forged),
         };
         match verdict {
-            Ok(()) => self
-                .egress
-                .on_feedback(now, fb.dst_endpoint, fb.rate_bps / 8, fb.seq),
+            Ok(()) => self.egress.on_feedback(
+                now,
+                fb.dst_endpoint,
+                Rate::from_bps(fb.rate_bps).bytes_per_sec(),
+                fb.seq,
+            ),
             Err(reason) if !copy => self.counters.feedback_rejected.add(reason),
             Err(_) => {}
         }

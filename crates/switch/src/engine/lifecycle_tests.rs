@@ -6,7 +6,8 @@
 use std::collections::VecDeque;
 
 use picnic_core::{Duration, Instant};
-use picnic_wire::feedback::{standalone_feedback, FeedbackOption};
+use picnic_wire::feedback::FeedbackOption;
+use picnic_wire::geneve::standalone_feedback;
 use picnic_wire::geneve::GeneveRepr;
 use picnic_wire::overlay::{encap, OuterHeaders};
 

@@ -12,7 +12,9 @@
 //! caller's [`Work`] so it can be charged to the tenant it was spent for (Iron 3).
 
 pub mod antispoof;
+mod arp;
 mod backpressure;
+mod capacity;
 mod cpu;
 mod egress;
 pub mod feedback;
@@ -32,8 +34,9 @@ use picnic_core::bucket::TokenBucket;
 use picnic_core::eyeq;
 use picnic_core::iron::CpuAccounts;
 use picnic_core::pool::TokenCache;
-use picnic_core::{Duration, Instant};
-use picnic_wire::feedback::{standalone_feedback, FeedbackOption};
+use picnic_core::{Duration, Instant, Rate};
+use picnic_wire::feedback::FeedbackOption;
+use picnic_wire::geneve::standalone_feedback;
 use picnic_wire::geneve::GeneveRepr;
 use picnic_wire::overlay::{encap_headers, encap_headers_len, OuterHeaders};
 use serde::Serialize;
@@ -515,7 +518,10 @@ impl Engine {
                 counters: self.vm_counters[i].clone(),
                 egress_queue: self.egress.queue_len(i),
                 ingress_queue: self.ingress.queue_len(i),
-                advertised_bps: self.ingress.advertised(i).map(|r| r * 8),
+                advertised_bps: self
+                    .ingress
+                    .advertised(i)
+                    .map(|r| Rate::from_bytes_per_sec(r).bps()),
                 applied_limits: self.egress.applied_limits(i),
             })
             .collect();
@@ -654,11 +660,6 @@ fn share_unit(cfg: &Config) -> share::ShareUnit {
     }
 }
 
-/// Picoseconds one byte takes on a link of `bps`.
-fn ps_per_byte(bps: u64) -> u64 {
-    (8_000_000_000_000u128 / bps.max(1) as u128) as u64
-}
-
 /// EyeQ sender configuration used by the egress engine. Limiters are keyed by destination
 /// endpoint, so the table needs room for the directory's endpoints only (twice, at least
 /// 64): its size is what `poll_at`/`on_timeout` scan on every poll.
@@ -666,7 +667,7 @@ fn sender_config(cfg: &Config) -> eyeq::SenderConfig {
     let defaults = eyeq::SenderConfig::default();
     eyeq::SenderConfig {
         feedback_timeout: FEEDBACK_TIMEOUT,
-        floor: cfg.egress.min_rate_mbps * 1_000_000 / 8,
+        floor: cfg.egress.min_rate().bytes_per_sec(),
         max_limiters: (cfg.vms.len() * 2).clamp(64, defaults.max_limiters),
         ..defaults
     }

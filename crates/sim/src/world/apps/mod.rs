@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use anyhow::Result;
+use picnic_core::Rate;
 use picnic_scenario::{Protocol, Scenario, Workload, WorkloadKind};
 use rand::Rng;
 
@@ -100,7 +101,7 @@ impl World {
         spec: &Spec,
         attackers: bool,
         vm_locs: &[HashMap<String, VmLoc>],
-        access_bps: u64,
+        access: Rate,
     ) -> Result<()> {
         let sc = &spec.scenario;
         let sim = &spec.sim;
@@ -125,7 +126,7 @@ impl World {
                     .meas
                     .add_result(r, &f.name, &f.tenant, kind, stop - start, false);
                 // Poisson arrivals: mean gap = mean size / (load * access rate).
-                let mean_gap_ns = sizes.mean() * 8.0 * 1e9 / (f.load * access_bps as f64);
+                let mean_gap_ns = sizes.mean() * 8.0 * 1e9 / (f.load * access.bps() as f64);
                 let tag: Arc<str> = Arc::from(f.name.as_str());
                 for src in 0..vms.len() {
                     let app = FlowArrivals {

@@ -1,0 +1,253 @@
+//! The routes: one handler per resource (stats, SLO, metrics, config sections, tenants,
+//! VMs, hosts, a tenant's key and offload program), each change applied through the run loop.
+
+use std::sync::mpsc;
+use std::time::Duration as StdDuration;
+
+use tiny_http::Method;
+
+use super::metrics::metrics;
+use super::{error, json, parse_body, ApiState, Reply};
+use crate::config::{Config, HostEntry, TenantEntry, VmEntry};
+use crate::runner::{Command, Shared};
+
+/// A refused change: its status and a message naming the field or path.
+type Refusal = (u16, String);
+
+fn not_found(what: String) -> Refusal {
+    (404, what)
+}
+
+pub(super) fn handle(state: &ApiState, method: &Method, url: &str, body: &str) -> Reply {
+    let path: Vec<&str> = url
+        .split('?')
+        .next()
+        .unwrap_or("")
+        .trim_matches('/')
+        .split('/')
+        .collect();
+    let shared = &*state.shared;
+    let Some(config) = shared.config() else {
+        return error(503, "switch starting");
+    };
+    let bad = |e: String| (400, e);
+    match (method, path.as_slice()) {
+        (Method::Get, ["stats"]) => match shared.latest() {
+            Some(published) => json(200, &*published),
+            None => error(503, "no statistics yet"),
+        },
+        (Method::Get, ["slo"]) => match shared.latest() {
+            Some(published) => json(200, &published.slo),
+            None => error(503, "no statistics yet"),
+        },
+        (Method::Get, ["metrics"]) => (
+            200,
+            "text/plain; version=0.0.4",
+            shared.latest().map(|p| metrics(&p)).unwrap_or_default(),
+        ),
+        (Method::Get, ["config"]) => json(200, redacted(&config)),
+        (Method::Get, ["tenants"]) => json(200, &redacted(&config).tenants),
+        (Method::Get, ["vms"]) => json(200, &config.vms),
+        (Method::Get, ["hosts"]) => json(200, &config.hosts),
+        (Method::Post, ["tenants"]) => change(state, &config, |c| {
+            c.tenants
+                .push(parse_body::<TenantEntry>(body).map_err(bad)?);
+            Ok(())
+        }),
+        (Method::Post, ["vms"]) => change(state, &config, |c| {
+            c.vms.push(parse_body::<VmEntry>(body).map_err(bad)?);
+            Ok(())
+        }),
+        (Method::Post, ["hosts"]) => change(state, &config, |c| {
+            c.hosts.push(parse_body::<HostEntry>(body).map_err(bad)?);
+            Ok(())
+        }),
+        (Method::Put, ["vms", name]) => change(state, &config, |c| {
+            let vm: VmEntry = parse_body(body).map_err(bad)?;
+            if vm.name != *name {
+                return Err(bad(format!(
+                    "body.name: '{}' differs from the path's VM '{name}' (delete and add to rename)",
+                    vm.name
+                )));
+            }
+            let slot = c
+                .vms
+                .iter_mut()
+                .find(|v| v.name == *name)
+                .ok_or_else(|| not_found(format!("path: no VM '{name}'")))?;
+            *slot = vm;
+            Ok(())
+        }),
+        (Method::Put, ["tenants", name]) => change(state, &config, |c| {
+            let tenant: TenantEntry = parse_body(body).map_err(bad)?;
+            if tenant.name != *name {
+                return Err(bad(format!(
+                    "body.name: '{}' differs from the path's tenant '{name}' (delete and add to rename)",
+                    tenant.name
+                )));
+            }
+            let slot = c
+                .tenants
+                .iter_mut()
+                .find(|t| t.name == *name)
+                .ok_or_else(|| not_found(format!("path: no tenant '{name}'")))?;
+            *slot = tenant;
+            Ok(())
+        }),
+        (Method::Delete, ["vms", name]) => change(state, &config, |c| {
+            let n = c.vms.len();
+            c.vms.retain(|v| v.name != *name);
+            if c.vms.len() == n {
+                return Err(not_found(format!("path: no VM '{name}'")));
+            }
+            Ok(())
+        }),
+        (Method::Get | Method::Put, ["tenants", name, "key"]) => {
+            tenant_key(method, name, body, shared)
+        }
+        (Method::Put, ["tenants", name, "offload"]) => change(state, &config, |c| {
+            let entry: crate::offload::OffloadEntry = parse_body(body).map_err(bad)?;
+            // A path would have the switch read (and quote in errors) any file it can.
+            if entry.program.is_some() {
+                return Err(bad(
+                    "body.program: the API takes the program's text (wat); files are for the config"
+                        .into(),
+                ));
+            }
+            entry
+                .validate()
+                .map_err(|(field, problem)| bad(format!("body.{field}: {problem}")))?;
+            crate::offload::check(&entry).map_err(|e| bad(format!("body: {e:#}")))?;
+            tenant_mut(c, name)?.offload = Some(entry);
+            Ok(())
+        }),
+        (Method::Delete, ["tenants", name, "offload"]) => change(state, &config, |c| {
+            match tenant_mut(c, name)?.offload.take() {
+                Some(_) => Ok(()),
+                None => Err(not_found(format!("path: tenant '{name}' has no program"))),
+            }
+        }),
+        (Method::Delete, ["tenants", name]) => change(state, &config, |c| {
+            if c.vms.iter().any(|v| v.tenant == *name) {
+                return Err((
+                    409,
+                    format!("path: tenant '{name}' still has VMs; remove them first"),
+                ));
+            }
+            let n = c.tenants.len();
+            c.tenants.retain(|t| t.name != *name);
+            if c.tenants.len() == n {
+                return Err(not_found(format!("path: no tenant '{name}'")));
+            }
+            Ok(())
+        }),
+        (Method::Delete, ["hosts", id]) => change(state, &config, |c| {
+            let id: u32 = id
+                .parse()
+                .map_err(|_| bad(format!("path: '{id}' is not a host id")))?;
+            let n = c.hosts.len();
+            c.hosts.retain(|h| h.id != id);
+            if c.hosts.len() == n {
+                return Err(not_found(format!("path: no host {id}")));
+            }
+            Ok(())
+        }),
+        _ => error(404, format!("path: no route {method} /{}", path.join("/"))),
+    }
+}
+
+/// The tenant `name` of `c`, to change.
+fn tenant_mut<'c>(c: &'c mut Config, name: &str) -> Result<&'c mut TenantEntry, Refusal> {
+    c.tenants
+        .iter_mut()
+        .find(|t| t.name == name)
+        .ok_or_else(|| not_found(format!("path: no tenant '{name}'")))
+}
+
+/// The config as the API shows it: tenants' keys left out (`key_file` paths stay).
+fn redacted(config: &Config) -> Config {
+    let mut c = config.clone();
+    for t in &mut c.tenants {
+        t.key = t.key.as_ref().map(|_| "(redacted)".to_string());
+    }
+    c
+}
+
+/// The body of `PUT /tenants/NAME/key`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyChange {
+    epoch: u32,
+    /// 32 or 64 hex digits; absent: activate the installed `epoch`.
+    key: Option<String>,
+    #[serde(default)]
+    activate: bool,
+}
+
+/// Key rotation without loss (`accel::KeyRing`), applied at once by the engine's key
+/// rings (the run loop is not involved) and not persisted: update the config's key too.
+/// Keys are never shown, only their fingerprints.
+fn tenant_key(method: &Method, name: &str, body: &str, shared: &Shared) -> Reply {
+    let Some(keys) = shared.accel_keys() else {
+        return error(
+            404,
+            "path: no tenant encrypts (set encrypt = true and a key)",
+        );
+    };
+    let result = match method {
+        Method::Put => parse_body::<KeyChange>(body)
+            .map_err(|e| anyhow::anyhow!(e))
+            .and_then(|c| match (c.key, c.activate) {
+                (Some(hex), activate) => picnic_wire::seal::TunnelKey::from_hex(&hex)
+                    .map_err(|e| anyhow::anyhow!("body.key: {e}"))
+                    .and_then(|k| keys.install(name, c.epoch, k, activate)),
+                (None, true) => keys.activate(name, c.epoch),
+                (None, false) => Err(anyhow::anyhow!(
+                    "body.key: give a key to install, or \"activate\": true"
+                )),
+            }),
+        _ => Ok(()),
+    };
+    match result.and_then(|()| keys.describe(name)) {
+        Ok(view) => json(200, view),
+        Err(e) => error(400, format!("{e:#}")),
+    }
+}
+
+/// Applies `edit` to a copy of the config, validates it, hands it to the run loop and, once
+/// applied, persists it to the state file before answering.
+fn change(
+    state: &ApiState,
+    running: &Config,
+    edit: impl FnOnce(&mut Config) -> Result<(), Refusal>,
+) -> Reply {
+    let mut config = running.clone();
+    if let Err((status, e)) = edit(&mut config) {
+        return error(status, e);
+    }
+    if let Err(e) = config.validate() {
+        return error(400, e);
+    }
+    let (tx, rx) = mpsc::channel();
+    if state
+        .commands
+        .send(Command::Reconfigure(Box::new(config.clone()), tx))
+        .is_err()
+    {
+        return error(503, "switch is stopping");
+    }
+    match rx.recv_timeout(StdDuration::from_secs(5)) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return error(400, format!("{e:#}")),
+        Err(_) => return error(504, "the switch did not apply the change in time"),
+    }
+    if let Some(path) = &state.state_file {
+        if let Err(e) = crate::persist::save(path, &config) {
+            return error(
+                500,
+                format!("applied, but not persisted to switch.state_file: {e:#}"),
+            );
+        }
+    }
+    json(200, serde_json::json!({ "ok": true }))
+}
