@@ -5,6 +5,8 @@
 //! the changes are all applied, and the frame pool's free count is back to its capacity once
 //! the queues drain. Measured and printed, not asserted (timing on a shared machine): the
 //! neighbour's throughput and p99 latency under churn relative to the quiet phase.
+//! Run with one loop and with two workers (the neighbour's flow then crosses from one worker
+//! to the other, and b1's port is handed to a worker while both run).
 //! Needs root (namespaces, AF_PACKET); skips and says so otherwise.
 
 use std::path::Path;
@@ -24,14 +26,12 @@ const A2_MAC: [u8; 6] = [2, 0, 0, 0, 0, 2];
 const RATE: u64 = 2_000;
 const PHASE: Duration = Duration::from_secs(3);
 
-fn config(dir: &Path) -> String {
+fn config(dir: &Path, workers: usize) -> String {
     format!(
         r#"
 [switch]
 host_id = 1
-# One loop: with several workers a change that opens or closes a VM's port pauses them and
-# drops the frames they hold (docs/switch.md "Workers"), which this test would count.
-workers = 1
+workers = {workers}
 api = "{dir}/api.sock"
 [uplink]
 ifname = "up0"
@@ -200,11 +200,19 @@ fn a_neighbour_loses_nothing_while_another_tenant_changes_100_times_a_second() {
     if !is_root() {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("picnic-live-{}", std::process::id()));
+    // One after the other: both at once would share the machine's two cores.
+    for workers in [1, 2] {
+        neighbour_under_churn(workers);
+    }
+}
+
+/// The test with `workers` dataplane workers.
+fn neighbour_under_churn(workers: usize) {
+    let dir = std::env::temp_dir().join(format!("picnic-live-{}-{workers}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let cfg = dir.join("host1.toml");
-    std::fs::write(&cfg, config(&dir)).unwrap();
+    std::fs::write(&cfg, config(&dir, workers)).unwrap();
     let sock = dir.join("api.sock");
     let veths = [("up0", "up0p"), ("a1", "a1v"), ("a2", "a2v"), ("b1", "b1v")];
     let ns = Netns::new("live", &veths);
@@ -250,7 +258,7 @@ fn a_neighbour_loses_nothing_while_another_tenant_changes_100_times_a_second() {
         assert!(changes_per_sec > 50.0, "only {changes_per_sec:.0} changes/s applied");
         let (q99, c99) = (quiet.p99_us(), churned.p99_us());
         println!(
-            "{applied} changes ({changes_per_sec:.0}/s); neighbour {} frames each phase, none lost; \
+            "{workers} worker(s): {applied} changes ({changes_per_sec:.0}/s); neighbour {} frames each phase, none lost; \
              throughput churned/quiet {:.3} ({:.0} vs {:.0} frames/s); p99 latency churned/quiet \
              {:.2} ({c99:.0} us vs {q99:.0} us); pool {free}/{capacity} free after",
             quiet.sent,

@@ -63,10 +63,24 @@ static struct task_struct *(*bpf_get_current_task_btf)(void) = (void *)158;
 #define KREAD(dst, field) \
 	bpf_probe_read_kernel(&(dst), sizeof(dst), __builtin_preserve_access_index(&(field)))
 
+#define MAX_SWITCH_THREADS 16
+
 struct config {
-	u32 switch_tid; /* the dataplane thread: its windows are the switch's own time */
-	u32 pad;
+	/* the dataplane threads (one per worker, 0: unused): their windows are the switch's
+	 * own time, which each measures as its thread's CPU time */
+	u32 switch_tid[MAX_SWITCH_THREADS];
 };
+
+static __always_inline int is_switch_thread(const struct config *cfg, u32 tid)
+{
+	if (!cfg || !tid)
+		return 0;
+#pragma unroll
+	for (int i = 0; i < MAX_SWITCH_THREADS; i++)
+		if (cfg->switch_tid[i] == tid)
+			return 1;
+	return 0;
+}
 
 /* What one CPU's current window has reached. */
 struct window {
@@ -273,7 +287,7 @@ int picnic_softirq_entry(u64 *ctx)
 	w->dir = FROM_VM;
 	w->active = 1;
 	w->first_pending = 1;
-	w->in_switch = cfg && cfg->switch_tid && cfg->switch_tid == tid;
+	w->in_switch = is_switch_thread(cfg, tid);
 	w->in_kthread = tid == 0 || (task->flags & PF_KTHREAD);
 	w->tid = tid;
 	return 0;

@@ -89,6 +89,45 @@ pub fn diff(old: &Config, new: &Config) -> Result<Vec<Change>, String> {
     Ok(changes)
 }
 
+/// `cfg` with `change` made to its hosts, tenants or VMs: what the running config is after
+/// part of a change list was applied (a failed change reports it).
+pub fn apply_to(cfg: &mut Config, change: &Change) {
+    fn put<T>(list: &mut Vec<T>, item: &T, same: impl Fn(&T) -> bool)
+    where
+        T: Clone,
+    {
+        match list.iter_mut().find(|x| same(x)) {
+            Some(x) => *x = item.clone(),
+            None => list.push(item.clone()),
+        }
+    }
+    match change {
+        Change::SetHost(h) => put(&mut cfg.hosts, h, |x| x.id == h.id),
+        Change::RemoveHost(id) => cfg.hosts.retain(|h| h.id != *id),
+        Change::AddTenant(t) | Change::SetTenant(t) => {
+            put(&mut cfg.tenants, t, |x| x.name == t.name)
+        }
+        Change::RemoveTenant(name) => cfg.tenants.retain(|t| &t.name != name),
+        Change::AddVm(v) | Change::SetVm(v) => put(&mut cfg.vms, v, |x| x.name == v.name),
+        Change::RemoveVm(name) => cfg.vms.retain(|v| &v.name != name),
+    }
+}
+
+impl std::fmt::Display for Change {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Change::SetHost(h) => write!(f, "set host {}", h.id),
+            Change::RemoveHost(id) => write!(f, "remove host {id}"),
+            Change::AddTenant(t) => write!(f, "add tenant '{}'", t.name),
+            Change::SetTenant(t) => write!(f, "change tenant '{}'", t.name),
+            Change::RemoveTenant(name) => write!(f, "remove tenant '{name}'"),
+            Change::AddVm(v) => write!(f, "add VM '{}'", v.name),
+            Change::SetVm(v) => write!(f, "change VM '{}'", v.name),
+            Change::RemoveVm(name) => write!(f, "remove VM '{name}'"),
+        }
+    }
+}
+
 /// Whether two entries are equal, compared by their serialized form (the entries hold
 /// floats: SLOs, shaped classes).
 fn same<T: serde::Serialize>(a: &T, b: &T) -> bool {
@@ -167,5 +206,25 @@ mod tests {
         let mut iso = old.clone();
         iso.isolation.cpu_fair = !iso.isolation.cpu_fair;
         assert!(diff(&old, &iso).unwrap_err().starts_with("isolation:"));
+    }
+
+    /// Making a diff's changes to the old config gives the new one (by what diff compares).
+    #[test]
+    fn applying_the_changes_to_the_old_config_gives_the_new_one() {
+        let old = Config::parse(EXAMPLE).unwrap();
+        let mut new = old.clone();
+        new.vms.remove(0);
+        new.vms[0].min_mbps += 7;
+        let mut t = new.tenants[0].clone();
+        t.name = "b".into();
+        t.vni = 300;
+        new.tenants.push(t);
+        new.hosts[1].underlay_ip = [198, 19, 0, 9].into();
+        let mut made = old.clone();
+        for c in diff(&old, &new).unwrap() {
+            apply_to(&mut made, &c);
+        }
+        assert!(diff(&made, &new).unwrap().is_empty());
+        assert!(!diff(&old, &new).unwrap().is_empty());
     }
 }

@@ -1,94 +1,68 @@
 //! The run loop with several workers ([`crate::workers`]): the calling thread splits the
 //! switch into workers (engines, ports, frame pools), runs each on a thread of its own, and
 //! coordinates: it merges their snapshots for the API every 100 ms, writes the tenants'
-//! cgroup quotas every Iron period from the CPU all workers charged, and applies API changes.
-//! A change pauses the workers (they return their state); a change of VM rates only is
-//! applied to every worker's engine in place, anything else rebuilds the switch as the single
-//! loop does ([`Switch::reconfigure`]) and splits it again.
+//! cgroup quotas every Iron period from the CPU all workers charged, and applies API changes
+//! without stopping anyone: it opens a new VM's port itself, tries the changes on an engine of
+//! its own that mirrors the workers' directories (so a change the engines refuse reaches no
+//! worker), places the new VM and posts the changes to every worker's control queue
+//! ([`crate::workers::Control`]). With softirq accounting on, it reads the ports' softirq
+//! time every Iron period and charges it to the tenants' shared budgets through its engine.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::RecvTimeoutError;
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 
-use arc_swap::ArcSwapOption;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use picnic_core::Duration;
 
-use crate::cgroup::CpuQuota;
+use crate::change::Change;
 use crate::config::Config;
-use crate::engine::{iron_quota, pacer_rate, Engine, SloReport, IRON_PERIOD};
+use crate::engine::{iron_quota, pacer_rate, Engine, PortChange, SloReport, IRON_PERIOD};
 use crate::frame::FramePool;
 use crate::port::Port;
-use crate::runner::{setup_thread, Command, Published, SpinWork, Switch};
+use crate::runner::{setup_thread, take_named, Command, Published, SpinWork, Switch};
 use crate::worker::{Team, Worker};
-use crate::workers::{assign, Mailbox, SharedBudgets};
+use crate::workers::{assign, Assignment, Control, Mailbox, SharedBudgets};
 
 /// Frames a worker's mailbox holds.
 const MAILBOX_FRAMES: usize = 4096;
 
-/// Why the workers were stopped.
-enum Outcome {
-    Stop,
-    Command(Command),
-}
+/// How long the coordinator waits for the workers to answer a live change.
+const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Switch {
     /// [`Switch::run`] with `self.workers > 1` workers.
     pub(crate) fn run_workers(&mut self) -> anyhow::Result<()> {
         self.shared.set_config(self.cfg.clone());
-        let mut cgroups = self.open_cgroups()?;
-        let mut crew: Option<(Team, Vec<Worker>)> = None;
-        let result = loop {
-            let (team, workers) = match crew.take() {
-                Some(c) => c,
-                None => self.split()?,
-            };
-            team.pause.store(false, Ordering::SeqCst);
-            let (mut workers, outcome, error) = self.run_crew(&team, workers, &mut cgroups);
-            self.publish_merged(&team);
-            if let Some(e) = error {
-                self.join_back(workers);
-                break Err(e);
-            }
-            match outcome {
-                Outcome::Stop => {
-                    self.join_back(workers);
-                    break Ok(());
-                }
-                Outcome::Command(Command::Reconfigure(cfg, reply)) => {
-                    match self.rates_in_place(&cfg, &mut workers) {
-                        Some(result) => {
-                            let _ = reply.send(result);
-                            crew = Some((team, workers));
-                        }
-                        None => {
-                            self.join_back(workers);
-                            let _ = reply.send(self.reconfigure(*cfg));
-                        }
-                    }
-                }
-            }
-        };
-        self.cgroups = cgroups;
+        self.cgroups = self.open_cgroups()?;
+        let (team, workers, assignment) = self.split()?;
+        let (workers, error) = self.run_crew(&team, workers, assignment);
+        self.publish_merged(&team);
+        self.join_back(workers);
         self.release_cgroups();
-        result
+        error.map_or(Ok(()), Err)
     }
 
-    /// Splits the switch into its workers: VMs assigned ([`assign`]), worker 0 takes the
-    /// switch's engine, the others new ones (with the feedback key), each a share of the frame
-    /// pool, its VMs' ports and its uplink socket.
-    fn split(&mut self) -> anyhow::Result<(Team, Vec<Worker>)> {
-        let n = self.workers;
-        let now = self.clock.now();
-        let assignment = assign(&self.engine.dir, n);
-        let quotas: Vec<Option<Duration>> = self
-            .engine
+    /// The tenants' Iron allocations as the coordinator's engine has them (index = tenant).
+    fn quotas(&self) -> Vec<Option<Duration>> {
+        self.engine
             .dir
             .tenants
             .iter()
             .map(|t| iron_quota(t).filter(|_| self.cfg.isolation.cpu_accounting))
-            .collect();
-        let mut budgets = SharedBudgets::new(&quotas, IRON_PERIOD, n, now);
+            .collect()
+    }
+
+    /// Splits the switch into its workers: VMs assigned ([`assign`]), worker 0 takes the
+    /// switch's engine, the others new ones (with the feedback key), each a share of the frame
+    /// pool, its VMs' ports and its uplink socket. The switch keeps a new engine for the same
+    /// config, which mirrors the workers' directories through live changes.
+    fn split(&mut self) -> anyhow::Result<(Team, Vec<Worker>, Assignment)> {
+        let n = self.workers;
+        let now = self.clock.now();
+        let assignment = assign(&self.engine.dir, n);
+        let mut budgets = SharedBudgets::new(&self.quotas(), IRON_PERIOD, n, now);
         if let Some((rate, burst)) = pacer_rate(&self.cfg) {
             // The uplink pacer every worker's egress shares.
             budgets = budgets.with_link(rate, burst, now, n);
@@ -117,34 +91,41 @@ impl Switch {
                 e
             };
             engine.join_workers(budgets.clone(), w);
+            if w == 0 {
+                // The coordinator's engine charges the ports' softirq time to the budgets.
+                self.engine.join_workers(budgets.clone(), n);
+            }
             let mut mine: Vec<Option<Box<dyn Port>>> = (0..ports.len()).map(|_| None).collect();
             mine[0] = uplinks.get_mut(w).and_then(Option::take);
             for p in assignment.ports_of(w) {
                 mine[p] = ports[p].take();
             }
-            let pool = FramePool::with_limit(frames / n, frames);
-            workers.push(Worker::new(w, engine, mine, pool));
+            // Every frame in some worker's pool: worker 0 takes the remainder.
+            let share = frames / n + if w == 0 { frames % n } else { 0 };
+            let pool = FramePool::with_limit(share, frames);
+            workers.push(Worker::new(w, engine, assignment.clone(), mine, pool));
         }
         let team = Team {
-            assignment,
+            workers: n,
             mailboxes,
-            budgets,
+            budgets: ArcSwap::new(budgets),
             published: (0..n).map(|_| ArcSwapOption::empty()).collect(),
             pause: Default::default(),
+            tids: (0..n).map(|_| Default::default()).collect(),
+            link: (0..n).map(|_| Default::default()).collect(),
         };
-        Ok((team, workers))
+        Ok((team, workers, assignment))
     }
 
-    /// Gives the workers' state back to the switch: ports to their places, every engine's
-    /// counters folded into worker 0's, which becomes the switch's engine again. Frames queued
-    /// in the workers are dropped with their pools (as a rebuild drops the old engine's).
+    /// Gives the workers' state back to the switch when they stop: ports to their places,
+    /// every engine's counters folded into worker 0's, which becomes the switch's engine again.
     fn join_back(&mut self, workers: Vec<Worker>) {
         let now = self.clock.now();
         let mut engines = Vec::with_capacity(workers.len());
         let mut ports: Vec<Option<Box<dyn Port>>> = Vec::new();
         for mut w in workers {
-            if ports.is_empty() {
-                ports = (0..w.ports.len()).map(|_| None).collect();
+            if ports.len() < w.ports.len() {
+                ports.resize_with(w.ports.len(), || None);
             }
             for (p, port) in w.ports.iter_mut().enumerate() {
                 match (p, port.take()) {
@@ -170,20 +151,21 @@ impl Switch {
         self.pool = FramePool::new(self.cfg.switch.frame_pool);
     }
 
-    /// Runs the workers until a stop, a worker's error or an API change; returns their state,
-    /// why they stopped and the first error.
+    /// Runs the workers until a stop or a worker's error, applying API changes meanwhile;
+    /// returns their state and the first error.
     fn run_crew(
-        &self,
+        &mut self,
         team: &Team,
         workers: Vec<Worker>,
-        cgroups: &mut [Option<(std::path::PathBuf, CpuQuota)>],
-    ) -> (Vec<Worker>, Outcome, Option<anyhow::Error>) {
+        mut assignment: Assignment,
+    ) -> (Vec<Worker>, Option<anyhow::Error>) {
         let batch = self.cfg.switch.batch;
         let spin = Duration::from_micros(self.cfg.switch.spin_us);
         let n = workers.len();
         // Each worker on a CPU of its own when `switch.cpus` lists enough, else on all of them.
+        let all_cpus = self.cfg.switch.cpus.clone();
         let cpus_of = |w: usize| -> Option<Vec<usize>> {
-            let cpus = self.cfg.switch.cpus.as_ref()?;
+            let cpus = all_cpus.as_ref()?;
             Some(if cpus.len() >= n {
                 vec![cpus[w]]
             } else {
@@ -196,18 +178,18 @@ impl Switch {
                 .map(|mut w| {
                     let cpus = cpus_of(w.index);
                     let mut work = SpinWork::new(&self.cfg);
-                    let (stop, clock, cfg) = (&*self.stop, self.clock, &self.cfg);
+                    let (stop, clock, cfg) = (self.stop.clone(), self.clock, self.cfg.clone());
                     std::thread::Builder::new()
                         .name(format!("picnic-w{}", w.index))
                         .spawn_scoped(s, move || {
-                            let r = setup_thread(cfg, cpus.as_deref())
-                                .and_then(|_| w.run(team, stop, clock, batch, spin, &mut work));
+                            let r = setup_thread(&cfg, cpus.as_deref())
+                                .and_then(|_| w.run(team, &stop, clock, batch, spin, &mut work));
                             (w, r)
                         })
                         .expect("spawn a worker thread")
                 })
                 .collect();
-            let outcome = self.coordinate(team, cgroups, &handles);
+            self.coordinate(team, &mut assignment, &handles);
             team.pause.store(true, Ordering::SeqCst);
             team.kick_all();
             let mut back = Vec::with_capacity(n);
@@ -219,28 +201,33 @@ impl Switch {
                 }
                 back.push(w);
             }
-            (back, outcome, error)
+            (back, error)
         })
     }
 
-    /// The coordinator's loop while the workers run.
+    /// The coordinator's loop while the workers run: until a stop or a worker's end.
     fn coordinate<T>(
-        &self,
+        &mut self,
         team: &Team,
-        cgroups: &mut [Option<(std::path::PathBuf, CpuQuota)>],
+        assignment: &mut Assignment,
         handles: &[std::thread::ScopedJoinHandle<'_, T>],
-    ) -> Outcome {
+    ) {
         let start = self.clock.now();
         let (mut next_publish, mut next_period) = (start, start + IRON_PERIOD);
-        let mut charged_before: Vec<u64> = team
-            .budgets
-            .charged
-            .iter()
-            .map(|c| c.load(Ordering::Relaxed))
-            .collect();
+        let mut charged_before: Vec<u64> = Vec::new();
+        let commands = self.commands.take();
+        let mut threads_told = false;
         loop {
+            // Every worker measures its own thread's CPU, softirq work run in it included:
+            // the programs must not charge that again.
+            if !threads_told {
+                if let Some(tids) = team.thread_ids() {
+                    self.kernel.set_dataplane_threads(&tids);
+                    threads_told = true;
+                }
+            }
             if self.stop.load(Ordering::Relaxed) || handles.iter().any(|h| h.is_finished()) {
-                return Outcome::Stop;
+                break;
             }
             let now = self.clock.now();
             if now >= next_publish {
@@ -249,39 +236,195 @@ impl Switch {
             }
             if now >= next_period {
                 next_period = now + IRON_PERIOD;
-                self.refill_cgroups(team, cgroups, &mut charged_before);
+                // Iron 3.1: the ports' softirq time, charged to their tenants' budgets.
+                self.kernel.tick(&mut self.engine, now);
+                self.refill_cgroups(team, &mut charged_before);
+                self.split_access_link(team);
             }
-            // Without cgroups to refill, the coordinator wakes only to publish.
-            if cgroups.iter().all(Option::is_none) {
+            // Without cgroups to refill or softirq time to charge, the coordinator wakes only
+            // to publish.
+            let link_shared = self.engine.link_capacity().is_some();
+            if self.cgroups.iter().all(Option::is_none) && !self.kernel.softirq_on() && !link_shared
+            {
                 next_period = next_publish;
             }
             let wait = std::time::Duration::from_nanos(
                 (next_publish.min(next_period).saturating_since(now)).as_nanos(),
             );
-            match &self.commands {
+            match &commands {
                 Some(rx) => match rx.recv_timeout(wait) {
-                    Ok(cmd) => return Outcome::Command(cmd),
+                    Ok(Command::Reconfigure(cfg, reply)) => {
+                        let _ = reply.send(self.live_change(team, assignment, *cfg));
+                    }
                     Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {}
                 },
                 None => std::thread::sleep(wait),
             }
         }
+        self.commands = commands;
+    }
+
+    /// Applies an API change while the workers run (see the module doc): nothing reaches a
+    /// worker unless every new port opened and the coordinator's engine took every change.
+    fn live_change(
+        &mut self,
+        team: &Team,
+        assignment: &mut Assignment,
+        cfg: Config,
+    ) -> anyhow::Result<()> {
+        let (cfg, changes, specs) = self.prepare(cfg)?;
+        // Opened here: setting up a port's rings takes milliseconds, no worker waits for it.
+        let mut opened = specs
+            .iter()
+            .map(|s| (self.opener)(s))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let now = self.clock.now();
+        // A VM moved to a port another VM gives up in this change stays with that port's owner.
+        let dir = &self.engine.dir;
+        let given_up: Vec<(String, usize)> = changes
+            .iter()
+            .filter_map(|c| match c {
+                Change::RemoveVm(name) => {
+                    let v = dir.vm_named(name)?;
+                    let p = dir.vms[v].port?;
+                    let ifname = self
+                        .cfg
+                        .vms
+                        .iter()
+                        .find(|e| &e.name == name)?
+                        .port
+                        .as_ref()?;
+                    Some((ifname.ifname.clone(), assignment.owner.get(p).copied()?))
+                }
+                _ => None,
+            })
+            .collect();
+        let mut added: Vec<(usize, String)> = Vec::new();
+        self.engine.apply_all(
+            now,
+            &self.cfg,
+            &changes,
+            &mut FramePool::new(0),
+            |port, change| {
+                if let (PortChange::Opened(slot), Change::AddVm(vm)) = (port, change) {
+                    added.push((slot, vm.port.as_ref().expect("local VM").ifname.clone()));
+                }
+            },
+        )?;
+        let n = team.workers;
+        let mut placed: Vec<Vec<Box<dyn Port>>> = (0..n).map(|_| Vec::new()).collect();
+        for (slot, ifname) in added {
+            let w = match given_up.iter().find(|(name, _)| *name == ifname) {
+                Some(&(_, w)) => {
+                    assignment.owner.resize(self.engine.dir.port_count(), 0);
+                    assignment.owner[slot] = w;
+                    w
+                }
+                None => assignment.place(&self.engine.dir, slot),
+            };
+            placed[w].extend(take_named(&mut opened, &ifname));
+        }
+        assignment
+            .owner
+            .resize(self.engine.dir.port_count().max(assignment.owner.len()), 0);
+        let budgets = team
+            .budgets
+            .load()
+            .after_change(&self.quotas(), IRON_PERIOD, n, now)
+            .map(Arc::new);
+        let (old, changes) = (Arc::new(self.cfg.clone()), Arc::new(changes));
+        let owner = Arc::new(assignment.owner.clone());
+        let (tx, answers) = mpsc::channel();
+        for (w, ports) in placed.into_iter().enumerate() {
+            team.mailboxes[w].control(Control {
+                old: old.clone(),
+                changes: changes.clone(),
+                ports,
+                owner: owner.clone(),
+                budgets: budgets.clone(),
+                reply: tx.clone(),
+            });
+        }
+        let mut failed = Vec::new();
+        let mut closed = Vec::new();
+        for _ in 0..n {
+            match answers.recv_timeout(ANSWER_WAIT) {
+                Ok(a) => {
+                    closed.extend(a.closed);
+                    if let Err(e) = a.result {
+                        failed.push(format!("worker {}: {e}", a.worker));
+                    }
+                }
+                Err(_) => {
+                    failed.push("a worker did not answer (it stopped)".into());
+                    break;
+                }
+            }
+        }
+        if !closed.is_empty() {
+            std::thread::spawn(move || drop(closed));
+        }
+        if let Some(b) = budgets {
+            self.engine.leave_workers(now);
+            self.engine.join_workers(b.clone(), n);
+            team.budgets.store(b);
+        }
+        let old = std::mem::replace(&mut self.cfg, cfg);
+        self.shared.set_config(self.cfg.clone());
+        if let Err(e) = self.kernel.set_ports(&self.vm_ports()) {
+            eprintln!("picnic switch: warning: softirq accounting: {e}");
+        }
+        if crate::workers::wants_softirq(&self.cfg) {
+            let tids = team.thread_ids().unwrap_or_default();
+            self.kernel.start_softirq(&self.vm_ports(), &tids);
+        }
+        self.sync_cgroups(&old)?;
+        if !failed.is_empty() {
+            anyhow::bail!(
+                "the coordinator's engine took the change but {}: that worker's engine may differ from the running config",
+                failed.join("; ")
+            );
+        }
+        Ok(())
+    }
+
+    /// EyeQ's RX scheduler across the workers' link receivers: each gets its part of the
+    /// access link by what it reported ([`crate::engine::split_link`]).
+    fn split_access_link(&self, team: &Team) {
+        let Some(capacity) = self.engine.link_capacity() else {
+            return;
+        };
+        let parts: Vec<_> = team.link.iter().map(|l| l.reported()).collect();
+        let split = crate::engine::split_link(capacity, &parts);
+        for (slot, part) in team.link.iter().zip(split) {
+            slot.part.store(part, Ordering::Relaxed);
+        }
+    }
+
+    /// The local VMs' ports (interface, slot) as the coordinator's engine has them.
+    fn vm_ports(&self) -> Vec<(String, u32)> {
+        let dir = &self.engine.dir;
+        self.cfg
+            .vms
+            .iter()
+            .filter_map(|vm| {
+                let slot = dir.vms[dir.vm_named(&vm.name)?].port?;
+                Some((vm.port.as_ref()?.ifname.clone(), slot as u32))
+            })
+            .collect()
     }
 
     /// Iron 3.2 with several workers: each tenant's cgroup gets its allocation minus the switch
     /// CPU every worker charged to it in the period that ended.
-    fn refill_cgroups(
-        &self,
-        team: &Team,
-        cgroups: &mut [Option<(std::path::PathBuf, CpuQuota)>],
-        charged_before: &mut [u64],
-    ) {
-        for (t, tenant) in self.cfg.tenants.iter().enumerate() {
-            let total = team.budgets.charged[t].load(Ordering::Relaxed);
-            let used = total - charged_before[t];
+    fn refill_cgroups(&mut self, team: &Team, charged_before: &mut Vec<u64>) {
+        let budgets = team.budgets.load();
+        charged_before.resize(budgets.charged.len(), 0);
+        for (t, charged) in budgets.charged.iter().enumerate() {
+            let total = charged.load(Ordering::Relaxed);
+            let used = total.saturating_sub(charged_before[t]);
             charged_before[t] = total;
-            let (Some(Some((_, group))), Some(cores)) = (cgroups.get_mut(t), tenant.cpu_quota)
-            else {
+            let cores = self.engine.dir.tenants.get(t).and_then(|t| t.cpu_quota);
+            let (Some(Some((_, group))), Some(cores)) = (self.cgroups.get_mut(t), cores) else {
                 continue;
             };
             let allocation = (IRON_PERIOD.as_nanos() as f64 * cores) as u64;
@@ -290,44 +433,6 @@ impl Switch {
                 eprintln!("picnic switch: warning: {e:#}");
             }
         }
-    }
-
-    /// A live change that opens or closes no port, applied to every worker's engine in place
-    /// (each holds the whole directory; no other tenant's state is touched, as in the single
-    /// loop); None when it needs ports opened or closed, which the switch does with the
-    /// workers joined.
-    fn rates_in_place(
-        &mut self,
-        cfg: &Config,
-        workers: &mut [Worker],
-    ) -> Option<anyhow::Result<()>> {
-        if let Err(e) = cfg.validate() {
-            return Some(Err(e.into()));
-        }
-        let changes = match crate::change::diff(&self.cfg, cfg) {
-            Ok(c) => c,
-            Err(e) => return Some(Err(anyhow::Error::msg(e))),
-        };
-        let ports = |c: &crate::change::Change| {
-            matches!(
-                c,
-                crate::change::Change::AddVm(_) | crate::change::Change::RemoveVm(_)
-            )
-        };
-        if changes.iter().any(ports) || crate::workers::encrypts(cfg) {
-            return None;
-        }
-        let now = self.clock.now();
-        for w in workers.iter_mut() {
-            for change in &changes {
-                if let Err(e) = w.engine.apply(now, change, &mut w.pool) {
-                    return Some(Err(anyhow::Error::msg(e)));
-                }
-            }
-        }
-        self.shared.set_config(cfg.clone());
-        self.cfg = cfg.clone();
-        Some(Ok(()))
     }
 
     /// The workers and their VMs, for the start-up report ([`Switch::describe_ports`]).
@@ -348,13 +453,33 @@ impl Switch {
         }
     }
 
-    /// Publishes the merge of every worker's latest snapshot.
-    fn publish_merged(&self, team: &Team) {
-        let parts: Vec<Arc<Published>> = team
+    /// Publishes the merge of every worker's latest snapshot, and the softirq time the
+    /// coordinator's engine charged.
+    fn publish_merged(&mut self, team: &Team) {
+        let mut parts: Vec<Arc<Published>> = team
             .published
             .iter()
             .filter_map(|p| p.load_full())
             .collect();
+        if self.kernel.softirq_on() && !parts.is_empty() {
+            let now = self.clock.now();
+            self.kernel.publish(&mut self.engine, now);
+            let mut switch = self.engine.snapshot();
+            // Its VMs belong to no worker's queues: only their softirq counters count.
+            switch.vms.iter_mut().for_each(|v| v.worker = usize::MAX);
+            parts.push(Arc::new(Published {
+                switch,
+                ports: Vec::new(),
+                pool_free: 0,
+                pool_capacity: 0,
+                accel: None,
+                workers: Vec::new(),
+                slo: SloReport {
+                    tenants: Vec::new(),
+                    ..parts[0].slo.clone()
+                },
+            }));
+        }
         if !parts.is_empty() {
             self.shared
                 .publish(merge(&parts, self.cfg.switch.frame_pool));

@@ -241,9 +241,11 @@ impl EarlyDrop {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 struct SoftirqConfig {
-    switch_tid: u32,
-    pad: u32,
+    switch_tids: [u32; MAX_SWITCH_THREADS],
 }
+
+/// `MAX_SWITCH_THREADS` of softirq.bpf.c: dataplane threads the programs tell apart.
+pub const MAX_SWITCH_THREADS: usize = 16;
 // SAFETY: plain C data without padding or pointers.
 unsafe impl Pod for SoftirqConfig {}
 
@@ -336,15 +338,20 @@ impl SoftirqAccounting {
     /// Tells the programs which thread is the switch's dataplane (its softirq time is its own
     /// measured CPU time, not charged again).
     pub fn set_switch_thread(&mut self, tid: u32) -> io::Result<()> {
+        self.set_switch_threads(&[tid])
+    }
+
+    /// As [`Self::set_switch_thread`] for several workers' threads (each measures its own
+    /// thread's CPU time); at most [`MAX_SWITCH_THREADS`] are told apart.
+    pub fn set_switch_threads(&mut self, tids: &[u32]) -> io::Result<()> {
+        let mut config = SoftirqConfig {
+            switch_tids: [0; MAX_SWITCH_THREADS],
+        };
+        for (slot, &tid) in config.switch_tids.iter_mut().zip(tids) {
+            *slot = tid;
+        }
         self.config
-            .set(
-                0,
-                SoftirqConfig {
-                    switch_tid: tid,
-                    pad: 0,
-                },
-                0,
-            )
+            .set(0, config, 0)
             .map_err(|e| aya_error(e, "softirq config"))
     }
 
@@ -464,6 +471,8 @@ pub struct KernelLink {
     slots: Vec<u32>,
     deltas: Vec<SoftirqDelta>,
     next_softirq_read: picnic_core::Instant,
+    /// The softirq accounting could not be started at a live change (reported once).
+    softirq_failed: bool,
 }
 
 /// How often the ports' softirq time is read and charged: Iron's period.
@@ -498,6 +507,36 @@ impl KernelLink {
             link.softirq = None;
         }
         link
+    }
+
+    /// Starts the softirq accounting of `ports` when it is off, as a start-up config with a
+    /// CPU quota would have (a live change gave a tenant the switch's first quota); called on
+    /// the dataplane thread. A failure is reported once and leaves it off.
+    pub fn start_softirq(&mut self, ports: &[(String, u32)], workers: &[u32]) {
+        if self.softirq.is_some() || self.softirq_failed {
+            return;
+        }
+        let started = SoftirqAccounting::open().and_then(|s| {
+            self.softirq = Some(s);
+            self.set_ports(ports)
+        });
+        match started {
+            Ok(()) => {
+                match workers {
+                    [] => self.set_dataplane_thread(),
+                    tids => self.set_dataplane_threads(tids),
+                }
+                eprintln!("picnic switch: softirq accounting (eBPF tracepoints): on");
+            }
+            Err(e) => {
+                eprintln!(
+                    "picnic switch: softirq accounting off: {e} (tenants are charged for the \
+                     switch's own work only)"
+                );
+                self.softirq = None;
+                self.softirq_failed = true;
+            }
+        }
     }
 
     /// Whether the uplink drops throttled VMs' frames in XDP.
@@ -536,6 +575,15 @@ impl KernelLink {
             // SAFETY: gettid has no arguments and cannot fail.
             let tid = unsafe { libc::gettid() } as u32;
             if let Err(e) = s.set_switch_thread(tid) {
+                eprintln!("picnic switch: warning: softirq accounting: {e}");
+            }
+        }
+    }
+
+    /// Marks the workers' threads `tids` as the switch's dataplane (several workers).
+    pub fn set_dataplane_threads(&mut self, tids: &[u32]) {
+        if let Some(s) = self.softirq.as_mut() {
+            if let Err(e) = s.set_switch_threads(tids) {
                 eprintln!("picnic switch: warning: softirq accounting: {e}");
             }
         }

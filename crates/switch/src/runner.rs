@@ -13,29 +13,34 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 
-use arc_swap::ArcSwapOption;
-use std::time::Instant as StdInstant;
-
 use anyhow::Context;
+use picnic_core::notify::AdaptiveWait;
 use picnic_core::{Duration, Instant};
-use picnic_wire::overlay::ENCAP_OVERHEAD;
 
-use crate::accel::{Accel, AccelKeys, AccelView, Exchange};
+use crate::accel::{Accel, Exchange};
 use crate::cgroup::CpuQuota;
-use crate::config::{Backend, Config};
+use crate::config::Config;
 use crate::directory::{PortIdx, TenantIdx};
-use crate::driver::{Driver, Io};
+use crate::driver::Driver;
 use crate::ebpf::KernelLink;
-use crate::engine::{Engine, SloReport, Snapshot, Work, IRON_PERIOD};
-use crate::frame::{Frame, FramePool};
-use crate::port::{
-    wait_readable, AfPacketOptions, AfPacketPort, AfXdpOptions, AfXdpPort, Port, PortStats, TapPort,
-};
+use crate::engine::{Engine, IRON_PERIOD};
+use crate::frame::FramePool;
+use crate::port::{wait_readable, Port};
 use crate::worker::WorkerView;
-use picnic_core::notify::{AdaptiveWait, Params, Role, WaitConfig, WaitDecision};
 
+mod idle;
 mod live;
+mod ports;
+mod publish;
+mod work;
+pub(crate) use idle::{ring_wait, IdlePolicy};
+pub(crate) use live::take_named;
 use live::Opening;
+pub use ports::{open_port, vm_max_frame, PortOpener, PortSpec};
+use ports::{tenant_ports, vm_max_frame_of, PortIo};
+pub use publish::{PortView, Published, Shared};
+pub(crate) use work::setup_thread;
+pub use work::{thread_cpu_ns, Clock, SpinWork};
 
 /// Writes each tenant group's budget for the Iron period starting now, crediting what the
 /// kernel ran of the ports' softirq work in the group's threads (Iron's Algorithm 2; the
@@ -63,204 +68,11 @@ fn refill_cgroups(
     }
 }
 
-/// What a loop does between passes (Rizzo et al. 3.2.1): after work, each ring's adaptive
-/// wait learns the loop's own service time; when idle, it spins while some ring's producer is
-/// expected to deliver its next frame sooner than a notification and wake-up would cost, at
-/// most `spin_us`, and otherwise (or once a spin has run out) the caller blocks until a frame
-/// arrives or the engines' next deadline. The single loop and every worker run it.
-#[derive(Default)]
-pub(crate) struct IdlePolicy {
-    spin_until: Option<Instant>,
-}
-
-impl IdlePolicy {
-    /// A pass handled `busy` frames in `took`.
-    pub(crate) fn worked(
-        &mut self,
-        waits: &mut [(AdaptiveWait, u64)],
-        busy: usize,
-        took: Duration,
-    ) {
-        for (wait, _) in waits.iter_mut() {
-            wait.record_own_work(busy as u32, took);
-        }
-        self.spin_until = None;
-    }
-
-    /// A pass found nothing at `now`: whether to poll again (spinning) rather than block.
-    pub(crate) fn spin(&mut self, now: Instant, waits: &mut [(AdaptiveWait, u64)]) -> bool {
-        match self.spin_until {
-            Some(t) if now < t => {
-                std::hint::spin_loop();
-                true
-            }
-            Some(_) => {
-                self.spin_until = None;
-                false
-            }
-            None => {
-                self.spin_until = waits
-                    .iter_mut()
-                    .filter_map(|(w, _)| match w.decide(now, RING_SLOTS) {
-                        WaitDecision::Spin { until } => Some(until),
-                        WaitDecision::SlowDown { .. } | WaitDecision::Block => None,
-                    })
-                    .max();
-                self.spin_until.is_some()
-            }
-        }
-    }
-}
-
-/// Monotonic nanoseconds since the switch started, as the engines' `now`.
-#[derive(Clone, Copy)]
-pub struct Clock(StdInstant);
-impl Clock {
-    pub fn new() -> Clock {
-        Clock(StdInstant::now())
-    }
-    pub fn now(&self) -> Instant {
-        Instant::from_nanos(self.0.elapsed().as_nanos() as u64)
-    }
-    /// Wall-clock time at this clock's zero, ns since the UNIX epoch (feedback nonces).
-    pub fn wall_at_zero_ns(&self) -> u64 {
-        let wall = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        (wall.as_nanos() as u64).saturating_sub(self.0.elapsed().as_nanos() as u64)
-    }
-}
-impl Default for Clock {
-    fn default() -> Self {
-        Clock::new()
-    }
-}
-
-/// The optional synthetic rule-set cost (`ingress.work_ns`, `ingress.work_ps_per_byte`):
-/// spins on the thread's CPU clock for that long and returns what it took, so the frame's
-/// scheduler charge includes it. Without it, processing is the loop's own work, measured
-/// per iteration ([`Engine::charge_cpu`]).
-pub struct SpinWork {
-    work_ns: u64,
-    work_ps_per_byte: u64,
-}
-
-/// CPU time of the calling thread, ns.
-pub fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-impl SpinWork {
-    pub fn new(cfg: &Config) -> SpinWork {
-        SpinWork {
-            work_ns: cfg.ingress.work_ns,
-            work_ps_per_byte: cfg.ingress.work_ps_per_byte,
-        }
-    }
-}
-
-impl Work for SpinWork {
-    fn process(&mut self, _tenant: TenantIdx, frame: &mut Frame) -> u64 {
-        let target = self.work_ns + self.work_ps_per_byte * frame.len() as u64 / 1000;
-        if target == 0 {
-            return 0;
-        }
-        let start = thread_cpu_ns();
-        loop {
-            let spent = thread_cpu_ns().saturating_sub(start);
-            if spent >= target {
-                return spent;
-            }
-            std::hint::spin_loop();
-        }
-    }
-}
-
 /// A request from the control API, applied by the loop between batches.
 pub enum Command {
     /// Replace the configuration (tenants, VMs, hosts), applied as live changes in place;
     /// only new VMs' ports open and removed VMs' ports close.
     Reconfigure(Box<Config>, mpsc::Sender<anyhow::Result<()>>),
-}
-
-/// A port as the API shows it: counters and how the loop waits on its receive ring.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct PortView {
-    pub name: String,
-    pub backend: String,
-    /// The worker that reads it (each worker has its own uplink socket).
-    pub worker: usize,
-    pub stats: PortStats,
-    /// Rizzo et al. regime of this ring: GP while its wait last chose to spin, otherwise the
-    /// Table 1 regime under notification (None until estimated).
-    pub wait_regime: Option<String>,
-    /// Idle passes on which this ring's wait chose to spin.
-    pub wait_spins: u64,
-    /// Idle passes on which this ring's wait chose to block.
-    pub wait_blocks: u64,
-    /// Estimated time between frames from the ring's producer, ns.
-    pub producer_period_ns: Option<u64>,
-}
-
-/// What the run loop publishes every 100 ms (`/stats`; `slo` is `/slo`).
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct Published {
-    pub switch: Snapshot,
-    pub ports: Vec<PortView>,
-    /// The frame pool: free frames and capacity (a frame not free is queued in an engine or
-    /// a port's transmit batch; all are back when the queues drain).
-    pub pool_free: usize,
-    pub pool_capacity: usize,
-    /// The shared encryption engine, when a tenant encrypts.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub accel: Option<AccelView>,
-    /// The dataplane workers: the VMs each owns, its CPU, its handoffs.
-    pub workers: Vec<WorkerView>,
-    #[serde(skip)]
-    pub slo: SloReport,
-}
-
-/// Shared with the API thread: the latest snapshot and the current config, each an `Arc`
-/// swapped atomically (`arc-swap`): the loop publishes without taking a lock, and a reader
-/// that holds a snapshot for as long as it likes (a slow scrape) never delays the loop.
-#[derive(Default)]
-pub struct Shared {
-    snapshot: ArcSwapOption<Published>,
-    config: ArcSwapOption<Config>,
-    /// The encrypting tenants' keys, for rotation through the API (None: nobody encrypts).
-    accel_keys: ArcSwapOption<AccelKeys>,
-}
-
-impl Shared {
-    /// The latest published snapshot (None before the first).
-    pub fn latest(&self) -> Option<Arc<Published>> {
-        self.snapshot.load_full()
-    }
-    /// Replaces the published snapshot; never waits for readers.
-    pub fn publish(&self, published: Published) {
-        self.snapshot.store(Some(Arc::new(published)));
-    }
-    /// The running config (None before the loop started).
-    pub fn config(&self) -> Option<Arc<Config>> {
-        self.config.load_full()
-    }
-    pub fn set_config(&self, cfg: Config) {
-        self.config.store(Some(Arc::new(cfg)));
-    }
-    /// The running shared engine's keys (None when no tenant encrypts).
-    pub fn accel_keys(&self) -> Option<Arc<AccelKeys>> {
-        self.accel_keys.load_full()
-    }
-    /// Publishes the running shared engine's keys for the API.
-    pub fn set_accel_keys(&self, keys: Option<AccelKeys>) {
-        self.accel_keys.store(keys.map(Arc::new));
-    }
 }
 
 pub struct Switch {
@@ -291,167 +103,8 @@ pub struct Switch {
     pub(crate) extra_uplinks: Vec<Box<dyn Port>>,
     /// The deployment's feedback key, for the engines of workers 1...
     pub(crate) feedback_key: Option<Vec<u8>>,
-}
-
-/// Receive ring slots, the queue length L of the Rizzo model.
-pub(crate) const RING_SLOTS: u32 = 2048;
-
-/// The adaptive wait of one receive ring: the switch is its consumer. N and S are the
-/// notification and wake-up costs measured on the lab machines (`picnic model measure`:
-/// N 1.6-7.3 us, S 2.8-3.7 us), so the loop spins (at most `max_spin`) while the producer's
-/// frames come less than N + S = 6.5 us apart. It never slows down with a timed sleep: a
-/// 50 us sleep wakes after 105-162 us here (DESIGN.md 7), while blocking on the ring wakes
-/// on the frame. W_P and W_C start as guesses and are estimated as frames flow.
-pub(crate) fn ring_wait(max_spin: Duration) -> AdaptiveWait {
-    AdaptiveWait::new(WaitConfig {
-        role: Role::Consumer,
-        params: Params::measured_ring(RING_SLOTS),
-        max_spin,
-        max_sleep: Duration::ZERO,
-    })
-    .expect("valid model parameters")
-}
-
-/// Applies `switch.nice`, `cpus` (the CPUs this thread may use) and `switch.slice_us`, or
-/// `switch.realtime_priority`, to the calling dataplane thread.
-pub(crate) fn setup_thread(cfg: &Config, cpus: Option<&[usize]>) -> anyhow::Result<()> {
-    if let Some(cpus) = cpus {
-        crate::sched::set_thread_cpus(cpus).with_context(|| format!("switch.cpus {cpus:?}"))?;
-    }
-    if let Some(priority) = cfg.switch.realtime_priority {
-        // Asked for explicitly: without it the isolation the config promises does not hold.
-        return crate::sched::set_thread_realtime(priority).with_context(|| {
-            format!("switch.realtime_priority {priority}: SCHED_FIFO needs CAP_SYS_NICE")
-        });
-    }
-    if let Some(nice) = cfg.switch.nice {
-        if let Err(e) = crate::sched::set_thread_nice(nice.into()) {
-            eprintln!(
-                "picnic switch: warning: switch.nice {nice}: {e} (running at the inherited priority)"
-            );
-        }
-    }
-    if let Some(us) = cfg.switch.slice_us {
-        if let Err(e) = crate::sched::set_thread_slice(us * 1000) {
-            eprintln!(
-                "picnic switch: warning: switch.slice_us {us}: {e} (needs Linux 6.12+; running with the kernel's slice)"
-            );
-        }
-    }
-    Ok(())
-}
-
-/// The ports as the driver's [`Io`]: each read feeds the adaptive wait of the port's ring.
-struct PortIo<'a> {
-    ports: &'a mut [Option<Box<dyn Port>>],
-    waits: &'a mut [(AdaptiveWait, u64)],
-    work: &'a mut SpinWork,
-}
-
-impl Io for PortIo<'_> {
-    fn recv(
-        &mut self,
-        now: Instant,
-        port: PortIdx,
-        pool: &mut FramePool,
-        rx: &mut Vec<Frame>,
-        max: usize,
-    ) -> anyhow::Result<usize> {
-        let Some(p) = self.ports[port].as_mut() else {
-            return Ok(0);
-        };
-        let n = p
-            .recv_batch(pool, rx, max)
-            .with_context(|| format!("receive on {}", p.name()))?;
-        if n > 0 {
-            let (wait, seen) = &mut self.waits[port];
-            *seen += n as u64;
-            wait.observe(now, *seen);
-        }
-        Ok(n)
-    }
-
-    fn send(
-        &mut self,
-        port: PortIdx,
-        queue: &mut Vec<Frame>,
-        pool: &mut FramePool,
-    ) -> anyhow::Result<()> {
-        match self.ports[port].as_mut() {
-            Some(p) => {
-                p.send_batch(queue, pool)
-                    .with_context(|| format!("send on {}", p.name()))?;
-            }
-            None => queue.drain(..).for_each(|f| pool.put(f)),
-        }
-        Ok(())
-    }
-
-    fn work(&mut self) -> &mut dyn Work {
-        self.work
-    }
-}
-
-/// Opens a port with the backend the config names, with an error that says what to fix.
-/// GSO super-frames read on it are segmented into frames of at most `max_frame` bytes
-/// ([`vm_max_frame`] for VM ports).
-pub fn open_port(
-    ifname: &str,
-    backend: Backend,
-    field: &str,
-    max_frame: usize,
-) -> anyhow::Result<Box<dyn Port>> {
-    let port: Box<dyn Port> = match backend {
-        Backend::AfPacket => Box::new(
-            AfPacketPort::open(
-                ifname,
-                AfPacketOptions {
-                    max_frame,
-                    ..Default::default()
-                },
-            )
-            .with_context(|| format!("{field}: cannot open '{ifname}'"))?,
-        ),
-        Backend::AfXdp => Box::new(
-            AfXdpPort::open(ifname, AfXdpOptions::default())
-                .with_context(|| format!("{field}: cannot open '{ifname}' with AF_XDP"))?,
-        ),
-        Backend::Tap => Box::new(
-            TapPort::open(ifname, max_frame)
-                .with_context(|| format!("{field}: cannot open TAP '{ifname}'"))?,
-        ),
-        Backend::Memory => {
-            anyhow::bail!("{field}: '{ifname}': memory ports are made in-process, not opened")
-        }
-    };
-    Ok(port)
-}
-
-/// The longest frame a VM may send that still fits the uplink once encapsulated (the
-/// engine's egress check); VM ports segment super-frames to it.
-pub fn vm_max_frame(cfg: &Config) -> usize {
-    (cfg.uplink.mtu + 14).saturating_sub(ENCAP_OVERHEAD)
-}
-
-/// [`vm_max_frame`] for a VM of `tenant`: less the sealing overhead when the tenant
-/// encrypts.
-fn vm_max_frame_of(cfg: &Config, tenant: &str) -> usize {
-    let encrypts = cfg.tenants.iter().any(|t| t.name == tenant && t.encrypt);
-    vm_max_frame(cfg).saturating_sub(if encrypts {
-        picnic_wire::seal::SEAL_OVERHEAD
-    } else {
-        0
-    })
-}
-
-/// The tenant ports (every port but the uplink) as (interface name, slot = port index).
-fn tenant_ports(ports: &[Option<Box<dyn Port>>]) -> Vec<(String, u32)> {
-    ports
-        .iter()
-        .enumerate()
-        .skip(1)
-        .filter_map(|(i, p)| Some((p.as_ref()?.name().to_string(), i as u32)))
-        .collect()
+    /// Opens a new VM's port at a live change.
+    pub(crate) opener: PortOpener,
 }
 
 impl Switch {
@@ -485,10 +138,12 @@ impl Switch {
         }
         if workers > 1 && crate::workers::drives_ebpf(&cfg) {
             eprintln!(
-                "picnic switch: warning: with {workers} workers the uplink's XDP early drop and the softirq accounting are not driven (switch.workers = 1 keeps them)"
+                "picnic switch: warning: with {workers} workers the uplink's XDP early drop is not driven (switch.workers = 1 keeps it)"
             );
         }
         let (mut uplinks, early_drop) = crate::workers::open_uplinks(&cfg, workers)?;
+        // One engine decides whom the early drop holds back: the single loop's.
+        let early_drop = early_drop.filter(|_| workers == 1);
         let extra_uplinks = uplinks.split_off(1);
         let mut ports = uplinks;
         for (i, vm) in cfg.vms.iter().enumerate() {
@@ -501,13 +156,7 @@ impl Switch {
                 )?);
             }
         }
-        // Only while Iron runs (some tenant has an allocation): the tracepoints cost every
-        // packet of the host (docs/switch.md "eBPF").
-        // With several workers the eBPF programs are not driven (docs/switch.md "Workers").
-        let softirq = cfg.isolation.cpu_accounting
-            && cfg.isolation.softirq_accounting
-            && cfg.tenants.iter().any(|t| t.cpu_quota.is_some())
-            && workers == 1;
+        let softirq = crate::workers::wants_softirq(&cfg);
         let accel = Accel::from_config(&cfg)?;
         let mut switch = Self::with_ports(cfg, engine, ports, clock);
         let kernel = KernelLink::open(early_drop, softirq, &tenant_ports(&switch.ports));
@@ -532,6 +181,7 @@ impl Switch {
             workers: cfg.switch.workers.unwrap_or(1),
             extra_uplinks: Vec::new(),
             feedback_key: None,
+            opener: ports::real_opener(),
             pool: FramePool::new(cfg.switch.frame_pool),
             engine,
             ports: ports.into_iter().map(Some).collect(),
@@ -576,6 +226,12 @@ impl Switch {
             lines.push("softirq accounting (eBPF tracepoints): on".into());
         }
         lines
+    }
+
+    /// Has live changes open new VMs' ports with `opener` instead of [`open_port`] (tests
+    /// hand out in-memory ports).
+    pub fn set_port_opener(&mut self, opener: PortOpener) {
+        self.opener = opener;
     }
 
     /// Set to true to make [`Switch::run`] return.
@@ -793,35 +449,5 @@ fn calibrate_offloads(engine: &mut Engine) {
     static PS_PER_FUEL: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     if engine.has_offloads() {
         engine.set_offload_cost(*PS_PER_FUEL.get_or_init(crate::offload::calibrate));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The loop's own ring wait (not a copy of its parameters): spins for a producer whose
-    /// frames come 2 us apart, blocks for one 1 ms apart.
-    #[test]
-    fn ring_wait_spins_for_a_2us_producer_and_blocks_for_a_1ms_one() {
-        for (period, spin) in [(2_000, true), (1_000_000, false)] {
-            let mut wait = ring_wait(Duration::from_micros(50));
-            for i in 0..=64u64 {
-                wait.observe(Instant::from_nanos(i * period), i);
-            }
-            let last = Instant::from_nanos(64 * period);
-            let expected = if spin {
-                WaitDecision::Spin {
-                    until: last + Duration::from_micros(50),
-                }
-            } else {
-                WaitDecision::Block
-            };
-            assert_eq!(
-                wait.decide(last, RING_SLOTS),
-                expected,
-                "period {period} ns"
-            );
-        }
     }
 }

@@ -2,36 +2,88 @@
 //! [`Driver`] as the single loop over the VM ports it owns and its own uplink socket, with its
 //! own engine, frame pool and adaptive waits (Rizzo et al., per worker). Frames that belong to
 //! another worker go through that worker's [`Mailbox`]; every frame handed over is repaid from
-//! the receiver's pool, so each worker's pool keeps its size.
+//! the receiver's pool, so each worker's pool keeps its size. Live changes come through the
+//! same mailbox ([`crate::workers::Control`]) and are applied between passes.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::Context;
-use arc_swap::ArcSwapOption;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use picnic_core::notify::AdaptiveWait;
 use picnic_core::{Duration, Instant};
 use picnic_wire::overlay::decap;
 use serde::Serialize;
 
+use crate::change::Change;
 use crate::directory::{Directory, PortIdx, UPLINK};
 use crate::driver::{Driver, Io, UPLINK_READ_ROUNDS};
-use crate::engine::{Engine, Work};
+use crate::engine::{Engine, PortChange, Work};
 use crate::frame::{Frame, FramePool};
 use crate::port::{wait_readable, Port};
+use crate::runner::take_named;
 use crate::runner::{ring_wait, thread_cpu_ns, Clock, PortView, Published, SpinWork};
 use crate::stats::DropReason;
-use crate::workers::{Assignment, Handoff, Mailbox, SharedBudgets};
+use crate::workers::{Applied, Assignment, Control, Handoff, Mailbox, SharedBudgets};
 
-/// What every worker shares: the assignment, the mailboxes, the budgets and each worker's
-/// published snapshot.
+/// What every worker shares: the mailboxes, the budgets and each worker's published
+/// snapshot.
 pub struct Team {
-    pub assignment: Assignment,
+    pub workers: usize,
     pub mailboxes: Vec<Mailbox>,
-    pub budgets: Arc<SharedBudgets>,
+    /// The budgets the workers' engines draw from (replaced when a live change changes a
+    /// tenant's quota; the coordinator reads the charges from it).
+    pub budgets: ArcSwap<SharedBudgets>,
     pub published: Vec<ArcSwapOption<Published>>,
-    /// Set to make every worker return (a stop or a live change).
+    /// Set to make every worker return (a stop, or another worker's error).
     pub pause: AtomicBool,
+    /// Each worker's thread id, once it runs (the softirq accounting tells them apart).
+    pub tids: Vec<std::sync::atomic::AtomicU32>,
+    /// Per worker: its part of the access link ([`crate::engine::split_link`]).
+    pub link: Vec<LinkSlot>,
+}
+
+/// A worker's EyeQ link receiver as the coordinator sees it: what the worker reports of its
+/// active endpoints ([`picnic_core::eyeq::Aggregate`]) and the part of the access link the
+/// coordinator gives it (bytes/s; 0: not given yet).
+#[derive(Default)]
+pub struct LinkSlot {
+    pub active: std::sync::atomic::AtomicU32,
+    pub guarantee: std::sync::atomic::AtomicU64,
+    pub demand: std::sync::atomic::AtomicU64,
+    pub reserve: std::sync::atomic::AtomicU64,
+    pub part: std::sync::atomic::AtomicU64,
+}
+
+impl LinkSlot {
+    fn report(&self, a: picnic_core::eyeq::Aggregate) {
+        self.active.store(a.active, Ordering::Relaxed);
+        self.guarantee.store(a.guarantee, Ordering::Relaxed);
+        self.demand.store(a.demand, Ordering::Relaxed);
+        self.reserve.store(a.reserve, Ordering::Relaxed);
+    }
+
+    /// What the worker reported last.
+    pub fn reported(&self) -> picnic_core::eyeq::Aggregate {
+        picnic_core::eyeq::Aggregate {
+            active: self.active.load(Ordering::Relaxed),
+            guarantee: self.guarantee.load(Ordering::Relaxed),
+            demand: self.demand.load(Ordering::Relaxed),
+            reserve: self.reserve.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Team {
+    /// The workers' thread ids, once every worker has started (None before).
+    pub fn thread_ids(&self) -> Option<Vec<u32>> {
+        let tids: Vec<u32> = self
+            .tids
+            .iter()
+            .map(|t| t.load(Ordering::Relaxed))
+            .collect();
+        tids.iter().all(|&t| t != 0).then_some(tids)
+    }
 }
 
 impl Team {
@@ -66,11 +118,12 @@ pub struct WorkerView {
     pub handoff: HandoffCounters,
 }
 
-/// One worker's state; it lives across pauses (live changes) and goes back to the switch when
-/// the workers stop.
+/// One worker's state; it goes back to the switch when the workers stop.
 pub struct Worker {
     pub index: usize,
     pub engine: Engine,
+    /// Which worker owns each port, as of the last live change this worker applied.
+    pub assignment: Assignment,
     /// By port index: the ports this worker owns ([`UPLINK`]: its own uplink socket, if any).
     pub ports: Vec<Option<Box<dyn Port>>>,
     pub pool: FramePool,
@@ -88,12 +141,14 @@ impl Worker {
     pub fn new(
         index: usize,
         engine: Engine,
+        assignment: Assignment,
         ports: Vec<Option<Box<dyn Port>>>,
         pool: FramePool,
     ) -> Worker {
         Worker {
             index,
             engine,
+            assignment,
             ports,
             pool,
             waits: Vec::new(),
@@ -117,18 +172,20 @@ impl Worker {
         let mut driver = Driver::new(batch);
         self.batch = batch;
         let mailbox = &team.mailboxes[self.index];
-        self.owed.resize(team.assignment.workers, 0);
+        // SAFETY: gettid has no arguments and cannot fail.
+        team.tids[self.index].store(unsafe { libc::gettid() } as u32, Ordering::Relaxed);
+        self.owed.resize(team.workers, 0);
         if self.waits.len() != self.ports.len() {
             self.waits = (0..self.ports.len())
                 .map(|_| (ring_wait(spin), 0))
                 .collect();
         }
         let mut next_publish = clock.now();
+        let mut next_link = next_publish;
         let mut idle = crate::runner::IdlePolicy::default();
         let mut fds = Vec::new();
-        // The directory the uplink frames are routed with; it changes only at a live change,
-        // while the workers are stopped.
-        let dir = self.engine.dir.clone();
+        // The directory the uplink frames are routed with; it changes only at a live change.
+        let mut dir = self.engine.dir.clone();
         let mut cpu_mark = thread_cpu_ns();
         while !stop.load(Ordering::Relaxed) && !team.pause.load(Ordering::Relaxed) {
             let now = clock.now();
@@ -139,16 +196,34 @@ impl Worker {
             cpu_mark = cpu_now;
             if now >= next_publish {
                 next_publish = now + Duration::from_millis(100);
-                team.published[self.index]
-                    .store(Some(Arc::new(self.publish(now, &team.assignment))));
+                team.published[self.index].store(Some(Arc::new(self.publish(now))));
             }
-            let mail = self.take_mail(now, team);
+            if now >= next_link && team.workers > 1 {
+                // Once a millisecond: this worker's receiver reported, its part taken.
+                next_link = now + Duration::from_millis(1);
+                let slot = &team.link[self.index];
+                if let Some(a) = self.engine.link_aggregate(now) {
+                    slot.report(a);
+                }
+                match slot.part.load(Ordering::Relaxed) {
+                    0 => {}
+                    part => self.engine.set_link_share(part),
+                }
+            }
+            let mut mail = 0;
+            while let Some(control) = mailbox.take_control() {
+                self.on_control(now, control, spin);
+                dir = self.engine.dir.clone();
+                mail += 1;
+            }
+            mail += self.take_mail(now, team);
             let mut io = WorkerIo {
                 me: self.index,
                 ports: &mut self.ports,
                 waits: &mut self.waits,
                 work: &mut *work,
                 team,
+                owner: &self.assignment.owner,
                 dir: &dir,
                 inbound: &mut self.inbound,
                 handoff: &mut self.handoff,
@@ -186,8 +261,62 @@ impl Worker {
         }
         let now = clock.now();
         self.engine.leave_workers(now);
-        team.published[self.index].store(Some(Arc::new(self.publish(now, &team.assignment))));
+        team.published[self.index].store(Some(Arc::new(self.publish(now))));
         Ok(())
+    }
+
+    /// Applies the coordinator's live changes to this worker's engine (the frames of a removed
+    /// VM's queues go back to this worker's pool), installs the new ports placed here, gives
+    /// up removed VMs' ports, takes the new owners and budgets, and answers.
+    fn on_control(&mut self, now: Instant, control: Control, spin: Duration) {
+        let Control {
+            old,
+            changes,
+            ports: mut opened,
+            owner,
+            budgets,
+            reply,
+        } = control;
+        let mut closed = Vec::new();
+        let (ports, waits) = (&mut self.ports, &mut self.waits);
+        let result = self
+            .engine
+            .apply_all(now, &old, &changes, &mut self.pool, |port, change| {
+                match (port, change) {
+                    (PortChange::Closed(slot), _) => {
+                        closed.extend(ports.get_mut(slot).and_then(Option::take));
+                    }
+                    (PortChange::Opened(slot), Change::AddVm(vm)) => {
+                        let name = &vm.port.as_ref().expect("local VM").ifname;
+                        if ports.len() <= slot {
+                            ports.resize_with(slot + 1, || None);
+                        }
+                        ports[slot] =
+                            take_named(&mut opened, name).or_else(|| take_named(&mut closed, name));
+                        waits.resize_with(ports.len(), || (ring_wait(spin), 0));
+                        waits[slot] = (ring_wait(spin), 0);
+                    }
+                    _ => {}
+                }
+            });
+        let slots = self.engine.dir.port_count();
+        if self.ports.len() < slots {
+            self.ports.resize_with(slots, || None);
+        }
+        self.waits
+            .resize_with(self.ports.len(), || (ring_wait(spin), 0));
+        self.assignment.owner = owner.to_vec();
+        if let Some(budgets) = budgets {
+            // After the changes: the engine's caches are sized for the tenants it has now.
+            self.engine.leave_workers(now);
+            self.engine.join_workers(budgets, self.index);
+        }
+        closed.append(&mut opened);
+        let _ = reply.send(Applied {
+            worker: self.index,
+            result,
+            closed,
+        });
     }
 
     /// Takes what other workers handed over: uplink frames wait for the next uplink read,
@@ -207,7 +336,10 @@ impl Worker {
             self.owed[from] += 1;
             match h {
                 Handoff::Uplink(f) => self.inbound.push(f),
-                Handoff::Tx(p, f) => self.engine.tx_queue(p).push(f),
+                // Only while it still holds the VM the sender queued the frame for (a live
+                // change may have removed it, or not reached this worker yet).
+                Handoff::Tx(p, vm, f) if self.holds(p, vm) => self.engine.tx_queue(p).push(f),
+                Handoff::Tx(_, _, f) => self.pool.put(f),
                 Handoff::Feedback(f) => self.engine.on_feedback_copy(now, f, &mut self.pool),
             }
         }
@@ -228,9 +360,18 @@ impl Worker {
         n
     }
 
+    /// Whether this worker has port `p` open for VM `vm` (slot, generation).
+    fn holds(&self, p: PortIdx, vm: (usize, u32)) -> bool {
+        let dir = &self.engine.dir;
+        self.ports.get(p).is_some_and(Option::is_some)
+            && dir.port_vm.get(p) == Some(&Some(vm.0))
+            && dir.vms[vm.0].generation == vm.1
+    }
+
     /// This worker's snapshot: its VMs (every VM shows the worker that owns it), its ports,
     /// and the SLOs of the tenants whose VMs it owns.
-    fn publish(&mut self, now: Instant, assignment: &Assignment) -> Published {
+    fn publish(&mut self, now: Instant) -> Published {
+        let assignment = &self.assignment;
         let mut switch = self.engine.snapshot();
         switch
             .switch
@@ -243,7 +384,7 @@ impl Worker {
                 .iter()
                 .find(|v| v.name == name)
                 .and_then(|v| v.port)
-                .map(|p| assignment.owner[p])
+                .and_then(|p| assignment.owner.get(p).copied())
         };
         for vm in &mut switch.vms {
             vm.worker = owner_of(&vm.name).unwrap_or(0);
@@ -252,7 +393,7 @@ impl Worker {
             let mut owners = dir
                 .local_vms()
                 .filter(|&(v, _)| dir.tenants[dir.vms[v].tenant].name == t.tenant)
-                .map(|(_, p)| assignment.owner[p]);
+                .map(|(_, p)| assignment.owner.get(p).copied().unwrap_or(0));
             owners.next().unwrap_or(0) == self.index
         });
         let ports = self
@@ -323,6 +464,8 @@ struct WorkerIo<'a> {
     waits: &'a mut [(AdaptiveWait, u64)],
     work: &'a mut SpinWork,
     team: &'a Team,
+    /// Which worker owns each port.
+    owner: &'a [usize],
     dir: &'a Directory,
     inbound: &'a mut Vec<Frame>,
     handoff: &'a mut HandoffCounters,
@@ -333,7 +476,7 @@ impl WorkerIo<'_> {
     fn post(&mut self, to: usize, h: Handoff, pool: &mut FramePool) {
         match self.team.mailboxes[to].post(self.me, h) {
             Ok(()) => self.handoff.out += 1,
-            Err(Handoff::Uplink(f) | Handoff::Tx(_, f) | Handoff::Feedback(f)) => {
+            Err(Handoff::Uplink(f) | Handoff::Tx(_, _, f) | Handoff::Feedback(f)) => {
                 self.handoff.full += 1;
                 pool.put(f);
             }
@@ -343,11 +486,11 @@ impl WorkerIo<'_> {
     /// Sorts the frames `rx[from..]` read from this worker's uplink socket: those for another
     /// worker's VMs are handed over, feedback is copied to every other worker.
     fn route_uplink(&mut self, rx: &mut Vec<Frame>, from: usize, pool: &mut FramePool) {
-        let workers = self.team.assignment.workers;
+        let workers = self.team.workers;
         let mut i = from;
         while i < rx.len() {
             let (port, feedback) = uplink_target(self.dir, rx[i].data());
-            let owner = port.map_or(self.me, |p| self.team.assignment.owner[p]);
+            let owner = port.map_or(self.me, |p| self.owner.get(p).copied().unwrap_or(self.me));
             if feedback {
                 for w in (0..workers).filter(|&w| w != owner) {
                     let Some(mut copy) = pool.get() else { break };
@@ -394,7 +537,7 @@ impl Io for WorkerIo<'_> {
                 let (wait, seen) = &mut self.waits[port];
                 *seen += n as u64;
                 wait.observe(now, *seen);
-                if port == UPLINK && self.team.assignment.workers > 1 {
+                if port == UPLINK && self.team.workers > 1 {
                     self.route_uplink(rx, start, pool);
                 }
             }
@@ -420,9 +563,17 @@ impl Io for WorkerIo<'_> {
                     .with_context(|| format!("send on {}", p.name()))?;
             }
             None => {
-                let owner = self.team.assignment.owner[port];
-                for f in queue.drain(..) {
-                    self.post(owner, Handoff::Tx(port, f), pool);
+                let owner = self.owner.get(port).copied().unwrap_or(self.me);
+                let vm = self.dir.port_vm.get(port).copied().flatten();
+                match vm.filter(|_| owner != self.me) {
+                    Some(v) => {
+                        let vm = (v, self.dir.vms[v].generation);
+                        for f in queue.drain(..) {
+                            self.post(owner, Handoff::Tx(port, vm, f), pool);
+                        }
+                    }
+                    // No VM there any more, or its port not yet open here: nowhere to send.
+                    None => queue.drain(..).for_each(|f| pool.put(f)),
                 }
             }
         }

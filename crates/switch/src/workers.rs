@@ -18,22 +18,29 @@
 //!   a frame an engine queued for another worker's port, is handed over through that worker's
 //!   bounded lock-free [`Mailbox`] (dropped, counted as `handoff_full`, when it is full);
 //!   standalone congestion feedback is copied to every worker, whose senders all obey it.
-//! - **Control**: API changes reach workers as today through the run loop (workers pause at a
-//!   live change); each worker publishes its snapshot through its own `arc-swap` slot and the
-//!   coordinator merges them ([`merge`]).
+//! - **Control**: the coordinator turns an API change into live changes, tries them on an
+//!   engine of its own that mirrors the workers' directories, opens a new VM's port and places
+//!   the VM ([`Assignment::place`]), then posts the changes to every worker's control queue
+//!   ([`Mailbox::control`]); each applies them to its engine between passes, the owner
+//!   installs the new port or gives the removed one back. No worker stops, and no frame but a
+//!   removed VM's leaves a queue. Each worker publishes its snapshot through its own `arc-swap`
+//!   slot and the coordinator merges them ([`crate::coordinator::merge`]).
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
 
-use crossbeam_queue::ArrayQueue;
+use crossbeam_queue::{ArrayQueue, SegQueue};
 use picnic_core::pool::SharedBucket;
 use picnic_core::{Duration, Instant};
 
 use anyhow::Context;
 
+use crate::change::Change;
 use crate::config::{Backend, Config};
-use crate::directory::{Directory, PortIdx, TenantIdx};
+use crate::directory::{Directory, PortIdx, TenantIdx, VmIdx};
 use crate::ebpf::EarlyDrop;
+use crate::engine::ChangeFailed;
 use crate::frame::Frame;
 use crate::port::{AfXdpOptions, AfXdpPort, Port};
 use crate::runner::open_port;
@@ -99,14 +106,21 @@ pub fn open_uplinks(cfg: &Config, workers: usize) -> anyhow::Result<Uplinks> {
     }
 }
 
-/// Whether `cfg` has the switch drive eBPF programs from its loop: the AF_XDP uplink's early
-/// drop of throttled VMs, or the softirq accounting of tenants with a CPU quota. One worker's
-/// engine drives them, so they need the single loop (docs/switch.md "Workers").
+/// Whether `cfg` has the switch drive an eBPF program from its loop that needs the single
+/// loop: the AF_XDP uplink's early drop of throttled VMs, which one engine's Iron accounts
+/// and packet budgets decide (docs/switch.md "Workers"). The softirq accounting runs with
+/// several workers (the coordinator charges it to the shared budgets).
 pub fn drives_ebpf(cfg: &Config) -> bool {
     cfg.uplink.backend == Backend::AfXdp
-        || (cfg.isolation.cpu_accounting
-            && cfg.isolation.softirq_accounting
-            && cfg.tenants.iter().any(|t| t.cpu_quota.is_some()))
+}
+
+/// Whether `cfg` has the ports' softirq time measured and charged: only while Iron runs (a
+/// tenant has a CPU quota), as the tracepoints cost every packet of the host (docs/switch.md
+/// "eBPF").
+pub fn wants_softirq(cfg: &Config) -> bool {
+    cfg.isolation.cpu_accounting
+        && cfg.isolation.softirq_accounting
+        && cfg.tenants.iter().any(|t| t.cpu_quota.is_some())
 }
 
 /// Whether a tenant of `cfg` encrypts: the shared encryption engine is driven by the single
@@ -151,6 +165,33 @@ impl Assignment {
     /// The ports worker `w` owns, the uplink excluded.
     pub fn ports_of(&self, w: usize) -> impl Iterator<Item = PortIdx> + '_ {
         (1..self.owner.len()).filter(move |&p| self.owner[p] == w)
+    }
+
+    /// Places the VM a live change added on `port` (in `dir`, which has it) and returns its
+    /// worker: with its tenant's other VMs when the tenant has an SLO (one monitor sees all its
+    /// traffic), else on the worker with the least guarantee, then the fewest VMs, then the
+    /// lowest index, as [`assign`] places VMs at start. The other VMs stay where they are.
+    pub fn place(&mut self, dir: &Directory, port: PortIdx) -> usize {
+        self.owner.resize(dir.port_count().max(port + 1), 0);
+        let tenant = dir.port_vm[port].map(|v| dir.vms[v].tenant);
+        let others = || dir.local_vms().filter(move |&(_, p)| p != port);
+        let with_tenant = tenant
+            .filter(|&t| dir.tenants[t].slo.is_some())
+            .and_then(|t| others().find(|&(v, _)| dir.vms[v].tenant == t))
+            .map(|(_, p)| self.owner[p]);
+        let w = with_tenant.unwrap_or_else(|| {
+            let mut load = vec![(0u64, 0usize); self.workers];
+            for (v, p) in others() {
+                let l = &mut load[self.owner[p].min(self.workers - 1)];
+                l.0 += dir.vms[v].min_bps.max(1);
+                l.1 += 1;
+            }
+            (0..self.workers)
+                .min_by_key(|&w| (load[w].0, load[w].1, w))
+                .expect("at least one worker")
+        });
+        self.owner[port] = w;
+        w
     }
 }
 
@@ -204,14 +245,14 @@ pub fn assign(dir: &Directory, workers: usize) -> Assignment {
 pub struct SharedBudgets {
     /// The uplink's capacity (`uplink.capacity_mbps`), bytes/s, when egress is paced to it:
     /// every worker's egress scheduler borrows from it (EyeQ 4's multi-queue rate limiter).
-    pub link: Option<SharedBucket>,
+    pub link: Option<Arc<SharedBucket>>,
     /// What a worker's link cache borrows at once, bytes.
     pub link_chunk: u64,
     /// Per tenant with a quota: its bucket, refilled at its allocation (quota per Iron period)
     /// and holding one period's quota.
-    pub buckets: Vec<Option<SharedBucket>>,
+    pub buckets: Vec<Option<Arc<SharedBucket>>>,
     /// Per tenant: ns charged by every worker since the start.
-    pub charged: Vec<AtomicU64>,
+    pub charged: Vec<Arc<AtomicU64>>,
     /// What a worker's cache borrows at once, ns.
     pub chunk: u64,
 }
@@ -235,9 +276,9 @@ impl SharedBudgets {
             link_chunk: 1,
             buckets: quotas
                 .iter()
-                .map(|q| q.map(|q| SharedBucket::new(per_sec(q), q.as_nanos(), now)))
+                .map(|q| q.map(|q| Arc::new(SharedBucket::new(per_sec(q), q.as_nanos(), now))))
                 .collect(),
-            charged: quotas.iter().map(|_| AtomicU64::new(0)).collect(),
+            charged: quotas.iter().map(|_| Arc::default()).collect(),
             chunk: smallest
                 .map(|q| (q / 16 / workers.max(1) as u64).clamp(1, 100_000))
                 .unwrap_or(1),
@@ -247,14 +288,51 @@ impl SharedBudgets {
     /// Paces the workers' egress together to `rate` bytes/s with bursts of `burst`; each
     /// worker's cache borrows a share of the burst at once.
     pub fn with_link(mut self, rate: u64, burst: u64, now: Instant, workers: usize) -> Self {
-        self.link = Some(SharedBucket::new(rate, burst, now));
+        self.link = Some(Arc::new(SharedBucket::new(rate, burst, now)));
         self.link_chunk = (burst / (2 * workers.max(1) as u64)).max(1);
         self
     }
 
+    /// The budgets after a live change left the tenants with `quotas`: a tenant whose quota
+    /// is unchanged keeps its bucket and its charges, the uplink its pacer (None: nothing
+    /// changed).
+    pub fn after_change(
+        &self,
+        quotas: &[Option<Duration>],
+        period: Duration,
+        workers: usize,
+        now: Instant,
+    ) -> Option<SharedBudgets> {
+        let mut new = SharedBudgets::new(quotas, period, workers, now);
+        let same: Vec<bool> = (0..quotas.len())
+            .map(|t| match (self.bucket(t), new.bucket(t)) {
+                (Some(a), Some(b)) => a.rate() == b.rate() && a.burst() == b.burst(),
+                (a, b) => a.is_none() && b.is_none(),
+            })
+            .collect();
+        if quotas.len() == self.buckets.len() && same.iter().all(|&s| s) {
+            return None;
+        }
+        let kept = self
+            .buckets
+            .iter()
+            .zip(&self.charged)
+            .zip(&same)
+            .take(quotas.len());
+        for (t, ((bucket, charged), &same)) in kept.enumerate() {
+            new.charged[t] = charged.clone();
+            if same {
+                new.buckets[t] = bucket.clone();
+            }
+        }
+        new.link = self.link.clone();
+        new.link_chunk = self.link_chunk;
+        Some(new)
+    }
+
     /// The tenant's bucket, if it has a quota.
     pub fn bucket(&self, tenant: TenantIdx) -> Option<&SharedBucket> {
-        self.buckets.get(tenant).and_then(Option::as_ref)
+        self.buckets.get(tenant).and_then(Option::as_deref)
     }
 
     /// Notes `ns` charged to `tenant` by some worker.
@@ -270,17 +348,41 @@ pub enum Handoff {
     /// Received on the sender's uplink socket, for a VM the receiver owns: the receiver's
     /// engine takes it as if read from its own uplink socket.
     Uplink(Frame),
-    /// A frame to transmit on a port the receiver owns.
-    Tx(PortIdx, Frame),
+    /// A frame to transmit on a port the receiver owns, for the VM (slot and generation) the
+    /// sender's directory has there: a frame for a VM removed meanwhile never reaches a VM
+    /// added later on the same port.
+    Tx(PortIdx, (VmIdx, u32), Frame),
     /// A copy of a frame carrying congestion feedback, for the receiver's senders.
     Feedback(Frame),
 }
 
+/// Live changes for one worker ([`Mailbox::control`]): the changes from the running config
+/// `old`, the ports of new VMs placed on this worker, every port's owner afterwards and, when
+/// the tenants' quotas changed, the new CPU budgets.
+pub struct Control {
+    pub old: Arc<Config>,
+    pub changes: Arc<Vec<Change>>,
+    pub ports: Vec<Box<dyn Port>>,
+    pub owner: Arc<Vec<usize>>,
+    pub budgets: Option<Arc<SharedBudgets>>,
+    pub reply: mpsc::Sender<Applied>,
+}
+
+/// A worker's answer to a [`Control`]: whether its engine took the changes, and the ports it
+/// gave up (removed VMs', for the coordinator to close).
+pub struct Applied {
+    pub worker: usize,
+    pub result: Result<(), ChangeFailed>,
+    pub closed: Vec<Box<dyn Port>>,
+}
+
 /// A worker's inbox: a bounded lock-free queue other workers post frames to, the frames it
 /// is owed back (every frame handed over is repaid from the receiver's pool, so each pool keeps
-/// its size), and an eventfd that wakes it from its wait when it sleeps.
+/// its size), the coordinator's live changes, and an eventfd that wakes it from its wait when
+/// it sleeps.
 pub struct Mailbox {
     inbox: ArrayQueue<(usize, Handoff)>,
+    control: SegQueue<Control>,
     returns: ArrayQueue<Frame>,
     wake: OwnedFd,
     sleeping: AtomicBool,
@@ -297,6 +399,7 @@ impl Mailbox {
         Ok(Mailbox {
             inbox: ArrayQueue::new(capacity.max(1)),
             returns: ArrayQueue::new(capacity.max(1)),
+            control: SegQueue::new(),
             // SAFETY: `fd` is a fresh descriptor owned by nobody else.
             wake: unsafe { OwnedFd::from_raw_fd(fd) },
             sleeping: AtomicBool::new(false),
@@ -322,6 +425,17 @@ impl Mailbox {
         self.returns.push(frame)
     }
 
+    /// Posts live changes for this worker and wakes it.
+    pub fn control(&self, c: Control) {
+        self.control.push(c);
+        self.kick();
+    }
+
+    /// The next live changes posted for this worker.
+    pub fn take_control(&self) -> Option<Control> {
+        self.control.pop()
+    }
+
     /// A frame repaid to this worker.
     pub fn repaid(&self) -> Option<Frame> {
         self.returns.pop()
@@ -336,7 +450,7 @@ impl Mailbox {
     /// frame is already waiting, so no post can be missed between the check and the wait.
     pub fn sleep(&self) -> bool {
         self.sleeping.store(true, Ordering::SeqCst);
-        if !self.inbox.is_empty() {
+        if !self.inbox.is_empty() || !self.control.is_empty() {
             self.sleeping.store(false, Ordering::SeqCst);
             return false;
         }
@@ -500,10 +614,74 @@ mod tests {
         m.awake();
         assert!(!crate::port::wait_readable(&[m.wake_fd()], std::time::Duration::ZERO).unwrap());
         assert!(!m.sleep(), "a frame is waiting: do not block");
-        assert!(m.post(1, Handoff::Tx(3, pool.get().unwrap())).is_ok());
+        assert!(m
+            .post(1, Handoff::Tx(3, (2, 0), pool.get().unwrap()))
+            .is_ok());
         assert!(m.post(1, Handoff::Feedback(pool.get().unwrap())).is_err());
         assert!(matches!(m.take(), Some((1, Handoff::Uplink(_)))));
-        assert!(matches!(m.take(), Some((1, Handoff::Tx(3, _)))));
+        assert!(matches!(m.take(), Some((1, Handoff::Tx(3, (2, 0), _)))));
         assert!(m.take().is_none());
+    }
+
+    /// A VM added live goes to the worker with the least guarantee, or to its tenant's other
+    /// VMs' worker when the tenant has an SLO; the VMs already placed stay.
+    #[test]
+    fn a_vm_added_live_goes_to_the_lightest_worker_or_its_slo_tenants() {
+        let dir = dir_with(
+            &[
+                ("a", "t", 100),
+                ("b", "t", 300),
+                ("c", "u", 100),
+                ("d", "u", 10),
+            ],
+            Some("u"),
+        );
+        // a and b on their own workers, the SLO tenant u's c and d together.
+        let start = assign(&dir, 2);
+        let (a, b, c, d) = (1, 2, 3, 4);
+        let mut placed = start.clone();
+        placed.owner[a] = 0;
+        placed.owner[b] = 1;
+        placed.owner[c] = 0;
+        // d is "new": tenant u has an SLO, so it joins c.
+        assert_eq!(placed.place(&dir, d), 0);
+        // Without the SLO tenant rule, the lighter worker (1 has b's 300, 0 has a and c's
+        // 200) takes it.
+        let plain = dir_with(
+            &[
+                ("a", "t", 100),
+                ("b", "t", 300),
+                ("c", "u", 100),
+                ("d", "u", 10),
+            ],
+            None,
+        );
+        let mut placed2 = placed.clone();
+        assert_eq!(placed2.place(&plain, d), 0);
+        placed2.owner[c] = 1;
+        assert_eq!(placed2.place(&plain, d), 0, "0: 100, 1: 400");
+        assert_eq!(&placed2.owner[..4], &[placed.owner[0], 0, 1, 1]);
+    }
+
+    /// A live change keeps the buckets and charges of tenants whose quota stayed, and reports
+    /// no change when no quota changed.
+    #[test]
+    fn budgets_after_a_change_keep_unchanged_tenants_buckets() {
+        let ms = Duration::from_millis;
+        let period = ms(10);
+        let old = SharedBudgets::new(&[Some(ms(5)), None], period, 2, Instant::ZERO);
+        old.note_charged(0, 7);
+        assert!(old
+            .after_change(&[Some(ms(5)), None], period, 2, Instant::ZERO)
+            .is_none());
+        let new = old
+            .after_change(&[Some(ms(5)), Some(ms(2)), None], period, 2, Instant::ZERO)
+            .unwrap();
+        assert!(Arc::ptr_eq(
+            old.buckets[0].as_ref().unwrap(),
+            new.buckets[0].as_ref().unwrap()
+        ));
+        assert_eq!(new.charged[0].load(Ordering::Relaxed), 7);
+        assert!(new.bucket(1).is_some() && new.bucket(2).is_none());
     }
 }

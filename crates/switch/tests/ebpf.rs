@@ -699,3 +699,85 @@ fn tracepoint_cost() {
         );
     }
 }
+
+/// Issue 15: a CPU quota given through a live change starts the softirq accounting as a
+/// start-up config with that quota would: a switch started without quotas has it off; once
+/// tenant a gets one, a flood from a1's VM is charged to a as softirq time.
+#[test]
+fn a_quota_given_live_starts_the_softirq_accounting() {
+    if !is_root() || !have_ebpf() {
+        return;
+    }
+    let (sw, vm) = (Netns::new(), Netns::new());
+    sw.veth_pair("pnwu", "pnwv");
+    for (a, b) in [("pnwa", "pnwb"), ("pnwc", "pnwd")] {
+        sw.veth_pair(a, b);
+        sw.ip(&format!("link set {b} netns {}", vm.name));
+        vm.ip(&format!("link set {b} up"));
+    }
+    let with_quota = picnic_switch::config::Config::parse(SWITCH).unwrap();
+    let mut without = with_quota.clone();
+    without.tenants.iter_mut().for_each(|t| t.cpu_quota = None);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let published = std::thread::scope(|s| {
+        s.spawn(|| {
+            sw.enter(|| {
+                let mut switch = picnic_switch::runner::Switch::open(without).unwrap();
+                let on = switch
+                    .describe_ports()
+                    .iter()
+                    .any(|l| l.contains("softirq"));
+                let commands = switch.command_channel();
+                tx.send((switch.stop_flag(), switch.shared(), on, commands))
+                    .unwrap();
+                switch.run().unwrap();
+            })
+        });
+        let (stop, shared, on, commands) = rx.recv().unwrap();
+        assert!(!on, "no quota at start: softirq accounting off");
+        let mut quota = with_quota.clone();
+        quota.tenants[1].cpu_quota = None;
+        let (reply, answer) = std::sync::mpsc::channel();
+        commands
+            .send(picnic_switch::runner::Command::Reconfigure(
+                Box::new(quota),
+                reply,
+            ))
+            .unwrap();
+        answer
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap()
+            .unwrap();
+        let mut frame = Vec::new();
+        etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 0xa1], [2, 0, 0, 0, 0, 0xee])
+            .ipv4([198, 18, 0, 1], [198, 18, 0, 99], 64)
+            .udp(40000, 7)
+            .write(&mut frame, &[0u8; 18])
+            .unwrap();
+        vm.enter(|| {
+            let mut port = AfPacketPort::open("pnwb", AfPacketOptions::default()).unwrap();
+            let mut pool = FramePool::new(1024);
+            let end = std::time::Instant::now() + Duration::from_secs(1);
+            let mut batch = Vec::new();
+            while std::time::Instant::now() < end {
+                while batch.len() < 64 {
+                    let mut f = pool.get().unwrap();
+                    f.fill_from(&frame);
+                    batch.push(f);
+                }
+                port.send_batch(&mut batch, &mut pool).unwrap();
+            }
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        shared
+    });
+    let snap = published.latest().unwrap();
+    assert!(
+        snap.switch.switch.softirq.is_some(),
+        "softirq totals in /stats: the accounting runs"
+    );
+    let a = snap.switch.tenants.iter().find(|t| t.name == "a").unwrap();
+    println!("tenant a after its live quota: softirq {} ns", a.softirq_ns);
+    assert!(a.softirq_ns > 0, "a's ports' softirq time is charged to a");
+}

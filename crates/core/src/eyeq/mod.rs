@@ -18,7 +18,9 @@
 mod receiver;
 mod sender;
 
-pub use receiver::{EndpointConfig, EndpointStats, Feedback, Receiver, ReceiverConfig};
+pub use receiver::{
+    Aggregate, EndpointConfig, EndpointStats, Feedback, Receiver, ReceiverConfig, AGGREGATE_RECENT,
+};
 pub use sender::{FeedbackOutcome, LimiterStats, Sender, SenderConfig};
 
 /// Errors of the EyeQ mechanisms: configuration mistakes and calls naming unknown endpoints.

@@ -118,6 +118,22 @@ pub struct EndpointStats {
     pub feedbacks: u64,
 }
 
+/// How recently an endpoint must have received to count in [`Receiver::aggregate`].
+pub const AGGREGATE_RECENT: Duration = Duration::from_millis(100);
+
+/// A receiver's recently receiving endpoints taken together ([`Receiver::aggregate`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Aggregate {
+    /// Endpoints that received recently.
+    pub active: u32,
+    /// Sum of their guarantees.
+    pub guarantee: u64,
+    /// Sum of their demands, units/s.
+    pub demand: u64,
+    /// Sum of every endpoint's guarantee, active or not.
+    pub reserve: u64,
+}
+
 /// Units received in the current metering window. Private so that a shared meter type can
 /// replace it without touching the rest of the module.
 #[derive(Debug, Default, Clone, Copy)]
@@ -362,6 +378,35 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
         }
     }
 
+    /// The endpoints that received in the last [`AGGREGATE_RECENT`] taken together, as one endpoint
+    /// of a larger resource: how many, the sum of their guarantees and of their demands (an
+    /// active one's as the RX scheduler estimates it, see `Endpoint::demand`; one idle for
+    /// the moment may want up to its max; saturating), and every endpoint's guarantees.
+    /// Several receivers sharing one resource (a switch's workers, each with the endpoints of
+    /// its VMs) are given their parts of it by these ([`Self::set_capacity`]); counting
+    /// endpoints over 100 ms rather than EyeQ's 1 ms active set keeps a bursty one counted
+    /// between its bursts.
+    pub fn aggregate(&self, now: Instant) -> Aggregate {
+        let mut a = Aggregate::default();
+        for ep in &self.endpoints {
+            a.reserve = a.reserve.saturating_add(ep.config.guarantee);
+            // Its first packet is always sampled for feedback: it received at least once.
+            let received = ep.last_feedback.is_some();
+            if !received || now.saturating_since(ep.last_rx) >= AGGREGATE_RECENT {
+                continue;
+            }
+            a.active += 1;
+            a.guarantee = a.guarantee.saturating_add(ep.config.guarantee);
+            let demand = if ep.active {
+                ep.demand()
+            } else {
+                ep.max_rate()
+            };
+            a.demand = a.demand.saturating_add(demand);
+        }
+        a
+    }
+
     /// Metrics of one endpoint.
     pub fn endpoint(&self, id: K) -> Option<EndpointStats> {
         let i = *self.index.get(&id)?;
@@ -567,6 +612,38 @@ mod tests {
         // After 100 us without feedback, the next packet is sampled whatever its size.
         let later = t + Duration::from_micros(100);
         assert_eq!(rx.on_packet(later, 7, 1u8, 64).unwrap().unwrap().seq, 5);
+    }
+
+    /// The aggregate counts an endpoint from its first packet until 100 ms without
+    /// any (not only while it is in the 1 ms active set), with the demand of a hungry one.
+    #[test]
+    fn the_aggregate_counts_recent_endpoints_and_their_demands() {
+        let mut rx = Receiver::new(ReceiverConfig::default(), Instant::ZERO).unwrap();
+        rx.add_endpoint(1u32, guarantee(100 * MBPS)).unwrap();
+        rx.add_endpoint(2u32, guarantee(300 * MBPS)).unwrap();
+        let idle = rx.aggregate(Instant::ZERO);
+        assert_eq!(
+            (idle.active, idle.guarantee, idle.reserve),
+            (0, 0, 400 * MBPS)
+        );
+        let mut now = Instant::ZERO;
+        for _ in 0..10 {
+            now += Duration::from_micros(200);
+            let _ = rx.on_packet(now, 1, (), 400_000);
+            rx.on_timeout(now);
+        }
+        let busy = rx.aggregate(now);
+        assert_eq!((busy.active, busy.guarantee), (1, 100 * MBPS));
+        assert_eq!(
+            busy.demand,
+            u64::MAX,
+            "more than its share: it may want its max"
+        );
+        // Out of the active set after 1 ms, still counted until 100 ms.
+        let later = now + Duration::from_millis(50);
+        rx.on_timeout(later);
+        assert_eq!(rx.aggregate(later).active, 1);
+        assert_eq!(rx.aggregate(now + Duration::from_millis(100)).active, 0);
     }
 
     #[test]

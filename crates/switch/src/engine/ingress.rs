@@ -162,6 +162,15 @@ impl Ingress {
         Ok(())
     }
 
+    /// The EyeQ receiver over the access link (None without feedback).
+    pub(super) fn link(&self) -> Option<&Receiver<VmIdx>> {
+        self.link.as_ref()
+    }
+
+    pub(super) fn link_mut(&mut self) -> Option<&mut Receiver<VmIdx>> {
+        self.link.as_mut()
+    }
+
     /// Adds local VM `vm` (already in `dir`): its queue, its tenant's new weight, its
     /// receiver endpoints, and every local VM's new CPU share.
     pub(super) fn add_vm(
@@ -471,7 +480,9 @@ impl Engine {
             Some(DropReason::CpuThrottled)
         } else if self.budget_exhausted(now, tenant) {
             if let Some(b) = self.budgets.as_mut() {
-                b.throttle_drops[tenant] += 1;
+                if let Some(n) = b.throttle_drops.get_mut(tenant) {
+                    *n += 1;
+                }
             }
             Some(DropReason::CpuThrottled)
         } else if self.pps_in[w]

@@ -406,3 +406,42 @@ fn underlay_frames_carry_a_source_of_the_host_that_sent_them() {
     assert_eq!(h1.engine.counters.drops.get(DropReason::Spoofed), 3);
     assert_eq!(h1.drops("a1", DropReason::Spoofed), 0);
 }
+
+/// A list of changes whose last one fails is undone as a whole: the first change (b1's new
+/// guarantee) is taken back, a1's queued frames stay, and the error names the change that
+/// failed and says that nothing changed.
+#[test]
+fn a_change_list_that_fails_part_way_is_undone() {
+    let mut h1 = Host::new(1, 1000);
+    let now = Instant::ZERO;
+    for _ in 0..10 {
+        h1.inject(now, h1.port_of("a1"), &udp(A1, A2, IP_A1, IP_A2, 7, 200));
+    }
+    let old = config(1, 1000);
+    let guarantee = |e: &Engine| {
+        let v = e.dir.vm_named("b1").unwrap();
+        e.dir.vms[v].min_bps
+    };
+    let before = guarantee(&h1.engine);
+    let mut b1 = old.vms[1].clone();
+    b1.min_mbps = 300;
+    let mut unknown = old.vms[1].clone();
+    unknown.name = "nobody".into();
+    let changes = [Change::SetVm(b1), Change::SetVm(unknown)];
+    let mut ports = Vec::new();
+    let err = h1
+        .engine
+        .apply_all(now, &old, &changes, &mut h1.pool, |p, _| ports.push(p))
+        .unwrap_err();
+    assert_eq!(err.index, 1);
+    assert!(err.undo_failed.is_none(), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("change VM 'nobody'") && text.contains("nothing changed"),
+        "{text}"
+    );
+    assert_eq!(guarantee(&h1.engine), before, "b1's guarantee taken back");
+    assert!(ports.is_empty());
+    assert_eq!(held(&h1.engine), 10, "a1's frames untouched");
+    assert!(diff(&err.running(&old, &changes), &old).unwrap().is_empty());
+}

@@ -13,8 +13,8 @@ use picnic_core::{Duration, Instant};
 use super::queues::{tenant_min_pps, tenant_weights};
 use super::AccelUse;
 use super::{cpu, Engine, IRON_PERIOD};
-use crate::change::Change;
-use crate::config::{TenantEntry, VmEntry};
+use crate::change::{apply_to, diff, Change};
+use crate::config::{Config, TenantEntry, VmEntry};
 use crate::directory::{PortIdx, Tenant, TenantIdx, VmIdx};
 use crate::frame::{Frame, FramePool};
 use crate::stats::{DropReason, VmCounters};
@@ -27,6 +27,52 @@ pub enum PortChange {
     /// A local VM was removed: close the port in this slot.
     Closed(PortIdx),
 }
+
+/// Why [`Engine::apply_all`] did not apply a list of changes.
+#[derive(Debug, Clone)]
+pub struct ChangeFailed {
+    /// The change that failed (its place in the list, the list's length, what it was) and why.
+    pub index: usize,
+    pub of: usize,
+    pub change: String,
+    pub error: String,
+    /// None: the changes before it were undone and nothing changed. Some: undoing them failed
+    /// too (why), so the first `index` changes stay applied.
+    pub undo_failed: Option<String>,
+}
+
+impl ChangeFailed {
+    /// The config the engine runs after the failure: `old`, or with the changes that stayed.
+    pub fn running(&self, old: &Config, changes: &[Change]) -> Config {
+        let mut cfg = old.clone();
+        if self.undo_failed.is_some() {
+            changes[..self.index]
+                .iter()
+                .for_each(|c| apply_to(&mut cfg, c));
+        }
+        cfg
+    }
+}
+
+impl std::fmt::Display for ChangeFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (n, of, before) = (self.index + 1, self.of, self.index);
+        write!(
+            f,
+            "change {n} of {of} ({}) failed: {}; ",
+            self.change, self.error
+        )?;
+        match &self.undo_failed {
+            None => write!(f, "the {before} before it were undone: nothing changed"),
+            Some(e) => write!(
+                f,
+                "undoing the {before} before it failed too ({e}): those stay applied, as the running config shows"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ChangeFailed {}
 
 /// Iron's allocation of a tenant with a `cpu_quota` (None: unlimited). With a cgroup, switch
 /// work and the cgroup's quota share the allocation (Iron 3.2), and the cgroup never gets
@@ -74,6 +120,46 @@ impl Engine {
             }
         }
         Ok(None)
+    }
+
+    /// Applies `changes` (the diff from `old`) in order, telling `on_port` what each does to
+    /// the ports. All or nothing: when one fails, the ones before it are undone (the diff back
+    /// from the config they made to `old`, which the ports see too), and the error says which
+    /// failed and whether undoing worked.
+    pub fn apply_all(
+        &mut self,
+        now: Instant,
+        old: &Config,
+        changes: &[Change],
+        pool: &mut FramePool,
+        mut on_port: impl FnMut(PortChange, &Change),
+    ) -> Result<(), ChangeFailed> {
+        for (index, change) in changes.iter().enumerate() {
+            let error = match self.apply(now, change, pool) {
+                Ok(port) => {
+                    port.into_iter().for_each(|p| on_port(p, change));
+                    continue;
+                }
+                Err(e) => e,
+            };
+            let mut made = old.clone();
+            changes[..index].iter().for_each(|c| apply_to(&mut made, c));
+            let undone = diff(&made, old).and_then(|undo| {
+                undo.iter().try_for_each(|c| {
+                    let port = self.apply(now, c, pool).map_err(|e| format!("{c}: {e}"))?;
+                    port.into_iter().for_each(|p| on_port(p, c));
+                    Ok(())
+                })
+            });
+            return Err(ChangeFailed {
+                index,
+                of: changes.len(),
+                change: change.to_string(),
+                error,
+                undo_failed: undone.err(),
+            });
+        }
+        Ok(())
     }
 
     /// Makes room in the per-tenant, per-VM and per-port state for the directory's slots.

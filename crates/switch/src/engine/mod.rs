@@ -20,6 +20,7 @@ mod egress;
 pub mod feedback;
 mod ingress;
 mod kernel;
+mod link_share;
 mod live;
 mod offload;
 mod queues;
@@ -50,7 +51,8 @@ use picnic_core::wfq::CostKind;
 pub use egress::{pacer_rate, Egress};
 pub use ingress::Ingress;
 pub use kernel::{SoftirqDelta, XdpThrottle, XDP_CPU, XDP_PPS};
-pub use live::PortChange;
+pub use link_share::split_link;
+pub use live::{ChangeFailed, PortChange};
 pub use sealing::AccelUse;
 pub use slo::{kind_name, Late, SloReport, TenantSlo, Totals, Why, WindowView, SLO_WINDOW};
 
@@ -278,7 +280,13 @@ impl Engine {
             .map(|_| TokenCache::new(budgets.chunk))
             .collect();
         self.egress.share_pacer(&budgets);
-        let throttle_drops = vec![0; self.dir.tenants.len()];
+        // Joining again (new budgets after a live change) keeps the drops counted so far.
+        let mut throttle_drops = self
+            .budgets
+            .take()
+            .map(|b| b.throttle_drops)
+            .unwrap_or_default();
+        throttle_drops.resize(self.dir.tenants.len(), 0);
         self.budgets = Some(WorkerBudgets {
             budgets,
             caches,
@@ -555,7 +563,10 @@ impl Engine {
                     cpu_throttle_drops: stats
                         .map(|s| s.throttle_drops + s.early_drops)
                         .unwrap_or(0)
-                        + self.budgets.as_ref().map_or(0, |b| b.throttle_drops[t]),
+                        + self
+                            .budgets
+                            .as_ref()
+                            .map_or(0, |b| b.throttle_drops.get(t).copied().unwrap_or(0)),
                     cpu_charged_ns: stats.map(|s| s.charged_ns).unwrap_or(0),
                     softirq_ns: self
                         .dir

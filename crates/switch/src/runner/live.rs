@@ -1,23 +1,22 @@
 //! Live changes in the run loop (docs/switch.md "Live changes"): the API's new config
-//! becomes in-place changes to the engines ([`crate::engine::Engine::apply`]); only a new
+//! becomes in-place changes to the engines ([`crate::engine::Engine::apply_all`]); only a new
 //! VM's port is opened (on a helper thread: setting up its rings takes milliseconds that
-//! forwarding must not wait for) and only a removed VM's port is closed.
+//! forwarding must not wait for) and only a removed VM's port is closed. A list of changes is
+//! applied whole or not at all: a port that cannot be opened stops it before anything
+//! changed, a change the engine refuses has the ones before it undone.
 
 use std::sync::mpsc;
 
 use anyhow::Context;
 use picnic_core::Duration;
 
-use super::{open_port, ring_wait, tenant_ports, vm_max_frame_of, Command, Switch};
+use super::{ring_wait, tenant_ports, vm_max_frame_of, Command, PortSpec, Switch};
 use crate::accel::Accel;
 use crate::cgroup::CpuQuota;
 use crate::change::Change;
-use crate::config::{Backend, Config};
+use crate::config::Config;
 use crate::engine::{PortChange, IRON_PERIOD};
 use crate::port::Port;
-
-/// A port to open for a new VM: interface, backend, config field, largest frame.
-pub(super) type PortSpec = (String, Backend, String, usize);
 
 /// A change waiting for the ports a helper thread opens for it.
 pub(super) struct Opening {
@@ -25,6 +24,12 @@ pub(super) struct Opening {
     cfg: Config,
     changes: Vec<Change>,
     reply: mpsc::Sender<anyhow::Result<()>>,
+}
+
+/// Takes the port named `name` out of `list`.
+pub(crate) fn take_named(list: &mut Vec<Box<dyn Port>>, name: &str) -> Option<Box<dyn Port>> {
+    let at = list.iter().position(|p| p.name() == name)?;
+    Some(list.swap_remove(at))
 }
 
 impl Switch {
@@ -65,14 +70,9 @@ impl Switch {
                 }
                 Ok((cfg, changes, specs)) => {
                     let (tx, done) = mpsc::channel();
+                    let opener = self.opener.clone();
                     std::thread::spawn(move || {
-                        let ports = specs
-                            .iter()
-                            .map(|(ifname, backend, field, max_frame)| {
-                                open_port(ifname, *backend, field, *max_frame)
-                            })
-                            .collect();
-                        let _ = tx.send(ports);
+                        let _ = tx.send(specs.iter().map(|s| opener(s)).collect());
                     });
                     self.opening = Some(Opening {
                         done,
@@ -87,27 +87,43 @@ impl Switch {
     }
 
     /// Checks a new config and turns it into live changes ([`crate::change::diff`]), with
-    /// the ports its new VMs need opened (interface, backend, config field, largest frame).
-    fn prepare(&self, cfg: Config) -> anyhow::Result<(Config, Vec<Change>, Vec<PortSpec>)> {
+    /// the ports its new VMs need opened.
+    pub(crate) fn prepare(
+        &self,
+        cfg: Config,
+    ) -> anyhow::Result<(Config, Vec<Change>, Vec<PortSpec>)> {
         cfg.validate()?;
+        if self.workers > 1 && crate::workers::encrypts(&cfg) {
+            anyhow::bail!(
+                "tenants[].encrypt: the shared encryption engine runs with one worker only (switch.workers = {})",
+                self.workers
+            );
+        }
         let changes = crate::change::diff(&self.cfg, &cfg).map_err(anyhow::Error::msg)?;
+        let removed = |name: &str| {
+            changes.iter().any(|c| {
+                matches!(c, Change::RemoveVm(n)
+                    if self.cfg.vms.iter().any(|v| &v.name == n
+                        && v.port.as_ref().is_some_and(|p| p.ifname == name)))
+            })
+        };
         let mut specs = Vec::new();
         for change in &changes {
             let Change::AddVm(vm) = change else { continue };
             let Some(p) = vm.port.as_ref().filter(|_| vm.host == cfg.switch.host_id) else {
                 continue;
             };
-            if self.port_index(&p.ifname).is_some() {
+            // A VM moved to a port another VM gives up in the same change takes it over.
+            if removed(&p.ifname) {
                 continue;
             }
             let i = cfg.vms.iter().position(|v| v.name == vm.name).unwrap_or(0);
-            let field = format!("vms[{i}].port.ifname");
-            specs.push((
-                p.ifname.clone(),
-                p.backend,
-                field,
-                vm_max_frame_of(&cfg, &vm.tenant),
-            ));
+            specs.push(PortSpec {
+                ifname: p.ifname.clone(),
+                backend: p.backend,
+                field: format!("vms[{i}].port.ifname"),
+                max_frame: vm_max_frame_of(&cfg, &vm.tenant),
+            });
         }
         Ok((cfg, changes, specs))
     }
@@ -115,7 +131,8 @@ impl Switch {
     /// Applies live changes, each touching only its host, tenant or VM in place, with the
     /// new VMs' ports `opened` (all opened before anything is applied: if one could not be,
     /// nothing changed). A removed VM's port is closed (dropped on a helper thread); the other
-    /// ports, their rings and their waits are not touched.
+    /// ports, their rings and their waits are not touched. When the engine refuses a change,
+    /// the ones before it are undone and the error says so.
     fn commit(
         &mut self,
         cfg: Config,
@@ -127,63 +144,56 @@ impl Switch {
         let mut closed: Vec<Box<dyn Port>> = Vec::new();
         // XDP drops counted so far belong to the VMs in their slots now.
         self.kernel.publish(&mut self.engine, now);
-        for change in changes {
-            let port = self
-                .engine
-                .apply(now, change, &mut self.pool)
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
-            match (port, change) {
-                (Some(PortChange::Closed(slot)), _) => {
-                    closed.extend(self.ports.get_mut(slot).and_then(Option::take));
+        let (ports, waits) = (&mut self.ports, &mut self.waits);
+        let applied = self.engine.apply_all(
+            now,
+            &self.cfg,
+            changes,
+            &mut self.pool,
+            |port, change| match (port, change) {
+                (PortChange::Closed(slot), _) => {
+                    closed.extend(ports.get_mut(slot).and_then(Option::take));
                 }
-                (Some(PortChange::Opened(slot)), Change::AddVm(vm)) => {
+                (PortChange::Opened(slot), Change::AddVm(vm)) => {
                     let name = &vm.port.as_ref().expect("local VM").ifname;
-                    let take = |list: &mut Vec<Box<dyn Port>>| {
-                        let at = list.iter().position(|p| p.name() == name)?;
-                        Some(list.swap_remove(at))
-                    };
-                    let port = take(&mut opened).or_else(|| take(&mut closed));
-                    if self.ports.len() <= slot {
-                        self.ports.resize_with(slot + 1, || None);
+                    let port =
+                        take_named(&mut opened, name).or_else(|| take_named(&mut closed, name));
+                    if ports.len() <= slot {
+                        ports.resize_with(slot + 1, || None);
                     }
-                    self.ports[slot] = port;
-                    self.waits
-                        .resize_with(self.ports.len(), || (ring_wait(spin), 0));
-                    self.waits[slot] = (ring_wait(spin), 0);
+                    ports[slot] = port;
+                    waits.resize_with(ports.len(), || (ring_wait(spin), 0));
+                    waits[slot] = (ring_wait(spin), 0);
                 }
                 _ => {}
-            }
-        }
+            },
+        );
         if !closed.is_empty() {
             std::thread::spawn(move || drop(closed));
         }
+        let (cfg, failed) = match applied {
+            Ok(()) => (cfg, None),
+            Err(e) if e.undo_failed.is_none() => return Err(e.into()),
+            Err(e) => (e.running(&self.cfg, changes), Some(e)),
+        };
         if let Err(e) = self.kernel.set_ports(&tenant_ports(&self.ports)) {
             eprintln!("picnic switch: warning: softirq accounting: {e}");
+        }
+        if crate::workers::wants_softirq(&cfg) {
+            self.kernel.start_softirq(&tenant_ports(&self.ports), &[]);
         }
         // Tenants that encrypt, and their keys, as the new config says (keys rotate here).
         let accel = Accel::from_config_after(&cfg, self.accel.as_ref())?;
         self.set_accel(accel);
         let old = std::mem::replace(&mut self.cfg, cfg);
         self.shared.set_config(self.cfg.clone());
-        self.sync_cgroups(&old)
-    }
-
-    /// Applies a new config at once, opening its new ports on this thread (the workers'
-    /// coordinator, whose workers are paused meanwhile).
-    pub(crate) fn reconfigure(&mut self, cfg: Config) -> anyhow::Result<()> {
-        let (cfg, changes, specs) = self.prepare(cfg)?;
-        let opened = specs
-            .iter()
-            .map(|(ifname, backend, field, max_frame)| {
-                open_port(ifname, *backend, field, *max_frame)
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        self.commit(cfg, &changes, opened)
+        self.sync_cgroups(&old)?;
+        failed.map_or(Ok(()), |e| Err(e.into()))
     }
 
     /// After a live change: each tenant slot charges the cgroup its tenant names now; a
     /// cgroup no longer charged gets back the allocation `old` gave it.
-    fn sync_cgroups(&mut self, old: &Config) -> anyhow::Result<()> {
+    pub(crate) fn sync_cgroups(&mut self, old: &Config) -> anyhow::Result<()> {
         let tenants = &self.engine.dir.tenants;
         let want: Vec<Option<std::path::PathBuf>> = tenants
             .iter()

@@ -1,0 +1,148 @@
+//! The switch's ports: opening them as the config says, the largest frame a VM port takes,
+//! and the ports as the driver's [`Io`].
+
+use anyhow::Context;
+use picnic_core::notify::AdaptiveWait;
+use picnic_core::Instant;
+use picnic_wire::overlay::ENCAP_OVERHEAD;
+
+use super::SpinWork;
+use crate::config::{Backend, Config};
+use crate::directory::PortIdx;
+use crate::driver::Io;
+use crate::engine::Work;
+use crate::frame::{Frame, FramePool};
+use crate::port::{AfPacketOptions, AfPacketPort, AfXdpOptions, AfXdpPort, Port, TapPort};
+
+/// The ports as the driver's [`Io`]: each read feeds the adaptive wait of the port's ring.
+pub(super) struct PortIo<'a> {
+    pub(super) ports: &'a mut [Option<Box<dyn Port>>],
+    pub(super) waits: &'a mut [(AdaptiveWait, u64)],
+    pub(super) work: &'a mut SpinWork,
+}
+
+impl Io for PortIo<'_> {
+    fn recv(
+        &mut self,
+        now: Instant,
+        port: PortIdx,
+        pool: &mut FramePool,
+        rx: &mut Vec<Frame>,
+        max: usize,
+    ) -> anyhow::Result<usize> {
+        let Some(p) = self.ports[port].as_mut() else {
+            return Ok(0);
+        };
+        let n = p
+            .recv_batch(pool, rx, max)
+            .with_context(|| format!("receive on {}", p.name()))?;
+        if n > 0 {
+            let (wait, seen) = &mut self.waits[port];
+            *seen += n as u64;
+            wait.observe(now, *seen);
+        }
+        Ok(n)
+    }
+
+    fn send(
+        &mut self,
+        port: PortIdx,
+        queue: &mut Vec<Frame>,
+        pool: &mut FramePool,
+    ) -> anyhow::Result<()> {
+        match self.ports[port].as_mut() {
+            Some(p) => {
+                p.send_batch(queue, pool)
+                    .with_context(|| format!("send on {}", p.name()))?;
+            }
+            None => queue.drain(..).for_each(|f| pool.put(f)),
+        }
+        Ok(())
+    }
+
+    fn work(&mut self) -> &mut dyn Work {
+        self.work
+    }
+}
+
+/// Opens a port with the backend the config names, with an error that says what to fix.
+/// GSO super-frames read on it are segmented into frames of at most `max_frame` bytes
+/// ([`vm_max_frame`] for VM ports).
+pub fn open_port(
+    ifname: &str,
+    backend: Backend,
+    field: &str,
+    max_frame: usize,
+) -> anyhow::Result<Box<dyn Port>> {
+    let port: Box<dyn Port> = match backend {
+        Backend::AfPacket => Box::new(
+            AfPacketPort::open(
+                ifname,
+                AfPacketOptions {
+                    max_frame,
+                    ..Default::default()
+                },
+            )
+            .with_context(|| format!("{field}: cannot open '{ifname}'"))?,
+        ),
+        Backend::AfXdp => Box::new(
+            AfXdpPort::open(ifname, AfXdpOptions::default())
+                .with_context(|| format!("{field}: cannot open '{ifname}' with AF_XDP"))?,
+        ),
+        Backend::Tap => Box::new(
+            TapPort::open(ifname, max_frame)
+                .with_context(|| format!("{field}: cannot open TAP '{ifname}'"))?,
+        ),
+        Backend::Memory => {
+            anyhow::bail!("{field}: '{ifname}': memory ports are made in-process, not opened")
+        }
+    };
+    Ok(port)
+}
+
+/// The longest frame a VM may send that still fits the uplink once encapsulated (the
+/// engine's egress check); VM ports segment super-frames to it.
+pub fn vm_max_frame(cfg: &Config) -> usize {
+    (cfg.uplink.mtu + 14).saturating_sub(ENCAP_OVERHEAD)
+}
+
+/// [`vm_max_frame`] for a VM of `tenant`: less the sealing overhead when the tenant
+/// encrypts.
+pub(super) fn vm_max_frame_of(cfg: &Config, tenant: &str) -> usize {
+    let encrypts = cfg.tenants.iter().any(|t| t.name == tenant && t.encrypt);
+    vm_max_frame(cfg).saturating_sub(if encrypts {
+        picnic_wire::seal::SEAL_OVERHEAD
+    } else {
+        0
+    })
+}
+
+/// The tenant ports (every port but the uplink) as (interface name, slot = port index).
+pub(crate) fn tenant_ports(ports: &[Option<Box<dyn Port>>]) -> Vec<(String, u32)> {
+    ports
+        .iter()
+        .enumerate()
+        .skip(1)
+        .filter_map(|(i, p)| Some((p.as_ref()?.name().to_string(), i as u32)))
+        .collect()
+}
+
+/// A port to open for a VM: interface, backend, the config field that names it (for the
+/// error) and the largest frame it takes.
+#[derive(Clone, Debug)]
+pub struct PortSpec {
+    pub ifname: String,
+    pub backend: Backend,
+    pub field: String,
+    pub max_frame: usize,
+}
+
+/// How the switch opens a new VM's port at a live change: [`open_port`] unless set otherwise
+/// ([`crate::runner::Switch::set_port_opener`]: tests hand out in-memory ports).
+pub type PortOpener =
+    std::sync::Arc<dyn Fn(&PortSpec) -> anyhow::Result<Box<dyn Port>> + Send + Sync>;
+
+/// The opener of real ports.
+pub(super) fn real_opener() -> PortOpener {
+    std::sync::Arc::new(|s: &PortSpec| open_port(&s.ifname, s.backend, &s.field, s.max_frame))
+}

@@ -1,0 +1,85 @@
+//! What the run loop shares with the API thread: its snapshots and the running config.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwapOption;
+
+use crate::accel::{AccelKeys, AccelView};
+use crate::config::Config;
+use crate::engine::{SloReport, Snapshot};
+use crate::port::PortStats;
+use crate::worker::WorkerView;
+
+/// A port as the API shows it: counters and how the loop waits on its receive ring.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PortView {
+    pub name: String,
+    pub backend: String,
+    /// The worker that reads it (each worker has its own uplink socket).
+    pub worker: usize,
+    pub stats: PortStats,
+    /// Rizzo et al. regime of this ring: GP while its wait last chose to spin, otherwise the
+    /// Table 1 regime under notification (None until estimated).
+    pub wait_regime: Option<String>,
+    /// Idle passes on which this ring's wait chose to spin.
+    pub wait_spins: u64,
+    /// Idle passes on which this ring's wait chose to block.
+    pub wait_blocks: u64,
+    /// Estimated time between frames from the ring's producer, ns.
+    pub producer_period_ns: Option<u64>,
+}
+
+/// What the run loop publishes every 100 ms (`/stats`; `slo` is `/slo`).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Published {
+    pub switch: Snapshot,
+    pub ports: Vec<PortView>,
+    /// The frame pool: free frames and capacity (a frame not free is queued in an engine or
+    /// a port's transmit batch; all are back when the queues drain).
+    pub pool_free: usize,
+    pub pool_capacity: usize,
+    /// The shared encryption engine, when a tenant encrypts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accel: Option<AccelView>,
+    /// The dataplane workers: the VMs each owns, its CPU, its handoffs.
+    pub workers: Vec<WorkerView>,
+    #[serde(skip)]
+    pub slo: SloReport,
+}
+
+/// Shared with the API thread: the latest snapshot and the current config, each an `Arc`
+/// swapped atomically (`arc-swap`): the loop publishes without taking a lock, and a reader
+/// that holds a snapshot for as long as it likes (a slow scrape) never delays the loop.
+#[derive(Default)]
+pub struct Shared {
+    snapshot: ArcSwapOption<Published>,
+    config: ArcSwapOption<Config>,
+    /// The encrypting tenants' keys, for rotation through the API (None: nobody encrypts).
+    accel_keys: ArcSwapOption<AccelKeys>,
+}
+
+impl Shared {
+    /// The latest published snapshot (None before the first).
+    pub fn latest(&self) -> Option<Arc<Published>> {
+        self.snapshot.load_full()
+    }
+    /// Replaces the published snapshot; never waits for readers.
+    pub fn publish(&self, published: Published) {
+        self.snapshot.store(Some(Arc::new(published)));
+    }
+    /// The running config (None before the loop started).
+    pub fn config(&self) -> Option<Arc<Config>> {
+        self.config.load_full()
+    }
+    pub fn set_config(&self, cfg: Config) {
+        self.config.store(Some(Arc::new(cfg)));
+    }
+    /// The running shared engine's keys (None when no tenant encrypts).
+    pub fn accel_keys(&self) -> Option<Arc<AccelKeys>> {
+        self.accel_keys.load_full()
+    }
+    /// Publishes the running shared engine's keys for the API.
+    pub fn set_accel_keys(&self, keys: Option<AccelKeys>) {
+        self.accel_keys.store(keys.map(Arc::new));
+    }
+}
