@@ -105,6 +105,9 @@ pub struct HandoffCounters {
     pub r#in: u64,
     /// Frames dropped because the receiving worker's mailbox was full.
     pub full: u64,
+    /// Frames dropped because a live change removed or moved their VM's port while they were
+    /// handed over (the worker no longer holds that VM, or nobody holds the port yet).
+    pub stale: u64,
 }
 
 /// A worker as `/stats` shows it.
@@ -339,7 +342,10 @@ impl Worker {
                 // Only while it still holds the VM the sender queued the frame for (a live
                 // change may have removed it, or not reached this worker yet).
                 Handoff::Tx(p, vm, f) if self.holds(p, vm) => self.engine.tx_queue(p).push(f),
-                Handoff::Tx(_, _, f) => self.pool.put(f),
+                Handoff::Tx(_, _, f) => {
+                    self.handoff.stale += 1;
+                    self.pool.put(f);
+                }
                 Handoff::Feedback(f) => self.engine.on_feedback_copy(now, f, &mut self.pool),
             }
         }
@@ -573,7 +579,10 @@ impl Io for WorkerIo<'_> {
                         }
                     }
                     // No VM there any more, or its port not yet open here: nowhere to send.
-                    None => queue.drain(..).for_each(|f| pool.put(f)),
+                    None => {
+                        self.handoff.stale += queue.len() as u64;
+                        queue.drain(..).for_each(|f| pool.put(f));
+                    }
                 }
             }
         }
