@@ -8,14 +8,14 @@
 
 use picnic_core::bucket::TokenBucket;
 use picnic_core::iron::{CpuAccounts, IronConfig};
-use picnic_core::{Duration, Instant};
+use picnic_core::Instant;
 
 use super::queues::{tenant_min_pps, tenant_weights};
 use super::AccelUse;
-use super::{cpu, Engine, IRON_PERIOD};
+use super::{iron_quota, Engine, IRON_PERIOD};
 use crate::change::{apply_to, diff, Change};
 use crate::config::{Config, TenantEntry, VmEntry};
-use crate::directory::{PortIdx, Tenant, TenantIdx, VmIdx};
+use crate::directory::{PortIdx, TenantIdx, VmIdx};
 use crate::frame::{Frame, FramePool};
 use crate::stats::{DropReason, VmCounters};
 
@@ -73,24 +73,6 @@ impl std::fmt::Display for ChangeFailed {
 }
 
 impl std::error::Error for ChangeFailed {}
-
-/// Iron's allocation of a tenant with a `cpu_quota` (None: unlimited). With a cgroup, switch
-/// work and the cgroup's quota share the allocation (Iron 3.2), and the cgroup never gets
-/// less than cgroup v1's minimum: the switch's part stops that much short, so together they
-/// stay within it.
-fn iron_quota(tenant: &Tenant) -> Option<Duration> {
-    let cores = tenant.cpu_quota?;
-    let allocation = Duration::from_nanos((IRON_PERIOD.as_nanos() as f64 * cores) as u64);
-    Some(match tenant.cgroup {
-        Some(_) => Duration::from_nanos(
-            allocation
-                .as_nanos()
-                .saturating_sub(cpu::CGROUP_MIN_QUOTA.as_nanos())
-                .max(100_000),
-        ),
-        None => allocation,
-    })
-}
 
 /// A packets/s bucket for a VM with `max_pps` (burst: 1 ms of its rate, at least one batch).
 fn pps_bucket(max_pps: Option<u64>, now: Instant) -> Option<TokenBucket> {
