@@ -176,6 +176,29 @@ fn flood(port: &mut AfPacketPort, pool: &mut FramePool, how_long: Duration) -> u
     port.stats().tx_frames
 }
 
+/// From inside a VM's namespace: sends 64 B UDP frames from a1 (02:..:a1, 198.18.0.1) to a
+/// MAC nobody has (the switch drops them) through `ifname` for `how_long`.
+fn flood_from_a1(ifname: &str, how_long: Duration) {
+    let mut frame = Vec::new();
+    etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 0xa1], [2, 0, 0, 0, 0, 0xee])
+        .ipv4([198, 18, 0, 1], [198, 18, 0, 99], 64)
+        .udp(40000, 7)
+        .write(&mut frame, &[0u8; 18])
+        .unwrap();
+    let mut port = AfPacketPort::open(ifname, AfPacketOptions::default()).unwrap();
+    let mut pool = FramePool::new(1024);
+    let end = std::time::Instant::now() + how_long;
+    let mut batch = Vec::new();
+    while std::time::Instant::now() < end {
+        while batch.len() < 64 {
+            let mut f = pool.get().unwrap();
+            f.fill_from(&frame);
+            batch.push(f);
+        }
+        port.send_batch(&mut batch, &mut pool).unwrap();
+    }
+}
+
 /// Packets interface `ifname` of `ns` received (/proc/thread-self/net/dev: this thread's
 /// namespace, where /sys would show the host's).
 fn rx_packets(ns: &Netns, ifname: &str) -> u64 {
@@ -406,26 +429,7 @@ fn a_flooding_tenant_is_charged_its_ports_softirq_time_on_a_running_switch() {
         let (stop, shared, on) = rx.recv().unwrap();
         if on {
             // a1's VM sends 64 B frames to a MAC nobody has (the switch drops them).
-            let mut frame = Vec::new();
-            etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 0xa1], [2, 0, 0, 0, 0, 0xee])
-                .ipv4([198, 18, 0, 1], [198, 18, 0, 99], 64)
-                .udp(40000, 7)
-                .write(&mut frame, &[0u8; 18])
-                .unwrap();
-            vm.enter(|| {
-                let mut port = AfPacketPort::open("pnwb", AfPacketOptions::default()).unwrap();
-                let mut pool = FramePool::new(1024);
-                let end = std::time::Instant::now() + Duration::from_secs(2);
-                let mut batch = Vec::new();
-                while std::time::Instant::now() < end {
-                    while batch.len() < 64 {
-                        let mut f = pool.get().unwrap();
-                        f.fill_from(&frame);
-                        batch.push(f);
-                    }
-                    port.send_batch(&mut batch, &mut pool).unwrap();
-                }
-            });
+            vm.enter(|| flood_from_a1("pnwb", Duration::from_secs(2)));
             std::thread::sleep(Duration::from_millis(300));
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -748,26 +752,7 @@ fn a_quota_given_live_starts_the_softirq_accounting() {
             .recv_timeout(Duration::from_secs(10))
             .unwrap()
             .unwrap();
-        let mut frame = Vec::new();
-        etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 0xa1], [2, 0, 0, 0, 0, 0xee])
-            .ipv4([198, 18, 0, 1], [198, 18, 0, 99], 64)
-            .udp(40000, 7)
-            .write(&mut frame, &[0u8; 18])
-            .unwrap();
-        vm.enter(|| {
-            let mut port = AfPacketPort::open("pnwb", AfPacketOptions::default()).unwrap();
-            let mut pool = FramePool::new(1024);
-            let end = std::time::Instant::now() + Duration::from_secs(1);
-            let mut batch = Vec::new();
-            while std::time::Instant::now() < end {
-                while batch.len() < 64 {
-                    let mut f = pool.get().unwrap();
-                    f.fill_from(&frame);
-                    batch.push(f);
-                }
-                port.send_batch(&mut batch, &mut pool).unwrap();
-            }
-        });
+        vm.enter(|| flood_from_a1("pnwb", Duration::from_secs(1)));
         std::thread::sleep(Duration::from_millis(300));
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         shared
