@@ -95,7 +95,7 @@ pub struct Completion {
     /// Time the job waited in its tenant's queue.
     pub waited: Duration,
     /// When it was queued (the engine's clock), for its turnaround.
-    queued_at: Instant,
+    pub(crate) queued_at: Instant,
 }
 
 /// Buffers [`Accel::exchange`] reuses between calls.
