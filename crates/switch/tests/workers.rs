@@ -243,10 +243,7 @@ fn two_workers_take_live_changes() {
 }
 
 /// A switch's reply to a live change of `commands` to `cfg`.
-fn change(
-    commands: &std::sync::mpsc::Sender<picnic_switch::runner::Command>,
-    cfg: &Config,
-) -> anyhow::Result<()> {
+fn change(commands: &picnic_switch::runner::CommandSender, cfg: &Config) -> anyhow::Result<()> {
     let (tx, rx) = std::sync::mpsc::channel();
     commands
         .send(picnic_switch::runner::Command::Reconfigure(
