@@ -500,8 +500,10 @@ pub(crate) fn run_picnic(
     let snap = shared.latest();
     Ok(match snap.as_deref() {
         Some(published) => format!(
-            "picnic: uplink tx {} drops {:?}",
+            "picnic: uplink tx {} feedback sent {} received {} drops {:?}",
             published.switch.switch.uplink_tx_packets,
+            published.switch.switch.feedback_sent,
+            published.switch.switch.feedback_received,
             published
                 .switch
                 .vms

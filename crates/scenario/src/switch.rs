@@ -235,12 +235,14 @@ shaped_mbps = 10
 
     #[test]
     fn lab_switches_take_the_worker_default_unless_the_scenario_sets_a_count() {
-        let path =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/cpu-steal.toml");
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../scenarios/bursty-udp.toml");
         let mut s = Scenario::load(&path).unwrap();
         let topo = Topology::plan(&s, "t", &|role| role.to_string());
-        let cfg = switch_config(&s, &topo, &topo.hosts[0], true).unwrap();
-        assert_eq!(cfg.switch.workers, None, "the switch's default count");
+        for host in &topo.hosts {
+            let cfg = switch_config(&s, &topo, host, true).unwrap();
+            assert_eq!(cfg.switch.workers, None, "the switch's default count");
+        }
         s.picnic.workers = Some(1);
         let cfg = switch_config(&s, &topo, &topo.hosts[0], true).unwrap();
         assert_eq!(cfg.switch.workers, Some(1));
