@@ -744,7 +744,7 @@ fn a_quota_given_live_starts_the_softirq_accounting() {
         let (reply, answer) = std::sync::mpsc::channel();
         commands
             .send(picnic_switch::runner::Command::Reconfigure(
-                Box::new(quota),
+                Box::new(picnic_switch::runner::Reconfigure::to(quota)),
                 reply,
             ))
             .unwrap();

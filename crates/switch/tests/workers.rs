@@ -15,7 +15,7 @@ use picnic_switch::engine::Engine;
 use picnic_switch::frame::{Frame, FramePool};
 use picnic_switch::port::{wait_readable, AfPacketOptions, AfPacketPort};
 use picnic_switch::port::{MemoryPort, Port};
-use picnic_switch::runner::{Clock, Published, Switch};
+use picnic_switch::runner::{Clock, Published, Reconfigure, Switch};
 use picnic_wire::geneve::GeneveRepr;
 use picnic_wire::overlay::{encap, OuterHeaders};
 
@@ -213,7 +213,7 @@ fn two_workers_take_live_changes() {
         let (tx, rx) = std::sync::mpsc::channel();
         commands
             .send(picnic_switch::runner::Command::Reconfigure(
-                Box::new(cfg.clone()),
+                Box::new(Reconfigure::to(cfg.clone())),
                 tx,
             ))
             .unwrap();
@@ -250,7 +250,7 @@ fn change(
     let (tx, rx) = std::sync::mpsc::channel();
     commands
         .send(picnic_switch::runner::Command::Reconfigure(
-            Box::new(cfg.clone()),
+            Box::new(Reconfigure::to(cfg.clone())),
             tx,
         ))
         .unwrap();
