@@ -18,13 +18,13 @@ use serde::Serialize;
 use crate::change::Change;
 use crate::directory::{Directory, PortIdx, UPLINK};
 use crate::driver::{Driver, Io, UPLINK_READ_ROUNDS};
-use crate::engine::{Engine, PortChange, Work};
+use crate::engine::{Engine, PortChange, SharedBudgets, Work};
 use crate::frame::{Frame, FramePool};
 use crate::port::{wait_readable, Port};
 use crate::runner::take_named;
 use crate::runner::{ring_wait, thread_cpu_ns, Clock, PortView, Published, SpinWork};
 use crate::stats::DropReason;
-use crate::workers::{Applied, Assignment, Control, Handoff, Mailbox, SharedBudgets};
+use crate::workers::{Applied, Assignment, Control, Handoff, Mailbox};
 
 /// What every worker shares: the mailboxes, the budgets and each worker's published
 /// snapshot.
