@@ -322,7 +322,9 @@ pub struct HostEntry {
     pub mac: Mac,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+/// `Default` is a tenant without settings (a removed tenant's slot in the directory); a
+/// config's tenants take their defaults from serde.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TenantEntry {
     pub name: String,
