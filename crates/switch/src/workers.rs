@@ -31,77 +31,19 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 
-use anyhow::Context;
 use crossbeam_queue::{ArrayQueue, SegQueue};
 
 use crate::change::Change;
 use crate::config::{Backend, Config};
 use crate::directory::{Directory, PortIdx, VmIdx};
-use crate::ebpf::EarlyDrop;
 use crate::engine::{ChangeFailed, SharedBudgets};
 use crate::frame::Frame;
-use crate::port::{AfXdpOptions, AfXdpPort, Port};
-use crate::runner::open_port;
+use crate::port::Port;
 
 /// The default number of workers: one per CPU the switch may run on, at most one per local
 /// VM port (a worker without a VM would only share the uplink), at least one.
 pub fn default_count(cpus: usize, vm_ports: usize) -> usize {
     cpus.min(vm_ports).max(1)
-}
-
-/// The uplink's sockets (one per worker where the backend allows it) and, for AF_XDP, the
-/// maps of its early drop.
-type Uplinks = (Vec<Box<dyn Port>>, Option<EarlyDrop>);
-
-/// Opens the uplink; an AF_XDP uplink also gives the maps of its early drop. With several
-/// workers, one socket per worker where the backend allows it: AF_PACKET sockets joined in
-/// one `PACKET_FANOUT` hash group (the kernel spreads frames by flow hash, so a flow stays on
-/// one socket); AF_XDP one socket per NIC queue, at most one per worker (RSS spreads flows
-/// over the queues; workers beyond the queues get their frames handed over). A TAP uplink has
-/// one socket, read by worker 0.
-pub fn open_uplinks(cfg: &Config, workers: usize) -> anyhow::Result<Uplinks> {
-    let ifname = &cfg.uplink.ifname;
-    match cfg.uplink.backend {
-        Backend::AfXdp => {
-            let mut sockets = AfXdpPort::open_queues(ifname, AfXdpOptions::default(), workers)
-                .with_context(|| format!("uplink.ifname: cannot open '{ifname}' with AF_XDP"))?;
-            let early = sockets[0].early_drop();
-            Ok((
-                sockets
-                    .into_iter()
-                    .map(|p| Box::new(p) as Box<dyn Port>)
-                    .collect(),
-                early,
-            ))
-        }
-        Backend::AfPacket if workers > 1 => {
-            // A group id of this process's own (one switch per network namespace).
-            let group = (std::process::id() & 0xffff) as u16;
-            let mut sockets = Vec::with_capacity(workers);
-            for _ in 0..workers {
-                let port = open_port(
-                    ifname,
-                    cfg.uplink.backend,
-                    "uplink.ifname",
-                    cfg.uplink.mtu + 14,
-                )?;
-                let fd = port.raw_fd().expect("an AF_PACKET port has a descriptor");
-                crate::port::join_fanout(fd, group)
-                    .with_context(|| format!("uplink.ifname: PACKET_FANOUT on '{ifname}'"))?;
-                sockets.push(port);
-            }
-            Ok((sockets, None))
-        }
-        backend => Ok((
-            vec![open_port(
-                ifname,
-                backend,
-                "uplink.ifname",
-                cfg.uplink.mtu + 14,
-            )?],
-            None,
-        )),
-    }
 }
 
 /// Whether `cfg` has the switch drive an eBPF program from its loop that needs the single
