@@ -5,7 +5,6 @@
 //! Split by program: `xdp.rs` tests the uplink's XDP early drop, `softirq.rs` the softirq
 //! accounting; this file builds the frames both send.
 
-#[allow(dead_code)] // the helpers of the other root tests
 #[path = "../common/mod.rs"]
 mod common;
 mod softirq;
