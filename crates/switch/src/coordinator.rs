@@ -17,13 +17,12 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use picnic_core::Duration;
 
 use crate::change::Change;
-use crate::config::Config;
 use crate::engine::{
     iron_quota, pacer_rate, Engine, PortChange, SharedBudgets, SloReport, IRON_PERIOD,
 };
 use crate::frame::FramePool;
 use crate::port::Port;
-use crate::runner::{setup_thread, take_named, Command, Published, SpinWork, Switch};
+use crate::runner::{setup_thread, take_named, Command, Published, Reconfigure, SpinWork, Switch};
 use crate::worker::{Team, Worker};
 use crate::workers::{assign, Assignment, Control, Mailbox};
 
@@ -272,9 +271,14 @@ impl Switch {
         &mut self,
         team: &Team,
         assignment: &mut Assignment,
-        cfg: Config,
+        change: Reconfigure,
     ) -> anyhow::Result<()> {
-        let (cfg, changes, specs) = self.prepare(cfg)?;
+        let Reconfigure {
+            cfg,
+            changes,
+            specs,
+            ..
+        } = self.prepare(change)?;
         // Opened here: setting up a port's rings takes milliseconds, no worker waits for it.
         let mut opened = specs
             .iter()

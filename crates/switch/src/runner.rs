@@ -34,7 +34,8 @@ mod publish;
 mod work;
 pub(crate) use idle::{ring_wait, IdlePolicy};
 pub(crate) use live::take_named;
-use live::Opening;
+pub use live::Reconfigure;
+use live::{Opening, PortKeeper};
 pub use ports::{open_port, open_uplinks, vm_max_frame, PortOpener, PortSpec};
 use ports::{tenant_ports, vm_max_frame_of, PortIo};
 pub use publish::{HandoffCounters, PortView, Published, Shared, WorkerView};
@@ -70,8 +71,8 @@ fn refill_cgroups(
 /// A request from the control API, applied by the loop between batches.
 pub enum Command {
     /// Replace the configuration (tenants, VMs, hosts), applied as live changes in place;
-    /// only new VMs' ports open and removed VMs' ports close.
-    Reconfigure(Box<Config>, mpsc::Sender<anyhow::Result<()>>),
+    /// only new VMs' ports open and removed VMs' ports close. Diffed on the API's thread.
+    Reconfigure(Box<Reconfigure>, mpsc::Sender<anyhow::Result<()>>),
 }
 
 pub struct Switch {
@@ -87,6 +88,8 @@ pub struct Switch {
     pub(crate) commands: Option<mpsc::Receiver<Command>>,
     /// A change waiting for its new ports, which a helper thread opens.
     opening: Option<Opening>,
+    /// Opens and closes ports for live changes (started on the first).
+    keeper: Option<PortKeeper>,
     /// Per port: the adaptive wait of its receive ring and frames read from it so far.
     waits: Vec<(AdaptiveWait, u64)>,
     /// The eBPF programs' maps: the uplink's early drop, the ports' softirq time.
@@ -190,6 +193,7 @@ impl Switch {
             shared: Arc::new(Shared::default()),
             commands: None,
             opening: None,
+            keeper: None,
             waits: Vec::new(),
             kernel: KernelLink::default(),
             accel: None,

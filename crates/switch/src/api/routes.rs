@@ -1,7 +1,7 @@
 //! The routes: one handler per resource (stats, SLO, metrics, config sections, tenants,
 //! VMs, hosts, a tenant's key and offload program), each change applied through the run loop.
 
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::Duration as StdDuration;
 
 use tiny_http::Method;
@@ -9,7 +9,7 @@ use tiny_http::Method;
 use super::metrics::metrics;
 use super::{error, json, parse_body, ApiState, Reply};
 use crate::config::{Config, HostEntry, TenantEntry, VmEntry};
-use crate::runner::{Command, Shared};
+use crate::runner::{Command, Reconfigure, Shared};
 
 /// A refused change: its status and a message naming the field or path.
 type Refusal = (u16, String);
@@ -218,20 +218,25 @@ fn tenant_key(method: &Method, name: &str, body: &str, shared: &Shared) -> Reply
 /// applied, persists it to the state file before answering.
 fn change(
     state: &ApiState,
-    running: &Config,
+    running: &Arc<Config>,
     edit: impl FnOnce(&mut Config) -> Result<(), Refusal>,
 ) -> Reply {
-    let mut config = running.clone();
+    let mut config = (**running).clone();
     if let Err((status, e)) = edit(&mut config) {
         return error(status, e);
     }
     if let Err(e) = config.validate() {
         return error(400, e);
     }
+    // Diffed here, not on the dataplane (docs/switch.md "Live changes").
+    let change = match Reconfigure::prepare(running.clone(), config.clone()) {
+        Ok(change) => change,
+        Err(e) => return error(400, format!("{e:#}")),
+    };
     let (tx, rx) = mpsc::channel();
     if state
         .commands
-        .send(Command::Reconfigure(Box::new(config.clone()), tx))
+        .send(Command::Reconfigure(Box::new(change), tx))
         .is_err()
     {
         return error(503, "switch is stopping");

@@ -78,8 +78,8 @@ fn api_state(shared: Shared, state_file: Option<PathBuf>) -> ApiState {
     let (commands, rx) = mpsc::channel::<Command>();
     let applied = shared.clone();
     std::thread::spawn(move || {
-        for Command::Reconfigure(cfg, reply) in rx {
-            applied.set_config(*cfg);
+        for Command::Reconfigure(change, reply) in rx {
+            applied.set_config(change.into_config());
             let _ = reply.send(Ok(()));
         }
     });

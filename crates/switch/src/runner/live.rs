@@ -5,18 +5,132 @@
 //! applied whole or not at all: a port that cannot be opened stops it before anything
 //! changed, a change the engine refuses has the ones before it undone.
 
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 
 use anyhow::Context;
 use picnic_core::Duration;
 
-use super::{ring_wait, tenant_ports, vm_max_frame_of, Command, PortSpec, Switch};
+use super::{ring_wait, tenant_ports, vm_max_frame_of, Command, PortOpener, PortSpec, Switch};
 use crate::accel::Accel;
 use crate::cgroup::CpuQuota;
 use crate::change::Change;
 use crate::config::Config;
 use crate::engine::{PortChange, IRON_PERIOD};
 use crate::port::Port;
+
+/// An API change made ready on the API's thread, so that the run loop only applies it: the
+/// new config, the changes that turn `base` (the running config the API read) into it, and
+/// the ports its new VMs need. Diffing compares whole entries and takes tens of
+/// microseconds, which the neighbours' frames would otherwise wait for in their rings.
+pub struct Reconfigure {
+    base: Arc<Config>,
+    pub(crate) cfg: Config,
+    pub(crate) changes: Vec<Change>,
+    pub(crate) specs: Vec<PortSpec>,
+}
+
+impl Reconfigure {
+    /// The changes from `base` to `cfg` (already validated by the caller). Fails as
+    /// [`crate::change::diff`] does: only hosts, tenants and vms change live.
+    pub fn prepare(base: Arc<Config>, cfg: Config) -> anyhow::Result<Self> {
+        let changes = crate::change::diff(&base, &cfg).map_err(anyhow::Error::msg)?;
+        let specs = port_specs(&base, &cfg, &changes);
+        Ok(Self {
+            base,
+            cfg,
+            changes,
+            specs,
+        })
+    }
+
+    /// The new config, for a stand-in of the run loop in tests.
+    pub fn into_config(self) -> Config {
+        self.cfg
+    }
+}
+
+/// The ports the VMs that `changes` add locally need, except those taking over a port
+/// another VM gives up in the same change.
+fn port_specs(old: &Config, cfg: &Config, changes: &[Change]) -> Vec<PortSpec> {
+    let removed = |name: &str| {
+        changes.iter().any(|c| {
+            matches!(c, Change::RemoveVm(n)
+                if old.vms.iter().any(|v| &v.name == n
+                    && v.port.as_ref().is_some_and(|p| p.ifname == name)))
+        })
+    };
+    let mut specs = Vec::new();
+    for change in changes {
+        let Change::AddVm(vm) = change else { continue };
+        let Some(p) = vm.port.as_ref().filter(|_| vm.host == cfg.switch.host_id) else {
+            continue;
+        };
+        if removed(&p.ifname) {
+            continue;
+        }
+        let i = cfg.vms.iter().position(|v| v.name == vm.name).unwrap_or(0);
+        specs.push(PortSpec {
+            ifname: p.ifname.clone(),
+            backend: p.backend,
+            field: format!("vms[{i}].port.ifname"),
+            max_frame: vm_max_frame_of(cfg, &vm.tenant),
+        });
+    }
+    specs
+}
+
+/// The thread that opens new VMs' ports and closes removed ones for live changes: setting up
+/// a port's rings takes milliseconds and tearing them down unmaps them, neither of which
+/// forwarding waits for. Started once, so a change costs the loop a channel send, not a
+/// thread's creation (tens of microseconds its neighbours' frames would wait).
+pub(super) struct PortKeeper(mpsc::Sender<KeeperJob>);
+
+enum KeeperJob {
+    Open(
+        Vec<PortSpec>,
+        mpsc::Sender<anyhow::Result<Vec<Box<dyn Port>>>>,
+    ),
+    Close(Vec<Box<dyn Port>>),
+}
+
+impl PortKeeper {
+    fn start(opener: PortOpener) -> anyhow::Result<Self> {
+        let (tx, rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("picnic-ports".into())
+            .spawn(move || {
+                for job in rx {
+                    match job {
+                        KeeperJob::Open(specs, done) => {
+                            let _ = done.send(specs.iter().map(|s| opener(s)).collect());
+                        }
+                        KeeperJob::Close(ports) => drop(ports),
+                    }
+                }
+            })
+            .context("starting the thread that opens ports")?;
+        Ok(Self(tx))
+    }
+
+    /// Opens `specs`' ports; all of them, or the first error, arrive on `done`.
+    fn open(
+        &self,
+        specs: Vec<PortSpec>,
+        done: mpsc::Sender<anyhow::Result<Vec<Box<dyn Port>>>>,
+    ) -> anyhow::Result<()> {
+        self.0
+            .send(KeeperJob::Open(specs, done))
+            .map_err(|_| anyhow::anyhow!("the thread that opens ports stopped"))
+    }
+
+    /// Closes `ports` (dropped on the keeper's thread, or here should it have stopped).
+    fn close(&self, ports: Vec<Box<dyn Port>>) {
+        if let Err(mpsc::SendError(KeeperJob::Close(ports))) = self.0.send(KeeperJob::Close(ports))
+        {
+            drop(ports);
+        }
+    }
+}
 
 /// A change waiting for the ports a helper thread opens for it.
 pub(super) struct Opening {
@@ -58,26 +172,26 @@ impl Switch {
             return;
         };
         while self.opening.is_none() {
-            let Ok(Command::Reconfigure(cfg, reply)) = rx.try_recv() else {
+            let Ok(Command::Reconfigure(change, reply)) = rx.try_recv() else {
                 break;
             };
-            match self.prepare(*cfg) {
+            match self.prepare(*change) {
                 Err(e) => {
                     let _ = reply.send(Err(e));
                 }
-                Ok((cfg, changes, specs)) if specs.is_empty() => {
-                    let _ = reply.send(self.commit(cfg, &changes, Vec::new()));
+                Ok(r) if r.specs.is_empty() => {
+                    let _ = reply.send(self.commit(r.cfg, &r.changes, Vec::new()));
                 }
-                Ok((cfg, changes, specs)) => {
+                Ok(r) => {
                     let (tx, done) = mpsc::channel();
-                    let opener = self.opener.clone();
-                    std::thread::spawn(move || {
-                        let _ = tx.send(specs.iter().map(|s| opener(s)).collect());
-                    });
+                    if let Err(e) = self.port_keeper().and_then(|k| k.open(r.specs, tx)) {
+                        let _ = reply.send(Err(e));
+                        continue;
+                    }
                     self.opening = Some(Opening {
                         done,
-                        cfg,
-                        changes,
+                        cfg: r.cfg,
+                        changes: r.changes,
                         reply,
                     });
                 }
@@ -86,46 +200,29 @@ impl Switch {
         self.commands = Some(rx);
     }
 
-    /// Checks a new config and turns it into live changes ([`crate::change::diff`]), with
-    /// the ports its new VMs need opened.
-    pub(crate) fn prepare(
-        &self,
-        cfg: Config,
-    ) -> anyhow::Result<(Config, Vec<Change>, Vec<PortSpec>)> {
-        cfg.validate()?;
-        if self.workers > 1 && crate::workers::encrypts(&cfg) {
+    /// The port keeper, started on first use.
+    fn port_keeper(&mut self) -> anyhow::Result<&PortKeeper> {
+        if self.keeper.is_none() {
+            self.keeper = Some(PortKeeper::start(self.opener.clone())?);
+        }
+        Ok(self.keeper.as_ref().expect("started above"))
+    }
+
+    /// Checks an API change against this switch. It was diffed from the config running now
+    /// (the API answers one request at a time) unless a change the API gave up waiting for
+    /// was applied since: then it is diffed again, here.
+    pub(crate) fn prepare(&self, change: Reconfigure) -> anyhow::Result<Reconfigure> {
+        if self.workers > 1 && crate::workers::encrypts(&change.cfg) {
             anyhow::bail!(
                 "tenants[].encrypt: the shared encryption engine runs with one worker only (switch.workers = {})",
                 self.workers
             );
         }
-        let changes = crate::change::diff(&self.cfg, &cfg).map_err(anyhow::Error::msg)?;
-        let removed = |name: &str| {
-            changes.iter().any(|c| {
-                matches!(c, Change::RemoveVm(n)
-                    if self.cfg.vms.iter().any(|v| &v.name == n
-                        && v.port.as_ref().is_some_and(|p| p.ifname == name)))
-            })
-        };
-        let mut specs = Vec::new();
-        for change in &changes {
-            let Change::AddVm(vm) = change else { continue };
-            let Some(p) = vm.port.as_ref().filter(|_| vm.host == cfg.switch.host_id) else {
-                continue;
-            };
-            // A VM moved to a port another VM gives up in the same change takes it over.
-            if removed(&p.ifname) {
-                continue;
-            }
-            let i = cfg.vms.iter().position(|v| v.name == vm.name).unwrap_or(0);
-            specs.push(PortSpec {
-                ifname: p.ifname.clone(),
-                backend: p.backend,
-                field: format!("vms[{i}].port.ifname"),
-                max_frame: vm_max_frame_of(&cfg, &vm.tenant),
-            });
+        let running = self.shared.config();
+        if running.is_some_and(|r| Arc::ptr_eq(&r, &change.base)) {
+            return Ok(change);
         }
-        Ok((cfg, changes, specs))
+        Reconfigure::prepare(Arc::new(self.cfg.clone()), change.cfg)
     }
 
     /// Applies live changes, each touching only its host, tenant or VM in place, with the
@@ -145,6 +242,7 @@ impl Switch {
         // XDP drops counted so far belong to the VMs in their slots now.
         self.kernel.publish(&mut self.engine, now);
         let (ports, waits) = (&mut self.ports, &mut self.waits);
+        let mut ports_changed = false;
         let applied = self.engine.apply_all(
             now,
             &self.cfg,
@@ -153,8 +251,10 @@ impl Switch {
             |port, change| match (port, change) {
                 (PortChange::Closed(slot), _) => {
                     closed.extend(ports.get_mut(slot).and_then(Option::take));
+                    ports_changed = true;
                 }
                 (PortChange::Opened(slot), Change::AddVm(vm)) => {
+                    ports_changed = true;
                     let name = &vm.port.as_ref().expect("local VM").ifname;
                     let port =
                         take_named(&mut opened, name).or_else(|| take_named(&mut closed, name));
@@ -169,22 +269,30 @@ impl Switch {
             },
         );
         if !closed.is_empty() {
-            std::thread::spawn(move || drop(closed));
+            match self.port_keeper() {
+                Ok(keeper) => keeper.close(closed),
+                Err(_) => drop(closed),
+            }
         }
         let (cfg, failed) = match applied {
             Ok(()) => (cfg, None),
             Err(e) if e.undo_failed.is_none() => return Err(e.into()),
             Err(e) => (e.running(&self.cfg, changes), Some(e)),
         };
-        if let Err(e) = self.kernel.set_ports(&tenant_ports(&self.ports)) {
-            eprintln!("picnic switch: warning: softirq accounting: {e}");
+        // Each step below costs system calls or threads: only what the change touched.
+        if ports_changed {
+            if let Err(e) = self.kernel.set_ports(&tenant_ports(&self.ports)) {
+                eprintln!("picnic switch: warning: softirq accounting: {e}");
+            }
         }
-        if crate::workers::wants_softirq(&cfg) {
+        if crate::workers::wants_softirq(&cfg) && !self.kernel.softirq_on() {
             self.kernel.start_softirq(&tenant_ports(&self.ports), &[]);
         }
         // Tenants that encrypt, and their keys, as the new config says (keys rotate here).
-        let accel = Accel::from_config_after(&cfg, self.accel.as_ref())?;
-        self.set_accel(accel);
+        if encryption_changed(&self.cfg, &cfg) {
+            let accel = Accel::from_config_after(&cfg, self.accel.as_ref())?;
+            self.set_accel(accel);
+        }
         let old = std::mem::replace(&mut self.cfg, cfg);
         self.shared.set_config(self.cfg.clone());
         self.sync_cgroups(&old)?;
@@ -219,4 +327,30 @@ impl Switch {
         }
         Ok(())
     }
+}
+
+/// Whether the shared encryption engine's inputs differ between `old` and `new`: which
+/// tenants encrypt (in config order: the engine's weights follow it), their keys and
+/// weights, or the engine's section.
+fn encryption_changed(old: &Config, new: &Config) -> bool {
+    let encrypting = |c: &Config| c.tenants.iter().any(|t| t.encrypt);
+    if !encrypting(old) && !encrypting(new) {
+        return false;
+    }
+    let inputs = |c: &Config| {
+        c.tenants
+            .iter()
+            .map(|t| {
+                (
+                    t.name.clone(),
+                    t.encrypt,
+                    t.key.clone(),
+                    t.key_file.clone(),
+                    t.key_epoch,
+                    t.accel_weight,
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    inputs(old) != inputs(new) || serde_json::json!(old.accel) != serde_json::json!(new.accel)
 }

@@ -244,3 +244,22 @@ pub fn memory_switch(
     let switch = picnic_switch::runner::Switch::with_ports(cfg, engine, ports, clock);
     (switch, handles)
 }
+
+/// Applies a live change to `cfg` to a running switch as the API does (diffed from the
+/// config it runs, `shared`'s) and waits for its answer.
+pub fn reconfigure(
+    commands: &std::sync::mpsc::Sender<picnic_switch::runner::Command>,
+    shared: &picnic_switch::runner::Shared,
+    cfg: &picnic_switch::config::Config,
+) -> anyhow::Result<()> {
+    let base = shared.config().expect("the switch publishes its config");
+    let change = picnic_switch::runner::Reconfigure::prepare(base, cfg.clone())?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    commands
+        .send(picnic_switch::runner::Command::Reconfigure(
+            Box::new(change),
+            tx,
+        ))
+        .unwrap();
+    rx.recv_timeout(Duration::from_secs(10)).expect("a reply")
+}

@@ -452,17 +452,7 @@ fn a_quota_given_live_starts_the_softirq_accounting() {
         assert!(!on, "no quota at start: softirq accounting off");
         let mut quota = with_quota.clone();
         quota.tenants[1].cpu_quota = None;
-        let (reply, answer) = std::sync::mpsc::channel();
-        commands
-            .send(picnic_switch::runner::Command::Reconfigure(
-                Box::new(quota),
-                reply,
-            ))
-            .unwrap();
-        answer
-            .recv_timeout(Duration::from_secs(10))
-            .unwrap()
-            .unwrap();
+        crate::common::reconfigure(&commands, &shared, &quota).unwrap();
         vm.enter(|| flood_from_a1("pnwb", Duration::from_secs(1)));
         std::thread::sleep(Duration::from_millis(300));
         stop.store(true, std::sync::atomic::Ordering::Relaxed);

@@ -35,16 +35,7 @@ fn two_workers_take_live_changes() {
         }
         got
     };
-    let change = |cfg: &Config| {
-        let (tx, rx) = std::sync::mpsc::channel();
-        commands
-            .send(picnic_switch::runner::Command::Reconfigure(
-                Box::new(cfg.clone()),
-                tx,
-            ))
-            .unwrap();
-        rx.recv_timeout(Duration::from_secs(10)).expect("a reply")
-    };
+    let change = |cfg: &Config| common::reconfigure(&commands, &shared, cfg);
     assert_eq!(exchange(50), 50);
     let mut rates = cfg.clone();
     rates.vms[1].min_mbps += 5;
@@ -66,21 +57,6 @@ fn two_workers_take_live_changes() {
         "counters carried over both changes"
     );
     assert_eq!(shared.config().unwrap().vms.len(), 4);
-}
-
-/// A switch's reply to a live change of `commands` to `cfg`.
-fn change(
-    commands: &std::sync::mpsc::Sender<picnic_switch::runner::Command>,
-    cfg: &Config,
-) -> anyhow::Result<()> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    commands
-        .send(picnic_switch::runner::Command::Reconfigure(
-            Box::new(cfg.clone()),
-            tx,
-        ))
-        .unwrap();
-    rx.recv_timeout(Duration::from_secs(10)).expect("a reply")
 }
 
 /// Issue 15 with two workers: VM b1 (tenant u, capped at 1 Mb/s so its frames wait in its
@@ -157,7 +133,7 @@ port = { ifname = "b1" }
     };
     let started = Instant::now();
     for _ in 0..CYCLES {
-        change(&commands, &with_b1).unwrap();
+        common::reconfigure(&commands, &shared, &with_b1).unwrap();
         let b1 = b1_ports.lock().unwrap().last().cloned().unwrap();
         for _ in 0..20 {
             assert!(b1.inject(&b1_r8));
@@ -167,7 +143,7 @@ port = { ifname = "b1" }
         }
         std::thread::sleep(Duration::from_millis(1));
         drain(&mut got);
-        change(&commands, &cfg).unwrap();
+        common::reconfigure(&commands, &shared, &cfg).unwrap();
         drain(&mut got);
     }
     let took = started.elapsed();
@@ -204,7 +180,9 @@ port = { ifname = "b1" }
     let mut bad = with_b1.clone();
     bad.vms.last_mut().unwrap().port.as_mut().unwrap().ifname = "nosuch".into();
     bad.vms[1].min_mbps += 5;
-    let err = change(&commands, &bad).unwrap_err().to_string();
+    let err = common::reconfigure(&commands, &shared, &bad)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("vms[6].port.ifname"), "{err}");
     assert_eq!(shared.config().unwrap().vms.len(), cfg.vms.len());
     assert_eq!(
