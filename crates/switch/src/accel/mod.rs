@@ -79,6 +79,9 @@ pub struct AccelConfig {
     /// the workers are switch threads and run with them.
     pub nice: Option<i8>,
     pub slice_us: Option<u64>,
+    /// The dataplane's SCHED_FIFO priority (`switch.realtime_priority`): the workers then
+    /// run SCHED_FIFO one below it instead of with `nice` and `slice_us`.
+    pub realtime_priority: Option<u8>,
 }
 
 struct Shared {
@@ -174,11 +177,11 @@ impl Accel {
             .map(|w| {
                 let shared = Arc::clone(&shared);
                 let tx = tx.clone();
-                let (nice, slice_us) = (cfg.nice, cfg.slice_us);
+                let (nice, slice_us, rt) = (cfg.nice, cfg.slice_us, cfg.realtime_priority);
                 std::thread::Builder::new()
                     .name(format!("picnic-accel-{w}"))
                     .spawn(move || {
-                        worker::setup_thread(nice, slice_us);
+                        worker::setup_thread(nice, slice_us, rt);
                         worker::worker(&shared, w, &tx)
                     })
                     .map_err(|e| anyhow::anyhow!("cannot start accel worker: {e}"))
@@ -342,6 +345,7 @@ impl Accel {
             job_work_ns: a.job_work_ns,
             nice: cfg.switch.nice,
             slice_us: cfg.switch.slice_us,
+            realtime_priority: cfg.switch.realtime_priority,
         };
         let mut accel = Accel::start(&config, &weights, rings)?;
         accel.names = cfg.tenants.iter().map(|t| t.name.clone()).collect();

@@ -50,6 +50,7 @@ fn config(sender_id: u32, isolated: bool, capacity_percent: u64) -> AccelConfig 
         job_work_ns: 0,
         nice: None,
         slice_us: None,
+        realtime_priority: None,
     }
 }
 

@@ -89,13 +89,28 @@ pub(super) fn worker(shared: &Shared, index: usize, results: &SyncSender<Complet
 
 /// Gives the calling worker the switch threads' nice value and slice; a setting the kernel
 /// refuses leaves the inherited one (the dataplane thread warns about the same settings).
-pub(super) fn setup_thread(nice: Option<i8>, slice_us: Option<u64>) {
+/// Next to a real-time dataplane the workers are real-time too, one priority below it: in
+/// the fair class they would wait behind every task while the dataplane is busy, and so
+/// would the jobs of every tenant queued behind them (FairNIC 4.4: the engine is a resource
+/// of its own, not leftover host CPU).
+pub(super) fn setup_thread(nice: Option<i8>, slice_us: Option<u64>, realtime: Option<u8>) {
+    if let Some(priority) = realtime.map(worker_priority) {
+        if crate::sched::set_thread_realtime(priority).is_ok() {
+            return;
+        }
+    }
     if let Some(nice) = nice {
         let _ = crate::sched::set_thread_nice(nice.into());
     }
     if let Some(us) = slice_us {
         let _ = crate::sched::set_thread_slice(us * 1000);
     }
+}
+
+/// The SCHED_FIFO priority of the workers next to a dataplane at `dataplane`: one below it
+/// (the loop that feeds them and sends their results comes first), never under 1.
+fn worker_priority(dataplane: u8) -> u8 {
+    dataplane.saturating_sub(1).max(1)
 }
 
 /// Seals or opens `frame` in place with `tenant`'s keys.
@@ -212,4 +227,16 @@ pub(super) fn drain_eventfd(fd: &std::os::fd::OwnedFd) {
     let mut v: u64 = 0;
     // SAFETY: reads 8 bytes into a u64 we own; EAGAIN (nothing pending) is fine.
     unsafe { libc::read(fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::worker_priority;
+
+    #[test]
+    fn workers_run_one_real_time_priority_below_the_dataplane_and_never_under_one() {
+        assert_eq!(worker_priority(10), 9);
+        assert_eq!(worker_priority(99), 98);
+        assert_eq!(worker_priority(1), 1);
+    }
 }

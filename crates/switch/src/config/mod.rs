@@ -99,7 +99,8 @@ pub struct SwitchSection {
     /// thread then cannot hold the switch's core until the next scheduler tick (4 ms at
     /// HZ=250; see `sched.rs`). `nice` and `slice_us` then do not apply. The kernel stops an
     /// RT thread that polls hard for the rest of its 1 s RT period after 95% of it, so keep
-    /// `spin_us` low. None: the fair class.
+    /// `spin_us` low. The encryption engine's workers then run SCHED_FIFO one priority
+    /// below. None: the fair class.
     #[serde(default)]
     pub realtime_priority: Option<u8>,
     /// CPUs the dataplane thread runs on (e.g. cores kept for the dataplane). None: any.

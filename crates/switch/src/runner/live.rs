@@ -23,7 +23,7 @@ use crate::port::Port;
 /// the ports its new VMs need. Diffing compares whole entries and takes tens of
 /// microseconds, which the neighbours' frames would otherwise wait for in their rings.
 pub struct Reconfigure {
-    base: Arc<Config>,
+    base: Option<Arc<Config>>,
     pub(crate) cfg: Config,
     pub(crate) changes: Vec<Change>,
     pub(crate) specs: Vec<PortSpec>,
@@ -36,11 +36,22 @@ impl Reconfigure {
         let changes = crate::change::diff(&base, &cfg).map_err(anyhow::Error::msg)?;
         let specs = port_specs(&base, &cfg, &changes);
         Ok(Self {
-            base,
+            base: Some(base),
             cfg,
             changes,
             specs,
         })
+    }
+
+    /// A change to `cfg` that the run loop diffs itself, for callers that do not hold the
+    /// running config (tests driving a [`Switch`] directly).
+    pub fn to(cfg: Config) -> Self {
+        Self {
+            base: None,
+            cfg,
+            changes: Vec::new(),
+            specs: Vec::new(),
+        }
     }
 
     /// The new config, for a stand-in of the run loop in tests.
@@ -219,8 +230,10 @@ impl Switch {
             );
         }
         let running = self.shared.config();
-        if running.is_some_and(|r| Arc::ptr_eq(&r, &change.base)) {
-            return Ok(change);
+        if let (Some(running), Some(base)) = (running, &change.base) {
+            if Arc::ptr_eq(&running, base) {
+                return Ok(change);
+            }
         }
         Reconfigure::prepare(Arc::new(self.cfg.clone()), change.cfg)
     }

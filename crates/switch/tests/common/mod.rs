@@ -245,24 +245,13 @@ pub fn memory_switch(
     (switch, handles)
 }
 
-/// Applies a live change to `cfg` to a running switch as the API does (diffed from the
-/// config it published in `shared`) and waits for its answer.
+/// Applies a live change to `cfg` to a running switch (diffed by the switch, as for a
+/// caller that does not hold the running config) and waits for its answer.
 pub fn reconfigure(
     commands: &std::sync::mpsc::Sender<picnic_switch::runner::Command>,
-    shared: &picnic_switch::runner::Shared,
     cfg: &picnic_switch::config::Config,
 ) -> anyhow::Result<()> {
-    // The API reads the config the switch published; a switch just started publishes it
-    // on its first pass.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let base = loop {
-        match shared.config() {
-            Some(base) => break base,
-            None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
-            None => panic!("the switch never published its config"),
-        }
-    };
-    let change = picnic_switch::runner::Reconfigure::prepare(base, cfg.clone())?;
+    let change = picnic_switch::runner::Reconfigure::to(cfg.clone());
     let (tx, rx) = std::sync::mpsc::channel();
     commands
         .send(picnic_switch::runner::Command::Reconfigure(

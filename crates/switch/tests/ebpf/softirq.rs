@@ -452,7 +452,7 @@ fn a_quota_given_live_starts_the_softirq_accounting() {
         assert!(!on, "no quota at start: softirq accounting off");
         let mut quota = with_quota.clone();
         quota.tenants[1].cpu_quota = None;
-        crate::common::reconfigure(&commands, &shared, &quota).unwrap();
+        crate::common::reconfigure(&commands, &quota).unwrap();
         vm.enter(|| flood_from_a1("pnwb", Duration::from_secs(1)));
         std::thread::sleep(Duration::from_millis(300));
         stop.store(true, std::sync::atomic::Ordering::Relaxed);

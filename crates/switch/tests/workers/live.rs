@@ -35,7 +35,7 @@ fn two_workers_take_live_changes() {
         }
         got
     };
-    let change = |cfg: &Config| common::reconfigure(&commands, &shared, cfg);
+    let change = |cfg: &Config| common::reconfigure(&commands, cfg);
     assert_eq!(exchange(50), 50);
     let mut rates = cfg.clone();
     rates.vms[1].min_mbps += 5;
@@ -133,7 +133,7 @@ port = { ifname = "b1" }
     };
     let started = Instant::now();
     for _ in 0..CYCLES {
-        common::reconfigure(&commands, &shared, &with_b1).unwrap();
+        common::reconfigure(&commands, &with_b1).unwrap();
         let b1 = b1_ports.lock().unwrap().last().cloned().unwrap();
         for _ in 0..20 {
             assert!(b1.inject(&b1_r8));
@@ -143,7 +143,7 @@ port = { ifname = "b1" }
         }
         std::thread::sleep(Duration::from_millis(1));
         drain(&mut got);
-        common::reconfigure(&commands, &shared, &cfg).unwrap();
+        common::reconfigure(&commands, &cfg).unwrap();
         drain(&mut got);
     }
     let took = started.elapsed();
@@ -180,7 +180,7 @@ port = { ifname = "b1" }
     let mut bad = with_b1.clone();
     bad.vms.last_mut().unwrap().port.as_mut().unwrap().ifname = "nosuch".into();
     bad.vms[1].min_mbps += 5;
-    let err = common::reconfigure(&commands, &shared, &bad)
+    let err = common::reconfigure(&commands, &bad)
         .unwrap_err()
         .to_string();
     assert!(err.contains("vms[6].port.ifname"), "{err}");
