@@ -1,24 +1,25 @@
 //! The testbed and the devices under test.
 //!
-//! One path shape for every device: `gen` namespace (device `g0`) --veth--> `dut` namespace
-//! (tenant port `t0`, uplink `u0`) --veth--> `sink` namespace (device `s0`). The device under
-//! test forwards `t0 -> u0` and nothing else differs between runs. picnic is measured as one
-//! host's switch with the generator as its local VM and the sink as the fabric: its egress
-//! engine (classify, anti-spoofing, admission, WFQ, pacing, Geneve encap) is one forwarding
-//! pass, as the raw forwarder's, the bridge's and OVS's are, so the ratios compare like with
-//! like. (A two-host shape would make picnic do two passes, egress and ingress, where the
-//! peers do one.)
+//! Two path shapes, the same for every device of a run:
+//!
+//! - **one host** (the default): `gen` namespace (device `g0`) --veth--> `dut` namespace
+//!   (tenant port `t0`, uplink `u0`) --veth--> `sink` namespace (device `s0`). The device
+//!   under test forwards `t0 -> u0` and nothing else differs between runs. picnic is
+//!   measured as one host's switch with the generator as its local VM and the sink as the
+//!   fabric: its egress engine (classify, anti-spoofing, admission, WFQ, pacing, Geneve
+//!   encap) is one forwarding pass, as the raw forwarder's, the bridge's and OVS's are.
+//! - **two hosts** (`--two-host`, see [`crate::twohost`]): `gen` --veth--> host A (`t0`,
+//!   `u0`) --underlay veth--> host B (`u1`, `t1`) --veth--> `sink`: each device runs twice,
+//!   once per host, and the frames cross an encapsulating and a decapsulating pass.
 
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use picnic_netns::{self as netns, NsThread, Testbed};
-use picnic_switch::config::{Backend, Config, Isolation, Mac};
+use picnic_switch::config::{Backend, Config, Isolation, Mac, PortEntry};
 use picnic_switch::frame::{Frame, FramePool};
 use picnic_switch::port::{
     wait_readable, AfPacketOptions, AfPacketPort, AfXdpOptions, AfXdpPort, Port,
@@ -26,6 +27,7 @@ use picnic_switch::port::{
 use picnic_switch::runner::Switch;
 
 use crate::cpu::{self, gettid};
+use crate::ovs::{Ovs, OvsRole};
 use crate::traffic::pin_current_thread;
 
 /// Generator device (sender namespace).
@@ -36,6 +38,16 @@ pub const TENANT_DEV: &str = "t0";
 pub const UPLINK_DEV: &str = "u0";
 /// Sink device (receiver namespace).
 pub const SINK_DEV: &str = "s0";
+/// Two-host shape: host B's uplink (the underlay peer of `u0`) and its tenant port (the
+/// sink's peer).
+pub const PEER_UPLINK_DEV: &str = "u1";
+pub const PEER_TENANT_DEV: &str = "t1";
+/// Underlay MACs of hosts 1 (`u0`) and 2 (`u1`).
+pub const HOST1_MAC: &str = "02:00:00:00:00:01";
+pub const HOST2_MAC: &str = "02:00:00:00:00:02";
+/// Underlay addresses of hosts 1 and 2.
+pub const HOST1_IP: [u8; 4] = [198, 18, 0, 1];
+pub const HOST2_IP: [u8; 4] = [198, 18, 0, 2];
 /// MTU of every link: room for 1500 B tenant frames plus picnic's encapsulation.
 pub const LINK_MTU: u32 = 1600;
 /// CPU the device under test is pinned to (the generator gets CPU 0).
@@ -50,43 +62,61 @@ pub const REMOTE_IP: [u8; 4] = [10, 0, 0, 2];
 /// The namespaces and links of one bench run.
 pub struct Bed {
     pub gen_ns: String,
+    /// The device's namespace (host A in the two-host shape).
     pub dut_ns: String,
+    /// Host B's namespace in the two-host shape.
+    pub peer_ns: Option<String>,
     pub sink_ns: String,
     _testbed: Testbed,
 }
 
 impl Bed {
-    /// Builds the three namespaces and two veth pairs; tx checksum offload off on the
-    /// generator's device (userspace forwarders pass frames as they are, DESIGN.md 7).
-    pub fn new() -> Result<Bed> {
+    /// Builds the namespaces and veth pairs of the one-host shape, or of the two-host shape
+    /// with `two_host`; tx checksum offload off on every device but the sink's (userspace
+    /// forwarders pass frames as they are, DESIGN.md 7).
+    pub fn new(two_host: bool) -> Result<Bed> {
         let mut tb = Testbed::new()?;
         let gen_ns = tb.add_namespace("bgen")?;
-        let dut_ns = tb.add_namespace("bdut")?;
+        let dut_ns = tb.add_namespace(if two_host { "bhosta" } else { "bdut" })?;
+        let peer_ns = if two_host {
+            Some(tb.add_namespace("bhostb")?)
+        } else {
+            None
+        };
         let sink_ns = tb.add_namespace("bsink")?;
-        netns::add_veth(&gen_ns, GEN_DEV, &dut_ns, TENANT_DEV)?;
-        netns::add_veth(&dut_ns, UPLINK_DEV, &sink_ns, SINK_DEV)?;
         let mac = |b: [u8; 6]| Mac(b).to_string();
-        netns::configure_link(&gen_ns, GEN_DEV, &mac(VM_MAC), LINK_MTU)?;
-        netns::configure_link(&dut_ns, TENANT_DEV, "02:00:00:00:00:0a", LINK_MTU)?;
-        netns::configure_link(&dut_ns, UPLINK_DEV, "02:00:00:00:00:01", LINK_MTU)?;
-        netns::configure_link(&sink_ns, SINK_DEV, "02:00:00:00:00:99", LINK_MTU)?;
-        for (ns, dev) in [
-            (&gen_ns, GEN_DEV),
-            (&dut_ns, TENANT_DEV),
-            (&dut_ns, UPLINK_DEV),
-        ] {
+        let mut links = vec![
+            (&gen_ns, GEN_DEV, mac(VM_MAC)),
+            (&dut_ns, TENANT_DEV, "02:00:00:00:00:0a".to_string()),
+            (&dut_ns, UPLINK_DEV, HOST1_MAC.to_string()),
+        ];
+        netns::add_veth(&gen_ns, GEN_DEV, &dut_ns, TENANT_DEV)?;
+        let last_hop = match &peer_ns {
+            None => (&dut_ns, UPLINK_DEV),
+            Some(peer) => {
+                netns::add_veth(&dut_ns, UPLINK_DEV, peer, PEER_UPLINK_DEV)?;
+                links.push((peer, PEER_UPLINK_DEV, HOST2_MAC.to_string()));
+                links.push((peer, PEER_TENANT_DEV, "02:00:00:00:00:0b".to_string()));
+                (peer, PEER_TENANT_DEV)
+            }
+        };
+        netns::add_veth(last_hop.0, last_hop.1, &sink_ns, SINK_DEV)?;
+        for (ns, dev, mac) in &links {
+            netns::configure_link(ns, dev, mac, LINK_MTU)?;
             netns::tx_offload_off(ns, dev)?;
         }
+        netns::configure_link(&sink_ns, SINK_DEV, "02:00:00:00:00:99", LINK_MTU)?;
         Ok(Bed {
             gen_ns,
             dut_ns,
+            peer_ns,
             sink_ns,
             _testbed: tb,
         })
     }
 }
 
-/// Which device forwards `t0 -> u0`.
+/// Which device forwards `t0 -> u0` (and `u1 -> t1` in the two-host shape).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DutKind {
     /// AF_PACKET receive ring -> sendmmsg, no logic: the limit of this backend.
@@ -157,74 +187,72 @@ pub enum Dut {
         tid: Arc<AtomicU64>,
         thread: NsThread<Result<String>>,
     },
-    /// The kernel bridge: nothing runs.
-    Kernel,
+    /// The kernel bridge in namespace `.0`: nothing runs.
+    Kernel(String),
     /// ovsdb-server and ovs-vswitchd.
     Ovs(Ovs),
+    /// The two-host shape: the device on host A and on host B (of the same kind).
+    Pair(Box<Dut>, Box<Dut>),
 }
 
 impl Dut {
-    /// Starts `kind` on `bed`; the raw forwarders and picnic spin for work up to `spin`
-    /// before they block (the bridge and OVS's non-PMD ports have no such setting).
+    /// Starts `kind` on `bed` (both hosts in the two-host shape); the raw forwarders and
+    /// picnic spin for work up to `spin` before they block (the bridge and OVS's non-PMD
+    /// ports have no such setting).
     pub fn start(kind: DutKind, bed: &Bed, spin: Duration) -> Result<Dut> {
+        if bed.peer_ns.is_some() {
+            return crate::twohost::start(kind, bed, spin);
+        }
+        let ns = &bed.dut_ns;
         match kind {
-            DutKind::Raw => {
-                spawn_thread(bed, move |stop, tid| raw_forwarder(false, spin, stop, tid))
-            }
-            DutKind::RawXdp => {
-                spawn_thread(bed, move |stop, tid| raw_forwarder(true, spin, stop, tid))
+            DutKind::Raw | DutKind::RawXdp => {
+                let xdp = kind == DutKind::RawXdp;
+                spawn_thread(ns, move |stop, tid| {
+                    raw_forwarder(xdp, spin, (TENANT_DEV, UPLINK_DEV), stop, tid)
+                })
             }
             DutKind::PicnicOn | DutKind::PicnicOff | DutKind::PicnicXdp => {
-                let mut cfg = picnic_config(kind != DutKind::PicnicOff)?;
-                cfg.switch.spin_us = spin.as_micros() as u64;
-                if kind == DutKind::PicnicXdp {
-                    cfg.uplink.backend = Backend::AfXdp;
-                    for port in cfg.vms.iter_mut().filter_map(|v| v.port.as_mut()) {
-                        port.backend = Backend::AfXdp;
-                    }
-                }
-                spawn_thread(bed, move |stop, tid| run_picnic(cfg, stop, tid))
+                let cfg = picnic_device_config(kind, spin)?;
+                spawn_thread(ns, move |stop, tid| run_picnic(cfg, stop, tid))
             }
             DutKind::Bridge => {
-                let ns = &bed.dut_ns;
                 netns::add_bridge(ns, "br0")?;
                 netns::enslave(ns, TENANT_DEV, "br0")?;
                 netns::enslave(ns, UPLINK_DEV, "br0")?;
                 // The remote VM is behind the uplink: no flooding, no learning delay.
-                netns::bridge(
-                    ns,
-                    &[
-                        "fdb",
-                        "add",
-                        &Mac(REMOTE_MAC).to_string(),
-                        "dev",
-                        UPLINK_DEV,
-                        "master",
-                        "static",
-                    ],
-                )?;
+                static_fdb(ns, UPLINK_DEV)?;
                 // Its QoS setting of the same intent as picnic's per-VM cap: an HTB class on
                 // the uplink at a rate that does not bind (no police action on this kernel).
                 netns::shape_htb(ns, UPLINK_DEV, 100_000, 4 << 20)?;
-                Ok(Dut::Kernel)
+                Ok(Dut::Kernel(ns.clone()))
             }
             DutKind::OvsAfxdp | DutKind::Ovs => Ok(Dut::Ovs(Ovs::start(
-                &bed.dut_ns,
+                ns,
                 kind == DutKind::OvsAfxdp,
+                &OvsRole::Forward,
             )?)),
         }
     }
 
     /// Scheduler times of the device's threads so far (see `cpu`): the forwarding threads
-    /// in this process, every thread of ovs-vswitchd, none for the kernel bridge (its work
-    /// is softirq time).
+    /// in this process, every thread of ovs-vswitchd (of both hosts), none for the kernel
+    /// bridge (its work is softirq time).
     pub fn threads_ns(&self) -> cpu::ThreadTimes {
         match self {
             Dut::Thread { .. } => cpu::device_threads_ns(),
-            Dut::Kernel => cpu::ThreadTimes::default(),
+            Dut::Kernel(_) => cpu::ThreadTimes::default(),
             Dut::Ovs(o) => o.vswitchd_pid().map_or(Default::default(), |pid| {
                 cpu::threads_ns(&pid.to_string(), &[])
             }),
+            // Every device thread of this process is already in host A's figure.
+            Dut::Pair(a, _) if matches!(**a, Dut::Thread { .. }) => a.threads_ns(),
+            Dut::Pair(a, b) => {
+                let (a, b) = (a.threads_ns(), b.threads_ns());
+                cpu::ThreadTimes {
+                    on_cpu: a.on_cpu + b.on_cpu,
+                    waiting: a.waiting + b.waiting,
+                }
+            }
         }
     }
 
@@ -233,38 +261,84 @@ impl Dut {
     pub fn set_nice(&self, nice: i32) -> Result<()> {
         let tids = match self {
             Dut::Thread { .. } => cpu::tids("self", &cpu::bench_threads()),
-            Dut::Kernel => Vec::new(),
+            Dut::Kernel(_) => Vec::new(),
             Dut::Ovs(o) => cpu::tids(&o.vswitchd_pid()?.to_string(), &[]),
+            Dut::Pair(a, b) => return a.set_nice(nice).and_then(|()| b.set_nice(nice)),
         };
         tids.into_iter().try_for_each(|t| cpu::set_nice(t, nice))
     }
 
     /// Stops the device; returns its closing summary line, if any.
-    pub fn stop(self, bed: &Bed) -> Result<String> {
+    pub fn stop(self) -> Result<String> {
         match self {
             Dut::Thread { stop, thread, .. } => {
                 stop.store(true, Ordering::Relaxed);
                 thread.join()?
             }
-            Dut::Kernel => {
-                netns::ip(&bed.dut_ns, &["link", "del", "br0"])?;
-                netns::tc(&bed.dut_ns, &["qdisc", "del", "dev", UPLINK_DEV, "root"])?;
+            Dut::Kernel(ns) => {
+                netns::ip(&ns, &["link", "del", "br0"])?;
+                // Only host A's uplink has the HTB class.
+                let _ = netns::tc(&ns, &["qdisc", "del", "dev", UPLINK_DEV, "root"]);
                 Ok(String::new())
             }
             Dut::Ovs(o) => o.stop(),
+            Dut::Pair(a, b) => {
+                let (a, b) = (a.stop(), b.stop());
+                Ok(format!("host A: {}; host B: {}", a?, b?))
+            }
         }
     }
 }
 
-fn spawn_thread(
-    bed: &Bed,
+/// A static fdb entry for the remote VM on bridge port `dev` of namespace `ns`.
+pub(crate) fn static_fdb(ns: &str, dev: &str) -> Result<()> {
+    let remote = Mac(REMOTE_MAC).to_string();
+    netns::bridge(ns, &["fdb", "add", &remote, "dev", dev, "master", "static"]).map(drop)
+}
+
+/// picnic's host-1 config for `kind` in the one-host shape.
+fn picnic_device_config(kind: DutKind, spin: Duration) -> Result<Config> {
+    let mut cfg = picnic_config(kind != DutKind::PicnicOff)?;
+    cfg.switch.spin_us = spin.as_micros() as u64;
+    if kind == DutKind::PicnicXdp {
+        cfg.uplink.backend = Backend::AfXdp;
+        for port in cfg.vms.iter_mut().filter_map(|v| v.port.as_mut()) {
+            port.backend = Backend::AfXdp;
+        }
+    }
+    Ok(cfg)
+}
+
+/// picnic's config for `kind` on host `host_id` (1 or 2) of the two-host shape: host 1's as
+/// in the one-host shape, host 2's with VM `b` on `t1` and `u1` as its uplink.
+pub(crate) fn picnic_host_config(kind: DutKind, spin: Duration, host_id: u32) -> Result<Config> {
+    let mut cfg = picnic_device_config(kind, spin)?;
+    // As in the lab's multi-host scenarios: the softirq programs would see both hosts'
+    // packets in this one kernel, so Iron charges each switch's own work only.
+    cfg.isolation.softirq_accounting = false;
+    if host_id == 2 {
+        cfg.switch.host_id = 2;
+        cfg.uplink.ifname = PEER_UPLINK_DEV.into();
+        let port = cfg.vms[0].port.take();
+        cfg.vms[1].port = port.map(|p| PortEntry {
+            ifname: PEER_TENANT_DEV.into(),
+            ..p
+        });
+    }
+    cfg.validate().context("two-host switch config")?;
+    Ok(cfg)
+}
+
+/// Runs `body` on a thread in namespace `ns` and waits until it published its thread id.
+pub(crate) fn spawn_thread(
+    ns: &str,
     body: impl FnOnce(Arc<AtomicBool>, Arc<AtomicU64>) -> Result<String> + Send + 'static,
 ) -> Result<Dut> {
     let stop = Arc::new(AtomicBool::new(false));
     let tid = Arc::new(AtomicU64::new(0));
     let (s, t) = (stop.clone(), tid.clone());
     let (done_tx, done_rx) = mpsc::channel::<()>();
-    let thread = netns::spawn_in_netns(&bed.dut_ns, move || {
+    let thread = netns::spawn_in_netns(ns, move || {
         let result = body(s, t);
         let _ = done_tx.send(());
         result
@@ -285,12 +359,13 @@ fn spawn_thread(
     bail!("forwarding thread did not start within 5 s")
 }
 
-/// The raw limit: `t0` -> `u0` through AF_PACKET rings and sendmmsg (or AF_XDP sockets with
-/// `xdp`), no logic, in the switch's process model (one thread, spin up to `spin` then block on
-/// the descriptors).
-fn raw_forwarder(
+/// The raw limit: `from` -> `to` (`t0` -> `u0` on one host) through AF_PACKET rings and
+/// sendmmsg (or AF_XDP sockets with `xdp`), no logic, in the switch's process model (one
+/// thread, spin up to `spin` then block on the descriptors).
+pub(crate) fn raw_forwarder(
     xdp: bool,
     spin: Duration,
+    (from, to): (&str, &str),
     stop: Arc<AtomicBool>,
     tid: Arc<AtomicU64>,
 ) -> Result<String> {
@@ -302,8 +377,8 @@ fn raw_forwarder(
             Box::new(AfPacketPort::open(dev, AfPacketOptions::default())?)
         })
     };
-    let mut rx_port = open(TENANT_DEV)?;
-    let mut tx_port = open(UPLINK_DEV)?;
+    let mut rx_port = open(from)?;
+    let mut tx_port = open(to)?;
     let mut pool = FramePool::new(16384);
     let mut q: Vec<Frame> = Vec::with_capacity(1024);
     let fds: Vec<_> = rx_port.raw_fd().into_iter().collect();
@@ -352,13 +427,13 @@ capacity_mbps = 100000
 
 [[hosts]]
 id = 1
-underlay_ip = "192.168.0.1"
-mac = "02:00:00:00:00:01"
+underlay_ip = "{host1_ip}"
+mac = "{HOST1_MAC}"
 
 [[hosts]]
 id = 2
-underlay_ip = "192.168.0.2"
-mac = "02:00:00:00:00:02"
+underlay_ip = "{host2_ip}"
+mac = "{HOST2_MAC}"
 
 # Iron accounting on, with a quota that does not bind: Iron charges the tenant for the
 # switch's work and for the softirq work of its frames (about 4.5 us per 64 B frame on
@@ -392,6 +467,8 @@ min_mbps = 1000
         vm_ip = Ipv4Addr::from(VM_IP),
         remote_mac = Mac(REMOTE_MAC),
         remote_ip = Ipv4Addr::from(REMOTE_IP),
+        host1_ip = Ipv4Addr::from(HOST1_IP),
+        host2_ip = Ipv4Addr::from(HOST2_IP),
     );
     let mut cfg = Config::parse(&text).context("bench switch config")?;
     if !isolated {
@@ -400,7 +477,11 @@ min_mbps = 1000
     Ok(cfg)
 }
 
-fn run_picnic(cfg: Config, stop: Arc<AtomicBool>, tid: Arc<AtomicU64>) -> Result<String> {
+pub(crate) fn run_picnic(
+    cfg: Config,
+    stop: Arc<AtomicBool>,
+    tid: Arc<AtomicU64>,
+) -> Result<String> {
     pin_current_thread(DUT_CPU)?;
     let mut switch = Switch::open(cfg)?;
     let flag = switch.stop_flag();
@@ -419,8 +500,10 @@ fn run_picnic(cfg: Config, stop: Arc<AtomicBool>, tid: Arc<AtomicU64>) -> Result
     let snap = shared.latest();
     Ok(match snap.as_deref() {
         Some(published) => format!(
-            "picnic: uplink tx {} drops {:?}",
+            "picnic: uplink tx {} feedback sent {} received {} drops {:?}",
             published.switch.switch.uplink_tx_packets,
+            published.switch.switch.feedback_sent,
+            published.switch.switch.feedback_received,
             published
                 .switch
                 .vms
@@ -432,241 +515,4 @@ fn run_picnic(cfg: Config, stop: Arc<AtomicBool>, tid: Arc<AtomicU64>) -> Result
         ),
         None => String::new(),
     })
-}
-
-/// Open vSwitch's userspace datapath, started by hand inside the device namespace with its
-/// database, sockets and logs in a temporary directory (DESIGN.md 7: the kernel has no OVS
-/// module; one ovsdb-server/ovs-vswitchd pair per namespace works).
-pub struct Ovs {
-    ns: String,
-    dir: PathBuf,
-    /// ovs-vswitchd, run as a child rather than detached: see [`Ovs::configure`].
-    vswitchd: Option<std::process::Child>,
-}
-
-/// Debian package providing OVS.
-pub const OVS_PACKAGE: &str = "openvswitch-switch";
-
-/// Installs Open vSwitch with apt-get when it is missing (the bench runs as root).
-pub fn ensure_ovs() -> Result<()> {
-    if netns::have_tool("ovs-vswitchd") && netns::have_tool("ovsdb-server") {
-        return Ok(());
-    }
-    eprintln!("bench: Open vSwitch is missing: running `apt-get install -y {OVS_PACKAGE}`");
-    let status = Command::new("apt-get")
-        .args(["install", "-y", "--no-install-recommends", OVS_PACKAGE])
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .status()
-        .context("running apt-get")?;
-    if !status.success() {
-        bail!("apt-get install {OVS_PACKAGE} failed ({status}); try `apt-get update` first");
-    }
-    Ok(())
-}
-
-impl Ovs {
-    fn start(ns: &str, afxdp: bool) -> Result<Ovs> {
-        let dir = std::env::temp_dir().join(format!("{ns}-ovs"));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir)?;
-        let mut ovs = Ovs {
-            ns: ns.to_owned(),
-            dir,
-            vswitchd: None,
-        };
-        match ovs.configure(afxdp) {
-            Ok(()) => Ok(ovs),
-            Err(e) => {
-                // Never leave daemons behind a failed start.
-                let _ = ovs.stop();
-                Err(e)
-            }
-        }
-    }
-
-    /// Starts both daemons and sets up the bridge, ports, meter and flow.
-    ///
-    /// ovs-vswitchd is not `--detach`ed: a detached daemon starts a new session, hence (with
-    /// the kernel's scheduler autogroups, on by default) its own CPU-share group, and on a
-    /// shared machine it would get a full group's share of its CPU where picnic's and the raw
-    /// forwarder's threads share the bench process's group with the generator. As a child it
-    /// competes for CPU exactly as they do.
-    fn configure(&mut self, afxdp: bool) -> Result<()> {
-        let d = self.dir.display().to_string();
-        let schema = "/usr/share/openvswitch/vswitch.ovsschema";
-        self.run("ovsdb-tool", &["create", &format!("{d}/conf.db"), schema])?;
-        self.run(
-            "ovsdb-server",
-            &[
-                &format!("{d}/conf.db"),
-                &format!("--remote=punix:{d}/db.sock"),
-                &format!("--pidfile={d}/ovsdb-server.pid"),
-                &format!("--log-file={d}/ovsdb-server.log"),
-                &format!("--unixctl={d}/ovsdb-server.ctl"),
-                "--detach",
-            ],
-        )?;
-        self.vsctl(&["--no-wait", "init"])?;
-        self.start_vswitchd()?;
-        let ovs = &*self;
-        // Same CPU as the other devices under test (all its threads).
-        let pid = ovs.vswitchd_pid()?.to_string();
-        let _ = netns::cmd("taskset", &["-a", "-p", "-c", &DUT_CPU.to_string(), &pid]);
-        ovs.vsctl(&[
-            "add-br",
-            "br0",
-            "--",
-            "set",
-            "bridge",
-            "br0",
-            "datapath_type=netdev",
-            "protocols=OpenFlow13",
-        ])?;
-        for dev in [TENANT_DEV, UPLINK_DEV] {
-            let mut args = vec!["add-port", "br0", dev];
-            if afxdp {
-                // Polled by the main thread, not a busy PMD thread (DESIGN.md 7).
-                args.extend(["--", "set", "interface", dev, "type=afxdp-nonpmd"]);
-            }
-            ovs.vsctl(&args)?;
-        }
-        // Its QoS setting of the same intent as picnic's per-VM cap: an OpenFlow meter that
-        // does not bind (ingress_policing_rate is not enforced here, DESIGN.md 7).
-        ovs.ofctl(&[
-            "add-meter",
-            "br0",
-            "meter=1,kbps,band=type=drop,rate=100000000",
-        ])?;
-        ovs.ofctl(&["del-flows", "br0"])?;
-        ovs.ofctl(&[
-            "add-flow",
-            "br0",
-            &format!("in_port={TENANT_DEV},actions=meter:1,output:{UPLINK_DEV}"),
-        ])?;
-        // Wait until the ports are up in the datapath.
-        std::thread::sleep(Duration::from_millis(500));
-        Ok(())
-    }
-
-    /// Starts ovs-vswitchd as a child process and waits until it wrote its pid file.
-    fn start_vswitchd(&mut self) -> Result<()> {
-        let d = self.dir.display().to_string();
-        let child = Command::new("ip")
-            .args(["netns", "exec", &self.ns, "ovs-vswitchd"])
-            .args([
-                format!("unix:{d}/db.sock"),
-                format!("--pidfile={d}/ovs-vswitchd.pid"),
-                format!("--log-file={d}/ovs-vswitchd.log"),
-                format!("--unixctl={d}/ovs-vswitchd.ctl"),
-            ])
-            .env("OVS_RUNDIR", &d)
-            .env("OVS_DBDIR", &d)
-            .env("OVS_LOGDIR", &d)
-            .env("OVS_SYSCONFDIR", &d)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .context("running ovs-vswitchd")?;
-        self.vswitchd = Some(child);
-        for _ in 0..500 {
-            if self.vswitchd_pid().is_ok() {
-                return Ok(());
-            }
-            if let Some(status) = self
-                .vswitchd
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                bail!("ovs-vswitchd exited at start ({status}); see {d}/ovs-vswitchd.log");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        bail!("ovs-vswitchd wrote no pid file within 5 s; see {d}/ovs-vswitchd.log")
-    }
-
-    fn run(&self, program: &str, args: &[&str]) -> Result<String> {
-        let d = self.dir.display().to_string();
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.ns, program])
-            .args(args)
-            .env("OVS_RUNDIR", &d)
-            .env("OVS_DBDIR", &d)
-            .env("OVS_LOGDIR", &d)
-            .env("OVS_SYSCONFDIR", &d)
-            .output()
-            .with_context(|| format!("running {program}"))?;
-        if !out.status.success() {
-            bail!(
-                "`{program} {}` failed: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-
-    fn vsctl(&self, args: &[&str]) -> Result<String> {
-        let db = format!("--db=unix:{}/db.sock", self.dir.display());
-        let mut full = vec![db.as_str(), "--timeout=10"];
-        full.extend_from_slice(args);
-        self.run("ovs-vsctl", &full)
-    }
-
-    fn ofctl(&self, args: &[&str]) -> Result<String> {
-        let mut full = vec!["-O", "OpenFlow13"];
-        full.extend_from_slice(args);
-        self.run("ovs-ofctl", &full)
-    }
-
-    fn pid(&self, daemon: &str) -> Result<u32> {
-        let path = self.dir.join(format!("{daemon}.pid"));
-        std::fs::read_to_string(&path)
-            .with_context(|| format!("reading {}", path.display()))?
-            .trim()
-            .parse()
-            .with_context(|| format!("pid in {}", path.display()))
-    }
-
-    /// Pid of ovs-vswitchd.
-    pub fn vswitchd_pid(&self) -> Result<u32> {
-        self.pid("ovs-vswitchd")
-    }
-
-    /// Stops both daemons (SIGTERM to the pids they wrote) and removes the directory.
-    fn stop(mut self) -> Result<String> {
-        let summary = self
-            .ofctl(&["dump-flows", "br0"])
-            .map(|s| format!("ovs flows: {}", s.lines().last().unwrap_or("").trim()))
-            .unwrap_or_default();
-        if let Some(mut child) = self.vswitchd.take() {
-            if let Ok(pid) = self.pid("ovs-vswitchd") {
-                // SAFETY: kill with the pid of our child; no memory involved.
-                unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-            }
-            for _ in 0..100 {
-                if matches!(child.try_wait(), Ok(Some(_))) {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            // Reaps it; kills it first if SIGTERM did not end it.
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        for daemon in ["ovsdb-server"] {
-            if let Ok(pid) = self.pid(daemon) {
-                // SAFETY: kill with a pid the daemon we started wrote; no memory involved.
-                unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-                for _ in 0..100 {
-                    if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-            }
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-        Ok(summary)
-    }
 }

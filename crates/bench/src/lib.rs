@@ -17,9 +17,11 @@
 
 pub mod cpu;
 pub mod dut;
+pub mod ovs;
 mod report;
 pub mod sink;
 pub mod traffic;
+pub mod twohost;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -69,6 +71,10 @@ pub struct BenchArgs {
     /// Numbers of UDP flows offered, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,8")]
     pub flows: Vec<u16>,
+    /// The two-host shape: each device runs on two emulated hosts (egress and ingress,
+    /// over an encapsulating underlay; see `twohost`) instead of one.
+    #[arg(long)]
+    pub two_host: bool,
     /// Only these devices (raw, raw_xdp, picnic, picnic_xdp, picnic_off, ovs_afxdp, ovs, bridge),
     /// comma-separated.
     #[arg(long, value_delimiter = ',')]
@@ -174,20 +180,22 @@ pub fn run_cli(args: BenchArgs) -> Result<()> {
         .iter()
         .any(|k| matches!(k, DutKind::Ovs | DutKind::OvsAfxdp))
     {
-        dut::ensure_ovs()?;
+        ovs::ensure_ovs()?;
     }
     // The bench's own threads (and the `ip` and OVS tools it runs) stay off the device's CPU.
     cpu::register_bench_thread();
     traffic::pin_current_thread(GEN_CPU)?;
     let started = Instant::now();
     println!(
-        "picnic bench: {} devices x sizes {:?} x flows {:?} x {} run(s), {} ms windows, loads {:?}% of the slowest; generator and sink on CPU {GEN_CPU}, device on CPU {DUT_CPU}",
+        "picnic bench: {} shape, {} devices x sizes {:?} x flows {:?} x {} run(s), {} ms windows, loads {:?}% of the slowest; generator and sink on CPU {GEN_CPU}, device{} on CPU {DUT_CPU}",
+        if args.two_host { "two-host" } else { "one-host" },
         kinds.len(),
         args.sizes,
         args.flows,
         settings.runs,
         settings.window.as_millis(),
         args.loads,
+        if args.two_host { " (both hosts)" } else { "" },
     );
     println!("phase 1: maximum rate, generator at full speed");
     let mut maxima = Vec::new();
@@ -202,7 +210,12 @@ pub fn run_cli(args: BenchArgs) -> Result<()> {
     println!();
     report::print(&maxima, &loads, &args);
     if args.json {
-        let json = report::json(&maxima, &loads, settings.runs, settings.window);
+        let shape = if args.two_host {
+            "two-host"
+        } else {
+            "one-host"
+        };
+        let json = report::json(&maxima, &loads, settings.runs, settings.window, shape);
         std::fs::write(&args.json_path, serde_json::to_string_pretty(&json)? + "\n")
             .with_context(|| format!("writing {}", args.json_path.display()))?;
         println!("wrote {}", args.json_path.display());
@@ -226,7 +239,7 @@ fn with_device<T>(
     args: &BenchArgs,
     mut body: impl FnMut(&Bed, &Dut, usize, u16) -> Result<Vec<T>>,
 ) -> Result<Vec<T>> {
-    let bed = Bed::new()?;
+    let bed = Bed::new(args.two_host)?;
     let spin = Duration::from_micros(args.spin_us);
     let dut =
         Dut::start(kind, &bed, spin).with_context(|| format!("starting {}", kind.describe()))?;
@@ -243,7 +256,7 @@ fn with_device<T>(
             }
         }
     }
-    let summary = dut.stop(&bed)?;
+    let summary = dut.stop()?;
     if !summary.is_empty() {
         println!("  ({summary})");
     }

@@ -118,6 +118,7 @@ pub fn json(
     loads: &[LoadPoint],
     runs: usize,
     window: Duration,
+    shape: &str,
 ) -> serde_json::Value {
     let mut all_ratios = Vec::new();
     let mut keys: Vec<(usize, u16, u32)> = loads
@@ -133,6 +134,7 @@ pub fn json(
     }
     serde_json::json!({
         "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "shape": shape,
         "runs": runs,
         "window_ms": window.as_millis() as u64,
         "maximum": maxima,

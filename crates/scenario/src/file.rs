@@ -71,6 +71,9 @@ pub struct PicnicSettings {
     /// the bridge's softirq datapath runs ahead of every task, in every picnic mode alike.
     /// Not with `cpu_cores` (a CFS quota does not bound a real-time thread).
     pub realtime_priority: Option<u8>,
+    /// Dataplane workers of each switch (`switch.workers`). None: the switch's default, one
+    /// per CPU it may run on (`cpus`, else all), at most one per local VM.
+    pub workers: Option<usize>,
     /// Worker threads of each switch's shared encryption engine (`accel.workers`).
     pub accel_workers: usize,
     /// Share of the workers' time the engine's limiter admits (`accel.capacity_percent`):
@@ -87,6 +90,7 @@ impl Default for PicnicSettings {
             cpus: Vec::new(),
             cpu_cores: None,
             realtime_priority: None,
+            workers: None,
             accel_workers: 2,
             accel_capacity_percent: 90,
             accel_job_work_ns: 0,

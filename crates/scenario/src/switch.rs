@@ -113,9 +113,7 @@ pub fn switch_config(
                 .then_some(scenario.sched_slice_us),
             realtime_priority: scenario.picnic.realtime_priority,
             cpus: (!scenario.picnic.cpus.is_empty()).then(|| scenario.picnic.cpus.clone()),
-            // The scenarios' pass marks were measured with one dataplane loop; several
-            // workers per emulated host are for the benchmarks until the lab is rerun on them.
-            workers: Some(1),
+            workers: scenario.picnic.workers,
         },
         uplink: UplinkSection {
             ifname: host.uplink.clone(),
@@ -233,6 +231,21 @@ shaped_mbps = 10
         assert_eq!(c.dst_port, Some(crate::BASE_PORT + 1));
         assert_eq!(c.rate_mbps, 10.0);
         assert!(shaped_classes(&s, &topo, "b").is_empty());
+    }
+
+    #[test]
+    fn lab_switches_take_the_worker_default_unless_the_scenario_sets_a_count() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../scenarios/bursty-udp.toml");
+        let mut s = Scenario::load(&path).unwrap();
+        let topo = Topology::plan(&s, "t", &|role| role.to_string());
+        for host in &topo.hosts {
+            let cfg = switch_config(&s, &topo, host, true).unwrap();
+            assert_eq!(cfg.switch.workers, None, "the switch's default count");
+        }
+        s.picnic.workers = Some(1);
+        let cfg = switch_config(&s, &topo, &topo.hosts[0], true).unwrap();
+        assert_eq!(cfg.switch.workers, Some(1));
     }
 
     #[test]

@@ -34,7 +34,7 @@ mod publish;
 mod work;
 pub(crate) use idle::{ring_wait, IdlePolicy};
 pub(crate) use live::take_named;
-pub use live::Reconfigure;
+pub use live::{CommandSender, Reconfigure};
 use live::{Opening, PortKeeper};
 pub use ports::{open_port, open_uplinks, vm_max_frame, PortOpener, PortSpec};
 use ports::{tenant_ports, vm_max_frame_of, PortIo};
@@ -90,6 +90,8 @@ pub struct Switch {
     opening: Option<Opening>,
     /// Opens and closes ports for live changes (started on the first).
     keeper: Option<PortKeeper>,
+    /// Readable when the API sent a command ([`CommandSender`]).
+    command_wake: Option<Arc<std::os::fd::OwnedFd>>,
     /// Per port: the adaptive wait of its receive ring and frames read from it so far.
     waits: Vec<(AdaptiveWait, u64)>,
     /// The eBPF programs' maps: the uplink's early drop, the ports' softirq time.
@@ -194,6 +196,7 @@ impl Switch {
             commands: None,
             opening: None,
             keeper: None,
+            command_wake: None,
             waits: Vec::new(),
             kernel: KernelLink::default(),
             accel: None,
@@ -243,11 +246,6 @@ impl Switch {
     }
     pub fn shared(&self) -> Arc<Shared> {
         self.shared.clone()
-    }
-    pub fn command_channel(&mut self) -> mpsc::Sender<Command> {
-        let (tx, rx) = mpsc::channel();
-        self.commands = Some(rx);
-        tx
     }
 
     /// Runs until the stop flag is set. Port errors other than would-block end the run.
@@ -326,6 +324,8 @@ impl Switch {
                     .filter(|&p| self.engine.rx_ready(now, p, batch))
                     .filter_map(|p| self.ports[p].as_ref()?.raw_fd()),
             );
+            // So do the API's commands.
+            fds.extend(self.command_fd());
             // The shared engine's results wake the loop too.
             fds.extend(
                 self.accel

@@ -35,12 +35,12 @@ mod tests;
 use std::io::Read;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 
 use tiny_http::{Header, Response, Server};
 
 use crate::config::{read_secret, ApiListen, SwitchSection};
-use crate::runner::{Command, Shared};
+use crate::runner::{CommandSender, Shared};
 use routes::handle;
 
 /// Largest request body accepted, bytes (a config entry is well under 4 KiB).
@@ -61,7 +61,7 @@ pub struct Api {
 /// every change is persisted to.
 struct ApiState {
     shared: Arc<Shared>,
-    commands: mpsc::Sender<Command>,
+    commands: CommandSender,
     token: Option<Vec<u8>>,
     state_file: Option<PathBuf>,
 }
@@ -71,7 +71,7 @@ struct ApiState {
 pub fn spawn(
     switch: &SwitchSection,
     shared: Arc<Shared>,
-    commands: mpsc::Sender<Command>,
+    commands: CommandSender,
 ) -> anyhow::Result<Api> {
     let Some(api) = &switch.api else {
         anyhow::bail!("switch.api: not set");

@@ -12,7 +12,7 @@ use super::*;
 use crate::config::{Config, SwitchSection};
 use crate::engine::{Engine, Work};
 use crate::frame::{Frame, FramePool};
-use crate::runner::Published;
+use crate::runner::{Command, CommandSender, Published};
 
 struct NoWork;
 impl Work for NoWork {
@@ -85,7 +85,7 @@ fn api_state(shared: Shared, state_file: Option<PathBuf>) -> ApiState {
     });
     ApiState {
         shared,
-        commands,
+        commands: CommandSender::new(commands),
         token: None,
         state_file,
     }
