@@ -248,7 +248,7 @@ pub fn memory_switch(
 /// Applies a live change to `cfg` to a running switch (diffed by the switch, as for a
 /// caller that does not hold the running config) and waits for its answer.
 pub fn reconfigure(
-    commands: &std::sync::mpsc::Sender<picnic_switch::runner::Command>,
+    commands: &picnic_switch::runner::CommandSender,
     cfg: &picnic_switch::config::Config,
 ) -> anyhow::Result<()> {
     let change = picnic_switch::runner::Reconfigure::to(cfg.clone());
