@@ -37,7 +37,7 @@ impl Scenario {
             && !self
                 .sched_slice_us
                 .checked_mul(1000)
-                .is_some_and(|ns| picnic_switch::sched::SLICE_RANGE_NS.contains(&ns))
+                .is_some_and(|ns| picnic_switch::config::SLICE_RANGE_NS.contains(&ns))
         {
             bail!("field `sched_slice_us`: 0 (kernel default) or 100..=100000");
         }

@@ -17,12 +17,14 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use picnic_core::Duration;
 
 use crate::change::Change;
-use crate::engine::{iron_quota, pacer_rate, Engine, PortChange, SloReport, IRON_PERIOD};
+use crate::engine::{
+    iron_quota, pacer_rate, Engine, PortChange, SharedBudgets, SloReport, IRON_PERIOD,
+};
 use crate::frame::FramePool;
 use crate::port::Port;
 use crate::runner::{setup_thread, take_named, Command, Published, Reconfigure, SpinWork, Switch};
 use crate::worker::{Team, Worker};
-use crate::workers::{assign, Assignment, Control, Mailbox, SharedBudgets};
+use crate::workers::{assign, Assignment, Control, Mailbox};
 
 /// Frames a worker's mailbox holds.
 const MAILBOX_FRAMES: usize = 4096;

@@ -18,19 +18,22 @@ pub type VmIdx = usize;
 pub type PortIdx = usize;
 pub const UPLINK: PortIdx = 0;
 
+/// A tenant: its settings exactly as configured (read through `Deref`, so a tenant field added
+/// to [`TenantEntry`] reaches the engines without touching the directory).
 #[derive(Clone, Debug)]
 pub struct Tenant {
-    pub name: String,
-    pub vni: u32,
-    pub cpu_quota: Option<f64>,
-    /// The tenant's cgroup on this host, charged for the switch's work (Iron).
-    pub cgroup: Option<std::path::PathBuf>,
-    /// The tenant's SLO, judged by the engine's monitors.
-    pub slo: Option<picnic_core::slo::Slo>,
-    /// Its overlay traffic is sealed by the shared engine (`accel`).
-    pub encrypt: bool,
-    /// False once removed (the slot waits for the next tenant added).
+    pub config: TenantEntry,
+    /// False once removed (the slot waits for the next tenant added; its settings are the
+    /// defaults, so a removed tenant has no quota, cgroup, SLO or encryption).
     pub present: bool,
+}
+
+impl std::ops::Deref for Tenant {
+    type Target = TenantEntry;
+
+    fn deref(&self) -> &TenantEntry {
+        &self.config
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -112,12 +115,7 @@ impl Directory {
     /// Adds a tenant (in a removed tenant's slot if there is one).
     pub fn add_tenant(&mut self, t: &TenantEntry) -> TenantIdx {
         let tenant = Tenant {
-            name: t.name.clone(),
-            vni: t.vni,
-            cpu_quota: t.cpu_quota,
-            cgroup: t.cgroup.clone(),
-            encrypt: t.encrypt,
-            slo: t.slo.clone(),
+            config: t.clone(),
             present: true,
         };
         let idx = match self.tenants.iter().position(|t| !t.present) {
@@ -140,11 +138,7 @@ impl Directory {
         let tenant = &mut self.tenants[idx];
         remove_if(&mut self.by_vni, &tenant.vni, idx);
         self.by_vni.insert(t.vni, idx);
-        tenant.vni = t.vni;
-        tenant.cpu_quota = t.cpu_quota;
-        tenant.cgroup = t.cgroup.clone();
-        tenant.encrypt = t.encrypt;
-        tenant.slo = t.slo.clone();
+        tenant.config = t.clone();
     }
 
     /// Removes tenant `idx` (which has no VMs left).
@@ -153,12 +147,7 @@ impl Directory {
         remove_if(&mut self.by_vni, &tenant.vni, idx);
         remove_if(&mut self.tenant_by_name, &tenant.name, idx);
         *tenant = Tenant {
-            name: String::new(),
-            vni: 0,
-            cpu_quota: None,
-            encrypt: false,
-            cgroup: None,
-            slo: None,
+            config: TenantEntry::default(),
             present: false,
         };
     }

@@ -26,7 +26,6 @@ use crate::ebpf::KernelLink;
 use crate::engine::{Engine, IRON_PERIOD};
 use crate::frame::FramePool;
 use crate::port::{wait_readable, Port};
-use crate::worker::WorkerView;
 
 mod idle;
 mod live;
@@ -37,9 +36,9 @@ pub(crate) use idle::{ring_wait, IdlePolicy};
 pub(crate) use live::take_named;
 pub use live::{CommandSender, Reconfigure};
 use live::{Opening, PortKeeper};
-pub use ports::{open_port, vm_max_frame, PortOpener, PortSpec};
+pub use ports::{open_port, open_uplinks, vm_max_frame, PortOpener, PortSpec};
 use ports::{tenant_ports, vm_max_frame_of, PortIo};
-pub use publish::{PortView, Published, Shared};
+pub use publish::{HandoffCounters, PortView, Published, Shared, WorkerView};
 pub(crate) use work::setup_thread;
 pub use work::{thread_cpu_ns, Clock, SpinWork};
 
@@ -146,7 +145,7 @@ impl Switch {
                 "picnic switch: warning: with {workers} workers the uplink's XDP early drop is not driven (switch.workers = 1 keeps it)"
             );
         }
-        let (mut uplinks, early_drop) = crate::workers::open_uplinks(&cfg, workers)?;
+        let (mut uplinks, early_drop) = open_uplinks(&cfg, workers)?;
         // One engine decides whom the early drop holds back: the single loop's.
         let early_drop = early_drop.filter(|_| workers == 1);
         let extra_uplinks = uplinks.split_off(1);

@@ -12,8 +12,7 @@
 
 use std::io;
 
-/// Shortest and longest slice the kernel accepts for a fair-class thread, ns.
-pub const SLICE_RANGE_NS: std::ops::RangeInclusive<u64> = 100_000..=100_000_000;
+use crate::config::SLICE_RANGE_NS;
 
 /// Sets the calling thread's nice value (-20..=19).
 pub fn set_thread_nice(nice: i32) -> io::Result<()> {

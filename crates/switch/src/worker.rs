@@ -13,18 +13,19 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use picnic_core::notify::AdaptiveWait;
 use picnic_core::{Duration, Instant};
 use picnic_wire::overlay::decap;
-use serde::Serialize;
 
 use crate::change::Change;
 use crate::directory::{Directory, PortIdx, UPLINK};
 use crate::driver::{Driver, Io, UPLINK_READ_ROUNDS};
-use crate::engine::{Engine, PortChange, Work};
+use crate::engine::{Engine, PortChange, SharedBudgets, Work};
 use crate::frame::{Frame, FramePool};
 use crate::port::{wait_readable, Port};
 use crate::runner::take_named;
-use crate::runner::{ring_wait, thread_cpu_ns, Clock, PortView, Published, SpinWork};
+use crate::runner::{
+    ring_wait, thread_cpu_ns, Clock, HandoffCounters, PortView, Published, SpinWork, WorkerView,
+};
 use crate::stats::DropReason;
-use crate::workers::{Applied, Assignment, Control, Handoff, Mailbox, SharedBudgets};
+use crate::workers::{Applied, Assignment, Control, Handoff, Mailbox};
 
 /// What every worker shares: the mailboxes, the budgets and each worker's published
 /// snapshot.
@@ -93,32 +94,6 @@ impl Team {
             m.kick();
         }
     }
-}
-
-/// A worker's handoff counters (`/stats` `workers`).
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct HandoffCounters {
-    /// Frames this worker handed to others (uplink frames for their VMs, frames for their
-    /// ports, feedback copies).
-    pub out: u64,
-    /// Frames other workers handed to this one.
-    pub r#in: u64,
-    /// Frames dropped because the receiving worker's mailbox was full.
-    pub full: u64,
-    /// Frames dropped because a live change removed or moved their VM's port while they were
-    /// handed over (the worker no longer holds that VM, or nobody holds the port yet).
-    pub stale: u64,
-}
-
-/// A worker as `/stats` shows it.
-#[derive(Clone, Debug, Serialize)]
-pub struct WorkerView {
-    pub worker: usize,
-    /// The VMs whose ports it owns.
-    pub vms: Vec<String>,
-    /// CPU time of its thread, ns (its engine's `cpu_ns`).
-    pub cpu_ns: u64,
-    pub handoff: HandoffCounters,
 }
 
 /// One worker's state; it goes back to the switch when the workers stop.

@@ -4,13 +4,14 @@
 //! are per VM anyway, and every VM has exactly one owner).
 //!
 //! What spans workers, and how it stays correct without a lock on the per-packet path:
-//! - **Tenant CPU budgets** (Iron 3.2): one lock-free [`SharedBucket`] per tenant with a quota,
-//!   refilled at the tenant's allocation, from which each worker borrows through its own
+//! - **Tenant CPU budgets** (Iron 3.2, [`crate::engine::SharedBudgets`]): one lock-free
+//!   [`picnic_core::pool::SharedBucket`] per tenant with a quota, refilled at the tenant's
+//!   allocation, from which each worker borrows through its own
 //!   [`picnic_core::pool::TokenCache`] (EyeQ 4's per-CPU token counts, FairNIC 4.4's per-core
 //!   caches, CFS's per-CPU runtime slices). Charges are settled into the cache after the work
 //!   (debt when they exceed it), so the tenant's total across workers stays within its
-//!   allocation up to one chunk per worker. [`SharedBudgets::charged`] sums every worker's charges
-//!   for the cgroup quotas.
+//!   allocation up to one chunk per worker. `SharedBudgets::charged` sums every worker's
+//!   charges for the cgroup quotas.
 //! - **Tenant SLOs**: a tenant's conformance must be judged on all its traffic, so the VMs of
 //!   a tenant with an SLO are assigned to one worker ([`assign`]); each worker reports the
 //!   SLO tenants it owns.
@@ -27,83 +28,22 @@
 //!   slot and the coordinator merges them ([`crate::coordinator::merge`]).
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 
 use crossbeam_queue::{ArrayQueue, SegQueue};
-use picnic_core::pool::SharedBucket;
-use picnic_core::{Duration, Instant};
-
-use anyhow::Context;
 
 use crate::change::Change;
 use crate::config::{Backend, Config};
-use crate::directory::{Directory, PortIdx, TenantIdx, VmIdx};
-use crate::ebpf::EarlyDrop;
-use crate::engine::ChangeFailed;
+use crate::directory::{Directory, PortIdx, VmIdx};
+use crate::engine::{ChangeFailed, SharedBudgets};
 use crate::frame::Frame;
-use crate::port::{AfXdpOptions, AfXdpPort, Port};
-use crate::runner::open_port;
+use crate::port::Port;
 
 /// The default number of workers: one per CPU the switch may run on, at most one per local
 /// VM port (a worker without a VM would only share the uplink), at least one.
 pub fn default_count(cpus: usize, vm_ports: usize) -> usize {
     cpus.min(vm_ports).max(1)
-}
-
-/// The uplink's sockets (one per worker where the backend allows it) and, for AF_XDP, the
-/// maps of its early drop.
-type Uplinks = (Vec<Box<dyn Port>>, Option<EarlyDrop>);
-
-/// Opens the uplink; an AF_XDP uplink also gives the maps of its early drop. With several
-/// workers, one socket per worker where the backend allows it: AF_PACKET sockets joined in
-/// one `PACKET_FANOUT` hash group (the kernel spreads frames by flow hash, so a flow stays on
-/// one socket); AF_XDP one socket per NIC queue, at most one per worker (RSS spreads flows
-/// over the queues; workers beyond the queues get their frames handed over). A TAP uplink has
-/// one socket, read by worker 0.
-pub fn open_uplinks(cfg: &Config, workers: usize) -> anyhow::Result<Uplinks> {
-    let ifname = &cfg.uplink.ifname;
-    match cfg.uplink.backend {
-        Backend::AfXdp => {
-            let mut sockets = AfXdpPort::open_queues(ifname, AfXdpOptions::default(), workers)
-                .with_context(|| format!("uplink.ifname: cannot open '{ifname}' with AF_XDP"))?;
-            let early = sockets[0].early_drop();
-            Ok((
-                sockets
-                    .into_iter()
-                    .map(|p| Box::new(p) as Box<dyn Port>)
-                    .collect(),
-                early,
-            ))
-        }
-        Backend::AfPacket if workers > 1 => {
-            // A group id of this process's own (one switch per network namespace).
-            let group = (std::process::id() & 0xffff) as u16;
-            let mut sockets = Vec::with_capacity(workers);
-            for _ in 0..workers {
-                let port = open_port(
-                    ifname,
-                    cfg.uplink.backend,
-                    "uplink.ifname",
-                    cfg.uplink.mtu + 14,
-                )?;
-                let fd = port.raw_fd().expect("an AF_PACKET port has a descriptor");
-                crate::port::join_fanout(fd, group)
-                    .with_context(|| format!("uplink.ifname: PACKET_FANOUT on '{ifname}'"))?;
-                sockets.push(port);
-            }
-            Ok((sockets, None))
-        }
-        backend => Ok((
-            vec![open_port(
-                ifname,
-                backend,
-                "uplink.ifname",
-                cfg.uplink.mtu + 14,
-            )?],
-            None,
-        )),
-    }
 }
 
 /// Whether `cfg` has the switch drive an eBPF program from its loop that needs the single
@@ -237,110 +177,6 @@ pub fn assign(dir: &Directory, workers: usize) -> Assignment {
         }
     }
     Assignment { workers, owner }
-}
-
-/// What all workers draw from (see the module doc): per tenant its CPU budget in ns, and the
-/// uplink's pacing bucket in bytes.
-#[derive(Debug)]
-pub struct SharedBudgets {
-    /// The uplink's capacity (`uplink.capacity_mbps`), bytes/s, when egress is paced to it:
-    /// every worker's egress scheduler borrows from it (EyeQ 4's multi-queue rate limiter).
-    pub link: Option<Arc<SharedBucket>>,
-    /// What a worker's link cache borrows at once, bytes.
-    pub link_chunk: u64,
-    /// Per tenant with a quota: its bucket, refilled at its allocation (quota per Iron period)
-    /// and holding one period's quota.
-    pub buckets: Vec<Option<Arc<SharedBucket>>>,
-    /// Per tenant: ns charged by every worker since the start.
-    pub charged: Vec<Arc<AtomicU64>>,
-    /// What a worker's cache borrows at once, ns.
-    pub chunk: u64,
-}
-
-impl SharedBudgets {
-    /// Budgets for the tenants with a quota of `quotas` (index = tenant), each `quota` ns of
-    /// CPU per `period`, starting full at `now`; caches of `workers` workers borrow 1/16 of a
-    /// period's smallest quota split over the workers, at most 100 us.
-    pub fn new(
-        quotas: &[Option<Duration>],
-        period: Duration,
-        workers: usize,
-        now: Instant,
-    ) -> Self {
-        let per_sec = |q: Duration| {
-            (q.as_nanos() as u128 * 1_000_000_000 / period.as_nanos().max(1) as u128) as u64
-        };
-        let smallest = quotas.iter().flatten().map(|q| q.as_nanos()).min();
-        SharedBudgets {
-            link: None,
-            link_chunk: 1,
-            buckets: quotas
-                .iter()
-                .map(|q| q.map(|q| Arc::new(SharedBucket::new(per_sec(q), q.as_nanos(), now))))
-                .collect(),
-            charged: quotas.iter().map(|_| Arc::default()).collect(),
-            chunk: smallest
-                .map(|q| (q / 16 / workers.max(1) as u64).clamp(1, 100_000))
-                .unwrap_or(1),
-        }
-    }
-
-    /// Paces the workers' egress together to `rate` bytes/s with bursts of `burst`; each
-    /// worker's cache borrows a share of the burst at once.
-    pub fn with_link(mut self, rate: u64, burst: u64, now: Instant, workers: usize) -> Self {
-        self.link = Some(Arc::new(SharedBucket::new(rate, burst, now)));
-        self.link_chunk = (burst / (2 * workers.max(1) as u64)).max(1);
-        self
-    }
-
-    /// The budgets after a live change left the tenants with `quotas`: a tenant whose quota
-    /// is unchanged keeps its bucket and its charges, the uplink its pacer (None: nothing
-    /// changed).
-    pub fn after_change(
-        &self,
-        quotas: &[Option<Duration>],
-        period: Duration,
-        workers: usize,
-        now: Instant,
-    ) -> Option<SharedBudgets> {
-        let mut new = SharedBudgets::new(quotas, period, workers, now);
-        let same: Vec<bool> = (0..quotas.len())
-            .map(|t| match (self.bucket(t), new.bucket(t)) {
-                (Some(a), Some(b)) => a.rate() == b.rate() && a.burst() == b.burst(),
-                (a, b) => a.is_none() && b.is_none(),
-            })
-            .collect();
-        if quotas.len() == self.buckets.len() && same.iter().all(|&s| s) {
-            return None;
-        }
-        let kept = self
-            .buckets
-            .iter()
-            .zip(&self.charged)
-            .zip(&same)
-            .take(quotas.len());
-        for (t, ((bucket, charged), &same)) in kept.enumerate() {
-            new.charged[t] = charged.clone();
-            if same {
-                new.buckets[t] = bucket.clone();
-            }
-        }
-        new.link = self.link.clone();
-        new.link_chunk = self.link_chunk;
-        Some(new)
-    }
-
-    /// The tenant's bucket, if it has a quota.
-    pub fn bucket(&self, tenant: TenantIdx) -> Option<&SharedBucket> {
-        self.buckets.get(tenant).and_then(Option::as_deref)
-    }
-
-    /// Notes `ns` charged to `tenant` by some worker.
-    pub fn note_charged(&self, tenant: TenantIdx, ns: u64) {
-        if let Some(c) = self.charged.get(tenant) {
-            c.fetch_add(ns, Ordering::Relaxed);
-        }
-    }
 }
 
 /// A frame handed from one worker to another.
@@ -590,21 +426,6 @@ mod tests {
     }
 
     #[test]
-    fn cpu_budgets_refill_at_the_allocation_and_hold_one_quota() {
-        let period = Duration::from_millis(10);
-        let quotas = [Some(Duration::from_millis(5)), None];
-        let b = SharedBudgets::new(&quotas, period, 2, Instant::ZERO);
-        let bucket = b.bucket(0).unwrap();
-        assert!(b.bucket(1).is_none());
-        assert_eq!((bucket.rate(), bucket.burst()), (500_000_000, 5_000_000));
-        // 5 ms / 16 / 2 workers, capped at 100 us.
-        assert_eq!(b.chunk, 100_000);
-        b.note_charged(0, 7);
-        b.note_charged(0, 5);
-        assert_eq!(b.charged[0].load(Ordering::Relaxed), 12);
-    }
-
-    #[test]
     fn a_mailbox_wakes_a_sleeping_worker_and_is_bounded() {
         let m = Mailbox::new(2).unwrap();
         let mut pool = crate::frame::FramePool::new(4);
@@ -661,27 +482,5 @@ mod tests {
         placed2.owner[c] = 1;
         assert_eq!(placed2.place(&plain, d), 0, "0: 100, 1: 400");
         assert_eq!(&placed2.owner[..4], &[placed.owner[0], 0, 1, 1]);
-    }
-
-    /// A live change keeps the buckets and charges of tenants whose quota stayed, and reports
-    /// no change when no quota changed.
-    #[test]
-    fn budgets_after_a_change_keep_unchanged_tenants_buckets() {
-        let ms = Duration::from_millis;
-        let period = ms(10);
-        let old = SharedBudgets::new(&[Some(ms(5)), None], period, 2, Instant::ZERO);
-        old.note_charged(0, 7);
-        assert!(old
-            .after_change(&[Some(ms(5)), None], period, 2, Instant::ZERO)
-            .is_none());
-        let new = old
-            .after_change(&[Some(ms(5)), Some(ms(2)), None], period, 2, Instant::ZERO)
-            .unwrap();
-        assert!(Arc::ptr_eq(
-            old.buckets[0].as_ref().unwrap(),
-            new.buckets[0].as_ref().unwrap()
-        ));
-        assert_eq!(new.charged[0].load(Ordering::Relaxed), 7);
-        assert!(new.bucket(1).is_some() && new.bucket(2).is_none());
     }
 }

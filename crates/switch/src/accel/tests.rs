@@ -6,6 +6,7 @@
 use std::net::Ipv4Addr;
 
 use picnic_core::fairnic::TokenCost;
+use picnic_core::Duration;
 use picnic_wire::overlay::{decap, encap, OuterHeaders};
 use picnic_wire::seal::{TunnelKey, PROTOCOL_SEALED};
 use picnic_wire::GeneveRepr;

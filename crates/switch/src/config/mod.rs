@@ -1,6 +1,7 @@
 //! The switch's TOML configuration: this host, its uplink and peers, tenants, VMs, SLOs,
 //! and which isolation mechanisms are on. Validation names the offending field.
 
+mod backend;
 mod mac;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -13,9 +14,13 @@ use picnic_core::slo::Slo;
 use picnic_core::Rate;
 use serde::{Deserialize, Serialize};
 
-pub use crate::port::Backend;
+pub use backend::Backend;
 pub use mac::Mac;
 pub use validate::{ConfigError, MAX_MBPS, MAX_PACKETS};
+
+/// Shortest and longest EEVDF slice the kernel accepts for a fair-class thread, ns
+/// (`switch.slice_us`; set by [`crate::sched`]).
+pub const SLICE_RANGE_NS: std::ops::RangeInclusive<u64> = 100_000..=100_000_000;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -323,7 +328,9 @@ pub struct HostEntry {
     pub mac: Mac,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+/// `Default` is a tenant without settings (a removed tenant's slot in the directory); a
+/// config's tenants take their defaults from serde.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TenantEntry {
     pub name: String,

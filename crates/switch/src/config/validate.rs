@@ -68,7 +68,7 @@ impl Config {
         }
         if self.switch.slice_us.is_some_and(|us| {
             !us.checked_mul(1000)
-                .is_some_and(|ns| crate::sched::SLICE_RANGE_NS.contains(&ns))
+                .is_some_and(|ns| super::SLICE_RANGE_NS.contains(&ns))
         }) {
             return Err(err("switch.slice_us", "must be in 100..=100000"));
         }

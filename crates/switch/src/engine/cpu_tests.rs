@@ -262,7 +262,7 @@ fn cpu_fair_queuing_gives_equal_guarantees_equal_cpu_whatever_their_frame_size()
 /// throttles b on the other too, and the charges of both add up in the shared account.
 #[test]
 fn workers_share_a_tenants_cpu_budget_through_their_caches() {
-    use crate::workers::SharedBudgets;
+    use super::SharedBudgets;
     use std::sync::Arc;
     let (mut w0, mut w1) = (with_b_quota(0.1), with_b_quota(0.1));
     let quotas: Vec<_> = w0

@@ -22,13 +22,13 @@ use picnic_wire::overlay::{entropy_source_port, ENCAP_OVERHEAD};
 use super::antispoof;
 use super::queues::VmQueues;
 use super::slo::Waited;
+use super::SharedBudgets;
 use super::{cost_kind, sender_config, Engine};
 use crate::config::{Config, Mac, ShapedClass};
 use crate::directory::{Directory, PortIdx, VmIdx};
 use crate::frame::{Frame, FramePool};
 use crate::offload::Hook;
 use crate::stats::DropReason;
-use crate::workers::SharedBudgets;
 
 /// A frame on its way to a remote VM: the frame, its destination VM and that VM's
 /// generation (a frame for a VM removed meanwhile is dropped), the outer UDP source port

@@ -14,11 +14,13 @@
 pub mod antispoof;
 mod arp;
 mod backpressure;
+mod budgets;
 mod capacity;
 mod cpu;
 mod egress;
 pub mod feedback;
 mod ingress;
+mod jobs;
 mod kernel;
 mod link_share;
 mod live;
@@ -45,11 +47,14 @@ use crate::config::{Config, Isolation, Mac};
 use crate::directory::{Directory, PortIdx, TenantIdx, VmIdx, UPLINK};
 use crate::frame::{Frame, FramePool};
 use crate::stats::{DropReason, SwitchCounters, VmCounters};
-use crate::workers::SharedBudgets;
 use picnic_core::wfq::CostKind;
 
+use budgets::WorkerBudgets;
+
+pub use budgets::SharedBudgets;
 pub use egress::{pacer_rate, Egress};
 pub use ingress::Ingress;
+pub use jobs::{Completion, Job, Op, Outcome};
 pub use kernel::{SoftirqDelta, XdpThrottle, XDP_CPU, XDP_PPS};
 pub use link_share::split_link;
 pub use live::{ChangeFailed, PortChange};
@@ -85,32 +90,6 @@ pub fn iron_quota(tenant: &crate::directory::Tenant) -> Option<Duration> {
         ),
         None => allocation,
     })
-}
-
-/// One worker's share of the tenants' CPU budgets: the budgets every worker draws from and
-/// this worker's token cache of each.
-struct WorkerBudgets {
-    budgets: Arc<SharedBudgets>,
-    caches: Vec<TokenCache>,
-    /// Per tenant: frames this worker dropped because the shared budget was used up.
-    throttle_drops: Vec<u64>,
-}
-
-impl WorkerBudgets {
-    fn exhausted(&self, now: Instant, tenant: TenantIdx) -> bool {
-        self.budgets
-            .bucket(tenant)
-            .is_some_and(|b| self.caches[tenant].exhausted(now, b))
-    }
-
-    /// Charges `ns` to `tenant` after the work: what the cache cannot cover is debt on the
-    /// shared budget.
-    fn charge(&mut self, now: Instant, tenant: TenantIdx, ns: u64) {
-        if let Some(bucket) = self.budgets.bucket(tenant) {
-            self.caches[tenant].charge(now, bucket, ns);
-            self.budgets.note_charged(tenant, ns);
-        }
-    }
 }
 
 /// Both engines of one host plus the tables they share.
@@ -151,7 +130,7 @@ pub struct Engine {
     /// Frames waiting for each port's transmit, filled by the engines, drained by the caller.
     tx: Vec<Vec<Frame>>,
     /// Frames of encrypting tenants waiting to be sealed or opened (`sealing.rs`).
-    accel_jobs: Vec<crate::accel::Job>,
+    accel_jobs: Vec<Job>,
     /// Per tenant: its use of the shared engine.
     accel_use: Vec<AccelUse>,
     /// Per tenant: jobs its engine queue can still take, and the queue's depth, as the

@@ -9,8 +9,7 @@
 use picnic_core::{Duration, Instant};
 use serde::Serialize;
 
-use super::Engine;
-use crate::accel::{Completion, Job, Op, Outcome};
+use super::{Completion, Engine, Job, Op, Outcome};
 use crate::directory::{TenantIdx, VmIdx, UPLINK};
 use crate::frame::{Frame, FramePool};
 use crate::stats::DropReason;

@@ -18,50 +18,14 @@ pub use afxdp::{AfXdpOptions, AfXdpPort, XdpMode};
 pub use memory::{MemoryPort, MemoryPortHandle};
 pub use tap::TapPort;
 
+pub use crate::config::Backend;
+
 use std::fmt;
 use std::io;
 use std::os::fd::RawFd;
 use std::time::Duration;
 
 use crate::frame::{Frame, FramePool};
-
-/// Which packet I/O mechanism a port uses: what the config asks for (`backend = "af_xdp"`)
-/// and what a port reports; its `Display` says what it does, for the start-up report.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum Backend {
-    /// AF_PACKET socket bound to an interface: mmap RX ring, sendmmsg TX (portable; veth or
-    /// NIC).
-    #[default]
-    AfPacket,
-    /// AF_XDP socket in copy mode, fed by an XDP redirect program (needs root and an
-    /// interface without another XDP program).
-    AfXdp,
-    /// A TAP device through /dev/net/tun (VMs: QEMU and Firecracker attach to these).
-    Tap,
-    /// In-process queues fed and drained through a [`MemoryPortHandle`] (tests and
-    /// benchmarks; never in a config).
-    #[serde(skip)]
-    Memory,
-}
-
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Backend::AfPacket => {
-                "af_packet (mmap rx ring, sendmmsg qdisc-bypass tx, vnet_hdr: offloads completed)"
-            }
-            Backend::AfXdp => "af_xdp (XDP redirect to an AF_XDP socket, copy mode, queue 0)",
-            Backend::Tap => {
-                "tap (/dev/net/tun IFF_TAP|IFF_NO_PI|IFF_VNET_HDR, readv/writev per frame, \
-                 offloads completed)"
-            }
-            Backend::Memory => "memory (in-process bounded queues)",
-        })
-    }
-}
 
 /// Counters of one port since it was opened.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]

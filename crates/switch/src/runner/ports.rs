@@ -1,5 +1,6 @@
-//! The switch's ports: opening them as the config says, the largest frame a VM port takes,
-//! and the ports as the driver's [`Io`].
+//! The switch's ports: opening them as the config says (the uplink with a socket per worker
+//! where the backend allows it), the largest frame a VM port takes, and the ports as the
+//! driver's [`Io`].
 
 use anyhow::Context;
 use picnic_core::notify::AdaptiveWait;
@@ -10,6 +11,7 @@ use super::SpinWork;
 use crate::config::{Backend, Config};
 use crate::directory::PortIdx;
 use crate::driver::Io;
+use crate::ebpf::EarlyDrop;
 use crate::engine::Work;
 use crate::frame::{Frame, FramePool};
 use crate::port::{AfPacketOptions, AfPacketPort, AfXdpOptions, AfXdpPort, Port, TapPort};
@@ -145,4 +147,59 @@ pub type PortOpener =
 /// The opener of real ports.
 pub(super) fn real_opener() -> PortOpener {
     std::sync::Arc::new(|s: &PortSpec| open_port(&s.ifname, s.backend, &s.field, s.max_frame))
+}
+
+/// The uplink's sockets (one per worker where the backend allows it) and, for AF_XDP, the
+/// maps of its early drop.
+type Uplinks = (Vec<Box<dyn Port>>, Option<EarlyDrop>);
+
+/// Opens the uplink; an AF_XDP uplink also gives the maps of its early drop. With several
+/// workers, one socket per worker where the backend allows it: AF_PACKET sockets joined in
+/// one `PACKET_FANOUT` hash group (the kernel spreads frames by flow hash, so a flow stays on
+/// one socket); AF_XDP one socket per NIC queue, at most one per worker (RSS spreads flows
+/// over the queues; workers beyond the queues get their frames handed over). A TAP uplink has
+/// one socket, read by worker 0.
+pub fn open_uplinks(cfg: &Config, workers: usize) -> anyhow::Result<Uplinks> {
+    let ifname = &cfg.uplink.ifname;
+    match cfg.uplink.backend {
+        Backend::AfXdp => {
+            let mut sockets = AfXdpPort::open_queues(ifname, AfXdpOptions::default(), workers)
+                .with_context(|| format!("uplink.ifname: cannot open '{ifname}' with AF_XDP"))?;
+            let early = sockets[0].early_drop();
+            Ok((
+                sockets
+                    .into_iter()
+                    .map(|p| Box::new(p) as Box<dyn Port>)
+                    .collect(),
+                early,
+            ))
+        }
+        Backend::AfPacket if workers > 1 => {
+            // A group id of this process's own (one switch per network namespace).
+            let group = (std::process::id() & 0xffff) as u16;
+            let mut sockets = Vec::with_capacity(workers);
+            for _ in 0..workers {
+                let port = open_port(
+                    ifname,
+                    cfg.uplink.backend,
+                    "uplink.ifname",
+                    cfg.uplink.mtu + 14,
+                )?;
+                let fd = port.raw_fd().expect("an AF_PACKET port has a descriptor");
+                crate::port::join_fanout(fd, group)
+                    .with_context(|| format!("uplink.ifname: PACKET_FANOUT on '{ifname}'"))?;
+                sockets.push(port);
+            }
+            Ok((sockets, None))
+        }
+        backend => Ok((
+            vec![open_port(
+                ifname,
+                backend,
+                "uplink.ifname",
+                cfg.uplink.mtu + 14,
+            )?],
+            None,
+        )),
+    }
 }

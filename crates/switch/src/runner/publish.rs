@@ -1,4 +1,5 @@
-//! What the run loop shares with the API thread: its snapshots and the running config.
+//! What the run loop shares with the API thread: its snapshots (ports and workers as `/stats`
+//! shows them) and the running config.
 
 use std::sync::Arc;
 
@@ -8,7 +9,32 @@ use crate::accel::{AccelKeys, AccelView};
 use crate::config::Config;
 use crate::engine::{SloReport, Snapshot};
 use crate::port::PortStats;
-use crate::worker::WorkerView;
+
+/// A worker's handoff counters (`/stats` `workers`).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct HandoffCounters {
+    /// Frames this worker handed to others (uplink frames for their VMs, frames for their
+    /// ports, feedback copies).
+    pub out: u64,
+    /// Frames other workers handed to this one.
+    pub r#in: u64,
+    /// Frames dropped because the receiving worker's mailbox was full.
+    pub full: u64,
+    /// Frames dropped because a live change removed or moved their VM's port while they were
+    /// handed over (the worker no longer holds that VM, or nobody holds the port yet).
+    pub stale: u64,
+}
+
+/// A worker as `/stats` shows it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct WorkerView {
+    pub worker: usize,
+    /// The VMs whose ports it owns.
+    pub vms: Vec<String>,
+    /// CPU time of its thread, ns (its engine's `cpu_ns`).
+    pub cpu_ns: u64,
+    pub handoff: HandoffCounters,
+}
 
 /// A port as the API shows it: counters and how the loop waits on its receive ring.
 #[derive(Clone, Debug, serde::Serialize)]

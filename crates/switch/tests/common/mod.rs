@@ -244,3 +244,20 @@ pub fn memory_switch(
     let switch = picnic_switch::runner::Switch::with_ports(cfg, engine, ports, clock);
     (switch, handles)
 }
+
+/// Applies a live change to `cfg` to a running switch (diffed by the switch, as for a
+/// caller that does not hold the running config) and waits for its answer.
+pub fn reconfigure(
+    commands: &picnic_switch::runner::CommandSender,
+    cfg: &picnic_switch::config::Config,
+) -> anyhow::Result<()> {
+    let change = picnic_switch::runner::Reconfigure::to(cfg.clone());
+    let (tx, rx) = std::sync::mpsc::channel();
+    commands
+        .send(picnic_switch::runner::Command::Reconfigure(
+            Box::new(change),
+            tx,
+        ))
+        .unwrap();
+    rx.recv_timeout(Duration::from_secs(10)).expect("a reply")
+}

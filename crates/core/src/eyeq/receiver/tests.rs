@@ -1,0 +1,204 @@
+use super::*;
+
+const MBPS: u64 = 1_000_000 / 8;
+
+fn receiver() -> Receiver<u32> {
+    let config = ReceiverConfig {
+        capacity: 1000 * MBPS,
+        ..ReceiverConfig::default()
+    };
+    Receiver::new(config, Instant::ZERO).unwrap()
+}
+
+fn guarantee(g: u64) -> EndpointConfig {
+    EndpointConfig {
+        guarantee: g,
+        max_rate: None,
+    }
+}
+
+#[test]
+fn rcp_step_moves_towards_capacity() {
+    // Under-used: increase by alpha * (1 - y/C).
+    assert_eq!(rcp_step(100, 0, 1000, 500, 1), 150);
+    // At capacity: unchanged.
+    assert_eq!(rcp_step(100, 1000, 1000, 500, 1), 100);
+    // Slight overshoot: decrease by alpha * (y - C) / C.
+    assert_eq!(rcp_step(100, 1100, 1000, 500, 1), 95);
+    // Large overshoot: bounded by R * C / y instead of collapsing to min_rate.
+    assert_eq!(rcp_step(100, 4000, 1000, 500, 1), 25);
+    // Clamped to [min_rate, C].
+    assert_eq!(rcp_step(900, 0, 1000, 500, 1), 1000);
+    assert_eq!(rcp_step(10, 1_000_000, 1000, 500, 5), 5);
+}
+
+#[test]
+fn rx_scheduler_splits_by_guarantee_among_active_endpoints() {
+    let mut rx = receiver();
+    for (id, g) in [(1, 200), (2, 100), (3, 700)] {
+        rx.add_endpoint(id, guarantee(g * MBPS)).unwrap();
+    }
+    let t = Instant::from_nanos(1);
+    rx.on_packet(t, 1, (), 1500).unwrap();
+    rx.on_packet(t, 2, (), 1500).unwrap();
+    let c = rx.shared_capacity();
+    assert_eq!(c, 900 * MBPS);
+    assert_eq!(rx.endpoint(1).unwrap().allowed, c * 2 / 3);
+    assert_eq!(rx.endpoint(2).unwrap().allowed, c / 3);
+    assert_eq!(rx.endpoint(3).unwrap().allowed, 0);
+}
+
+#[test]
+fn capped_endpoint_leaves_the_rest_to_others() {
+    let mut rx = receiver();
+    rx.add_endpoint(
+        1,
+        EndpointConfig {
+            guarantee: 500 * MBPS,
+            max_rate: Some(100 * MBPS),
+        },
+    )
+    .unwrap();
+    rx.add_endpoint(2, guarantee(500 * MBPS)).unwrap();
+    let t = Instant::from_nanos(1);
+    rx.on_packet(t, 1, (), 1500).unwrap();
+    rx.on_packet(t, 2, (), 1500).unwrap();
+    assert_eq!(rx.endpoint(1).unwrap().allowed, 100 * MBPS);
+    assert_eq!(rx.endpoint(2).unwrap().allowed, 800 * MBPS);
+}
+
+#[test]
+fn feedback_is_sampled_every_10_kb_and_sequenced() {
+    let mut rx = receiver();
+    rx.add_endpoint(7, guarantee(MBPS)).unwrap();
+    let t = Instant::from_nanos(10);
+    // The first packet of an endpoint is always sampled.
+    let first = rx.on_packet(t, 7, 42u8, 1000).unwrap().unwrap();
+    assert_eq!((first.endpoint, first.source, first.seq), (7, 42, 1));
+    assert_eq!(first.rate, rx.shared_capacity());
+    // Then one every 10 kB (within the 100 us interval).
+    let sampled: Vec<u32> = (0..30)
+        .filter_map(|_| rx.on_packet(t, 7, 1u8, 1000).unwrap())
+        .map(|fb| fb.seq)
+        .collect();
+    assert_eq!(sampled, vec![2, 3, 4]);
+    // After 100 us without feedback, the next packet is sampled whatever its size.
+    let later = t + Duration::from_micros(100);
+    assert_eq!(rx.on_packet(later, 7, 1u8, 64).unwrap().unwrap().seq, 5);
+}
+
+/// The aggregate counts an endpoint from its first packet until 100 ms without
+/// any (not only while it is in the 1 ms active set), with the demand of a hungry one.
+#[test]
+fn the_aggregate_counts_recent_endpoints_and_their_demands() {
+    let mut rx = Receiver::new(ReceiverConfig::default(), Instant::ZERO).unwrap();
+    rx.add_endpoint(1u32, guarantee(100 * MBPS)).unwrap();
+    rx.add_endpoint(2u32, guarantee(300 * MBPS)).unwrap();
+    let idle = rx.aggregate(Instant::ZERO);
+    assert_eq!(
+        (idle.active, idle.guarantee, idle.reserve),
+        (0, 0, 400 * MBPS)
+    );
+    let mut now = Instant::ZERO;
+    for _ in 0..10 {
+        now += Duration::from_micros(200);
+        let _ = rx.on_packet(now, 1, (), 400_000);
+        rx.on_timeout(now);
+    }
+    let busy = rx.aggregate(now);
+    assert_eq!((busy.active, busy.guarantee), (1, 100 * MBPS));
+    assert_eq!(
+        busy.demand,
+        u64::MAX,
+        "more than its share: it may want its max"
+    );
+    // Out of the active set after 1 ms, still counted until 100 ms.
+    let later = now + Duration::from_millis(50);
+    rx.on_timeout(later);
+    assert_eq!(rx.aggregate(later).active, 1);
+    assert_eq!(rx.aggregate(now + Duration::from_millis(100)).active, 0);
+}
+
+#[test]
+fn a_single_endpoint_uses_the_solo_headroom_and_a_second_brings_the_full_one_back() {
+    let config = ReceiverConfig {
+        capacity: 1000 * MBPS,
+        solo_headroom_permille: 10,
+        ..ReceiverConfig::default()
+    };
+    let mut rx = Receiver::new(config, Instant::ZERO).unwrap();
+    rx.add_endpoint(1u32, guarantee(100 * MBPS)).unwrap();
+    let mut now = Instant::ZERO;
+    // Endpoint 1, alone on the receiver, gets more than the link: allowed 99% of it.
+    for _ in 0..50 {
+        now += Duration::from_micros(200);
+        let _ = rx.on_packet(now, 1, (), 400_000);
+        rx.on_timeout(now);
+    }
+    assert_eq!(rx.endpoint(1).unwrap().allowed, 990 * MBPS);
+    // A second endpoint is added (idle yet): the 10% headroom is back at once.
+    rx.add_endpoint(2u32, guarantee(100 * MBPS)).unwrap();
+    assert_eq!(rx.shared_capacity(), 900 * MBPS);
+    assert_eq!(rx.endpoint(1).unwrap().allowed, 900 * MBPS);
+    // Removed again: the solo headroom returns.
+    rx.remove_endpoint(2).unwrap();
+    assert_eq!(rx.shared_capacity(), 990 * MBPS);
+}
+
+#[test]
+fn unknown_endpoint_and_bad_config_are_errors() {
+    let mut rx = receiver();
+    assert_eq!(
+        rx.on_packet(Instant::ZERO, 9, (), 100),
+        Err(EyeqError::UnknownEndpoint)
+    );
+    assert!(rx.add_endpoint(1, guarantee(0)).is_err());
+    rx.add_endpoint(1, guarantee(1)).unwrap();
+    assert_eq!(
+        rx.add_endpoint(1, guarantee(1)),
+        Err(EyeqError::DuplicateEndpoint)
+    );
+    let bad = ReceiverConfig {
+        headroom_permille: 1000,
+        ..ReceiverConfig::default()
+    };
+    assert!(Receiver::<u32>::new(bad, Instant::ZERO).is_err());
+}
+
+#[test]
+fn idle_endpoint_leaves_the_active_set() {
+    let mut rx = receiver();
+    rx.add_endpoint(1, guarantee(MBPS)).unwrap();
+    rx.add_endpoint(2, guarantee(MBPS)).unwrap();
+    rx.on_packet(Instant::from_nanos(1), 1, (), 1500).unwrap();
+    rx.on_packet(Instant::from_nanos(1), 2, (), 1500).unwrap();
+    let mut t = Instant::ZERO;
+    while t < Instant::ZERO + Duration::from_millis(2) {
+        t = rx.poll_at().unwrap();
+        rx.on_packet(t, 1, (), 1500).unwrap();
+        rx.on_timeout(t);
+    }
+    assert!(!rx.endpoint(2).unwrap().active);
+    assert_eq!(rx.endpoint(2).unwrap().allowed, 0);
+    assert_eq!(rx.endpoint(1).unwrap().allowed, rx.shared_capacity());
+}
+
+#[test]
+fn an_idle_receiver_has_no_deadline_until_traffic_arrives_and_after_it_went_idle() {
+    let mut rx = receiver();
+    rx.add_endpoint(1, guarantee(MBPS)).unwrap();
+    assert_eq!(rx.poll_at(), None, "nothing received yet");
+    rx.on_packet(Instant::from_nanos(10), 1, (), 1500).unwrap();
+    let first = rx.poll_at().expect("a window with traffic must close");
+    rx.on_timeout(first);
+    assert!(rx.endpoint(1).unwrap().active);
+    // Silence: windows keep closing until the endpoint has been idle `idle_after`.
+    let mut t = first;
+    while let Some(next) = rx.poll_at() {
+        assert!(next > t);
+        t = next;
+        rx.on_timeout(t);
+    }
+    assert!(!rx.endpoint(1).unwrap().active);
+    assert!(t >= Instant::from_nanos(10) + ReceiverConfig::default().idle_after);
+}

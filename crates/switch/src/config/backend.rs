@@ -1,0 +1,42 @@
+//! The port backends a config can ask for (`backend = "af_xdp"`); the ports themselves are
+//! in [`crate::port`].
+
+use std::fmt;
+
+/// Which packet I/O mechanism a port uses: what the config asks for (`backend = "af_xdp"`)
+/// and what a port reports; its `Display` says what it does, for the start-up report.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    /// AF_PACKET socket bound to an interface: mmap RX ring, sendmmsg TX (portable; veth or
+    /// NIC).
+    #[default]
+    AfPacket,
+    /// AF_XDP socket in copy mode, fed by an XDP redirect program (needs root and an
+    /// interface without another XDP program).
+    AfXdp,
+    /// A TAP device through /dev/net/tun (VMs: QEMU and Firecracker attach to these).
+    Tap,
+    /// In-process queues fed and drained through a [`crate::port::MemoryPortHandle`] (tests and
+    /// benchmarks; never in a config).
+    #[serde(skip)]
+    Memory,
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Backend::AfPacket => {
+                "af_packet (mmap rx ring, sendmmsg qdisc-bypass tx, vnet_hdr: offloads completed)"
+            }
+            Backend::AfXdp => "af_xdp (XDP redirect to an AF_XDP socket, copy mode, queue 0)",
+            Backend::Tap => {
+                "tap (/dev/net/tun IFF_TAP|IFF_NO_PI|IFF_VNET_HDR, readv/writev per frame, \
+                 offloads completed)"
+            }
+            Backend::Memory => "memory (in-process bounded queues)",
+        })
+    }
+}
