@@ -91,7 +91,7 @@ pub struct Switch {
     /// Opens and closes ports for live changes (started on the first).
     keeper: Option<PortKeeper>,
     /// Readable when the API sent a command ([`CommandSender`]).
-    command_wake: Option<Arc<std::os::fd::OwnedFd>>,
+    command_wake: Option<Arc<live::CommandWake>>,
     /// Per port: the adaptive wait of its receive ring and frames read from it so far.
     waits: Vec<(AdaptiveWait, u64)>,
     /// The eBPF programs' maps: the uplink's early drop, the ports' softirq time.

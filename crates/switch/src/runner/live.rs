@@ -6,6 +6,7 @@
 //! changed, a change the engine refuses has the ones before it undone.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 
 use anyhow::Context;
@@ -68,7 +69,14 @@ impl Reconfigure {
 #[derive(Clone)]
 pub struct CommandSender {
     tx: mpsc::Sender<Command>,
-    wake: Option<Arc<OwnedFd>>,
+    wake: Option<Arc<CommandWake>>,
+}
+
+/// The eventfd that wakes the loop, and whether it was written since the loop last drained
+/// it (so that the loop reads it only then, not on every wait).
+pub(super) struct CommandWake {
+    fd: OwnedFd,
+    pending: AtomicBool,
 }
 
 impl CommandSender {
@@ -79,10 +87,12 @@ impl CommandSender {
 
     pub fn send(&self, command: Command) -> Result<(), mpsc::SendError<Command>> {
         self.tx.send(command)?;
-        if let Some(fd) = &self.wake {
+        if let Some(wake) = &self.wake {
             let one = 1u64;
             // SAFETY: writes 8 bytes from a u64 we own to an eventfd we hold open.
-            unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+            unsafe { libc::write(wake.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+            // Set after the write: the loop drains only what was written before it saw this.
+            wake.pending.store(true, Ordering::Release);
         }
         Ok(())
     }
@@ -205,19 +215,28 @@ impl Switch {
         self.command_wake = command_eventfd()
             .map_err(|e| eprintln!("picnic switch: warning: live changes wake nobody: {e}"))
             .ok()
-            .map(Arc::new);
+            .map(|fd| {
+                Arc::new(CommandWake {
+                    fd,
+                    pending: AtomicBool::new(false),
+                })
+            });
         CommandSender {
             tx,
             wake: self.command_wake.clone(),
         }
     }
 
-    /// The descriptor that becomes readable when a command arrives, drained.
+    /// The descriptor that becomes readable when a command arrives, drained if it was
+    /// written (the commands themselves are taken on every iteration).
     pub(super) fn command_fd(&self) -> Option<std::os::fd::RawFd> {
-        let fd = self.command_wake.as_ref()?.as_raw_fd();
-        let mut v = 0u64;
-        // SAFETY: reads 8 bytes into a u64 we own; EAGAIN (nothing pending) is fine.
-        unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
+        let wake = self.command_wake.as_ref()?;
+        let fd = wake.fd.as_raw_fd();
+        if wake.pending.swap(false, Ordering::Acquire) {
+            let mut v = 0u64;
+            // SAFETY: reads 8 bytes into a u64 we own; EAGAIN (nothing pending) is fine.
+            unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
+        }
         Some(fd)
     }
 
