@@ -235,8 +235,8 @@ shaped_mbps = 10
 
     #[test]
     fn lab_switches_take_the_worker_default_unless_the_scenario_sets_a_count() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../scenarios/cpu-fair.toml");
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/cpu-fair.toml");
         let mut s = Scenario::load(&path).unwrap();
         let topo = Topology::plan(&s, "t", &|role| role.to_string());
         for host in &topo.hosts {

@@ -104,7 +104,9 @@ impl Switch {
             // Every frame in some worker's pool: worker 0 takes the remainder.
             let share = frames / n + if w == 0 { frames % n } else { 0 };
             let pool = FramePool::with_limit(share, frames);
-            workers.push(Worker::new(w, engine, assignment.clone(), mine, pool));
+            let mut worker = Worker::new(w, engine, assignment.clone(), mine, pool);
+            worker.kernel = self.kernel.for_worker(w, &assignment.owner);
+            workers.push(worker);
         }
         let team = Team {
             workers: n,

@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsFd, OwnedFd, RawFd};
 
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap};
 use aya::programs::{BtfTracePoint, Xdp, XdpFlags};
@@ -136,14 +136,13 @@ impl PortProgram {
     /// The maps through which the switch drops frames in this program (taken once: None
     /// afterwards).
     pub(crate) fn early_drop(&mut self) -> Option<EarlyDrop> {
-        let throttled = BpfHashMap::try_from(self.bpf.take_map("throttled")?).ok()?;
-        let drops = PerCpuArray::try_from(self.bpf.take_map("xdp_drops")?).ok()?;
-        Some(EarlyDrop {
-            throttled,
-            drops,
-            state: HashMap::new(),
-            counted: vec![[0; XDP_REASONS]; MAX_SLOTS],
-        })
+        let data = |map| match map {
+            aya::maps::Map::HashMap(d) | aya::maps::Map::PerCpuArray(d) => Some(d),
+            _ => None,
+        };
+        let throttled = data(self.bpf.take_map("throttled")?)?;
+        let drops = data(self.bpf.take_map("xdp_drops")?)?;
+        EarlyDrop::over(throttled, drops).ok()
     }
 }
 
@@ -169,17 +168,58 @@ struct ThrottleValue {
 unsafe impl Pod for ThrottleValue {}
 
 /// The uplink's early drop (issue 12 item 3, Iron 3.3): which VMs' frames the XDP program
-/// drops, and how many it dropped.
+/// drops, and how many it dropped. With several workers each has its own handle on the same
+/// maps ([`EarlyDrop::handle`]) and sets the entries of the VMs it owns only.
 pub struct EarlyDrop {
     throttled: BpfHashMap<MapData, VmKey, ThrottleValue>,
     drops: PerCpuArray<MapData, u64>,
-    /// What `throttled` holds now: a map update only when a VM's state changes.
+    /// Copies of the two maps' descriptors, for [`EarlyDrop::handle`].
+    fds: [OwnedFd; 2],
+    /// What this handle put in `throttled`: a map update only when a VM's state changes.
     state: HashMap<VmKey, ThrottleValue>,
-    /// Per slot and reason: drops already handed to the engine.
-    counted: Vec<[u64; XDP_REASONS]>,
+    /// Per slot and reason: drops already handed to the engine. A slot's count starts when
+    /// this handle first throttles it (another handle may have counted the slot's earlier
+    /// VM).
+    counted: Vec<Option<[u64; XDP_REASONS]>>,
 }
 
 impl EarlyDrop {
+    fn over(throttled: MapData, drops: MapData) -> io::Result<EarlyDrop> {
+        let fds = [
+            throttled.fd().as_fd().try_clone_to_owned()?,
+            drops.fd().as_fd().try_clone_to_owned()?,
+        ];
+        Ok(EarlyDrop {
+            throttled: BpfHashMap::try_from(aya::maps::Map::HashMap(throttled))
+                .map_err(|e| aya_error(e, "XDP throttle map"))?,
+            drops: PerCpuArray::try_from(aya::maps::Map::PerCpuArray(drops))
+                .map_err(|e| aya_error(e, "XDP drop counts"))?,
+            fds,
+            state: HashMap::new(),
+            counted: vec![None; MAX_SLOTS],
+        })
+    }
+
+    /// Another handle on the same maps, for another worker; it starts with no entries of its
+    /// own.
+    pub fn handle(&self) -> io::Result<EarlyDrop> {
+        let map = |fd: &OwnedFd| {
+            MapData::from_fd(fd.try_clone()?).map_err(|e| aya_error(e, "XDP map handle"))
+        };
+        EarlyDrop::over(map(&self.fds[0])?, map(&self.fds[1])?)
+    }
+
+    /// The drops counted in `slot` so far, per reason.
+    fn totals(&self, slot: u32) -> [u64; XDP_REASONS] {
+        std::array::from_fn(|reason| {
+            let at = slot * XDP_REASONS as u32 + reason as u32;
+            self.drops
+                .get(&at, 0)
+                .map(|values| values.iter().sum())
+                .unwrap_or(0)
+        })
+    }
+
     /// Makes the program drop exactly the frames of `want` (the engine's current set): one
     /// map update per VM whose state changed, none otherwise.
     pub fn apply(&mut self, want: &[XdpThrottle]) -> io::Result<()> {
@@ -207,6 +247,10 @@ impl EarlyDrop {
             };
             let k = key(t);
             if self.state.get(&k) != Some(&value) {
+                let slot = t.slot as usize;
+                if self.counted[slot].is_none() {
+                    self.counted[slot] = Some(self.totals(t.slot));
+                }
                 self.throttled
                     .insert(k, value, 0)
                     .map_err(|e| aya_error(e, "XDP throttle map update"))?;
@@ -216,18 +260,23 @@ impl EarlyDrop {
         Ok(())
     }
 
-    /// The drops counted since the last call, as (slot, reason index, frames); only slots
-    /// that were ever throttled are read.
+    /// The drops counted since the last call in `slots` (the VMs this handle's engine owns),
+    /// as (slot, reason index, frames); only slots this handle throttled are read. A slot
+    /// no longer in `slots` is forgotten: its next VM may be counted by another handle.
     pub fn new_drops(&mut self, slots: &[u32], out: &mut Vec<(u32, usize, u64)>) {
         out.clear();
+        for (slot, counted) in self.counted.iter_mut().enumerate() {
+            if counted.is_some() && !slots.contains(&(slot as u32)) {
+                *counted = None;
+            }
+        }
         for &slot in slots.iter().filter(|&&s| (s as usize) < MAX_SLOTS) {
-            for reason in 0..XDP_REASONS {
-                let at = slot * XDP_REASONS as u32 + reason as u32;
-                let Ok(values) = self.drops.get(&at, 0) else {
-                    continue;
-                };
-                let total: u64 = values.iter().sum();
-                let seen = &mut self.counted[slot as usize][reason];
+            if self.counted[slot as usize].is_none() {
+                continue;
+            }
+            let totals = self.totals(slot);
+            let seen = self.counted[slot as usize].as_mut().expect("checked");
+            for (reason, (&total, seen)) in totals.iter().zip(seen.iter_mut()).enumerate() {
                 if total > *seen {
                     out.push((slot, reason, total - *seen));
                     *seen = total;
@@ -465,6 +514,9 @@ impl SoftirqAccounting {
 #[derive(Default)]
 pub struct KernelLink {
     early_drop: Option<EarlyDrop>,
+    /// With several workers: this worker's index and which worker owns each port; the link
+    /// then throttles and counts the VMs of this worker only.
+    worker: Option<(usize, Vec<usize>)>,
     softirq: Option<SoftirqAccounting>,
     throttles: Vec<XdpThrottle>,
     drops: Vec<(u32, usize, u64)>,
@@ -539,6 +591,49 @@ impl KernelLink {
         }
     }
 
+    /// The link of worker `index` among several: a handle of its own on the early drop's
+    /// maps, for the VMs of the ports `owner` gives it (softirq time is the coordinator's). A
+    /// handle that cannot be made is reported in one line and leaves that worker without
+    /// early drop (its VMs' frames are then dropped in the switch).
+    pub fn for_worker(&self, index: usize, owner: &[usize]) -> KernelLink {
+        let early_drop = self.early_drop.as_ref().and_then(|e| {
+            e.handle()
+                .map_err(|e| eprintln!("picnic switch: worker {index}: early drop off: {e}"))
+                .ok()
+        });
+        KernelLink {
+            early_drop,
+            worker: Some((index, owner.to_vec())),
+            ..Default::default()
+        }
+    }
+
+    /// A worker's link after a live change moved ports: the new owner of each.
+    pub fn set_owner(&mut self, owner: &[usize]) {
+        if let Some((_, mine)) = self.worker.as_mut() {
+            mine.clear();
+            mine.extend_from_slice(owner);
+        }
+    }
+
+    /// Whether a link of `worker` (see the field) throttles and counts the VM on port `slot`.
+    fn owns(worker: &Option<(usize, Vec<usize>)>, slot: usize) -> bool {
+        worker
+            .as_ref()
+            .is_none_or(|(me, owner)| owner.get(slot) == Some(me))
+    }
+
+    /// When a worker stops: its last drop counts into its engine, its VMs' entries out of the
+    /// map (the switch's own handle, which takes over, did not make them).
+    pub fn release(&mut self, engine: &mut crate::engine::Engine, now: picnic_core::Instant) {
+        self.publish(engine, now);
+        if let Some(early) = self.early_drop.as_mut() {
+            if let Err(e) = early.apply(&[]) {
+                eprintln!("picnic switch: early drop: {e}");
+            }
+        }
+    }
+
     /// Whether the uplink drops throttled VMs' frames in XDP.
     pub fn early_drop_on(&self) -> bool {
         self.early_drop.is_some()
@@ -593,8 +688,12 @@ impl KernelLink {
     /// for a VM whose state changed) and, once per Iron period, the ports' softirq time into
     /// the engine.
     pub fn tick(&mut self, engine: &mut crate::engine::Engine, now: picnic_core::Instant) {
-        if let Some(early) = self.early_drop.as_mut() {
+        if self.early_drop.is_some() {
             engine.xdp_throttles(now, &mut self.throttles);
+            let worker = &self.worker;
+            self.throttles
+                .retain(|t| Self::owns(worker, t.slot as usize));
+            let early = self.early_drop.as_mut().expect("checked");
             if let Err(e) = early.apply(&self.throttles) {
                 eprintln!("picnic switch: early drop off: {e}");
                 self.early_drop = None;
@@ -627,10 +726,13 @@ impl KernelLink {
     /// When publishing (and before the engine is replaced): the XDP drop counts into the
     /// engine's drop counters, the host's softirq totals into its switch counters.
     pub fn publish(&mut self, engine: &mut crate::engine::Engine, now: picnic_core::Instant) {
-        if let Some(early) = self.early_drop.as_mut() {
+        if self.early_drop.is_some() {
             self.slots.clear();
+            let worker = &self.worker;
+            let owned = engine.dir.local_vms().map(|(_, p)| p);
             self.slots
-                .extend(engine.dir.local_vms().map(|(_, p)| p as u32));
+                .extend(owned.filter(|&p| Self::owns(worker, p)).map(|p| p as u32));
+            let early = self.early_drop.as_mut().expect("checked");
             early.new_drops(&self.slots, &mut self.drops);
             for &(slot, reason, n) in &self.drops {
                 engine.on_xdp_drops(now, slot as usize, reason, n);

@@ -140,14 +140,7 @@ impl Switch {
                 "switch.workers = {workers}: a tenant encrypts (tenants[].encrypt), and the shared encryption engine runs with one worker only; set switch.workers = 1"
             );
         }
-        if workers > 1 && crate::workers::drives_ebpf(&cfg) {
-            eprintln!(
-                "picnic switch: warning: with {workers} workers the uplink's XDP early drop is not driven (switch.workers = 1 keeps it)"
-            );
-        }
         let (mut uplinks, early_drop) = open_uplinks(&cfg, workers)?;
-        // One engine decides whom the early drop holds back: the single loop's.
-        let early_drop = early_drop.filter(|_| workers == 1);
         let extra_uplinks = uplinks.split_off(1);
         let mut ports = uplinks;
         for (i, vm) in cfg.vms.iter().enumerate() {

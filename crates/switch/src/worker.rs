@@ -17,6 +17,7 @@ use picnic_wire::overlay::decap;
 use crate::change::Change;
 use crate::directory::{Directory, PortIdx, UPLINK};
 use crate::driver::{Driver, Io, UPLINK_READ_ROUNDS};
+use crate::ebpf::KernelLink;
 use crate::engine::{Engine, PortChange, SharedBudgets, Work};
 use crate::frame::{Frame, FramePool};
 use crate::port::{wait_readable, Port};
@@ -113,6 +114,8 @@ pub struct Worker {
     /// Frames owed back to each worker.
     owed: Vec<u64>,
     handoff: HandoffCounters,
+    /// The uplink's XDP early drop for this worker's VMs (none without an AF_XDP uplink).
+    pub kernel: KernelLink,
 }
 
 impl Worker {
@@ -134,6 +137,7 @@ impl Worker {
             batch: 1,
             owed: Vec::new(),
             handoff: HandoffCounters::default(),
+            kernel: KernelLink::default(),
         }
     }
 
@@ -172,6 +176,8 @@ impl Worker {
             let cpu_now = thread_cpu_ns();
             self.engine.charge_cpu(now, cpu_now - cpu_mark);
             cpu_mark = cpu_now;
+            // Iron 3.3: this worker's throttled VMs into the uplink's XDP map.
+            self.kernel.tick(&mut self.engine, now);
             if now >= next_publish {
                 next_publish = now + Duration::from_millis(100);
                 team.published[self.index].store(Some(Arc::new(self.publish(now))));
@@ -238,6 +244,7 @@ impl Worker {
             woke?;
         }
         let now = clock.now();
+        self.kernel.release(&mut self.engine, now);
         self.engine.leave_workers(now);
         team.published[self.index].store(Some(Arc::new(self.publish(now))));
         Ok(())
@@ -284,6 +291,7 @@ impl Worker {
         self.waits
             .resize_with(self.ports.len(), || (ring_wait(spin), 0));
         self.assignment.owner = owner.to_vec();
+        self.kernel.set_owner(&owner);
         if let Some(budgets) = budgets {
             // After the changes: the engine's caches are sized for the tenants it has now.
             self.engine.leave_workers(now);
@@ -352,6 +360,7 @@ impl Worker {
     /// This worker's snapshot: its VMs (every VM shows the worker that owns it), its ports,
     /// and the SLOs of the tenants whose VMs it owns.
     fn publish(&mut self, now: Instant) -> Published {
+        self.kernel.publish(&mut self.engine, now);
         let assignment = &self.assignment;
         let mut switch = self.engine.snapshot();
         switch

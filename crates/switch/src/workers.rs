@@ -34,7 +34,7 @@ use std::sync::{mpsc, Arc};
 use crossbeam_queue::{ArrayQueue, SegQueue};
 
 use crate::change::Change;
-use crate::config::{Backend, Config};
+use crate::config::Config;
 use crate::directory::{Directory, PortIdx, VmIdx};
 use crate::engine::{ChangeFailed, SharedBudgets};
 use crate::frame::Frame;
@@ -44,14 +44,6 @@ use crate::port::Port;
 /// VM port (a worker without a VM would only share the uplink), at least one.
 pub fn default_count(cpus: usize, vm_ports: usize) -> usize {
     cpus.min(vm_ports).max(1)
-}
-
-/// Whether `cfg` has the switch drive an eBPF program from its loop that needs the single
-/// loop: the AF_XDP uplink's early drop of throttled VMs, which one engine's Iron accounts
-/// and packet budgets decide (docs/switch.md "Workers"). The softirq accounting runs with
-/// several workers (the coordinator charges it to the shared budgets).
-pub fn drives_ebpf(cfg: &Config) -> bool {
-    cfg.uplink.backend == Backend::AfXdp
 }
 
 /// Whether `cfg` has the ports' softirq time measured and charged: only while Iron runs (a
@@ -71,9 +63,9 @@ pub fn encrypts(cfg: &Config) -> bool {
 
 /// How many workers `cfg` asks for with `vm_ports` local VM ports: `switch.workers`, else one
 /// per CPU of `switch.cpus` or of the thread's affinity mask, at most one per VM port, and
-/// one while the loop drives eBPF programs ([`drives_ebpf`]) or the encryption engine.
+/// one while the loop drives the encryption engine.
 pub fn worker_count(cfg: &Config, vm_ports: usize) -> usize {
-    if cfg.switch.workers.is_none() && (drives_ebpf(cfg) || encrypts(cfg)) {
+    if cfg.switch.workers.is_none() && encrypts(cfg) {
         return 1;
     }
     cfg.switch.workers.unwrap_or_else(|| {

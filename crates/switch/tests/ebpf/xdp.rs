@@ -172,6 +172,17 @@ allow_ethertypes = [0x88b5]
 /// VM still gets its budget, and another tenant's VM gets every frame.
 #[test]
 fn a_vm_over_its_packet_budget_is_dropped_in_xdp_on_a_running_switch() {
+    packet_budget_dropped_in_xdp(1);
+}
+
+/// The same with two workers: b1 is worker 1's, which sets its VMs' entries in the map
+/// through a handle of its own (issue 13: early drop on the worker model).
+#[test]
+fn a_vm_over_its_packet_budget_is_dropped_in_xdp_by_its_worker() {
+    packet_budget_dropped_in_xdp(2);
+}
+
+fn packet_budget_dropped_in_xdp(workers: usize) {
     if !is_root() || !have_ebpf() {
         return;
     }
@@ -179,7 +190,8 @@ fn a_vm_over_its_packet_budget_is_dropped_in_xdp_on_a_running_switch() {
     for (a, b) in [("pnxu", "pnxv"), ("pnxa", "pnxc"), ("pnxb", "pnxd")] {
         ns.veth_pair(a, b);
     }
-    let cfg = picnic_switch::config::Config::parse(XDP_SWITCH).unwrap();
+    let text = XDP_SWITCH.replace("host_id = 1", &format!("host_id = 1\nworkers = {workers}"));
+    let cfg = picnic_switch::config::Config::parse(&text).unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     let (shared, early, elapsed) = std::thread::scope(|s| {
         s.spawn(|| {
@@ -230,12 +242,18 @@ fn a_vm_over_its_packet_budget_is_dropped_in_xdp_on_a_running_switch() {
             .counters
             .clone()
     };
+    let worker = |n: &str| snap.switch.vms.iter().find(|v| v.name == n).unwrap().worker;
+    assert_eq!(
+        (worker("a1"), worker("b1")),
+        (0, workers - 1),
+        "with two workers b1 is the second's"
+    );
     let (a1, b1) = (vm("a1"), vm("b1"));
     use picnic_switch::stats::DropReason::{PpsLimit, PpsLimitXdp};
     let (in_xdp, in_switch) = (b1.drops.get(PpsLimitXdp), b1.drops.get(PpsLimit));
     println!(
-        "a1 received {}; b1 received {} in {elapsed:?}, dropped {in_xdp} in XDP, {in_switch} \
-         in the switch",
+        "{workers} worker(s): a1 received {}; b1 received {} in {elapsed:?}, dropped {in_xdp} \
+         in XDP, {in_switch} in the switch",
         a1.rx_packets, b1.rx_packets
     );
     assert_eq!(a1.rx_packets, 3000, "the other tenant's VM gets everything");
