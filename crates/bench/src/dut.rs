@@ -300,8 +300,10 @@ pub(crate) fn static_fdb(ns: &str, dev: &str) -> Result<()> {
 fn picnic_device_config(kind: DutKind, spin: Duration) -> Result<Config> {
     let mut cfg = picnic_config(kind != DutKind::PicnicOff)?;
     cfg.switch.spin_us = spin.as_micros() as u64;
+    // Each device names its backend: AF_PACKET unless it is the AF_XDP one.
+    cfg.uplink.backend = Some(Backend::AfPacket);
     if kind == DutKind::PicnicXdp {
-        cfg.uplink.backend = Backend::AfXdp;
+        cfg.uplink.backend = Some(Backend::AfXdp);
         for port in cfg.vms.iter_mut().filter_map(|v| v.port.as_mut()) {
             port.backend = Backend::AfXdp;
         }

@@ -329,6 +329,7 @@ impl Worker {
                     self.handoff.stale += 1;
                     self.pool.put(f);
                 }
+                Handoff::UplinkTx(f) => self.engine.tx_queue(UPLINK).push(f),
                 Handoff::Feedback(f) => self.engine.on_feedback_copy(now, f, &mut self.pool),
             }
         }
@@ -466,7 +467,12 @@ impl WorkerIo<'_> {
     fn post(&mut self, to: usize, h: Handoff, pool: &mut FramePool) {
         match self.team.mailboxes[to].post(self.me, h) {
             Ok(()) => self.handoff.out += 1,
-            Err(Handoff::Uplink(f) | Handoff::Tx(_, _, f) | Handoff::Feedback(f)) => {
+            Err(
+                Handoff::Uplink(f)
+                | Handoff::Tx(_, _, f)
+                | Handoff::UplinkTx(f)
+                | Handoff::Feedback(f),
+            ) => {
                 self.handoff.full += 1;
                 pool.put(f);
             }
@@ -551,6 +557,11 @@ impl Io for WorkerIo<'_> {
             Some(p) => {
                 p.send_batch(queue, pool)
                     .with_context(|| format!("send on {}", p.name()))?;
+            }
+            None if port == UPLINK && self.me != 0 => {
+                for f in queue.drain(..) {
+                    self.post(0, Handoff::UplinkTx(f), pool);
+                }
             }
             None => {
                 let owner = self.owner.get(port).copied().unwrap_or(self.me);

@@ -180,6 +180,9 @@ pub enum Handoff {
     /// sender's directory has there: a frame for a VM removed meanwhile never reaches a VM
     /// added later on the same port.
     Tx(PortIdx, (VmIdx, u32), Frame),
+    /// A frame to transmit on the uplink, from a worker without an uplink socket of its own
+    /// (fewer NIC queues than workers, a TAP uplink) to worker 0, which has one.
+    UplinkTx(Frame),
     /// A copy of a frame carrying congestion feedback, for the receiver's senders.
     Feedback(Frame),
 }

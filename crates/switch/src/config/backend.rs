@@ -31,7 +31,7 @@ impl fmt::Display for Backend {
             Backend::AfPacket => {
                 "af_packet (mmap rx ring, sendmmsg qdisc-bypass tx, vnet_hdr: offloads completed)"
             }
-            Backend::AfXdp => "af_xdp (XDP redirect to an AF_XDP socket, copy mode, queue 0)",
+            Backend::AfXdp => "af_xdp (XDP redirect to an AF_XDP socket per queue, copy mode)",
             Backend::Tap => {
                 "tap (/dev/net/tun IFF_TAP|IFF_NO_PI|IFF_VNET_HDR, readv/writev per frame, \
                  offloads completed)"

@@ -133,8 +133,10 @@ fn default_spin_us() -> u64 {
 #[serde(deny_unknown_fields)]
 pub struct UplinkSection {
     pub ifname: String,
-    #[serde(default)]
-    pub backend: Backend,
+    /// None (the default): AF_XDP where the device and the build allow it, else AF_PACKET
+    /// with a log line saying why ([`crate::runner::open_uplinks`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<Backend>,
     /// MTU of the underlay; tenant MTU must leave room for the Geneve encapsulation.
     #[serde(default = "default_mtu")]
     pub mtu: usize,

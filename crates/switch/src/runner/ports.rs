@@ -159,9 +159,39 @@ type Uplinks = (Vec<Box<dyn Port>>, Option<EarlyDrop>);
 /// one socket); AF_XDP one socket per NIC queue, at most one per worker (RSS spreads flows
 /// over the queues; workers beyond the queues get their frames handed over). A TAP uplink has
 /// one socket, read by worker 0.
+///
+/// Without a configured backend the uplink is AF_XDP where it can be (issue 13: the XDP
+/// program drops throttled VMs' frames before any work, Iron 3.3), else AF_PACKET, with one
+/// line saying why.
 pub fn open_uplinks(cfg: &Config, workers: usize) -> anyhow::Result<Uplinks> {
     let ifname = &cfg.uplink.ifname;
-    match cfg.uplink.backend {
+    let backend = match cfg.uplink.backend {
+        Some(backend) => backend,
+        None if !crate::ebpf::programs_built() => {
+            eprintln!(
+                "picnic switch: uplink '{ifname}': AF_PACKET (this build has no eBPF programs: \
+                 clang was missing; AF_XDP and early drop are off)"
+            );
+            Backend::AfPacket
+        }
+        None => match open_uplinks_with(cfg, Backend::AfXdp, workers) {
+            Ok(uplinks) => return Ok(uplinks),
+            Err(e) => {
+                eprintln!(
+                    "picnic switch: uplink '{ifname}': AF_XDP unavailable ({e:#}); using \
+                     AF_PACKET (set uplink.backend to choose)"
+                );
+                Backend::AfPacket
+            }
+        },
+    };
+    open_uplinks_with(cfg, backend, workers)
+}
+
+/// [`open_uplinks`] with `backend`.
+fn open_uplinks_with(cfg: &Config, backend: Backend, workers: usize) -> anyhow::Result<Uplinks> {
+    let ifname = &cfg.uplink.ifname;
+    match backend {
         Backend::AfXdp => {
             let mut sockets = AfXdpPort::open_queues(ifname, AfXdpOptions::default(), workers)
                 .with_context(|| format!("uplink.ifname: cannot open '{ifname}' with AF_XDP"))?;
@@ -179,12 +209,7 @@ pub fn open_uplinks(cfg: &Config, workers: usize) -> anyhow::Result<Uplinks> {
             let group = (std::process::id() & 0xffff) as u16;
             let mut sockets = Vec::with_capacity(workers);
             for _ in 0..workers {
-                let port = open_port(
-                    ifname,
-                    cfg.uplink.backend,
-                    "uplink.ifname",
-                    cfg.uplink.mtu + 14,
-                )?;
+                let port = open_port(ifname, backend, "uplink.ifname", cfg.uplink.mtu + 14)?;
                 let fd = port.raw_fd().expect("an AF_PACKET port has a descriptor");
                 crate::port::join_fanout(fd, group)
                     .with_context(|| format!("uplink.ifname: PACKET_FANOUT on '{ifname}'"))?;

@@ -276,3 +276,38 @@ fn packet_budget_dropped_in_xdp(workers: usize) {
         "most of the excess never reaches the switch"
     );
 }
+
+/// Issue 13, AF_XDP by default: without `uplink.backend` the uplink is AF_XDP, with its early
+/// drop; when the device cannot take the switch's XDP program (here another AF_XDP socket
+/// already holds its XDP hook) the switch opens AF_PACKET instead and runs.
+#[test]
+fn the_uplink_is_af_xdp_by_default_and_falls_back_to_af_packet() {
+    if !is_root() || !have_ebpf() {
+        return;
+    }
+    let ns = Netns::new();
+    for (a, b) in [("pnxu", "pnxv"), ("pnxa", "pnxc"), ("pnxb", "pnxd")] {
+        ns.veth_pair(a, b);
+    }
+    let text = XDP_SWITCH.replace("backend = \"af_xdp\"\n", "");
+    let cfg = picnic_switch::config::Config::parse(&text).unwrap();
+    assert_eq!(cfg.uplink.backend, None, "the test config names no backend");
+    let uplink = |lines: &[String]| lines.iter().find(|l| l.starts_with("port 0 ")).cloned();
+    let lines = ns.enter(|| {
+        picnic_switch::runner::Switch::open(cfg.clone())
+            .unwrap()
+            .describe_ports()
+    });
+    println!("{lines:#?}");
+    assert!(uplink(&lines).unwrap().contains("af_xdp"), "{lines:?}");
+    assert!(lines.iter().any(|l| l.contains("early drop")), "{lines:?}");
+    let lines = ns.enter(|| {
+        let _holder = AfXdpPort::open("pnxu", AfXdpOptions::default()).unwrap();
+        picnic_switch::runner::Switch::open(cfg)
+            .unwrap()
+            .describe_ports()
+    });
+    println!("{lines:#?}");
+    assert!(uplink(&lines).unwrap().contains("af_packet"), "{lines:?}");
+    assert!(!lines.iter().any(|l| l.contains("early drop")), "{lines:?}");
+}

@@ -195,6 +195,95 @@ fn two_workers_on_a_two_queue_uplink(backend: &str) {
     });
 }
 
+/// Inner IPv4 source (last byte) of a Geneve frame on the underlay, None for anything else.
+fn inner_source(f: &Frame) -> Option<u8> {
+    let d = f.data();
+    // Outer Ethernet 14, IPv4 20, UDP 8 to port 6081, Geneve 8 + options.
+    if d.len() < 50 || d[23] != 17 || d[36..38] != [0x17, 0xc1] {
+        return None;
+    }
+    let inner = 50 + 4 * (d[42] & 0x3f) as usize;
+    let ip = d.get(inner + 14 + 12..inner + 14 + 16)?;
+    (ip[..3] == [198, 18, 0]).then_some(ip[3])
+}
+
+/// Two workers on a one-queue AF_XDP uplink: worker 0 has its only socket, worker 1 hands
+/// the frames it sends to the uplink to worker 0 (`Handoff::UplinkTx`): 100 frames from
+/// each VM all leave on the uplink.
+#[test]
+fn root_two_workers_send_through_a_one_queue_af_xdp_uplink() {
+    if !is_root() || !common::have_ebpf() {
+        return;
+    }
+    let ns = Netns::new();
+    ns.veth_pair("pnwup", "pnwfab");
+    ns.veth_pair("pnwv1", "pnwp1");
+    ns.veth_pair("pnwv2", "pnwp2");
+    ns.enter(|| {
+        let cfg = ROOT_CONFIG.replace(
+            "ifname = \"pnwup\"",
+            "ifname = \"pnwup\"\nbackend = \"af_xdp\"",
+        );
+        let switch = Switch::open(Config::parse(&cfg).unwrap()).unwrap();
+        let lines = switch.describe_ports();
+        assert_eq!(
+            lines.iter().filter(|l| l.contains("pnwup")).count(),
+            1,
+            "one uplink socket: {lines:?}"
+        );
+        let (stop, shared) = (switch.stop_flag(), switch.shared());
+        let mut switch = switch;
+        let dataplane = std::thread::spawn(move || switch.run());
+        let opts = AfPacketOptions::default;
+        let mut fabric = AfPacketPort::open("pnwfab", opts()).unwrap();
+        let mut pool = FramePool::new(1024);
+        let mut from = [0usize; 3];
+        for round in 0..10 {
+            for (dev, vm) in [("pnwp1", 1u8), ("pnwp2", 2u8)] {
+                let mut port = AfPacketPort::open(dev, opts()).unwrap();
+                let mut batch: Vec<Frame> = (0..10)
+                    .map(|_| {
+                        let mut f = pool.get().unwrap();
+                        assert!(f.fill_from(&udp(vm, 9, 22 + round)));
+                        f
+                    })
+                    .collect();
+                send_all(&mut port, &mut pool, &mut batch);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while from[1..] != [100, 100] && Instant::now() < deadline {
+            let _ = wait_readable(&[fabric.raw_fd().unwrap()], Duration::from_millis(10));
+            let mut got: Vec<Frame> = Vec::new();
+            while fabric.recv_batch(&mut pool, &mut got, 256).unwrap() > 0 {}
+            for f in got {
+                if let Some(src @ 1..=2) = inner_source(&f) {
+                    from[src as usize] += 1;
+                }
+                pool.put(f);
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        dataplane.join().unwrap().unwrap();
+        let p = shared.latest().unwrap();
+        println!(
+            "on the uplink from s1, s2: {:?}; workers: {:?}",
+            &from[1..],
+            p.workers
+        );
+        assert_eq!(
+            from[1..],
+            [100, 100],
+            "every frame of both workers' VMs leaves"
+        );
+        assert!(
+            p.workers.iter().all(|w| w.vms.len() == 1),
+            "s1 and s2 on different workers"
+        );
+    });
+}
+
 /// Forwarding rate and switch CPU per forwarded frame with 1 and 2 workers, printed (not a
 /// pass mark: the machine's cores are shared with the generators and whatever else runs).
 /// Two generator threads, one per VM, each send 64 B frames to remote VM r9 as fast as an
