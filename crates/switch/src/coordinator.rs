@@ -240,7 +240,7 @@ impl Switch {
             if now >= next_period {
                 next_period = now + IRON_PERIOD;
                 // Iron 3.1: the ports' softirq time, charged to their tenants' budgets.
-                self.kernel.tick(&mut self.engine, now);
+                self.kernel.charge_softirq(&mut self.engine, now);
                 self.refill_cgroups(team, &mut charged_before);
                 self.split_access_link(team);
             }

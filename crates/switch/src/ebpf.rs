@@ -235,9 +235,13 @@ impl EarlyDrop {
             .copied()
             .collect();
         for k in stale {
-            self.throttled
-                .remove(&k)
-                .map_err(|e| aya_error(e, "XDP throttle map delete"))?;
+            match self.throttled.remove(&k) {
+                Ok(()) => {}
+                // Already gone: nothing to undo.
+                Err(aya::maps::MapError::SyscallError(e))
+                    if e.io_error.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(aya_error(e, "XDP throttle map delete")),
+            }
             self.state.remove(&k);
         }
         for t in want.iter().filter(|t| (t.slot as usize) < MAX_SLOTS) {
@@ -688,6 +692,13 @@ impl KernelLink {
     /// for a VM whose state changed) and, once per Iron period, the ports' softirq time into
     /// the engine.
     pub fn tick(&mut self, engine: &mut crate::engine::Engine, now: picnic_core::Instant) {
+        self.tick_early_drop(engine, now);
+        self.charge_softirq(engine, now);
+    }
+
+    /// The engine's throttle set into the XDP map (a system call only for a VM whose state
+    /// changed).
+    fn tick_early_drop(&mut self, engine: &mut crate::engine::Engine, now: picnic_core::Instant) {
         if self.early_drop.is_some() {
             engine.xdp_throttles(now, &mut self.throttles);
             let worker = &self.worker;
@@ -699,6 +710,15 @@ impl KernelLink {
                 self.early_drop = None;
             }
         }
+    }
+
+    /// Once per Iron period, the ports' softirq time into the engine. The coordinator of
+    /// several workers calls only this: its workers drive the early drop, each for its VMs.
+    pub fn charge_softirq(
+        &mut self,
+        engine: &mut crate::engine::Engine,
+        now: picnic_core::Instant,
+    ) {
         if let Some(s) = self.softirq.as_mut() {
             if now >= self.next_softirq_read {
                 self.next_softirq_read = now + SOFTIRQ_READ_PERIOD;
