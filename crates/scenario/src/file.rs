@@ -5,6 +5,7 @@
 use anyhow::{anyhow, Context, Result};
 use picnic_core::{Duration, Rate};
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::path::Path;
 
 /// Longest host or VM name: interface names built from it (`p-NAME`, `v-NAME`) must fit
@@ -37,6 +38,12 @@ pub struct Scenario {
     pub sched_slice_us: u64,
     /// Host names.
     pub hosts: Vec<String>,
+    /// The CPUs each named host's tenants and switch run on (lab only): the host's cores, as
+    /// a machine of its own has. Their workload threads and the switch's threads are pinned
+    /// to them (sched_setaffinity; `[picnic] cpus`, when set, places the switches instead).
+    /// A host not named runs wherever the scheduler puts it.
+    #[serde(default)]
+    pub host_cpus: BTreeMap<String, Vec<usize>>,
     /// Tenants with their VMs and SLOs.
     pub tenants: Vec<Tenant>,
     /// Traffic to run.
@@ -309,6 +316,11 @@ impl Scenario {
     /// `access_link_mbps` as a rate.
     pub fn access_link(&self) -> Rate {
         Rate::from_mbps(self.access_link_mbps)
+    }
+
+    /// The CPUs host `host`'s tenants and switch are pinned to (`host_cpus`; empty: none).
+    pub fn cpus_of_host(&self, host: &str) -> &[usize] {
+        self.host_cpus.get(host).map_or(&[], Vec::as_slice)
     }
 
     /// The access link's queue, bytes: `access_queue_ms` at its rate.

@@ -97,6 +97,12 @@ pub fn switch_config(
             });
         }
     }
+    // `[picnic] cpus` places every switch; else a pinned host's switch runs on its cores.
+    let switch_cpus = if scenario.picnic.cpus.is_empty() {
+        scenario.cpus_of_host(&host.name)
+    } else {
+        &scenario.picnic.cpus
+    };
     let cfg = Config {
         switch: SwitchSection {
             host_id: host.index as u32 + 1,
@@ -112,7 +118,7 @@ pub fn switch_config(
             slice_us: (scenario.sched_slice_us > 0 && scenario.picnic.realtime_priority.is_none())
                 .then_some(scenario.sched_slice_us),
             realtime_priority: scenario.picnic.realtime_priority,
-            cpus: (!scenario.picnic.cpus.is_empty()).then(|| scenario.picnic.cpus.clone()),
+            cpus: (!switch_cpus.is_empty()).then(|| switch_cpus.to_vec()),
             workers: scenario.picnic.workers,
         },
         uplink: UplinkSection {
@@ -246,6 +252,34 @@ shaped_mbps = 10
         s.picnic.workers = Some(1);
         let cfg = switch_config(&s, &topo, &topo.hosts[0], true).unwrap();
         assert_eq!(cfg.switch.workers, Some(1));
+    }
+
+    #[test]
+    fn a_pinned_host_runs_its_switch_on_its_cores_unless_picnic_cpus_places_every_switch() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/cpu-steal.toml");
+        let mut s = Scenario::load(&path).unwrap();
+        let topo = Topology::plan(&s, "t", &|role| role.to_string());
+        let cpus = |s: &Scenario| -> Vec<Option<Vec<usize>>> {
+            topo.hosts
+                .iter()
+                .map(|h| switch_config(s, &topo, h, true).unwrap().switch.cpus)
+                .collect()
+        };
+        assert_eq!(
+            cpus(&s),
+            [Some(vec![1]), Some(vec![0])],
+            "h1 on CPU 1, h2 on CPU 0"
+        );
+        s.picnic.cpus = vec![0];
+        assert_eq!(cpus(&s), [Some(vec![0]), Some(vec![0])]);
+        s.picnic.cpus.clear();
+        s.host_cpus.clear();
+        assert_eq!(
+            cpus(&s),
+            [None, None],
+            "unpinned: wherever the scheduler puts them"
+        );
     }
 
     #[test]

@@ -66,6 +66,18 @@ impl Scenario {
                 bail!("field `hosts[{i}]`: duplicate host {h:?}");
             }
         }
+        for (host, cpus) in &self.host_cpus {
+            let at = format!("field `host_cpus.{host}`");
+            if !hosts.contains(host.as_str()) {
+                bail!("{at}: no host named {host:?} in `hosts`");
+            }
+            if cpus.is_empty() {
+                bail!("{at}: needs at least one CPU");
+            }
+            if let Some(cpu) = cpus.iter().find(|&&c| c >= online) {
+                bail!("{at}: CPU {cpu} does not exist (this machine has {online})");
+            }
+        }
         if self.tenants.is_empty() || self.tenants.len() > 250 {
             bail!("field `tenants`: needs 1 to 250 tenants");
         }
@@ -494,5 +506,30 @@ to = "b"
         let s = Scenario::parse(&BASE.replace("min_mbps = 10", "min_mbps = 10\ncpu_cores = 0.5"))
             .unwrap();
         assert_eq!(s.tenants[0].cpu_cores, Some(0.5));
+    }
+
+    #[test]
+    fn host_cpus_name_hosts_of_the_scenario_and_cpus_of_the_machine() {
+        let pinned = |cpus: &str| {
+            BASE.replace(
+                "hosts = [\"h1\", \"h2\"]",
+                &format!("hosts = [\"h1\", \"h2\"]\nhost_cpus = {cpus}"),
+            )
+        };
+        let s = Scenario::parse(&pinned("{ h1 = [0] }")).unwrap();
+        assert_eq!(s.cpus_of_host("h1"), [0]);
+        assert!(s.cpus_of_host("h2").is_empty());
+        let online = std::thread::available_parallelism().map_or(1, |n| n.get());
+        for (cpus, message) in [
+            ("{ h9 = [0] }".to_string(), "`host_cpus.h9`: no host named"),
+            (
+                "{ h1 = [] }".to_string(),
+                "`host_cpus.h1`: needs at least one CPU",
+            ),
+            (format!("{{ h2 = [{online}] }}"), "`host_cpus.h2`: CPU"),
+        ] {
+            let e = err(&pinned(&cpus));
+            assert!(e.contains(message), "expected {message} in: {e}");
+        }
     }
 }

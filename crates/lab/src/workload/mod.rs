@@ -18,7 +18,7 @@ use self::rpc::{rpc_tcp, rpc_udp, tcp_echo, udp_echo};
 use self::tcp::{tcp_bulk, tcp_sink};
 use self::tools::{iperf3_client, memcached_client, sockperf_client, tool_server};
 use self::udp::{udp_flood, udp_sink};
-use crate::cgroup::Placement;
+use crate::cgroup::{Placement, TenantGroup};
 use anyhow::{anyhow, bail, Context, Result};
 use hdrhistogram::Histogram;
 use picnic_netns as netns;
@@ -74,8 +74,21 @@ pub fn run_all(
     run_placed(scenario, topo, workloads, &Placement::none())
 }
 
+/// Moves the calling workload thread into its tenant's cgroup and onto its CPUs.
+fn enter(group: Option<TenantGroup>, cpus: &[usize]) -> Result<()> {
+    if let Some(g) = group {
+        g.enter()?;
+    }
+    if !cpus.is_empty() {
+        picnic_switch::sched::set_thread_cpus(cpus)
+            .with_context(|| format!("pinning a workload thread to CPUs {cpus:?}"))?;
+    }
+    Ok(())
+}
+
 /// [`run_all`] with every workload thread (sender and receiver side) first entering its
-/// tenant's cgroup of `placement` on the host of its VM, if the tenant has one.
+/// tenant's cgroup of `placement` on the host of its VM, if the tenant has one, and onto
+/// that host's CPUs (`host_cpus`), if it has any; threads and tools it starts inherit both.
 pub fn run_placed(
     scenario: &Scenario,
     topo: &Topology,
@@ -86,6 +99,11 @@ pub fn run_placed(
         let tenant = scenario.tenant_of(&wl.from)?;
         let host = scenario.host_of(vm)?;
         placement.group(&tenant.name, host).cloned()
+    };
+    let cpus_of = |vm: &str| {
+        scenario
+            .host_of(vm)
+            .map_or_else(Vec::new, |h| scenario.cpus_of_host(h).to_vec())
     };
     let bins = ((scenario.duration_ms + GRACE.as_millis() as u64) / BIN_MS + 1) as usize;
     let mut servers = Vec::new();
@@ -102,10 +120,9 @@ pub fn run_placed(
         let stop_ms = wl.stop_ms(scenario);
         let ep2 = ep.clone();
         let group = group_of(wl, &wl.to);
+        let cpus = cpus_of(&wl.to);
         let server = netns::spawn_in_netns(&ep.to_ns, move || {
-            if let Some(g) = group {
-                g.enter()?;
-            }
+            enter(group, &cpus)?;
             serve(&wl_owned, &ep2, stop_ms, bins, ready_tx, t0_rx)
         })?;
         servers.push((ep, server, ready_rx, t0_tx));
@@ -128,10 +145,9 @@ pub fn run_placed(
         let wl_owned = (*wl).clone();
         let ep2 = ep.clone();
         let group = group_of(wl, &wl.from);
+        let cpus = cpus_of(&wl.from);
         let client = netns::spawn_in_netns(&ep.from_ns, move || {
-            if let Some(g) = group {
-                g.enter()?;
-            }
+            enter(group, &cpus)?;
             send(&wl_owned, &ep2, window)
         })?;
         clients.push((server, client, window));

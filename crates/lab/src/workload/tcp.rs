@@ -3,7 +3,7 @@
 
 use super::pacing::sleep_until;
 use super::{is_timeout, Endpoints, ReceiverSide, SenderSide, Window, POLL};
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
@@ -93,9 +93,12 @@ pub(super) fn tcp_bulk(
 ) -> Result<SenderSide> {
     sleep_until(w.start);
     let mut writers = Vec::new();
+    let mut unconnected = 0;
     for _ in 0..flows {
-        let mut conn = TcpStream::connect_timeout(&ep.to.into(), Duration::from_secs(2))
-            .context("connecting a bulk TCP flow")?;
+        let Some(mut conn) = connect_until(ep, w.stop)? else {
+            unconnected += 1;
+            continue;
+        };
         conn.set_write_timeout(Some(POLL))?;
         writers.push(std::thread::spawn(move || {
             let buf = vec![0x5au8; 1 << 16];
@@ -111,8 +114,38 @@ pub(super) fn tcp_bulk(
             let _ = conn.shutdown(std::net::Shutdown::Both);
         }));
     }
+    if writers.is_empty() {
+        bail!(
+            "no bulk TCP flow to {} connected before the workload stopped",
+            ep.to
+        );
+    }
+    if unconnected > 0 {
+        eprintln!(
+            "[lab] bulk TCP to {}: {unconnected} of {flows} flows did not connect before the \
+             workload stopped (their SYNs were dropped: the tenant's own limits, or loss)",
+            ep.to
+        );
+    }
     for wr in writers {
         wr.join().map_err(|_| anyhow!("TCP writer panicked"))?;
     }
     Ok(SenderSide::default())
+}
+
+/// Connects a bulk flow, trying again until `stop`: a tenant throttled for its own CPU or
+/// packet budget has its SYNs dropped like any frame, and the kernel's SYN back-off (1 s,
+/// 3 s, ...) can outlast one attempt. `None` if no attempt connected before `stop`.
+fn connect_until(ep: &Endpoints, stop: Instant) -> Result<Option<TcpStream>> {
+    loop {
+        let left = stop.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(None);
+        }
+        match TcpStream::connect_timeout(&ep.to.into(), left.min(Duration::from_secs(2))) {
+            Ok(conn) => return Ok(Some(conn)),
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(e) => return Err(e).context("connecting a bulk TCP flow"),
+        }
+    }
 }
