@@ -271,8 +271,24 @@ pub fn add_veth_queues(ns_a: &str, a: &str, ns_b: &str, b: &str, queues: usize) 
     ip(
         ns_a,
         &[
-            "link", "add", a, "numtxqueues", &q, "numrxqueues", &q, "type", "veth", "peer",
-            "name", b, "netns", ns_b, "numtxqueues", &q, "numrxqueues", &q,
+            "link",
+            "add",
+            a,
+            "numtxqueues",
+            &q,
+            "numrxqueues",
+            &q,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            b,
+            "netns",
+            ns_b,
+            "numtxqueues",
+            &q,
+            "numrxqueues",
+            &q,
         ],
     )
     .map(drop)
