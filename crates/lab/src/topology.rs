@@ -40,7 +40,10 @@ pub fn build(scenario: &Scenario, testbed: &mut Testbed, taps: bool) -> Result<T
     let queue_bytes = scenario.access_queue_bytes();
     for host in &topo.hosts {
         let ns = testbed.add_namespace(&format!("h-{}", host.name))?;
-        netns::add_veth(&fabric, &host.fabric_port, &ns, &host.uplink)
+        // The uplink has a queue per CPU, as a host's multi-queue NIC: a picnic switch with
+        // several workers gives each its own socket on it (AF_XDP: one per queue).
+        let queues = std::thread::available_parallelism().map_or(1, |n| n.get());
+        netns::add_veth_queues(&fabric, &host.fabric_port, &ns, &host.uplink, queues)
             .with_context(|| format!("uplink of host {}", host.name))?;
         netns::configure_link(
             &fabric,

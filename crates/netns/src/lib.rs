@@ -263,6 +263,37 @@ pub fn add_veth(ns_a: &str, a: &str, ns_b: &str, b: &str) -> Result<()> {
     .map(drop)
 }
 
+/// A veth pair as [`add_veth`] with `queues` receive and transmit queues on each end, as a
+/// multi-queue NIC has: a veth delivers a frame on the peer's queue of the index it was sent
+/// on, which the sender's stack picks by flow hash (RSS-like spreading).
+pub fn add_veth_queues(ns_a: &str, a: &str, ns_b: &str, b: &str, queues: usize) -> Result<()> {
+    let q = queues.max(1).to_string();
+    ip(
+        ns_a,
+        &[
+            "link",
+            "add",
+            a,
+            "numtxqueues",
+            &q,
+            "numrxqueues",
+            &q,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            b,
+            "netns",
+            ns_b,
+            "numtxqueues",
+            &q,
+            "numrxqueues",
+            &q,
+        ],
+    )
+    .map(drop)
+}
+
 /// Sets a link's MAC address, MTU and brings it up.
 pub fn configure_link(ns: &str, dev: &str, mac: &str, mtu: u32) -> Result<()> {
     ip(

@@ -19,7 +19,8 @@
 #define REASON_PPS 1
 #define REASONS 2
 
-/* One AF_XDP socket per NIC queue the switch reads (one per worker). */
+/* One AF_XDP socket per NIC queue: the switch has one on every queue (a queue without one
+ * passes its frames to the kernel stack). */
 #define MAX_QUEUES 64
 
 struct {

@@ -5,7 +5,8 @@
 //! ([`crate::ebpf`]).
 //!
 //! - **Socket and UMEM.** One AF_XDP socket bound to queue 0 of the interface in copy mode
-//!   ([`AfXdpPort::open_queues`]: one per queue, each with its UMEM, for the switch's workers)
+//!   ([`AfXdpPort::open_queues`]: one per queue, each with its UMEM; the switch's uplink has
+//!   one on every queue, a worker owning several reads them as one [`super::QueueSet`])
 //!   (`XDP_COPY`: the only mode veth has). Its UMEM is an anonymous mapping of
 //!   [`AfXdpOptions::frames`] chunks of 2 KiB: the first half feeds the fill ring (receive
 //!   buffers), the second half is the transmit buffer pool. The four rings (fill, RX, TX,

@@ -5,10 +5,13 @@
 //! [`wait_readable`] on the ports' descriptors (Rizzo et al.: spin briefly, then block).
 //! Backends: [`AfPacketPort`] for veths and NICs, [`AfXdpPort`] for the same where XDP is
 //! allowed (faster), [`TapPort`] for TAP devices, [`MemoryPort`] for tests and the simulator.
+//! [`QueueSet`] reads several queue sockets of one interface as one port (a worker owning
+//! several of the uplink's AF_XDP queues).
 
 mod afpacket;
 mod afxdp;
 mod memory;
+mod queues;
 mod sys;
 mod tap;
 mod vnet;
@@ -16,6 +19,7 @@ mod vnet;
 pub use afpacket::{AfPacketOptions, AfPacketPort, RingVersion};
 pub use afxdp::{AfXdpOptions, AfXdpPort, XdpMode};
 pub use memory::{MemoryPort, MemoryPortHandle};
+pub use queues::QueueSet;
 pub use tap::TapPort;
 
 pub use crate::config::Backend;

@@ -1,4 +1,4 @@
-//! The switch's ports: opening them as the config says (the uplink with a socket per worker
+//! The switch's ports: opening them as the config says (the uplink with a port per worker
 //! where the backend allows it), the largest frame a VM port takes, and the ports as the
 //! driver's [`Io`].
 
@@ -14,7 +14,9 @@ use crate::driver::Io;
 use crate::ebpf::EarlyDrop;
 use crate::engine::Work;
 use crate::frame::{Frame, FramePool};
-use crate::port::{AfPacketOptions, AfPacketPort, AfXdpOptions, AfXdpPort, Port, TapPort};
+use crate::port::{
+    AfPacketOptions, AfPacketPort, AfXdpOptions, AfXdpPort, Port, QueueSet, TapPort,
+};
 
 /// The ports as the driver's [`Io`]: each read feeds the adaptive wait of the port's ring.
 pub(super) struct PortIo<'a> {
@@ -149,16 +151,17 @@ pub(super) fn real_opener() -> PortOpener {
     std::sync::Arc::new(|s: &PortSpec| open_port(&s.ifname, s.backend, &s.field, s.max_frame))
 }
 
-/// The uplink's sockets (one per worker where the backend allows it) and, for AF_XDP, the
+/// The uplink's ports (one per worker where the backend allows it) and, for AF_XDP, the
 /// maps of its early drop.
 type Uplinks = (Vec<Box<dyn Port>>, Option<EarlyDrop>);
 
 /// Opens the uplink; an AF_XDP uplink also gives the maps of its early drop. With several
-/// workers, one socket per worker where the backend allows it: AF_PACKET sockets joined in
+/// workers, one port per worker where the backend allows it: AF_PACKET sockets joined in
 /// one `PACKET_FANOUT` hash group (the kernel spreads frames by flow hash, so a flow stays on
-/// one socket); AF_XDP one socket per NIC queue, at most one per worker (RSS spreads flows
-/// over the queues; workers beyond the queues get their frames handed over). A TAP uplink has
-/// one socket, read by worker 0.
+/// one socket); AF_XDP one socket on every NIC queue (RSS spreads flows over the queues; a
+/// queue without a socket would bypass the switch), queue `q` read by worker `q % workers`,
+/// several queues of one worker as one [`QueueSet`] (workers beyond the queues get their
+/// frames handed over). A TAP uplink has one socket, read by worker 0.
 ///
 /// Without a configured backend the uplink is AF_XDP where it can be (issue 13: the XDP
 /// program drops throttled VMs' frames before any work, Iron 3.3), else AF_PACKET, with one
@@ -193,16 +196,26 @@ fn open_uplinks_with(cfg: &Config, backend: Backend, workers: usize) -> anyhow::
     let ifname = &cfg.uplink.ifname;
     match backend {
         Backend::AfXdp => {
-            let mut sockets = AfXdpPort::open_queues(ifname, AfXdpOptions::default(), workers)
+            let mut sockets = AfXdpPort::open_queues(ifname, AfXdpOptions::default())
                 .with_context(|| format!("uplink.ifname: cannot open '{ifname}' with AF_XDP"))?;
             let early = sockets[0].early_drop();
-            Ok((
-                sockets
-                    .into_iter()
-                    .map(|p| Box::new(p) as Box<dyn Port>)
-                    .collect(),
-                early,
-            ))
+            // Queue q to worker q % workers (queue 0, whose port holds the XDP program, to
+            // worker 0); a worker with several queues reads them as one QueueSet.
+            let owners = workers.clamp(1, sockets.len());
+            let mut mine: Vec<Vec<Box<dyn Port>>> = (0..owners).map(|_| Vec::new()).collect();
+            for (q, socket) in sockets.into_iter().enumerate() {
+                mine[q % owners].push(Box::new(socket));
+            }
+            let uplinks = mine
+                .into_iter()
+                .map(|mut queues| match queues.len() {
+                    1 => Ok(queues.pop().expect("one queue")),
+                    _ => QueueSet::new(queues)
+                        .map(|set| Box::new(set) as Box<dyn Port>)
+                        .with_context(|| format!("uplink.ifname: epoll over '{ifname}' queues")),
+                })
+                .collect::<anyhow::Result<_>>()?;
+            Ok((uplinks, early))
         }
         Backend::AfPacket if workers > 1 => {
             // A group id of this process's own (one switch per network namespace).

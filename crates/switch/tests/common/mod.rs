@@ -73,6 +73,14 @@ impl Netns {
         run(&argv);
     }
 
+    /// Runs `argv` inside the namespace (`ip netns exec`) and returns its output, panicking
+    /// with its stderr on failure.
+    pub fn exec(&self, argv: &[&str]) -> String {
+        let mut full = vec!["ip", "netns", "exec", &self.name];
+        full.extend(argv);
+        output(&full)
+    }
+
     /// Runs `f` on a thread inside the namespace (sockets and devices it opens live there).
     pub fn enter<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
         let path = format!("/run/netns/{}", self.name);
@@ -111,6 +119,11 @@ impl Drop for Netns {
 
 /// Runs `argv`, panicking with its stderr on failure.
 pub fn run(argv: &[&str]) {
+    output(argv);
+}
+
+/// Runs `argv` and returns its output, panicking with its stderr on failure.
+pub fn output(argv: &[&str]) -> String {
     let out = Command::new(argv[0])
         .args(&argv[1..])
         .output()
@@ -120,6 +133,7 @@ pub fn run(argv: &[&str]) {
         "{argv:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The test frame with sequence number `seq`, `len` bytes long: Ethernet header with the test

@@ -1,6 +1,9 @@
-//! Two workers on a two-queue veth uplink, in a `pn-t-*` namespace (root; skipped without).
+//! Workers on a multi-queue veth uplink, in a `pn-t-*` namespace (root; skipped without): two
+//! workers on two queues, one and two workers on four.
 
+use std::net::UdpSocket;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::{self, is_root, send_all, udp, Netns};
@@ -88,18 +91,9 @@ fn root_two_workers_read_a_two_queue_uplink_with_an_af_xdp_socket_per_queue() {
 /// Two workers, VMs s1 and s2 on one each, the uplink a two-queue veth with `backend`: 32
 /// flows to each VM arrive, every frame once, and both workers' uplink sockets read frames.
 fn two_workers_on_a_two_queue_uplink(backend: &str) {
-    let ns = Netns::new();
-    ns.ip("link add pnwup numtxqueues 2 numrxqueues 2 type veth peer name pnwfab numtxqueues 2 numrxqueues 2");
-    ns.ip("link set pnwup up");
-    ns.ip("link set pnwfab up");
-    ns.veth_pair("pnwv1", "pnwp1");
-    ns.veth_pair("pnwv2", "pnwp2");
+    let ns = uplink_namespace(2);
     ns.enter(|| {
-        let cfg = ROOT_CONFIG.replace(
-            "ifname = \"pnwup\"",
-            &format!("ifname = \"pnwup\"\nbackend = \"{backend}\""),
-        );
-        let switch = Switch::open(Config::parse(&cfg).unwrap()).unwrap();
+        let switch = Switch::open(root_config(backend, 2)).unwrap();
         assert!(
             switch
                 .describe_ports()
@@ -110,21 +104,15 @@ fn two_workers_on_a_two_queue_uplink(backend: &str) {
             "one uplink socket per worker: {:?}",
             switch.describe_ports()
         );
-        let (stop, shared) = (switch.stop_flag(), switch.shared());
-        let mut switch = switch;
-        let dataplane = std::thread::spawn(move || switch.run());
         let opts = AfPacketOptions::default;
-        let mut vm1 = AfPacketPort::open("pnwp1", opts()).unwrap();
-        let mut vm2 = AfPacketPort::open("pnwp2", opts()).unwrap();
-        let mut pool = FramePool::new(4096);
         // 32 flows to each VM, 8 frames each, in batches the switch drains in between, sent
         // by two threads on CPUs 0 and 1: a veth puts a frame sent from an AF_PACKET socket
         // on the queue of the sending CPU (packet_pick_tx_queue), as a NIC's RSS would
         // spread flows.
         const FLOWS: u16 = 32;
         const PER_FLOW: usize = 8;
-        let (mut to1, mut to2) = (0, 0);
-        for round in 0..PER_FLOW {
+        let want = FLOWS as usize * PER_FLOW;
+        let (delivered, p) = deliver_from_r9(switch, PER_FLOW, want, |_| {
             std::thread::scope(|s| {
                 for cpu in 0..2u16 {
                     s.spawn(move || {
@@ -144,35 +132,13 @@ fn two_workers_on_a_two_queue_uplink(backend: &str) {
                     });
                 }
             });
-            std::thread::sleep(Duration::from_millis(5 + round as u64));
-            count_from_r9(&mut vm1, &mut pool, &mut to1);
-            count_from_r9(&mut vm2, &mut pool, &mut to2);
-        }
-        let want = FLOWS as usize * PER_FLOW;
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while (to1, to2) != (want, want) && Instant::now() < deadline {
-            let _ = wait_readable(
-                &[vm1.raw_fd().unwrap(), vm2.raw_fd().unwrap()],
-                Duration::from_millis(10),
-            );
-            count_from_r9(&mut vm1, &mut pool, &mut to1);
-            count_from_r9(&mut vm2, &mut pool, &mut to2);
-        }
+        });
         assert_eq!(
-            (to1, to2),
+            delivered,
             (want, want),
             "every frame to s1 and s2 arrives once"
         );
-        std::thread::sleep(Duration::from_millis(250));
-        stop.store(true, Ordering::Relaxed);
-        dataplane.join().unwrap().unwrap();
-        let p = shared.latest().unwrap();
-        let uplink_rx: Vec<(usize, u64)> = p
-            .ports
-            .iter()
-            .filter(|port| port.name == "pnwup")
-            .map(|port| (port.worker, port.stats.rx_frames))
-            .collect();
+        let uplink_rx = uplink_rx_per_worker(&p);
         println!(
             "{backend}: uplink frames read per worker: {uplink_rx:?}; workers: {:?}",
             p.workers
@@ -195,6 +161,180 @@ fn two_workers_on_a_two_queue_uplink(backend: &str) {
     });
 }
 
+#[test]
+fn root_one_worker_reads_every_queue_of_a_four_queue_af_xdp_uplink() {
+    if !is_root() || !common::have_ebpf() {
+        return;
+    }
+    every_queue_of_a_four_queue_uplink(1);
+}
+
+#[test]
+fn root_two_workers_read_every_queue_of_a_four_queue_af_xdp_uplink() {
+    if !is_root() || !common::have_ebpf() {
+        return;
+    }
+    every_queue_of_a_four_queue_uplink(2);
+}
+
+/// `workers` workers on a four-queue veth uplink read through AF_XDP (issue 13: a queue
+/// without a socket passes its frames to the kernel stack, past the switch): 64 flows from r9,
+/// one UDP socket each on the fabric side, spread over the four queues by the sender's flow
+/// hash; every frame reaches its VM, and on every queue the XDP program redirected all it saw
+/// to a socket (veth's per-queue counters). Fails if the flows did not spread over every queue.
+fn every_queue_of_a_four_queue_uplink(workers: usize) {
+    let ns = uplink_namespace(4);
+    // The fabric side sends as host 2 through its IP stack.
+    ns.ip("link set pnwfab address 02:00:00:00:01:02");
+    ns.ip("addr add 198.19.0.2/24 dev pnwfab");
+    ns.ip("neigh add 198.19.0.1 lladdr 02:00:00:00:01:01 dev pnwfab nud permanent");
+    ns.enter(|| {
+        let switch = Switch::open(root_config("af_xdp", workers)).unwrap();
+        let lines = switch.describe_ports();
+        assert_eq!(
+            lines.iter().filter(|l| l.contains("pnwup")).count(),
+            workers,
+            "one uplink port per worker: {lines:?}"
+        );
+        const FLOWS: u16 = 32;
+        const PER_FLOW: usize = 8;
+        // A UDP socket per flow: the kernel picks a veth transmit queue by flow hash (a veth
+        // has no XPS map), which is the peer's receive queue.
+        let flows: Vec<(UdpSocket, Vec<u8>)> = (0..FLOWS)
+            .flat_map(|flow| [(1u8, flow), (2, flow)])
+            .map(|(vm, flow)| {
+                let frame = from_r9_flow(vm, flow);
+                let outer_port = u16::from_be_bytes([frame[34], frame[35]]);
+                let socket = UdpSocket::bind(("198.19.0.2", outer_port)).unwrap();
+                // The Geneve header and inner frame, after Ethernet, IPv4 and UDP.
+                (socket, frame[42..].to_vec())
+            })
+            .collect();
+        let want = FLOWS as usize * PER_FLOW;
+        let (delivered, p) = deliver_from_r9(switch, PER_FLOW, want, |_| {
+            for (socket, payload) in &flows {
+                socket.send_to(payload, ("198.19.0.1", 6081)).unwrap();
+            }
+        });
+        let queues = xdp_rx_queues(&ns, "pnwup");
+        let uplink_rx = uplink_rx_per_worker(&p);
+        println!(
+            "{workers} worker(s): delivered to s1, s2 {delivered:?} of {want} each; \
+             per rx queue (XDP saw, redirected to a socket): {queues:?}; uplink frames read \
+             per worker: {uplink_rx:?}"
+        );
+        assert_eq!(
+            delivered,
+            (want, want),
+            "every frame to s1 and s2 arrives once, none bypasses the switch"
+        );
+        assert_eq!(queues.len(), 4);
+        assert!(
+            queues.iter().all(|&(seen, _)| seen > 0),
+            "the flows spread over all four queues (else this test proves nothing): {queues:?}"
+        );
+        assert!(
+            queues.iter().all(|&(seen, redirected)| redirected == seen),
+            "every queue's frames went to an AF_XDP socket: {queues:?}"
+        );
+        assert!(queues.iter().map(|q| q.0).sum::<u64>() >= 2 * want as u64);
+        assert_eq!(uplink_rx.len(), workers);
+        assert!(
+            uplink_rx.iter().all(|&(_, rx)| rx > 0),
+            "every worker read its queues"
+        );
+    });
+}
+
+/// A namespace with the uplink veth `pnwup` (the switch's side; peer `pnwfab`, the fabric)
+/// of `queues` queues each way, and VM veths `pnwv1`/`pnwp1`, `pnwv2`/`pnwp2`.
+fn uplink_namespace(queues: usize) -> Netns {
+    let ns = Netns::new();
+    ns.ip(&format!(
+        "link add pnwup numtxqueues {queues} numrxqueues {queues} type veth peer name pnwfab \
+         numtxqueues {queues} numrxqueues {queues}"
+    ));
+    ns.ip("link set pnwup up");
+    ns.ip("link set pnwfab up");
+    ns.veth_pair("pnwv1", "pnwp1");
+    ns.veth_pair("pnwv2", "pnwp2");
+    ns
+}
+
+/// [`ROOT_CONFIG`] with `workers` workers and an uplink of `backend`.
+fn root_config(backend: &str, workers: usize) -> Config {
+    let cfg = ROOT_CONFIG
+        .replace("workers = 2", &format!("workers = {workers}"))
+        .replace(
+            "ifname = \"pnwup\"",
+            &format!("ifname = \"pnwup\"\nbackend = \"{backend}\""),
+        );
+    Config::parse(&cfg).unwrap()
+}
+
+/// Runs `switch` while `send(round)` sends `rounds` rounds of frames from r9 (the VM ports
+/// drained after each), until `want` frames reached each of s1 and s2 (or 5 s passed); stops
+/// it and returns how many reached (s1, s2) and its last snapshot.
+fn deliver_from_r9(
+    mut switch: Switch,
+    rounds: usize,
+    want: usize,
+    mut send: impl FnMut(usize),
+) -> ((usize, usize), Arc<Published>) {
+    let (stop, shared) = (switch.stop_flag(), switch.shared());
+    let dataplane = std::thread::spawn(move || switch.run());
+    let opts = AfPacketOptions::default;
+    let mut vm1 = AfPacketPort::open("pnwp1", opts()).unwrap();
+    let mut vm2 = AfPacketPort::open("pnwp2", opts()).unwrap();
+    let mut pool = FramePool::new(4096);
+    let (mut to1, mut to2) = (0, 0);
+    for round in 0..rounds {
+        send(round);
+        std::thread::sleep(Duration::from_millis(5 + round as u64));
+        count_from_r9(&mut vm1, &mut pool, &mut to1);
+        count_from_r9(&mut vm2, &mut pool, &mut to2);
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while (to1, to2) != (want, want) && Instant::now() < deadline {
+        let _ = wait_readable(
+            &[vm1.raw_fd().unwrap(), vm2.raw_fd().unwrap()],
+            Duration::from_millis(10),
+        );
+        count_from_r9(&mut vm1, &mut pool, &mut to1);
+        count_from_r9(&mut vm2, &mut pool, &mut to2);
+    }
+    // A snapshot after the last frame (published every 100 ms).
+    std::thread::sleep(Duration::from_millis(250));
+    stop.store(true, Ordering::Relaxed);
+    dataplane.join().unwrap().unwrap();
+    ((to1, to2), shared.latest().unwrap())
+}
+
+/// The uplink frames each worker read, as (worker, frames).
+fn uplink_rx_per_worker(p: &Published) -> Vec<(usize, u64)> {
+    p.ports
+        .iter()
+        .filter(|port| port.name == "pnwup")
+        .map(|port| (port.worker, port.stats.rx_frames))
+        .collect()
+}
+
+/// Per receive queue of veth `dev` in `ns`: the frames its XDP program saw and those it
+/// redirected to an AF_XDP socket (`ethtool -S`: `rx_queue_<q>_xdp_packets`, `_xdp_redirect`).
+fn xdp_rx_queues(ns: &Netns, dev: &str) -> Vec<(u64, u64)> {
+    let stats = ns.exec(&["ethtool", "-S", dev]);
+    let counter = |q: usize, name: &str| {
+        let key = format!("rx_queue_{q}_{name}:");
+        stats
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(&key))
+            .map(|v| v.trim().parse::<u64>().unwrap())
+    };
+    (0..)
+        .map_while(|q| Some((counter(q, "xdp_packets")?, counter(q, "xdp_redirect")?)))
+        .collect()
+}
+
 /// Inner IPv4 source (last byte) of a Geneve frame on the underlay, None for anything else.
 fn inner_source(f: &Frame) -> Option<u8> {
     let d = f.data();
@@ -215,16 +355,9 @@ fn root_two_workers_send_through_a_one_queue_af_xdp_uplink() {
     if !is_root() || !common::have_ebpf() {
         return;
     }
-    let ns = Netns::new();
-    ns.veth_pair("pnwup", "pnwfab");
-    ns.veth_pair("pnwv1", "pnwp1");
-    ns.veth_pair("pnwv2", "pnwp2");
+    let ns = uplink_namespace(1);
     ns.enter(|| {
-        let cfg = ROOT_CONFIG.replace(
-            "ifname = \"pnwup\"",
-            "ifname = \"pnwup\"\nbackend = \"af_xdp\"",
-        );
-        let switch = Switch::open(Config::parse(&cfg).unwrap()).unwrap();
+        let switch = Switch::open(root_config("af_xdp", 2)).unwrap();
         let lines = switch.describe_ports();
         assert_eq!(
             lines.iter().filter(|l| l.contains("pnwup")).count(),
@@ -296,12 +429,7 @@ fn root_forwarding_with_1_and_2_workers_printed() {
         return;
     }
     for workers in [1, 2, 1, 2] {
-        let ns = Netns::new();
-        ns.ip("link add pnwup numtxqueues 2 numrxqueues 2 type veth peer name pnwfab numtxqueues 2 numrxqueues 2");
-        ns.ip("link set pnwup up");
-        ns.ip("link set pnwfab up");
-        ns.veth_pair("pnwv1", "pnwp1");
-        ns.veth_pair("pnwv2", "pnwp2");
+        let ns = uplink_namespace(2);
         ns.enter(|| {
             let cfg = ROOT_CONFIG
                 .replace("workers = 2", &format!("workers = {workers}"))

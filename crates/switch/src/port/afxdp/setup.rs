@@ -82,18 +82,18 @@ impl AfXdpPort {
         Self::open_queue(ifname, opts, 0, None)
     }
 
-    /// Opens one port per receive queue of `ifname`, at most `max` (queues 0..): queue 0's
-    /// port attaches the XDP program, which sends each other queue's frames to its own socket
-    /// (RSS spreads flows over the queues). Fewer ports than `max` when the interface has
-    /// fewer queues.
-    pub fn open_queues(ifname: &str, opts: AfXdpOptions, max: usize) -> io::Result<Vec<AfXdpPort>> {
+    /// Opens one port per receive queue of `ifname` (queues 0.., at most `MAX_QUEUES`):
+    /// queue 0's port attaches the XDP program, which sends each other queue's frames to its
+    /// own socket (RSS spreads flows over the queues). Every queue gets one, as a queue without
+    /// a socket would pass its frames to the kernel stack, past the switch.
+    pub fn open_queues(ifname: &str, opts: AfXdpOptions) -> io::Result<Vec<AfXdpPort>> {
         let mut first = Self::open(ifname, opts)?;
         let queues = rx_queues(first._promisc.as_raw_fd(), &ifname_cstring(ifname)?)
             .unwrap_or(1)
             .clamp(1, MAX_QUEUES);
         let mut ports = Vec::new();
         let mode = first.mode;
-        for q in 1..max.min(queues) {
+        for q in 1..queues {
             let program = first
                 .program
                 .as_mut()
