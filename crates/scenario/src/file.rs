@@ -124,6 +124,12 @@ pub struct Tenant {
     /// CPU quota of the tenant's workload threads, in cores (e.g. 0.5): they run in a
     /// cgroup with this CFS quota (the lab's `cgroup` module); none leaves them unconfined.
     pub cpu_cores: Option<f64>,
+    /// CPUs the tenant's workload threads run on, on every host (its VMs' vCPUs, pinned as a
+    /// cloud host pins them, so that tenants meet only in the switch); before a host's
+    /// `host_cpus`. Empty: the host's CPUs, if pinned, else wherever the scheduler puts
+    /// them. Lab only.
+    #[serde(default)]
+    pub cpus: Vec<usize>,
     /// Seal the tenant's overlay traffic in the switches' shared encryption engine (a key
     /// derived from the tenant's index, for the lab only).
     #[serde(default)]
@@ -321,6 +327,15 @@ impl Scenario {
     /// The CPUs host `host`'s tenants and switch are pinned to (`host_cpus`; empty: none).
     pub fn cpus_of_host(&self, host: &str) -> &[usize] {
         self.host_cpus.get(host).map_or(&[], Vec::as_slice)
+    }
+
+    /// The CPUs VM `vm`'s workload threads are pinned to: its tenant's `cpus`, else its
+    /// host's `host_cpus` (empty: none).
+    pub fn cpus_of_vm(&self, vm: &str) -> &[usize] {
+        match self.tenant_of(vm) {
+            Some(t) if !t.cpus.is_empty() => &t.cpus,
+            _ => self.host_of(vm).map_or(&[], |h| self.cpus_of_host(h)),
+        }
     }
 
     /// The access link's queue, bytes: `access_queue_ms` at its rate.

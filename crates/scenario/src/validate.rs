@@ -113,6 +113,12 @@ impl Scenario {
                     bail!("{}: must be between 0.01 and 1024 cores", at("cpu_cores"));
                 }
             }
+            if let Some(cpu) = tenant.cpus.iter().find(|&&c| c >= online) {
+                bail!(
+                    "{}: CPU {cpu} does not exist (this machine has {online})",
+                    at("cpus")
+                );
+            }
             if tenant.vms.is_empty() || tenant.vms.len() > 250 {
                 bail!("{}: needs 1 to 250 VMs", at("vms"));
             }
@@ -509,7 +515,7 @@ to = "b"
     }
 
     #[test]
-    fn host_cpus_name_hosts_of_the_scenario_and_cpus_of_the_machine() {
+    fn host_and_tenant_cpus_name_hosts_of_the_scenario_and_cpus_of_the_machine() {
         let pinned = |cpus: &str| {
             BASE.replace(
                 "hosts = [\"h1\", \"h2\"]",
@@ -519,6 +525,18 @@ to = "b"
         let s = Scenario::parse(&pinned("{ h1 = [0] }")).unwrap();
         assert_eq!(s.cpus_of_host("h1"), [0]);
         assert!(s.cpus_of_host("h2").is_empty());
+        assert_eq!((s.cpus_of_vm("a"), s.cpus_of_vm("b")), (&[0][..], &[][..]));
+        // A tenant's own CPUs (its VMs' vCPUs) come before its hosts'.
+        let s = Scenario::parse(
+            &pinned("{ h1 = [0] }").replace("min_mbps = 10", "min_mbps = 10\ncpus = [0]"),
+        )
+        .unwrap();
+        assert_eq!((s.cpus_of_vm("a"), s.cpus_of_vm("b")), (&[0][..], &[0][..]));
+        let e = err(&BASE.replace(
+            "min_mbps = 10",
+            &format!("min_mbps = 10\ncpus = [{}]", 1 << 20),
+        ));
+        assert!(e.contains("`tenants[0].cpus`: CPU"), "{e}");
         let online = std::thread::available_parallelism().map_or(1, |n| n.get());
         for (cpus, message) in [
             ("{ h9 = [0] }".to_string(), "`host_cpus.h9`: no host named"),

@@ -88,7 +88,8 @@ fn enter(group: Option<TenantGroup>, cpus: &[usize]) -> Result<()> {
 
 /// [`run_all`] with every workload thread (sender and receiver side) first entering its
 /// tenant's cgroup of `placement` on the host of its VM, if the tenant has one, and onto
-/// that host's CPUs (`host_cpus`), if it has any; threads and tools it starts inherit both.
+/// its VM's CPUs (the tenant's `cpus`, else the host's `host_cpus`), if any; threads and
+/// tools it starts inherit both.
 pub fn run_placed(
     scenario: &Scenario,
     topo: &Topology,
@@ -100,11 +101,7 @@ pub fn run_placed(
         let host = scenario.host_of(vm)?;
         placement.group(&tenant.name, host).cloned()
     };
-    let cpus_of = |vm: &str| {
-        scenario
-            .host_of(vm)
-            .map_or_else(Vec::new, |h| scenario.cpus_of_host(h).to_vec())
-    };
+
     let bins = ((scenario.duration_ms + GRACE.as_millis() as u64) / BIN_MS + 1) as usize;
     let mut servers = Vec::new();
     for wl in workloads {
@@ -120,7 +117,7 @@ pub fn run_placed(
         let stop_ms = wl.stop_ms(scenario);
         let ep2 = ep.clone();
         let group = group_of(wl, &wl.to);
-        let cpus = cpus_of(&wl.to);
+        let cpus = scenario.cpus_of_vm(&wl.to).to_vec();
         let server = netns::spawn_in_netns(&ep.to_ns, move || {
             enter(group, &cpus)?;
             serve(&wl_owned, &ep2, stop_ms, bins, ready_tx, t0_rx)
@@ -145,7 +142,7 @@ pub fn run_placed(
         let wl_owned = (*wl).clone();
         let ep2 = ep.clone();
         let group = group_of(wl, &wl.from);
-        let cpus = cpus_of(&wl.from);
+        let cpus = scenario.cpus_of_vm(&wl.from).to_vec();
         let client = netns::spawn_in_netns(&ep.from_ns, move || {
             enter(group, &cpus)?;
             send(&wl_owned, &ep2, window)
