@@ -97,9 +97,12 @@ fn b1_json(min_mbps: u64) -> String {
     )
 }
 
+/// How many steps the churn's cycle has: after a whole cycle tenant u is as it started.
+const CHURN_CYCLE: usize = 6;
+
 /// The churn's cycle of changes to tenant u: (method, path, body).
 fn churn_step(i: usize) -> (&'static str, &'static str, String) {
-    match i % 6 {
+    match i % CHURN_CYCLE {
         0 => ("PUT", "/vms/b1", b1_json(300)),
         1 => ("PUT", "/vms/b1", b1_json(100)),
         2 => (
@@ -127,7 +130,7 @@ fn noop_step(i: usize) -> (&'static str, &'static str, String) {
 fn requests(sock: &Path, step: fn(usize) -> (&'static str, &'static str, String)) -> usize {
     let start = Instant::now();
     let mut i = 0;
-    while start.elapsed() < PHASE || i % 6 != 0 {
+    while start.elapsed() < PHASE || i % CHURN_CYCLE != 0 {
         let (method, path, body) = step(i);
         let (status, text) = api(sock, method, path, &body);
         assert_eq!(status, 200, "{method} {path}: {text}");
@@ -341,8 +344,7 @@ fn neighbour_under_churn(workers: usize) {
             free = pool(&sock).0;
         }
         assert_eq!(free, capacity, "frames missing from the pool");
-        let churn_secs = churned.secs;
-        let changes_per_sec = applied as f64 / churn_secs;
+        let changes_per_sec = applied as f64 / churned.secs;
         assert!(changes_per_sec > 50.0, "only {changes_per_sec:.0} changes/s applied");
         let (q99, n99, c99) = (quiet.p99_us(), control.p99_us(), churned.p99_us());
         println!(

@@ -254,13 +254,7 @@ impl Drop for Testbed {
 
 /// Creates a veth pair with end `a` in namespace `ns_a` and end `b` in `ns_b`.
 pub fn add_veth(ns_a: &str, a: &str, ns_b: &str, b: &str) -> Result<()> {
-    ip(
-        ns_a,
-        &[
-            "link", "add", a, "type", "veth", "peer", "name", b, "netns", ns_b,
-        ],
-    )
-    .map(drop)
+    add_veth_queues(ns_a, a, ns_b, b, 1)
 }
 
 /// A veth pair as [`add_veth`] with `queues` receive and transmit queues on each end, as a

@@ -7,6 +7,14 @@ use std::collections::BTreeSet;
 use crate::check::Check;
 use crate::file::{Scenario, Workload, WorkloadKind, DEFAULT_RPC_RATE, MAX_NAME_LEN};
 
+/// Fails, naming `field`, when `cpus` lists a CPU this machine (`online` CPUs) lacks.
+fn check_cpus(cpus: &[usize], online: usize, field: &str) -> Result<()> {
+    match cpus.iter().find(|&&c| c >= online) {
+        Some(cpu) => bail!("{field}: CPU {cpu} does not exist (this machine has {online})"),
+        None => Ok(()),
+    }
+}
+
 impl Scenario {
     /// Checks cross-references and ranges; the error names the offending field.
     pub fn validate(&self) -> Result<()> {
@@ -30,9 +38,7 @@ impl Scenario {
                 );
             }
         }
-        if let Some(cpu) = self.picnic.cpus.iter().find(|&&c| c >= online) {
-            bail!("field `picnic.cpus`: CPU {cpu} does not exist (this machine has {online})");
-        }
+        check_cpus(&self.picnic.cpus, online, "field `picnic.cpus`")?;
         if self.sched_slice_us != 0
             && !self
                 .sched_slice_us
@@ -74,9 +80,7 @@ impl Scenario {
             if cpus.is_empty() {
                 bail!("{at}: needs at least one CPU");
             }
-            if let Some(cpu) = cpus.iter().find(|&&c| c >= online) {
-                bail!("{at}: CPU {cpu} does not exist (this machine has {online})");
-            }
+            check_cpus(cpus, online, &at)?;
         }
         if self.tenants.is_empty() || self.tenants.len() > 250 {
             bail!("field `tenants`: needs 1 to 250 tenants");
@@ -113,12 +117,7 @@ impl Scenario {
                     bail!("{}: must be between 0.01 and 1024 cores", at("cpu_cores"));
                 }
             }
-            if let Some(cpu) = tenant.cpus.iter().find(|&&c| c >= online) {
-                bail!(
-                    "{}: CPU {cpu} does not exist (this machine has {online})",
-                    at("cpus")
-                );
-            }
+            check_cpus(&tenant.cpus, online, &at("cpus"))?;
             if tenant.vms.is_empty() || tenant.vms.len() > 250 {
                 bail!("{}: needs 1 to 250 VMs", at("vms"));
             }

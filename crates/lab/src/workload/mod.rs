@@ -101,7 +101,6 @@ pub fn run_placed(
         let host = scenario.host_of(vm)?;
         placement.group(&tenant.name, host).cloned()
     };
-
     let bins = ((scenario.duration_ms + GRACE.as_millis() as u64) / BIN_MS + 1) as usize;
     let mut servers = Vec::new();
     for wl in workloads {
