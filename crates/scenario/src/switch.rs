@@ -28,6 +28,12 @@ pub fn switch_config(
     host: &HostView,
     isolated: bool,
 ) -> Result<Config> {
+    // `[picnic] cpus` places every switch; else a pinned host's switch runs on its cores.
+    let switch_cpus = if scenario.picnic.cpus.is_empty() {
+        scenario.cpus_of_host(&host.name)
+    } else {
+        &scenario.picnic.cpus
+    };
     let hosts = topo
         .hosts
         .iter()
@@ -92,17 +98,17 @@ pub fn switch_config(
                     } else {
                         Backend::default()
                     },
+                    // The VM's vCPUs, for pinned workers to serve it there.
+                    cpus: if switch_cpus.is_empty() {
+                        Vec::new()
+                    } else {
+                        scenario.cpus_of_vm(&vm.name).to_vec()
+                    },
                 }),
                 shaped: shaped_classes(scenario, topo, &vm.name),
             });
         }
     }
-    // `[picnic] cpus` places every switch; else a pinned host's switch runs on its cores.
-    let switch_cpus = if scenario.picnic.cpus.is_empty() {
-        scenario.cpus_of_host(&host.name)
-    } else {
-        &scenario.picnic.cpus
-    };
     let cfg = Config {
         switch: SwitchSection {
             host_id: host.index as u32 + 1,

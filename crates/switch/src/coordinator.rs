@@ -24,7 +24,7 @@ use crate::frame::FramePool;
 use crate::port::Port;
 use crate::runner::{setup_thread, take_named, Command, Published, Reconfigure, SpinWork, Switch};
 use crate::worker::{Team, Worker};
-use crate::workers::{assign, Assignment, Control, Mailbox};
+use crate::workers::{assign, pinned_cpus, Assignment, Control, Mailbox};
 
 /// Frames a worker's mailbox holds.
 const MAILBOX_FRAMES: usize = 4096;
@@ -62,7 +62,7 @@ impl Switch {
     fn split(&mut self) -> anyhow::Result<(Team, Vec<Worker>, Assignment)> {
         let n = self.workers;
         let now = self.clock.now();
-        let assignment = assign(&self.engine.dir, n);
+        let assignment = assign(&self.engine.dir, pinned_cpus(&self.cfg, n));
         let mut budgets = SharedBudgets::new(&self.quotas(), IRON_PERIOD, n, now);
         if let Some((rate, burst)) = pacer_rate(&self.cfg) {
             // The uplink pacer every worker's egress shares.
@@ -166,20 +166,17 @@ impl Switch {
         let spin = Duration::from_micros(self.cfg.switch.spin_us);
         let n = workers.len();
         // Each worker on a CPU of its own when `switch.cpus` lists enough, else on all of them.
-        let all_cpus = self.cfg.switch.cpus.clone();
-        let cpus_of = |w: usize| -> Option<Vec<usize>> {
-            let cpus = all_cpus.as_ref()?;
-            Some(if cpus.len() >= n {
-                vec![cpus[w]]
-            } else {
-                cpus.clone()
+        let cpus_of: Vec<Option<Vec<usize>>> = (0..n)
+            .map(|w| match assignment.cpus[w] {
+                Some(cpu) => Some(vec![cpu]),
+                None => self.cfg.switch.cpus.clone(),
             })
-        };
+            .collect();
         std::thread::scope(|s| {
             let handles: Vec<_> = workers
                 .into_iter()
                 .map(|mut w| {
-                    let cpus = cpus_of(w.index);
+                    let cpus = cpus_of[w.index].clone();
                     let mut work = SpinWork::new(&self.cfg);
                     let (stop, clock, cfg) = (self.stop.clone(), self.clock, self.cfg.clone());
                     std::thread::Builder::new()
@@ -446,7 +443,8 @@ impl Switch {
     /// The workers and their VMs, for the start-up report ([`Switch::describe_ports`]).
     pub(crate) fn describe_workers(&self, lines: &mut Vec<String>) {
         if self.workers > 1 {
-            let assignment = crate::workers::assign(&self.engine.dir, self.workers);
+            let cpus = crate::workers::pinned_cpus(&self.cfg, self.workers);
+            let assignment = crate::workers::assign(&self.engine.dir, cpus);
             let dir = &self.engine.dir;
             for w in 0..self.workers {
                 let vms: Vec<&str> = assignment

@@ -55,6 +55,8 @@ pub struct Vm {
     pub min_pps: Option<u64>,
     /// Local port when the VM lives on this host.
     pub port: Option<PortIdx>,
+    /// The CPUs of a local VM's vCPUs (its port entry's `cpus`): the workers that serve it.
+    pub cpus: Vec<usize>,
     pub shaped: Vec<ShapedClass>,
     /// Bumped when the VM is removed: a frame queued for a VM index also records its
     /// generation, so it never reaches a VM added later in the same slot.
@@ -202,6 +204,12 @@ impl Directory {
             max_pps: None,
             min_pps: None,
             port,
+            cpus: v
+                .port
+                .as_ref()
+                .filter(|_| port.is_some())
+                .map(|p| p.cpus.clone())
+                .unwrap_or_default(),
             shaped: Vec::new(),
             generation: self.vms.get(idx).map_or(0, |old| old.generation),
         };
@@ -251,6 +259,7 @@ impl Directory {
             self.port_vm[p] = None;
         }
         vm.name.clear();
+        vm.cpus.clear();
         vm.shaped.clear();
         vm.generation = vm.generation.wrapping_add(1);
         self.free_vms.push(idx);

@@ -77,12 +77,23 @@ pub fn worker_count(cfg: &Config, vm_ports: usize) -> usize {
     })
 }
 
+/// The CPU each of `workers` workers is pinned to: one of `switch.cpus` each when it lists
+/// one per worker; else none, and every worker may run on all of `switch.cpus` (or anywhere).
+pub fn pinned_cpus(cfg: &Config, workers: usize) -> Vec<Option<usize>> {
+    match &cfg.switch.cpus {
+        Some(cpus) if cpus.len() >= workers => cpus[..workers].iter().copied().map(Some).collect(),
+        _ => vec![None; workers],
+    }
+}
+
 /// Which worker owns each port: `owner[p]` for every port index (the uplink, which every
 /// worker reads through its own socket, is listed as worker 0's).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Assignment {
     pub workers: usize,
     pub owner: Vec<usize>,
+    /// The CPU each worker is pinned to, if it is ([`pinned_cpus`]).
+    pub cpus: Vec<Option<usize>>,
 }
 
 impl Assignment {
@@ -91,6 +102,7 @@ impl Assignment {
         Assignment {
             workers: 1,
             owner: vec![0; ports],
+            cpus: vec![None],
         }
     }
 
@@ -99,13 +111,28 @@ impl Assignment {
         (1..self.owner.len()).filter(move |&p| self.owner[p] == w)
     }
 
+    /// The workers that may serve VMs on `cpus` (their vCPUs): those pinned to one of them;
+    /// every worker when none is (no affinity asked, or no worker on those CPUs).
+    fn serving(&self, cpus: &[usize]) -> Vec<usize> {
+        let on: Vec<usize> = (0..self.workers)
+            .filter(|&w| self.cpus[w].is_some_and(|c| cpus.contains(&c)))
+            .collect();
+        if on.is_empty() {
+            (0..self.workers).collect()
+        } else {
+            on
+        }
+    }
+
     /// Places the VM a live change added on `port` (in `dir`, which has it) and returns its
     /// worker: with its tenant's other VMs when the tenant has an SLO (one monitor sees all its
-    /// traffic), else on the worker with the least guarantee, then the fewest VMs, then the
-    /// lowest index, as [`assign`] places VMs at start. The other VMs stay where they are.
+    /// traffic), else on the worker serving its CPUs with the least guarantee, then the fewest
+    /// VMs, then the lowest index, as [`assign`] places VMs at start. The other VMs stay where
+    /// they are.
     pub fn place(&mut self, dir: &Directory, port: PortIdx) -> usize {
         self.owner.resize(dir.port_count().max(port + 1), 0);
-        let tenant = dir.port_vm[port].map(|v| dir.vms[v].tenant);
+        let vm = dir.port_vm[port];
+        let tenant = vm.map(|v| dir.vms[v].tenant);
         let others = || dir.local_vms().filter(move |&(_, p)| p != port);
         let with_tenant = tenant
             .filter(|&t| dir.tenants[t].slo.is_some())
@@ -118,7 +145,9 @@ impl Assignment {
                 l.0 += dir.vms[v].min_bps.max(1);
                 l.1 += 1;
             }
-            (0..self.workers)
+            let cpus = vm.map_or(&[][..], |v| &dir.vms[v].cpus);
+            self.serving(cpus)
+                .into_iter()
                 .min_by_key(|&w| (load[w].0, load[w].1, w))
                 .expect("at least one worker")
         });
@@ -127,14 +156,19 @@ impl Assignment {
     }
 }
 
-/// Assigns the local VMs' ports to `workers` workers. VMs are placed one by one, heaviest
-/// guarantee first (ties in config order), each on the worker with the least guarantee so far
-/// (then the fewest VMs, then the lowest index), as OVS places PMD rx queues by load. The VMs
-/// of a tenant with an SLO are placed together, as one unit weighing their sum, so one
-/// worker's monitor sees all the tenant's traffic. Deterministic.
-pub fn assign(dir: &Directory, workers: usize) -> Assignment {
-    let workers = workers.max(1);
-    let mut owner = vec![0; dir.port_count()];
+/// Assigns the local VMs' ports to workers pinned to `cpus` (one entry per worker, None for
+/// an unpinned one). VMs are placed one by one, heaviest guarantee first (ties in config
+/// order), each on the worker with the least guarantee so far (then the fewest VMs, then the
+/// lowest index) among those serving its CPUs, as OVS places PMD rx queues by load and
+/// `pmd-rxq-affinity`. The VMs of a tenant with an SLO are placed together, as one unit
+/// weighing their sum, so one worker's monitor sees all the tenant's traffic. Deterministic.
+pub fn assign(dir: &Directory, cpus: Vec<Option<usize>>) -> Assignment {
+    let mut assignment = Assignment {
+        workers: cpus.len().max(1),
+        owner: vec![0; dir.port_count()],
+        cpus,
+    };
+    assignment.cpus.resize(assignment.workers, None);
     // Units: (weight, ports), in config order of their first VM.
     let mut units: Vec<(u64, Vec<PortIdx>)> = Vec::new();
     let mut unit_of_tenant: Vec<Option<usize>> = vec![None; dir.tenants.len()];
@@ -157,18 +191,25 @@ pub fn assign(dir: &Directory, workers: usize) -> Assignment {
     }
     // Stable: equal weights keep config order.
     units.sort_by_key(|u| std::cmp::Reverse(u.0));
-    let mut load = vec![(0u64, 0usize); workers];
+    let mut load = vec![(0u64, 0usize); assignment.workers];
     for (weight, ports) in units {
-        let w = (0..workers)
+        let cpus: Vec<usize> = ports
+            .iter()
+            .filter_map(|&p| dir.port_vm[p])
+            .flat_map(|v| dir.vms[v].cpus.iter().copied())
+            .collect();
+        let w = assignment
+            .serving(&cpus)
+            .into_iter()
             .min_by_key(|&w| (load[w].0, load[w].1, w))
             .expect("at least one worker");
         load[w].0 += weight;
         load[w].1 += ports.len();
         for p in ports {
-            owner[p] = w;
+            assignment.owner[p] = w;
         }
     }
-    Assignment { workers, owner }
+    assignment
 }
 
 /// A frame handed from one worker to another.
@@ -379,14 +420,14 @@ mod tests {
             ],
             None,
         );
-        let a = assign(&dir, 2);
+        let a = assign(&dir, vec![None; 2]);
         // b (300) -> 0; then a, c, d, e (100 each, config order) -> 1, 1, 1, then 0 (300 vs 300: fewer VMs).
         assert_eq!(a.owner, vec![0, 1, 0, 1, 1, 0]);
         assert_eq!(a.ports_of(0).collect::<Vec<_>>(), vec![2, 5]);
         assert_eq!(a.ports_of(1).collect::<Vec<_>>(), vec![1, 3, 4]);
         // One worker owns everything; more workers than VMs leave some without a VM.
-        assert!(assign(&dir, 1).owner.iter().all(|&w| w == 0));
-        let wide = assign(&dir, 8);
+        assert!(assign(&dir, vec![None]).owner.iter().all(|&w| w == 0));
+        let wide = assign(&dir, vec![None; 8]);
         let mut used: Vec<usize> = wide.owner[1..].to_vec();
         used.sort();
         used.dedup();
@@ -404,7 +445,7 @@ mod tests {
             ],
             Some("gold"),
         );
-        let a = assign(&dir, 2);
+        let a = assign(&dir, vec![None; 2]);
         // gold (200, one unit) first on 0, c (150) on 1, d (150) on 1 (150 < 200).
         assert_eq!(a.owner, vec![0, 0, 0, 1, 1]);
         // Without the SLO, gold's VMs are placed one by one: c 0, d 1, a 0, b 1.
@@ -417,7 +458,38 @@ mod tests {
             ],
             None,
         );
-        assert_eq!(assign(&dir, 2).owner, vec![0, 0, 1, 0, 1]);
+        assert_eq!(assign(&dir, vec![None; 2]).owner, vec![0, 0, 1, 0, 1]);
+    }
+
+    #[test]
+    fn a_vm_is_served_by_a_worker_pinned_to_its_own_cpus() {
+        let mut dir = dir_with(
+            &[
+                ("v1", "victim", 15),
+                ("a1", "att1", 15),
+                ("v2", "victim", 15),
+                ("a2", "att2", 15),
+            ],
+            Some("victim"),
+        );
+        for (v, cpu) in [(0, 1), (1, 0), (2, 1), (3, 0)] {
+            dir.vms[v].cpus = vec![cpu];
+        }
+        // By load alone the victim's unit (30) would take worker 0; its vCPU is worker 1's.
+        let mut pinned = assign(&dir, vec![Some(0), Some(1)]);
+        assert_eq!(pinned.owner, vec![0, 1, 0, 1, 0]);
+        assert_eq!(pinned.cpus, vec![Some(0), Some(1)]);
+        // Unpinned workers place by load.
+        assert_eq!(assign(&dir, vec![None; 2]).owner, vec![0, 0, 1, 0, 1]);
+        // A VM whose CPUs no worker is on is placed by load among all workers: a1 on worker
+        // 0, which has less guarantee than the victim's worker 1.
+        dir.vms[1].cpus = vec![7];
+        assert_eq!(assign(&dir, vec![Some(0), Some(1)]).owner[2], 0);
+        // A VM placed by a live change goes to a worker on its CPUs, even the busier one.
+        dir.vms[3].cpus = vec![1];
+        assert_eq!(pinned.place(&dir, 4), 1);
+        dir.vms[3].cpus = vec![0];
+        assert_eq!(pinned.place(&dir, 4), 0);
     }
 
     #[test]
@@ -453,7 +525,7 @@ mod tests {
             Some("u"),
         );
         // a and b on their own workers, the SLO tenant u's c and d together.
-        let start = assign(&dir, 2);
+        let start = assign(&dir, vec![None; 2]);
         let (a, b, c, d) = (1, 2, 3, 4);
         let mut placed = start.clone();
         placed.owner[a] = 0;

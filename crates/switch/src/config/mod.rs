@@ -465,6 +465,13 @@ pub struct PortEntry {
     pub ifname: String,
     #[serde(default)]
     pub backend: Backend,
+    /// The CPUs of the VM's vCPUs. With the workers pinned one per CPU (`switch.cpus`), the
+    /// port is served by a worker on one of them, so the switch's work for the VM runs on the
+    /// VM's own cores and not on its neighbours' (as Open vSwitch's `pmd-rxq-affinity`;
+    /// Iron 3: the host CPU spent for a tenant comes out of that tenant's share). Empty, or
+    /// no worker on these CPUs: placed by load like any VM.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cpus: Vec<usize>,
 }
 
 /// Traffic of a VM matching every given field is shaped to `rate_mbps` in its own queue.

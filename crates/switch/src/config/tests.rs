@@ -80,6 +80,14 @@ fn errors_name_the_field() {
         &EXAMPLE.replace("port = { ifname = \"a1\" }", ""),
         "vms[0].port",
     );
+    // A VM's CPUs name the pinned workers that serve it: without pinned workers, an error.
+    expect_field(
+        &EXAMPLE.replace(
+            "port = { ifname = \"a1\" }",
+            "port = { ifname = \"a1\", cpus = [1] }",
+        ),
+        "vms[0].port.cpus",
+    );
     expect_field(
         &EXAMPLE.replace("host_id = 1", "host_id = 7"),
         "switch.host_id",

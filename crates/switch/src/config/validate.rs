@@ -332,6 +332,12 @@ impl Config {
                             format!("'{}' is used by another port", p.ifname),
                         ));
                     }
+                    if !p.cpus.is_empty() && self.switch.cpus.is_none() {
+                        return Err(err(
+                            f("port.cpus"),
+                            "needs switch.cpus: only workers pinned to CPUs serve a VM's CPUs",
+                        ));
+                    }
                 }
                 (None, true) => return Err(err(f("port"), "a VM on this host needs a port")),
                 (Some(_), false) => {
