@@ -204,6 +204,10 @@ impl Dataplane for PicnicSwitch {
                     eprintln!("[picnic {}] {line}", host.name);
                 }
             }
+            let latest = self.shared.as_ref().and_then(|s| s.latest());
+            for line in latest.iter().flat_map(|p| worker_lines(p, &host.uplink)) {
+                eprintln!("[picnic {}] {line}", host.name);
+            }
             let accel = self.shared.as_ref().and_then(|s| s.latest()?.accel.clone());
             for line in accel.iter().flat_map(accel_lines) {
                 eprintln!("[picnic {}] {line}", host.name);
@@ -246,6 +250,35 @@ fn slo_lines(report: &SloReport) -> Vec<String> {
                     .filter(|(_, n)| **n > 0)
                     .collect::<Vec<_>>(),
                 t.why.held_beyond_guarantee,
+            )
+        })
+        .collect()
+}
+
+/// One line per dataplane worker of a switch with several: its VMs, the frames it read
+/// from its own uplink queues, its thread's CPU and the frames it handed to other workers
+/// (uplink frames for their VMs) or took from them.
+fn worker_lines(p: &picnic_switch::runner::Published, uplink: &str) -> Vec<String> {
+    if p.workers.len() < 2 {
+        return Vec::new();
+    }
+    p.workers
+        .iter()
+        .map(|w| {
+            let uplink_rx: u64 = p
+                .ports
+                .iter()
+                .filter(|port| port.worker == w.worker && port.name == uplink)
+                .map(|port| port.stats.rx_frames)
+                .sum();
+            format!(
+                "worker {} [{}] uplink rx {uplink_rx} cpu {:.1} ms handoff out {} in {} full {}",
+                w.worker,
+                w.vms.join(" "),
+                w.cpu_ns as f64 / 1e6,
+                w.handoff.out,
+                w.handoff.r#in,
+                w.handoff.full,
             )
         })
         .collect()
