@@ -45,6 +45,14 @@ pub fn build(scenario: &Scenario, testbed: &mut Testbed, taps: bool) -> Result<T
         let queues = std::thread::available_parallelism().map_or(1, |n| n.get());
         netns::add_veth_queues(&fabric, &host.fabric_port, &ns, &host.uplink, queues)
             .with_context(|| format!("uplink of host {}", host.name))?;
+        // Each queue takes the frames the fabric forwards from its CPU (XPS), as a NIC's
+        // flow steering (aRFS, ntuple rules) delivers a flow to the queue of the CPU that
+        // consumes it: a frame sent by a switch worker on CPU c reaches the receiving switch's
+        // worker on CPU c, which serves the same tenants where tenants are pinned alike on
+        // every host. Hashed instead, half of each tenant's frames landed on the other
+        // tenants' worker and were handed across (docs/RESULTS.md "pps-flood").
+        netns::steer_queues_by_cpu(&fabric, &host.fabric_port, queues)
+            .with_context(|| format!("queue steering toward host {}", host.name))?;
         netns::configure_link(
             &fabric,
             &host.fabric_port,

@@ -288,6 +288,38 @@ pub fn add_veth_queues(ns_a: &str, a: &str, ns_b: &str, b: &str, queues: usize) 
     .map(drop)
 }
 
+/// Makes `dev` in `ns` transmit on queue q whatever CPU q sends (transmit packet steering,
+/// `xps_cpus`), for queues 0..`queues`: on a veth the peer then receives it on its queue q.
+pub fn steer_queues_by_cpu(ns: &str, dev: &str, queues: usize) -> Result<()> {
+    for q in 0..queues {
+        let script = format!(
+            "echo {} > /sys/class/net/{dev}/queues/tx-{q}/xps_cpus",
+            cpu_mask(q)
+        );
+        // `ip netns exec` mounts the namespace's own /sys, where its devices are.
+        cmd("ip", &["netns", "exec", ns, "sh", "-c", &script])?;
+    }
+    Ok(())
+}
+
+/// The kernel's CPU mask syntax for the one CPU `cpu`: hex, in comma-separated 32-bit words.
+fn cpu_mask(cpu: usize) -> String {
+    let mut words = vec![0u32; cpu / 32 + 1];
+    words[0] = 1 << (cpu % 32);
+    words
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            if i == 0 {
+                format!("{w:x}")
+            } else {
+                format!("{w:08x}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// Sets a link's MAC address, MTU and brings it up.
 pub fn configure_link(ns: &str, dev: &str, mac: &str, mtu: u32) -> Result<()> {
     ip(
@@ -462,5 +494,14 @@ mod tests {
         assert_eq!(creator_pid("pn-t-30640-0-44a7100"), None);
         assert_eq!(creator_pid("pn-12x-fabric"), None);
         assert_eq!(creator_pid("other-1234x0-fabric"), None);
+    }
+
+    #[test]
+    fn cpu_masks_are_hex_in_32_bit_words_most_significant_first() {
+        assert_eq!(cpu_mask(0), "1");
+        assert_eq!(cpu_mask(5), "20");
+        assert_eq!(cpu_mask(31), "80000000");
+        assert_eq!(cpu_mask(32), "1,00000000");
+        assert_eq!(cpu_mask(70), "40,00000000,00000000");
     }
 }
