@@ -1,7 +1,8 @@
 //! Live changes in the run loop (docs/switch.md "Live changes"): the API's new config
 //! becomes in-place changes to the engines ([`crate::engine::Engine::apply_all`]); only a new
 //! VM's port is opened (on a helper thread: setting up its rings takes milliseconds that
-//! forwarding must not wait for) and only a removed VM's port is closed. A list of changes is
+//! forwarding must not wait for) and only a removed VM's port is given up (kept open for
+//! [`PARK`] in case a VM is added on the same interface, then closed). A list of changes is
 //! applied whole or not at all: a port that cannot be opened stops it before anything
 //! changed, a change the engine refuses has the ones before it undone.
 
@@ -140,9 +141,9 @@ fn port_specs(old: &Config, cfg: &Config, changes: &[Change]) -> Vec<PortSpec> {
 }
 
 /// How long a removed VM's AF_PACKET port stays open for a VM added on the same interface:
-/// longer than a delete and a re-add by an API client take (or a change of a VM's id, tenant
-/// or host, which removes and adds it), short enough that a port given up for good is closed
-/// soon. Closing and opening such a socket each wait for RCU grace periods (three for a VM
+/// longer than a delete and a re-add by an API client take (a VM removed and added on the
+/// same port within one change keeps its port without this), short enough that a port given
+/// up for good is closed soon. Closing and opening such a socket each wait for RCU grace periods (three for a VM
 /// removed and added back), whose work lands on the CPUs the neighbours run on
 /// (docs/switch.md "Live changes"); a port taken back costs none.
 pub(crate) const PARK: std::time::Duration = std::time::Duration::from_secs(2);
@@ -454,7 +455,7 @@ impl Switch {
 
     /// Applies live changes, each touching only its host, tenant or VM in place, with the
     /// new VMs' ports `opened` (all opened before anything is applied: if one could not be,
-    /// nothing changed). A removed VM's port is closed (dropped on a helper thread); the other
+    /// nothing changed). A removed VM's port is given to the keeper (parked, then closed); the other
     /// ports, their rings and their waits are not touched. When the engine refuses a change,
     /// the ones before it are undone and the error says so.
     fn commit(
