@@ -278,11 +278,9 @@ impl Switch {
             specs,
             ..
         } = self.prepare(change)?;
-        // Opened here: setting up a port's rings takes milliseconds, no worker waits for it.
-        let mut opened = specs
-            .iter()
-            .map(|s| (self.opener)(s))
-            .collect::<anyhow::Result<Vec<_>>>()?;
+        // Opened here (by the port keeper, which may give back a removed VM's port):
+        // setting up a port's rings takes milliseconds, no worker waits for it.
+        let mut opened = self.open_ports(specs)?;
         let now = self.clock.now();
         // A VM moved to a port another VM gives up in this change stays with that port's owner.
         let dir = &self.engine.dir;
@@ -367,7 +365,7 @@ impl Switch {
             }
         }
         if !closed.is_empty() {
-            std::thread::spawn(move || drop(closed));
+            self.close_ports(closed);
         }
         if let Some(b) = budgets {
             self.engine.leave_workers(now);

@@ -149,6 +149,75 @@ fn af_packet_counts_frames_too_big_for_a_frame() {
     });
 }
 
+/// A port kept open after its VM was removed (live changes park it, docs/switch.md "Live
+/// changes") is reused for a VM added on the same interface: what arrived meanwhile, an
+/// overflowed ring's worth included, is discarded, its counters start from zero, and frames
+/// flow as on a new port; once the interface is deleted and made again under the same name
+/// the port refuses to be reused (its socket was bound to the old one). Both ring layouts.
+#[test]
+fn af_packet_port_reused_discards_what_arrived_meanwhile_and_counts_from_zero() {
+    if !is_root() {
+        return;
+    }
+    let ns = Netns::new();
+    ns.veth_pair("pntra", "pntrb");
+    ns.enter(|| {
+        for ring in [RingVersion::V2, RingVersion::V3] {
+            let opts = AfPacketOptions {
+                ring,
+                // 256 slots of V2: the 3,000 frames below overflow it.
+                block_size: 64 << 10,
+                block_count: 8,
+                ..Default::default()
+            };
+            let mut a = AfPacketPort::open("pntra", opts).unwrap();
+            let mut b = AfPacketPort::open("pntrb", AfPacketOptions::default()).unwrap();
+            let mut pool = FramePool::new(4096);
+            for start in (0..3000u32).step_by(100) {
+                let mut batch: Vec<Frame> = (start..start + 100)
+                    .map(|seq| {
+                        let mut f = pool.get().unwrap();
+                        assert!(f.fill_from(&test_frame(seq, 1000)));
+                        f
+                    })
+                    .collect();
+                send_all(&mut b, &mut pool, &mut batch);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(a.stats().rx_dropped > 0, "{ring:?}: the ring overflowed");
+            assert!(a.reuse(DATA_CAP), "{ring:?}");
+            assert_eq!(
+                a.stats(),
+                Default::default(),
+                "{ring:?}: counters from zero"
+            );
+            let mut got = Vec::new();
+            collect(
+                &mut a,
+                &mut pool,
+                &mut got,
+                Duration::from_millis(100),
+                |_| false,
+            );
+            assert_eq!(
+                got.iter().filter(|f| is_test_frame(f)).count(),
+                0,
+                "{ring:?}: nothing from before the reuse"
+            );
+            for f in got {
+                pool.put(f);
+            }
+            exchange(&mut b, &mut a, &mut pool, 64);
+            assert_eq!(a.stats().rx_dropped, 0, "{ring:?}");
+        }
+
+        let mut a = AfPacketPort::open("pntra", AfPacketOptions::default()).unwrap();
+        ns.ip("link del pntra");
+        ns.veth_pair("pntra", "pntrb");
+        assert!(!a.reuse(DATA_CAP), "bound to the interface deleted");
+    });
+}
+
 /// Runs `f` on a new thread inside namespace `ns`, returning at once: for kernel endpoints
 /// that run while the test drives ports.
 fn spawn_in<T: Send + 'static>(

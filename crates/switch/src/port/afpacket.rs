@@ -151,6 +151,8 @@ impl AfPacketOptions {
 /// A port on an AF_PACKET socket bound to one interface (see the module doc).
 pub struct AfPacketPort {
     name: String,
+    /// The interface the socket is bound to (a name can later name another one).
+    ifindex: u32,
     fd: OwnedFd,
     /// Ring layout; with V2, `cur_block` is the current slot of RING_FRAME_SIZE bytes.
     version: RingVersion,
@@ -270,6 +272,10 @@ impl Port for AfPacketPort {
 
     fn raw_fd(&self) -> Option<RawFd> {
         Some(self.fd.as_raw_fd())
+    }
+
+    fn reuse(&mut self, max_frame: usize) -> bool {
+        self.reset_for_reuse(max_frame)
     }
 
     fn stats(&self) -> PortStats {

@@ -94,6 +94,18 @@ pub trait Port: Send {
 
     /// Counters since the port was opened.
     fn stats(&self) -> PortStats;
+
+    /// Readies a port a removed VM gave up for a VM added on the same interface, as if just
+    /// opened with frame limit `max_frame`: what it received meanwhile is discarded and its
+    /// counters start again from zero. False when it cannot be (the backend does not support
+    /// it, or the interface is gone or was replaced); the caller then closes it and opens a
+    /// new one. Lets the switch keep a removed VM's port open for a while (docs/switch.md
+    /// "Live changes": closing and opening an AF_PACKET socket waits for three RCU grace
+    /// periods, whose work lands on the neighbours' CPUs).
+    fn reuse(&mut self, max_frame: usize) -> bool {
+        let _ = max_frame;
+        false
+    }
 }
 
 /// Most descriptors [`wait_readable`] polls without allocating.

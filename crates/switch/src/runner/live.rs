@@ -1,7 +1,8 @@
 //! Live changes in the run loop (docs/switch.md "Live changes"): the API's new config
 //! becomes in-place changes to the engines ([`crate::engine::Engine::apply_all`]); only a new
 //! VM's port is opened (on a helper thread: setting up its rings takes milliseconds that
-//! forwarding must not wait for) and only a removed VM's port is closed. A list of changes is
+//! forwarding must not wait for) and only a removed VM's port is given up (kept open for
+//! [`PARK`] in case a VM is added on the same interface, then closed). A list of changes is
 //! applied whole or not at all: a port that cannot be opened stops it before anything
 //! changed, a change the engine refuses has the ones before it undone.
 
@@ -18,7 +19,7 @@ use crate::cgroup::CpuQuota;
 use crate::change::Change;
 use crate::config::Config;
 use crate::engine::{PortChange, IRON_PERIOD};
-use crate::port::Port;
+use crate::port::{Backend, Port};
 
 /// An API change made ready on the API's thread, so that the run loop only applies it: the
 /// new config, the changes that turn `base` (the running config the API read) into it, and
@@ -139,11 +140,87 @@ fn port_specs(old: &Config, cfg: &Config, changes: &[Change]) -> Vec<PortSpec> {
     specs
 }
 
+/// How long a removed VM's AF_PACKET port stays open for a VM added on the same interface:
+/// longer than a delete and a re-add by an API client take (a VM removed and added on the
+/// same port within one change keeps its port without this), short enough that a port given
+/// up for good is closed soon. Closing and opening such a socket each wait for RCU grace periods (three for a VM
+/// removed and added back), whose work lands on the CPUs the neighbours run on
+/// (docs/switch.md "Live changes"); a port taken back costs none.
+pub(crate) const PARK: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The ports removed VMs gave up, kept open for [`PARK`] in case a VM is added on the same
+/// interface ([`Port::reuse`]); only AF_PACKET ports, the backend that supports it.
+#[derive(Default)]
+pub(crate) struct ParkedPorts(Vec<(std::time::Instant, Box<dyn Port>)>);
+
+impl ParkedPorts {
+    /// Keeps `ports` from `now`; returns the ones to close now (other backends, and a port
+    /// parked earlier under the same name).
+    pub(crate) fn park(
+        &mut self,
+        ports: Vec<Box<dyn Port>>,
+        now: std::time::Instant,
+    ) -> Vec<Box<dyn Port>> {
+        let mut close = Vec::new();
+        for port in ports {
+            if port.backend() != Backend::AfPacket {
+                close.push(port);
+                continue;
+            }
+            if let Some(i) = self.0.iter().position(|(_, p)| p.name() == port.name()) {
+                close.push(self.0.swap_remove(i).1);
+            }
+            self.0.push((now, port));
+        }
+        close
+    }
+
+    /// The parked port for `spec`, readied as if just opened; a parked port of that name
+    /// that cannot be reused goes to `close`.
+    pub(crate) fn take(
+        &mut self,
+        spec: &PortSpec,
+        close: &mut Vec<Box<dyn Port>>,
+    ) -> Option<Box<dyn Port>> {
+        let i = self
+            .0
+            .iter()
+            .position(|(_, p)| p.name() == spec.ifname && p.backend() == spec.backend)?;
+        let mut port = self.0.swap_remove(i).1;
+        if port.reuse(spec.max_frame) {
+            return Some(port);
+        }
+        close.push(port);
+        None
+    }
+
+    /// The ports parked for [`PARK`] or longer at `now`, taken out.
+    pub(crate) fn expired(&mut self, now: std::time::Instant) -> Vec<Box<dyn Port>> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < self.0.len() {
+            if now.saturating_duration_since(self.0[i].0) >= PARK {
+                out.push(self.0.swap_remove(i).1);
+            } else {
+                i += 1;
+            }
+        }
+        out
+    }
+
+    /// When the next parked port expires.
+    pub(crate) fn next_expiry(&self) -> Option<std::time::Instant> {
+        self.0.iter().map(|(since, _)| *since + PARK).min()
+    }
+}
+
 /// The thread that opens new VMs' ports and closes removed ones for live changes: setting up
 /// a port's rings takes milliseconds and tearing them down unmaps them, neither of which
 /// forwarding waits for. Started once, so a change costs the loop a channel send, not a
-/// thread's creation (tens of microseconds its neighbours' frames would wait).
-pub(super) struct PortKeeper(mpsc::Sender<KeeperJob>);
+/// thread's creation (tens of microseconds its neighbours' frames would wait). A removed
+/// VM's AF_PACKET port is parked for [`PARK`] and given back to a VM added on the same
+/// interface meanwhile instead of a new socket ([`ParkedPorts`]).
+pub(crate) struct PortKeeper(mpsc::Sender<KeeperJob>);
 
 enum KeeperJob {
     Open(
@@ -158,16 +235,7 @@ impl PortKeeper {
         let (tx, rx) = mpsc::channel();
         std::thread::Builder::new()
             .name("picnic-ports".into())
-            .spawn(move || {
-                for job in rx {
-                    match job {
-                        KeeperJob::Open(specs, done) => {
-                            let _ = done.send(specs.iter().map(|s| opener(s)).collect());
-                        }
-                        KeeperJob::Close(ports) => drop(ports),
-                    }
-                }
-            })
+            .spawn(move || keep_ports(&rx, &opener))
             .context("starting the thread that opens ports")?;
         Ok(Self(tx))
     }
@@ -183,12 +251,54 @@ impl PortKeeper {
             .map_err(|_| anyhow::anyhow!("the thread that opens ports stopped"))
     }
 
-    /// Closes `ports` (dropped on the keeper's thread, or here should it have stopped).
+    /// Closes `ports` (parked or dropped on the keeper's thread, or dropped here should it
+    /// have stopped).
     fn close(&self, ports: Vec<Box<dyn Port>>) {
         if let Err(mpsc::SendError(KeeperJob::Close(ports))) = self.0.send(KeeperJob::Close(ports))
         {
             drop(ports);
         }
+    }
+}
+
+/// The keeper's thread: opens (or takes back from the parked ones) and parks ports as asked,
+/// and closes parked ports once they expire, until the switch drops its end.
+fn keep_ports(rx: &mpsc::Receiver<KeeperJob>, opener: &PortOpener) {
+    let mut parked = ParkedPorts::default();
+    loop {
+        let job = match parked.next_expiry() {
+            Some(at) => {
+                let wait = at.saturating_duration_since(std::time::Instant::now());
+                match rx.recv_timeout(wait) {
+                    Ok(job) => Some(job),
+                    Err(mpsc::RecvTimeoutError::Timeout) => None,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                }
+            }
+            None => match rx.recv() {
+                Ok(job) => Some(job),
+                Err(_) => return,
+            },
+        };
+        let mut close = parked.expired(std::time::Instant::now());
+        match job {
+            Some(KeeperJob::Open(specs, done)) => {
+                let ports = specs
+                    .iter()
+                    .map(|s| match parked.take(s, &mut close) {
+                        Some(port) => Ok(port),
+                        None => opener(s),
+                    })
+                    .collect();
+                let _ = done.send(ports);
+            }
+            Some(KeeperJob::Close(ports)) => {
+                close.extend(parked.park(ports, std::time::Instant::now()));
+            }
+            None => {}
+        }
+        // After the answer: closing waits for RCU grace periods.
+        drop(close);
     }
 }
 
@@ -301,6 +411,29 @@ impl Switch {
         Ok(self.keeper.as_ref().expect("started above"))
     }
 
+    /// Opens `specs`' ports through the keeper (a removed VM's parked port is taken back)
+    /// and waits for them: for the coordinator of workers, which no frame waits for.
+    pub(crate) fn open_ports(
+        &mut self,
+        specs: Vec<PortSpec>,
+    ) -> anyhow::Result<Vec<Box<dyn Port>>> {
+        if specs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (tx, done) = mpsc::channel();
+        self.port_keeper()?.open(specs, tx)?;
+        done.recv()
+            .map_err(|_| anyhow::anyhow!("the thread that opens ports stopped"))?
+    }
+
+    /// Closes removed VMs' ports through the keeper (AF_PACKET ones are parked first).
+    pub(crate) fn close_ports(&mut self, ports: Vec<Box<dyn Port>>) {
+        match self.port_keeper() {
+            Ok(keeper) => keeper.close(ports),
+            Err(_) => drop(ports),
+        }
+    }
+
     /// Checks an API change against this switch. It was diffed from the config running now
     /// (the API answers one request at a time) unless a change the API gave up waiting for
     /// was applied since: then it is diffed again, here.
@@ -322,7 +455,7 @@ impl Switch {
 
     /// Applies live changes, each touching only its host, tenant or VM in place, with the
     /// new VMs' ports `opened` (all opened before anything is applied: if one could not be,
-    /// nothing changed). A removed VM's port is closed (dropped on a helper thread); the other
+    /// nothing changed). A removed VM's port is given to the keeper (parked, then closed); the other
     /// ports, their rings and their waits are not touched. When the engine refuses a change,
     /// the ones before it are undone and the error says so.
     fn commit(
@@ -364,10 +497,7 @@ impl Switch {
             },
         );
         if !closed.is_empty() {
-            match self.port_keeper() {
-                Ok(keeper) => keeper.close(closed),
-                Err(_) => drop(closed),
-            }
+            self.close_ports(closed);
         }
         let (cfg, failed) = match applied {
             Ok(()) => (cfg, None),
@@ -448,4 +578,189 @@ fn encryption_changed(old: &Config, new: &Config) -> bool {
             .collect::<Vec<_>>()
     };
     inputs(old) != inputs(new) || serde_json::json!(old.accel) != serde_json::json!(new.accel)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+    use std::time::Instant;
+
+    use super::*;
+    use crate::frame::{Frame, FramePool};
+    use crate::port::PortStats;
+
+    /// A port that says it is AF_PACKET (or not) and whether it can be reused, and counts
+    /// its reuses and drops.
+    struct Fake {
+        name: String,
+        backend: Backend,
+        reusable: bool,
+        reused: Arc<AtomicUsize>,
+        dropped: Arc<AtomicUsize>,
+    }
+
+    impl Drop for Fake {
+        fn drop(&mut self) {
+            self.dropped.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    impl Port for Fake {
+        fn name(&self) -> &str {
+            &self.name
+        }
+        fn backend(&self) -> Backend {
+            self.backend
+        }
+        fn recv_batch(
+            &mut self,
+            _: &mut FramePool,
+            _: &mut Vec<Frame>,
+            _: usize,
+        ) -> std::io::Result<usize> {
+            Ok(0)
+        }
+        fn send_batch(&mut self, _: &mut Vec<Frame>, _: &mut FramePool) -> std::io::Result<usize> {
+            Ok(0)
+        }
+        fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+            None
+        }
+        fn stats(&self) -> PortStats {
+            PortStats::default()
+        }
+        fn reuse(&mut self, max_frame: usize) -> bool {
+            assert_eq!(max_frame, 1500);
+            self.reused.fetch_add(1, Ordering::SeqCst);
+            self.reusable
+        }
+    }
+
+    #[derive(Default)]
+    struct Counts {
+        reused: Arc<AtomicUsize>,
+        dropped: Arc<AtomicUsize>,
+    }
+
+    impl Counts {
+        fn port(&self, name: &str, backend: Backend, reusable: bool) -> Box<dyn Port> {
+            Box::new(Fake {
+                name: name.into(),
+                backend,
+                reusable,
+                reused: self.reused.clone(),
+                dropped: self.dropped.clone(),
+            })
+        }
+        fn reused(&self) -> usize {
+            self.reused.load(Ordering::SeqCst)
+        }
+        fn dropped(&self) -> usize {
+            self.dropped.load(Ordering::SeqCst)
+        }
+    }
+
+    fn spec(ifname: &str) -> PortSpec {
+        PortSpec {
+            ifname: ifname.into(),
+            backend: Backend::AfPacket,
+            field: "vms[0].port.ifname".into(),
+            max_frame: 1500,
+        }
+    }
+
+    #[test]
+    fn a_parked_af_packet_port_is_given_back_by_name_until_it_expires() {
+        let c = Counts::default();
+        let mut parked = ParkedPorts::default();
+        let t0 = Instant::now();
+        let close = parked.park(
+            vec![
+                c.port("b1", Backend::AfPacket, true),
+                c.port("t1", Backend::Tap, true),
+            ],
+            t0,
+        );
+        assert_eq!(close.len(), 1, "only AF_PACKET ports are parked");
+        assert_eq!(close[0].name(), "t1");
+        drop(close);
+        let mut close = Vec::new();
+        assert!(parked.take(&spec("b2"), &mut close).is_none());
+        let tap = PortSpec {
+            backend: Backend::Tap,
+            ..spec("b1")
+        };
+        assert!(parked.take(&tap, &mut close).is_none(), "another backend");
+        let port = parked.take(&spec("b1"), &mut close).expect("parked");
+        assert_eq!((port.name(), c.reused(), close.len()), ("b1", 1, 0));
+        assert!(parked.take(&spec("b1"), &mut close).is_none(), "taken once");
+
+        // Parked again: expires PARK later, not before.
+        assert!(parked.park(vec![port], t0).is_empty());
+        assert_eq!(parked.next_expiry(), Some(t0 + PARK));
+        assert!(parked
+            .expired(t0 + PARK - std::time::Duration::from_millis(1))
+            .is_empty());
+        let gone = parked.expired(t0 + PARK);
+        assert_eq!(gone.len(), 1);
+        assert_eq!(parked.next_expiry(), None);
+        drop(gone);
+        assert_eq!(c.dropped(), 2);
+    }
+
+    #[test]
+    fn a_port_that_cannot_be_reused_is_closed_and_a_second_of_the_same_name_replaces_the_first() {
+        let c = Counts::default();
+        let mut parked = ParkedPorts::default();
+        let t0 = Instant::now();
+        assert!(parked
+            .park(vec![c.port("b1", Backend::AfPacket, false)], t0)
+            .is_empty());
+        let mut close = Vec::new();
+        assert!(parked.take(&spec("b1"), &mut close).is_none());
+        assert_eq!(
+            (c.reused(), close.len()),
+            (1, 1),
+            "tried, then to be closed"
+        );
+        drop(close);
+        assert_eq!(parked.next_expiry(), None);
+
+        assert!(parked
+            .park(vec![c.port("b1", Backend::AfPacket, true)], t0)
+            .is_empty());
+        let close = parked.park(vec![c.port("b1", Backend::AfPacket, true)], t0);
+        assert_eq!(close.len(), 1, "the older one is closed");
+        drop(close);
+        assert_eq!(c.dropped(), 2);
+        assert!(parked.take(&spec("b1"), &mut Vec::new()).is_some());
+    }
+
+    /// The keeper's thread opens a port once: closed and asked for again, it gives the same
+    /// one back instead of opening another.
+    #[test]
+    fn the_keeper_gives_a_closed_port_back_instead_of_opening_a_new_one() {
+        let c = Arc::new(Counts::default());
+        let opened = Arc::new(AtomicUsize::new(0));
+        let (c2, opened2) = (c.clone(), opened.clone());
+        let opener: PortOpener = Arc::new(move |s: &PortSpec| {
+            opened2.fetch_add(1, Ordering::SeqCst);
+            Ok(c2.port(&s.ifname, s.backend, true))
+        });
+        let keeper = PortKeeper::start(opener).unwrap();
+        let open = |keeper: &PortKeeper| {
+            let (tx, rx) = mpsc::channel();
+            keeper.open(vec![spec("b1")], tx).unwrap();
+            rx.recv().unwrap().unwrap()
+        };
+        let ports = open(&keeper);
+        assert_eq!(opened.load(Ordering::SeqCst), 1);
+        keeper.close(ports);
+        let ports = open(&keeper);
+        assert_eq!(ports.len(), 1);
+        assert_eq!((opened.load(Ordering::SeqCst), c.reused()), (1, 1));
+        assert_eq!(c.dropped(), 0, "nothing closed");
+        drop(ports);
+        drop(keeper);
+    }
 }

@@ -11,8 +11,9 @@ use picnic_wire::offload::VNET_HDR_LEN;
 
 use super::{AfPacketPort, RING_FRAME_SIZE};
 use crate::frame::{Frame, FramePool};
-use crate::port::sys::TP_STATUS_COPY;
-use crate::port::vnet::Taken;
+use crate::port::sys::{get_opt, ifindex, TP_STATUS_COPY};
+use crate::port::vnet::{Taken, VnetRx};
+use crate::port::{Port, PortStats};
 
 /// Offset of the sockaddr_ll that follows each tpacket3_hdr in the ring (TPACKET_ALIGN).
 const SLL_OFFSET: usize = (size_of::<libc::tpacket3_hdr>() + libc::TPACKET_ALIGNMENT - 1)
@@ -33,6 +34,42 @@ fn realtime_ns() -> u64 {
 }
 
 impl AfPacketPort {
+    /// [`Port::reuse`]: the socket must still be bound to the interface its name has now and
+    /// hold no error (an interface that goes away leaves `ENETDOWN`). Then the frames waiting
+    /// in the ring (and any whole-frame copy on the socket) are read and discarded, at most
+    /// twice what the ring holds (frames arriving meanwhile are the new VM's, as on a socket
+    /// just opened), and the counters start again.
+    pub(super) fn reset_for_reuse(&mut self, max_frame: usize) -> bool {
+        if ifindex(&self.name).ok() != Some(self.ifindex) {
+            return false;
+        }
+        match get_opt::<libc::c_int>(self.fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_ERROR) {
+            Ok(0) => {}
+            _ => return false,
+        }
+        const BATCH: usize = 64;
+        let mut pool = FramePool::new(BATCH);
+        let mut out = Vec::with_capacity(BATCH);
+        // A ring's worth of the smallest frames (a V3 block packs them).
+        let mut budget = 2 * self.block_size * self.block_count / 64;
+        while budget > 0 {
+            let n = Port::recv_batch(self, &mut pool, &mut out, BATCH).unwrap_or(0);
+            for f in out.drain(..) {
+                pool.put(f);
+            }
+            if n == 0 && !self.vnet.busy() {
+                break;
+            }
+            budget = budget.saturating_sub(n.max(1));
+        }
+        self.vnet = VnetRx::new(max_frame);
+        self.stats = PortStats::default();
+        // Reading PACKET_STATISTICS resets the kernel's counters.
+        let _ = Port::stats(self);
+        self.kernel_drops.set(0);
+        true
+    }
+
     /// Start of ring block `i`.
     fn block(&self, i: usize) -> *mut u8 {
         // SAFETY: i < block_count, so the offset stays inside the mapping.

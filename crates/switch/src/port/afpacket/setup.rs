@@ -143,6 +143,7 @@ impl AfPacketPort {
         // From here on the port owns the ring, so an error below unmaps it through Drop.
         let port = AfPacketPort {
             name: ifname.to_owned(),
+            ifindex: index,
             fd,
             version: opts.ring,
             ring: ring.cast(),
