@@ -67,11 +67,6 @@ impl Exchange {
         self.inline.cpu_ns
     }
 
-    /// Jobs the last [`Accel::exchange`] ran on the caller's thread (an inline engine).
-    pub fn inline_jobs(&self) -> usize {
-        self.inline.jobs
-    }
-
     /// When an inline engine holds jobs its limiter admits only later: how long the caller
     /// may wait at most before calling [`Accel::exchange`] again.
     pub fn inline_wake_in(&self) -> Option<std::time::Duration> {

@@ -330,7 +330,11 @@ fn inline_until(accel: &Accel, budget: std::time::Duration, n: usize) -> Vec<Com
     let mut out = Vec::new();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while out.len() < n {
-        assert!(std::time::Instant::now() < deadline, "{} of {n} done", out.len());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of {n} done",
+            out.len()
+        );
         accel.run_inline(budget, &mut out);
     }
     out
@@ -350,12 +354,16 @@ fn an_inline_engine_runs_jobs_on_the_callers_thread_and_charges_them() {
     // Nothing runs until the caller asks: no thread of its own.
     std::thread::sleep(std::time::Duration::from_millis(5));
     assert_eq!(a.stats()[0].sealed, 0);
-    let sealed = inline_until(&a, std::time::Duration::ZERO, 1).pop().unwrap();
+    let sealed = inline_until(&a, std::time::Duration::ZERO, 1)
+        .pop()
+        .unwrap();
     assert_eq!((sealed.outcome, sealed.cookie), (Outcome::Done, 7));
     assert_eq!(a.room(0), 64);
     let opened = {
         assert!(a.submit(job(0, Op::Open, sealed.frame)).is_ok());
-        inline_until(&a, std::time::Duration::ZERO, 1).pop().unwrap()
+        inline_until(&a, std::time::Duration::ZERO, 1)
+            .pop()
+            .unwrap()
     };
     assert_eq!(opened.outcome, Outcome::Done);
     assert_eq!(opened.frame.data(), &original[..]);
