@@ -81,7 +81,11 @@ pub struct PicnicSettings {
     /// Dataplane workers of each switch (`switch.workers`). None: the switch's default, one
     /// per CPU it may run on (`cpus`, else all), at most one per local VM.
     pub workers: Option<usize>,
-    /// Worker threads of each switch's shared encryption engine (`accel.workers`).
+    /// Whether each switch's loop yields its core after each busy iteration
+    /// (`switch.yield_busy`): for switches that share their cores with tenants' threads.
+    pub yield_busy: bool,
+    /// Worker threads of each switch's shared encryption engine (`accel.workers`); 0: none,
+    /// the loop runs the jobs (inline).
     pub accel_workers: usize,
     /// Share of the workers' time the engine's limiter admits (`accel.capacity_percent`):
     /// lower it to make the engine, not the link, the scarce resource.
@@ -98,6 +102,7 @@ impl Default for PicnicSettings {
             cpu_cores: None,
             realtime_priority: None,
             workers: None,
+            yield_busy: false,
             accel_workers: 2,
             accel_capacity_percent: 90,
             accel_job_work_ns: 0,

@@ -126,6 +126,7 @@ pub fn switch_config(
             realtime_priority: scenario.picnic.realtime_priority,
             cpus: (!switch_cpus.is_empty()).then(|| switch_cpus.to_vec()),
             workers: scenario.picnic.workers,
+            yield_busy: scenario.picnic.yield_busy,
         },
         uplink: UplinkSection {
             ifname: host.uplink.clone(),
@@ -304,7 +305,7 @@ shaped_mbps = 10
                 .tenants
                 .iter()
                 .all(|t| t.encrypt && t.load_key().is_ok()));
-            assert_eq!((cfg.accel.workers, cfg.accel.job_work_ns), (1, 20_000));
+            assert_eq!((cfg.accel.workers, cfg.accel.job_work_ns), (0, 20_000));
         }
         let key = |c: &Config, t: usize| c.tenants[t].key.clone().unwrap();
         assert_eq!(key(&configs[0], 0), key(&configs[1], 0));

@@ -116,6 +116,7 @@ impl Switch {
             pause: Default::default(),
             tids: (0..n).map(|_| Default::default()).collect(),
             link: (0..n).map(|_| Default::default()).collect(),
+            yield_busy: self.cfg.switch.yield_busy,
         };
         Ok((team, workers, assignment))
     }

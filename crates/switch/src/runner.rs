@@ -288,6 +288,9 @@ impl Switch {
                 .busy();
             // The shared engine: frames set aside go to its workers, their results come back
             // (sealed ones are sent by the next iteration).
+            // An inline engine (`accel.workers = 0`) runs the jobs FairNIC admits here, on
+            // this thread; their CPU is charged to their tenants by the engine, not again as
+            // the iteration's.
             if let Some(accel) = &self.accel {
                 busy += accel.exchange(
                     &mut self.engine,
@@ -295,8 +298,15 @@ impl Switch {
                     &mut self.pool,
                     &mut self.accel_scratch,
                 );
+                cpu_mark += self.accel_scratch.inline_cpu_ns();
             }
             if busy > 0 {
+                // A loop sharing its core with tenants' threads (`switch.yield_busy`) gives
+                // it to whoever waits for it after each busy iteration, so its work delays a
+                // woken thread by an iteration rather than by the loop's whole slice.
+                if self.cfg.switch.yield_busy {
+                    crate::sched::yield_now();
+                }
                 idle.worked(&mut self.waits, busy, self.clock.now() - now);
                 continue;
             }
@@ -308,7 +318,11 @@ impl Switch {
                 .poll_at()
                 .map(|t| t - now)
                 .unwrap_or(Duration::from_millis(5));
-            let timeout = until.min(Duration::from_millis(5));
+            let mut timeout = until.min(Duration::from_millis(5));
+            // Jobs the inline engine's limiter admits later: back by then.
+            if let Some(wake) = self.accel.as_ref().and(self.accel_scratch.inline_wake_in()) {
+                timeout = timeout.min(Duration::from_nanos(wake.as_nanos() as u64));
+            }
             fds.clear();
             // A port held back for lack of queue room stays readable: waiting on it would
             // wake the loop at once, again and again. Its queue drains by the deadline.

@@ -89,6 +89,13 @@ pub fn set_thread_realtime(priority: u8) -> io::Result<()> {
     }
 }
 
+/// Gives up the calling thread's CPU to any runnable thread the scheduler would rather run
+/// (sched_yield(2)); returns at once when there is none.
+pub fn yield_now() {
+    // SAFETY: sched_yield takes no arguments and cannot fail on Linux.
+    unsafe { libc::sched_yield() };
+}
+
 /// Restricts the calling thread to the listed CPUs (a dataplane on cores of its own).
 pub fn set_thread_cpus(cpus: &[usize]) -> io::Result<()> {
     // SAFETY: cpu_set_t is plain data; CPU_ZERO/CPU_SET write within it (indices are checked

@@ -43,6 +43,8 @@ pub struct Team {
     pub tids: Vec<std::sync::atomic::AtomicU32>,
     /// Per worker: its part of the access link ([`crate::engine::split_link`]).
     pub link: Vec<LinkSlot>,
+    /// `switch.yield_busy`: each worker yields its core after a busy iteration.
+    pub yield_busy: bool,
 }
 
 /// A worker's EyeQ link receiver as the coordinator sees it: what the worker reports of its
@@ -217,6 +219,9 @@ impl Worker {
                 .busy()
                 + mail;
             if busy > 0 {
+                if team.yield_busy {
+                    crate::sched::yield_now();
+                }
                 idle.worked(&mut self.waits, busy, clock.now() - now);
                 continue;
             }

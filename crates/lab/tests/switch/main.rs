@@ -543,6 +543,16 @@ fn sealed_overlay_frame(lab: &Lab, inner: &[u8], counter: u64, tamper: bool) -> 
 
 #[test]
 fn encrypted_tenant_crosses_hosts_sealed_and_tampered_frames_are_dropped() {
+    encrypted_crossing(1);
+}
+
+/// The same with inline engines (`accel.workers = 0`): each switch's loop seals and opens.
+#[test]
+fn encrypted_tenant_crosses_hosts_through_inline_engines() {
+    encrypted_crossing(0);
+}
+
+fn encrypted_crossing(workers: usize) {
     let Some(_serial) = root_or_skip() else {
         return;
     };
@@ -551,7 +561,7 @@ fn encrypted_tenant_crosses_hosts_sealed_and_tampered_frames_are_dropped() {
         let blue = cfg.tenants.iter_mut().find(|t| t.name == "blue").unwrap();
         blue.encrypt = true;
         blue.key = Some(BLUE_KEY.into());
-        cfg.accel.workers = 1;
+        cfg.accel.workers = workers;
     });
     let (blue1, blue2, red1, red2) = (
         lab.vm("blue1").clone(),

@@ -50,18 +50,54 @@ use stats::Counters;
 pub use stats::{AccelView, EngineLatency, LimiterView, TenantAccelStats};
 pub use worker::calibrate;
 
-/// Buffers [`Accel::exchange`] reuses between calls.
+/// Buffers [`Accel::exchange`] reuses between calls, and what the last call's inline run of
+/// jobs did.
 #[derive(Default)]
 pub struct Exchange {
     jobs: Vec<Job>,
     done: Vec<Completion>,
+    inline: InlineRun,
+}
+
+impl Exchange {
+    /// Thread CPU the last [`Accel::exchange`] spent running jobs on the caller's thread
+    /// (an inline engine), ns: already charged to the jobs' tenants, so the caller leaves
+    /// it out of the iteration's CPU it charges (Iron 3.1, once).
+    pub fn inline_cpu_ns(&self) -> u64 {
+        self.inline.cpu_ns
+    }
+
+    /// When an inline engine holds jobs its limiter admits only later: how long the caller
+    /// may wait at most before calling [`Accel::exchange`] again.
+    pub fn inline_wake_in(&self) -> Option<std::time::Duration> {
+        self.inline.wake_in
+    }
+}
+
+/// What one inline run of the engine's jobs did ([`Accel::run_inline`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InlineRun {
+    /// Jobs run.
+    pub jobs: usize,
+    /// Thread CPU they took, ns.
+    pub cpu_ns: u64,
+    /// Jobs are queued that the limiter admits in this long, none before.
+    pub wake_in: Option<std::time::Duration>,
 }
 
 /// The engine's configuration.
 #[derive(Clone, Debug)]
 pub struct AccelConfig {
-    /// Worker threads.
+    /// Worker threads; 0: none, the dataplane loop runs the jobs itself ([`Accel::exchange`],
+    /// within `inline_budget` an iteration, in FairNIC's order), one "worker" for the
+    /// limiter's capacity and token caches.
     pub workers: usize,
+    /// Inline engine: the loop stops starting jobs once it has spent this long on them in an
+    /// iteration (it runs at least one), so it goes back to its ports.
+    pub inline_budget: std::time::Duration,
+    /// Inline engine: when the limiter holds every queued job, the loop comes back for them
+    /// no sooner than this (it does not wake for each job; the buckets hold this much).
+    pub inline_wait: std::time::Duration,
     /// Jobs each tenant's queue holds.
     pub queue_jobs: usize,
     /// The limiter admits this percentage of the workers' time (FairNIC 4.4 admits what the
@@ -126,12 +162,14 @@ pub struct Accel {
     cost: TokenCost,
     capacity: u64,
     workers_count: usize,
+    inline_budget: std::time::Duration,
+    inline_wait: std::time::Duration,
 }
 
 impl Accel {
     /// Starts `cfg.workers` workers for tenants with these weights and key rings.
+    /// With `cfg.workers == 0` no thread starts: the caller runs the jobs ([`Accel::exchange`]).
     pub fn start(cfg: &AccelConfig, weights: &[u64], rings: Vec<KeyRing>) -> anyhow::Result<Accel> {
-        anyhow::ensure!(cfg.workers > 0, "accel.workers must be > 0");
         anyhow::ensure!(cfg.queue_jobs > 0, "accel.queue_jobs must be > 0");
         anyhow::ensure!(
             (1..=100).contains(&cfg.capacity_percent),
@@ -150,7 +188,11 @@ impl Accel {
         let wall_ns = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64);
-        let notify = worker::eventfd()?;
+        let notify = if cfg.workers > 0 {
+            Some(worker::eventfd()?)
+        } else {
+            None
+        };
         let shared = Arc::new(Shared {
             queues: Mutex::new(queues),
             work: Condvar::new(),
@@ -167,7 +209,7 @@ impl Accel {
             isolated: cfg.isolated,
             stop: AtomicBool::new(false),
             epoch,
-            notify: Some(notify),
+            notify,
             notified: AtomicBool::new(false),
         });
         // Room for every job that can be in flight, so a worker never waits to hand one back
@@ -195,6 +237,12 @@ impl Accel {
             cost,
             capacity,
             workers_count: cfg.workers,
+            inline_budget: cfg.inline_budget,
+            inline_wait: if cfg.workers == 0 {
+                cfg.inline_wait
+            } else {
+                std::time::Duration::ZERO
+            },
         })
     }
 
@@ -232,12 +280,63 @@ impl Accel {
         while let Ok(c) = self.results.try_recv() {
             out.push(c);
         }
-        if out.len() == first {
+        self.took_back(&out[first..]);
+    }
+
+    /// Whether the engine has no workers and its jobs are run by the caller.
+    pub fn is_inline(&self) -> bool {
+        self.workers_count == 0
+    }
+
+    /// Inline engine: runs on the calling thread the jobs FairNIC's scheduler admits, in its
+    /// order (per-tenant queues, token limiter, start-time fair queueing; the caller is worker
+    /// 0), until none is admitted or `budget` is spent (at least one job runs), and moves
+    /// their results into `out`. No hand-off to another thread and no wake-up: the job runs
+    /// when the dataplane loop, which has the CPU, gets to it.
+    pub fn run_inline(&self, budget: std::time::Duration, out: &mut Vec<Completion>) -> InlineRun {
+        let start = StdInstant::now();
+        let first = out.len();
+        let mut run = InlineRun::default();
+        loop {
+            let now = self.shared.now();
+            let pick = lock(&self.shared.queues).pick(now, 0);
+            match pick {
+                sched::Pick::Run {
+                    tenant,
+                    item,
+                    waited,
+                } => {
+                    let done = worker::execute(&self.shared, tenant, item, waited, now - waited);
+                    run.jobs += 1;
+                    run.cpu_ns += done.cpu_ns;
+                    out.push(done);
+                    if start.elapsed() >= budget {
+                        break;
+                    }
+                }
+                sched::Pick::WaitUntil(at) => {
+                    run.wake_in = Some(
+                        std::time::Duration::from_nanos((at - now).as_nanos().max(1))
+                            .max(self.inline_wait),
+                    );
+                    break;
+                }
+                sched::Pick::Idle => break,
+            }
+        }
+        self.took_back(&out[first..]);
+        run
+    }
+
+    /// Accounts for results the dataplane took back: its tenants' outstanding jobs and their
+    /// latency through the engine.
+    fn took_back(&self, done: &[Completion]) {
+        if done.is_empty() {
             return;
         }
         let now = self.shared.now();
         let mut latency = lock(&self.shared.latency);
-        for c in &out[first..] {
+        for c in done {
             if let Some(n) = self.shared.outstanding.get(c.tenant) {
                 n.fetch_sub(1, Ordering::Relaxed);
             }
@@ -334,6 +433,8 @@ impl Accel {
         let a = &cfg.accel;
         let config = AccelConfig {
             workers: a.workers,
+            inline_budget: std::time::Duration::from_micros(a.inline_budget_us),
+            inline_wait: std::time::Duration::from_micros(a.inline_wait_us),
             queue_jobs: a.queue_jobs,
             capacity_percent: a.capacity_percent,
             cost: a.per_job_ns.zip(a.per_byte_ps).map(|(job, ps)| TokenCost {
@@ -404,7 +505,11 @@ impl Accel {
                 engine.on_accel_refused(now, job, pool);
             }
         }
-        self.completions(&mut scratch.done);
+        if self.is_inline() {
+            scratch.inline = self.run_inline(self.inline_budget, &mut scratch.done);
+        } else {
+            self.completions(&mut scratch.done);
+        }
         moved += scratch.done.len();
         for done in scratch.done.drain(..) {
             engine.on_accel_done(now, done, pool);
@@ -442,15 +547,23 @@ fn engine_queues<T>(
     weights: &[u64],
     cost: TokenCost,
 ) -> anyhow::Result<(EngineQueues<T>, u64)> {
-    let capacity = cfg.workers as u64 * 10_000_000 * cfg.capacity_percent;
-    let queues = EngineQueues::new(
+    // An inline engine is one "worker": the dataplane loop.
+    let workers = cfg.workers.max(1);
+    let capacity = workers as u64 * 10_000_000 * cfg.capacity_percent;
+    let burst = if cfg.workers == 0 {
+        picnic_core::Duration::from_nanos(cfg.inline_wait.as_nanos() as u64)
+    } else {
+        picnic_core::Duration::ZERO
+    };
+    let queues = EngineQueues::with_burst(
         Instant::ZERO,
         weights,
         cfg.queue_jobs,
-        cfg.workers,
+        workers,
         capacity,
         cost,
         cfg.isolated,
+        burst,
     )
     .map_err(|e| anyhow::anyhow!("accel limiter: {e}"))?;
     Ok((queues, capacity))

@@ -71,6 +71,7 @@ impl<T> EngineQueues<T> {
     /// workers that together sustain `capacity` tokens per second at `cost` per job; with
     /// `isolated`, each tenant's base rate is its weight's share of the capacity (weight 0:
     /// a tenant that does not use the engine).
+    #[cfg(test)]
     pub(crate) fn new(
         now: Instant,
         weights: &[u64],
@@ -79,6 +80,33 @@ impl<T> EngineQueues<T> {
         capacity: u64,
         cost: TokenCost,
         isolated: bool,
+    ) -> Result<Self, FairnicError> {
+        Self::with_burst(
+            now,
+            weights,
+            depth,
+            workers,
+            capacity,
+            cost,
+            isolated,
+            Duration::ZERO,
+        )
+    }
+
+    /// As [`EngineQueues::new`], with every tenant's base bucket and the overflow pool at
+    /// least `burst` deep (at its rate): a caller that comes back only every `burst` (an
+    /// inline engine's loop, which sleeps rather than wake for each job) then loses no
+    /// tokens in between.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn with_burst(
+        now: Instant,
+        weights: &[u64],
+        depth: usize,
+        workers: usize,
+        capacity: u64,
+        cost: TokenCost,
+        isolated: bool,
+        burst: Duration,
     ) -> Result<Self, FairnicError> {
         let tenants = weights.len();
         let limiter = if isolated {
@@ -98,7 +126,10 @@ impl<T> EngineQueues<T> {
                 (largest * picnic_core::time::NANOS_PER_SEC as u128).div_ceil(min_base as u128)
                     as u64,
             );
-            config.base_burst = config.base_burst.max(fits);
+            config.base_burst = config.base_burst.max(fits).max(burst);
+            let pool = (capacity as u128 * burst.as_nanos() as u128
+                / picnic_core::time::NANOS_PER_SEC as u128) as u64;
+            config.pool_burst = config.pool_burst.max(pool);
             let mut limiter = SharedEngineLimiter::new(now, config)?;
             for base in bases {
                 limiter.add_tenant(now, base)?;

@@ -10,14 +10,16 @@ use picnic_core::fairnic::TokenCost;
 use picnic_wire::seal::{open_in_place, seal_in_place, OpenError, SealHeader, TunnelKey};
 
 use super::sched::Pick;
-use super::{lock, Completion, KeyRing, Op, Outcome, Shared};
+use picnic_core::{Duration, Instant};
+
+use super::{lock, Completion, Job, KeyRing, Op, Outcome, Shared};
 use crate::frame::Frame;
 
 /// Worker `index`'s loop: until the engine stops, runs the job the scheduler picks for it,
 /// or waits for one to be queued or admitted.
 pub(super) fn worker(shared: &Shared, index: usize, results: &SyncSender<Completion>) {
     loop {
-        let (tenant, mut job, waited, queued_at) = {
+        let (tenant, job, waited, queued_at) = {
             let mut queues = lock(&shared.queues);
             loop {
                 if shared.stop.load(Ordering::Acquire) {
@@ -44,38 +46,7 @@ pub(super) fn worker(shared: &Shared, index: usize, results: &SyncSender<Complet
                 }
             }
         };
-        let start = thread_cpu_ns();
-        let bytes = job.frame.len() as u64;
-        let outcome = run(shared, tenant, job.op, &mut job.frame);
-        if shared.job_work_ns > 0 {
-            let until = start + shared.job_work_ns;
-            while thread_cpu_ns() < until {
-                std::hint::spin_loop();
-            }
-        }
-        let cpu_ns = thread_cpu_ns().saturating_sub(start);
-        let c = &shared.counters[tenant];
-        let counter = match (outcome, job.op) {
-            (Outcome::Done, Op::Seal) => &c.sealed,
-            (Outcome::Done, Op::Open) => &c.opened,
-            (Outcome::AuthFailed, _) => &c.auth_failed,
-            (Outcome::UnknownKey, _) => &c.unknown_key,
-            (Outcome::NoKey, _) => &c.no_key,
-            (Outcome::Malformed, _) => &c.malformed,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        c.cpu_ns.fetch_add(cpu_ns, Ordering::Relaxed);
-        c.bytes.fetch_add(bytes, Ordering::Relaxed);
-        let done = Completion {
-            tenant,
-            op: job.op,
-            frame: job.frame,
-            cookie: job.cookie,
-            outcome,
-            cpu_ns,
-            waited,
-            queued_at,
-        };
+        let done = execute(shared, tenant, job, waited, queued_at);
         if results.send(done).is_err() {
             return;
         }
@@ -84,6 +55,50 @@ pub(super) fn worker(shared: &Shared, index: usize, results: &SyncSender<Complet
                 signal_eventfd(fd);
             }
         }
+    }
+}
+
+/// Runs one job the scheduler admitted on the calling thread (a worker, or the dataplane
+/// loop of an inline engine): seals or opens its frame, spins the synthetic work, counts it
+/// and measures the thread CPU it took.
+pub(super) fn execute(
+    shared: &Shared,
+    tenant: usize,
+    mut job: Job,
+    waited: Duration,
+    queued_at: Instant,
+) -> Completion {
+    let start = thread_cpu_ns();
+    let bytes = job.frame.len() as u64;
+    let outcome = run(shared, tenant, job.op, &mut job.frame);
+    if shared.job_work_ns > 0 {
+        let until = start + shared.job_work_ns;
+        while thread_cpu_ns() < until {
+            std::hint::spin_loop();
+        }
+    }
+    let cpu_ns = thread_cpu_ns().saturating_sub(start);
+    let c = &shared.counters[tenant];
+    let counter = match (outcome, job.op) {
+        (Outcome::Done, Op::Seal) => &c.sealed,
+        (Outcome::Done, Op::Open) => &c.opened,
+        (Outcome::AuthFailed, _) => &c.auth_failed,
+        (Outcome::UnknownKey, _) => &c.unknown_key,
+        (Outcome::NoKey, _) => &c.no_key,
+        (Outcome::Malformed, _) => &c.malformed,
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    c.cpu_ns.fetch_add(cpu_ns, Ordering::Relaxed);
+    c.bytes.fetch_add(bytes, Ordering::Relaxed);
+    Completion {
+        tenant,
+        op: job.op,
+        frame: job.frame,
+        cookie: job.cookie,
+        outcome,
+        cpu_ns,
+        waited,
+        queued_at,
     }
 }
 

@@ -112,6 +112,13 @@ pub struct SwitchSection {
     /// one. 1 is a single loop serving every port, as before workers existed.
     #[serde(default)]
     pub workers: Option<usize>,
+    /// After each iteration that handled frames or engine jobs, the dataplane thread yields
+    /// its core (sched_yield(2)) to any thread waiting for it: for a switch that shares its
+    /// cores with tenants' vCPUs, whose woken threads then wait for an iteration of the
+    /// loop's work (<= `accel.inline_budget_us` of engine jobs plus one batch), not for its
+    /// whole slice. Costs a system call per busy iteration. Default false.
+    #[serde(default)]
+    pub yield_busy: bool,
 }
 /// The most dataplane workers a switch runs.
 pub const MAX_WORKERS: usize = 64;
@@ -292,8 +299,18 @@ impl Default for EgressSection {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AccelSection {
-    /// Worker threads of the engine.
+    /// Worker threads of the engine; 0: none, the dataplane loop runs the jobs itself
+    /// (inline, within `inline_budget_us` an iteration, in FairNIC's order): for a host
+    /// that has no core to give the engine, where a worker would wait for one.
     pub workers: usize,
+    /// Inline engine (`workers = 0`): engine time the loop spends in an iteration before it
+    /// goes back to its ports, us (it runs at least one job).
+    pub inline_budget_us: u64,
+    /// Inline engine: when FairNIC's limiter holds every queued job, the loop sleeps at
+    /// least this long before it comes back for them, us (the limiter's buckets are made
+    /// this deep, so no token is lost meanwhile): a hog held to its share then costs the
+    /// loop a wake-up per this period, not one per job.
+    pub inline_wait_us: u64,
     /// Jobs each tenant's queue holds; a frame arriving at a full queue is dropped
     /// (`accel_busy`).
     pub queue_jobs: usize,
@@ -311,6 +328,8 @@ impl Default for AccelSection {
     fn default() -> Self {
         AccelSection {
             workers: 2,
+            inline_budget_us: 20,
+            inline_wait_us: 500,
             queue_jobs: 256,
             capacity_percent: 90,
             per_job_ns: None,

@@ -134,8 +134,17 @@ impl Config {
                 "must be a fraction in [0, 0.9)",
             ));
         }
-        if self.accel.workers == 0 || self.accel.workers > 64 {
-            return Err(err("accel.workers", "must be in 1..=64"));
+        if self.accel.workers > 64 {
+            return Err(err(
+                "accel.workers",
+                "must be in 0..=64 (0: the dataplane loop runs the jobs)",
+            ));
+        }
+        if self.accel.inline_budget_us > 10_000 {
+            return Err(err("accel.inline_budget_us", "must be at most 10000"));
+        }
+        if self.accel.inline_wait_us > 10_000 {
+            return Err(err("accel.inline_wait_us", "must be at most 10000"));
         }
         if !(1..=65_536).contains(&self.accel.queue_jobs) {
             return Err(err(

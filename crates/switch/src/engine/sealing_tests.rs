@@ -48,7 +48,13 @@ struct Sealed {
 
 impl Sealed {
     fn new(id: u32) -> Sealed {
-        let cfg = config(id, true);
+        Sealed::with_workers(id, 1)
+    }
+
+    /// With `workers` engine threads; 0: the engine runs its jobs in `exchange` (inline).
+    fn with_workers(id: u32, workers: usize) -> Sealed {
+        let mut cfg = config(id, true);
+        cfg.accel.workers = workers;
         let mut host = Host::new(id, 1000);
         host.engine = super::Engine::new(&cfg, Instant::ZERO).unwrap();
         Sealed {
@@ -95,7 +101,20 @@ impl Sealed {
 
 #[test]
 fn encrypted_tenant_is_sealed_on_the_wire_and_opened_for_its_vm() {
-    let (mut h1, mut h2) = (Sealed::new(1), Sealed::new(2));
+    sealed_and_opened(1);
+}
+
+/// The same with inline engines (`accel.workers = 0`): the exchange runs the jobs itself.
+#[test]
+fn an_inline_engine_seals_and_opens_in_the_exchange_itself() {
+    sealed_and_opened(0);
+}
+
+fn sealed_and_opened(workers: usize) {
+    let (mut h1, mut h2) = (
+        Sealed::with_workers(1, workers),
+        Sealed::with_workers(2, workers),
+    );
     let t = Instant::ZERO;
     let frame = udp(A1, A2, IP_A1, IP_A2, 7, 300);
     h1.host.inject(t, h1.host.port_of("a1"), &frame);
