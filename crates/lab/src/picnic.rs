@@ -208,8 +208,8 @@ impl Dataplane for PicnicSwitch {
             for line in latest.iter().flat_map(|p| worker_lines(p, &host.uplink)) {
                 eprintln!("[picnic {}] {line}", host.name);
             }
-            let accel = self.shared.as_ref().and_then(|s| s.latest()?.accel.clone());
-            for line in accel.iter().flat_map(accel_lines) {
+            let accel = latest.as_ref().and_then(|p| p.accel.as_ref());
+            for line in accel.into_iter().flat_map(accel_lines) {
                 eprintln!("[picnic {}] {line}", host.name);
             }
         }

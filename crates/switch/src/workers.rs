@@ -90,9 +90,8 @@ pub fn pinned_cpus(cfg: &Config, workers: usize) -> Vec<Option<usize>> {
 /// worker reads through its own socket, is listed as worker 0's).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Assignment {
-    pub workers: usize,
     pub owner: Vec<usize>,
-    /// The CPU each worker is pinned to, if it is ([`pinned_cpus`]).
+    /// The CPU each worker is pinned to, if it is ([`pinned_cpus`]): one entry per worker.
     pub cpus: Vec<Option<usize>>,
 }
 
@@ -100,10 +99,14 @@ impl Assignment {
     /// Every port on worker 0 (the single-loop switch).
     pub fn single(ports: usize) -> Assignment {
         Assignment {
-            workers: 1,
             owner: vec![0; ports],
             cpus: vec![None],
         }
+    }
+
+    /// How many workers share the ports.
+    pub fn workers(&self) -> usize {
+        self.cpus.len()
     }
 
     /// The ports worker `w` owns, the uplink excluded.
@@ -114,11 +117,11 @@ impl Assignment {
     /// The workers that may serve VMs on `cpus` (their vCPUs): those pinned to one of them;
     /// every worker when none is (no affinity asked, or no worker on those CPUs).
     fn serving(&self, cpus: &[usize]) -> Vec<usize> {
-        let on: Vec<usize> = (0..self.workers)
+        let on: Vec<usize> = (0..self.workers())
             .filter(|&w| self.cpus[w].is_some_and(|c| cpus.contains(&c)))
             .collect();
         if on.is_empty() {
-            (0..self.workers).collect()
+            (0..self.workers()).collect()
         } else {
             on
         }
@@ -139,9 +142,9 @@ impl Assignment {
             .and_then(|t| others().find(|&(v, _)| dir.vms[v].tenant == t))
             .map(|(_, p)| self.owner[p]);
         let w = with_tenant.unwrap_or_else(|| {
-            let mut load = vec![(0u64, 0usize); self.workers];
+            let mut load = vec![(0u64, 0usize); self.workers()];
             for (v, p) in others() {
-                let l = &mut load[self.owner[p].min(self.workers - 1)];
+                let l = &mut load[self.owner[p].min(self.workers() - 1)];
                 l.0 += dir.vms[v].min_bps.max(1);
                 l.1 += 1;
             }
@@ -164,11 +167,12 @@ impl Assignment {
 /// weighing their sum, so one worker's monitor sees all the tenant's traffic. Deterministic.
 pub fn assign(dir: &Directory, cpus: Vec<Option<usize>>) -> Assignment {
     let mut assignment = Assignment {
-        workers: cpus.len().max(1),
         owner: vec![0; dir.port_count()],
         cpus,
     };
-    assignment.cpus.resize(assignment.workers, None);
+    if assignment.cpus.is_empty() {
+        assignment.cpus.push(None);
+    }
     // Units: (weight, ports), in config order of their first VM.
     let mut units: Vec<(u64, Vec<PortIdx>)> = Vec::new();
     let mut unit_of_tenant: Vec<Option<usize>> = vec![None; dir.tenants.len()];
@@ -191,7 +195,7 @@ pub fn assign(dir: &Directory, cpus: Vec<Option<usize>>) -> Assignment {
     }
     // Stable: equal weights keep config order.
     units.sort_by_key(|u| std::cmp::Reverse(u.0));
-    let mut load = vec![(0u64, 0usize); assignment.workers];
+    let mut load = vec![(0u64, 0usize); assignment.workers()];
     for (weight, ports) in units {
         let cpus: Vec<usize> = ports
             .iter()

@@ -238,11 +238,7 @@ impl Accel {
             capacity,
             workers_count: cfg.workers,
             inline_budget: cfg.inline_budget,
-            inline_wait: if cfg.workers == 0 {
-                cfg.inline_wait
-            } else {
-                std::time::Duration::ZERO
-            },
+            inline_wait: cfg.inline_wait,
         })
     }
 
