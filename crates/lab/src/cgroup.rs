@@ -23,8 +23,15 @@ use std::path::{Path, PathBuf};
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// Folder of the lab's groups inside a hierarchy.
 const LAB_DIR: &str = "picnic-lab";
-/// CFS period used for every quota, us (the kernel's default).
+/// CFS period of the tenants' quotas, us (the kernel's default).
 pub const PERIOD_US: u64 = 100_000;
+/// CFS period of a switch's quota (`[picnic] cpu_cores`), us. A quota runs its group at full
+/// speed until the period's share is used, then stops it for the rest: at 100 ms a quarter
+/// core forwards for 25 ms and stops for 75, so in its bursts it drains the tenants' rings
+/// at a whole core's rate, which no sender sharing the other core keeps up with, and the
+/// switch, not the senders, is no longer what runs out. At 10 ms its bursts last 2.5 ms and
+/// the rings hold what the senders queued in between.
+pub const SWITCH_PERIOD_US: u64 = 10_000;
 
 /// Which cgroup interface the machine offers for CPU quotas.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,9 +71,18 @@ impl Hierarchy {
     }
 }
 
-/// CFS quota in us per [`PERIOD_US`] for `cores` cores (at least 1 ms, the kernel's floor).
-pub fn quota_us(cores: f64) -> u64 {
-    ((cores * PERIOD_US as f64).round() as u64).max(1000)
+/// CFS quota in us per `period_us` for `cores` cores (at least 1 ms, the kernel's floor).
+pub fn quota_us(cores: f64, period_us: u64) -> u64 {
+    ((cores * period_us as f64).round() as u64).max(1000)
+}
+
+/// The CFS period of the group of `tenant` ([`SWITCH`] for a switch's), us.
+fn period_us(tenant: &str) -> u64 {
+    if tenant == SWITCH {
+        SWITCH_PERIOD_US
+    } else {
+        PERIOD_US
+    }
 }
 
 /// v1 `cpu.shares` for an allocation of `cores` cores: 1024 a core, as Kubernetes maps CPU
@@ -145,9 +161,9 @@ impl Drop for FineBandwidthSlice {
     }
 }
 
-/// The v2 `cpu.max` line for `cores` cores.
-pub fn cpu_max_line(cores: f64) -> String {
-    format!("{} {PERIOD_US}", quota_us(cores))
+/// The v2 `cpu.max` line for `cores` cores per `period_us`.
+pub fn cpu_max_line(cores: f64, period_us: u64) -> String {
+    format!("{} {period_us}", quota_us(cores, period_us))
 }
 
 /// The name a switch's group goes by in [`Placement`] (no tenant name has brackets).
@@ -238,8 +254,9 @@ impl Placement {
                         threads_file: dir.join("tasks"),
                         dir: dir.clone(),
                     });
-                    write(&dir.join("cpu.cfs_period_us"), &PERIOD_US.to_string())?;
-                    write(&dir.join("cpu.cfs_quota_us"), &quota_us(*cores).to_string())?;
+                    let period = period_us(tenant);
+                    write(&dir.join("cpu.cfs_period_us"), &period.to_string())?;
+                    write(&dir.join("cpu.cfs_quota_us"), &quota_us(*cores, period).to_string())?;
                     write(&dir.join("cpu.shares"), &shares(*cores).to_string())?;
                 }
             }
@@ -265,7 +282,7 @@ impl Placement {
                         dir: dir.clone(),
                     });
                     write(&dir.join("cgroup.type"), "threaded")?;
-                    write(&dir.join("cpu.max"), &cpu_max_line(*cores))?;
+                    write(&dir.join("cpu.max"), &cpu_max_line(*cores, period_us(tenant)))?;
                     write(&dir.join("cpu.weight"), &weight(*cores).to_string())?;
                 }
             }
@@ -389,10 +406,13 @@ mod tests {
 
     #[test]
     fn quotas_scale_with_cores_and_respect_the_floor() {
-        assert_eq!(quota_us(0.5), 50_000);
-        assert_eq!(quota_us(2.0), 200_000);
-        assert_eq!(quota_us(0.001), 1000);
-        assert_eq!(cpu_max_line(0.25), "25000 100000");
+        assert_eq!(quota_us(0.5, PERIOD_US), 50_000);
+        assert_eq!(quota_us(2.0, PERIOD_US), 200_000);
+        assert_eq!(quota_us(0.001, PERIOD_US), 1000);
+        assert_eq!(quota_us(0.05, SWITCH_PERIOD_US), 1000);
+        assert_eq!(cpu_max_line(0.25, PERIOD_US), "25000 100000");
+        assert_eq!(period_us(SWITCH), SWITCH_PERIOD_US);
+        assert_eq!(cpu_max_line(0.25, period_us(SWITCH)), "2500 10000");
         assert_eq!(shares(0.65), 666);
         assert_eq!(shares(0.4), 410);
         assert_eq!(weight(0.65), 65);

@@ -121,6 +121,7 @@ impl Driver {
         pass.processed = engine.poll(now, batch, io.work(), pool);
         self.transmit(engine, io, pool)?;
         if pass.busy() == 0 {
+            engine.note_empty_pass(now);
             self.idle_since = Some(now);
         }
         Ok(pass)

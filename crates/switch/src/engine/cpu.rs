@@ -153,6 +153,13 @@ impl Engine {
         self.share.idle(ns);
     }
 
+    /// Notes that a pass of the loop found no work at `now` (no port gave frames, no engine
+    /// processed any): tenants held back by read-side fairness are read again at once.
+    pub fn note_empty_pass(&mut self, now: Instant) {
+        self.share.roll(now);
+        self.share.found_nothing();
+    }
+
     /// Charges `cpu_ns` of dataplane CPU time, measured since the previous call, to the VMs
     /// whose frames were handled in that time (Iron 3.1's batch split) and their tenants'
     /// CPU accounts. Time with no frame handled is the switch's own overhead. The charges,

@@ -9,7 +9,8 @@
 //! queuing), bytes otherwise (byte-fair queuing at every stage, the baseline it is compared
 //! with). Shares are weighted like the schedulers: by the sum of the tenant's local
 //! guarantees, among the tenants that used the switch in this period or the last. Holding
-//! back is work-conserving: nobody is held while every active tenant is past its share. A
+//! back is work-conserving: nobody is held while every active tenant is past its share, nor
+//! after a pass of the loop found nothing to do (until it reads a frame again). A
 //! tenant whose VMs have packet-rate guarantees (`min_pps`) is not held while it has read
 //! fewer packets this period than they add up to.
 
@@ -49,6 +50,9 @@ pub(super) struct FairShare {
     period_start: Instant,
     /// Whether the last period was saturated.
     saturated: bool,
+    /// Whether the loop's last pass found nothing to do: nobody is held until it reads a
+    /// frame again.
+    released: bool,
 }
 
 impl FairShare {
@@ -65,6 +69,7 @@ impl FairShare {
             idle: 0,
             period_start: now,
             saturated: false,
+            released: false,
         }
     }
 
@@ -111,8 +116,18 @@ impl FairShare {
         }
     }
 
+    /// Notes that a pass of the loop found nothing to do: the tenants with work are held
+    /// back, and the ones with a share left have nothing ready. Holding would then leave the
+    /// loop idle with frames in the held tenants' rings, so nobody is held until the loop
+    /// reads a frame: a held tenant gets a batch whenever the others have nothing, and
+    /// waits again as soon as they do.
+    pub(super) fn found_nothing(&mut self) {
+        self.released = true;
+    }
+
     /// Notes a frame read from one of `tenant`'s VMs' ports.
     pub(super) fn read(&mut self, tenant: usize) {
+        self.released = false;
         self.packets[tenant] += 1;
     }
 
@@ -128,6 +143,7 @@ impl FairShare {
     /// another active tenant has not.
     pub(super) fn over(&self, tenant: usize) -> bool {
         if !self.saturated
+            || self.released
             || self.weights[tenant] == 0
             || self.packets[tenant] < self.guaranteed[tenant]
         {
@@ -210,6 +226,27 @@ mod tests {
         s.charge(1, 0, 50_001);
         assert!(!s.over(0) && !s.over(1));
         assert_eq!(s.poll_at(), None);
+    }
+
+    #[test]
+    fn a_pass_that_finds_nothing_releases_the_held_tenants_until_a_frame_is_read() {
+        let mut s = FairShare::new(ShareUnit::CpuNs, vec![1, 1], Instant::ZERO);
+        s.charge(0, 5_000_000, 0);
+        s.charge(1, 5_000_000, 0);
+        s.roll(at_us(10_000));
+        // Tenant 0 is past its 5 ms while tenant 1 has used 1 ms and has nothing ready.
+        s.charge(0, 5_000_001, 0);
+        s.charge(1, 1_000_000, 0);
+        assert!(s.over(0));
+        s.found_nothing();
+        assert!(!s.over(0), "held while the loop has nothing else to do");
+        assert_eq!(s.poll_at(), None);
+        // A frame read (tenant 0's batch, or tenant 1's again) ends the release.
+        s.read(0);
+        assert!(s.over(0));
+        s.found_nothing();
+        s.read(1);
+        assert!(s.over(0));
     }
 
     #[test]
