@@ -287,7 +287,7 @@ impl Switch {
                 .iterate(now, &mut self.engine, &mut io, &mut self.pool)?
                 .busy();
             // The shared engine: frames set aside go to its workers, their results come back
-            // (sealed ones are sent by the next iteration).
+            // (and leave in this iteration, below).
             // An inline engine (`accel.workers = 0`) runs the jobs FairNIC admits here, on
             // this thread; their CPU is charged to their tenants by the engine, not again as
             // the iteration's.
@@ -299,6 +299,16 @@ impl Switch {
                     &mut self.accel_scratch,
                 );
                 cpu_mark += self.accel_scratch.inline_cpu_ns();
+                // What the engine finished leaves in this iteration, before the loop yields.
+                if self.accel_scratch.finished() > 0 {
+                    let mut io = PortIo {
+                        ports: &mut self.ports,
+                        waits: &mut self.waits,
+                        work: &mut self.work,
+                    };
+                    let at = self.clock.now();
+                    busy += driver.finish(at, &mut self.engine, &mut io, &mut self.pool)?;
+                }
             }
             if busy > 0 {
                 // A loop sharing its core with tenants' threads (`switch.yield_busy`) gives

@@ -57,6 +57,7 @@ pub struct Exchange {
     jobs: Vec<Job>,
     done: Vec<Completion>,
     inline: InlineRun,
+    finished: usize,
 }
 
 impl Exchange {
@@ -65,6 +66,12 @@ impl Exchange {
     /// it out of the iteration's CPU it charges (Iron 3.1, once).
     pub fn inline_cpu_ns(&self) -> u64 {
         self.inline.cpu_ns
+    }
+
+    /// Results the last [`Accel::exchange`] handed back to the engines (sealed frames now in
+    /// the uplink's transmit queue, opened ones in their VMs' schedulers).
+    pub fn finished(&self) -> usize {
+        self.finished
     }
 
     /// When an inline engine holds jobs its limiter admits only later: how long the caller
@@ -507,6 +514,7 @@ impl Accel {
             self.completions(&mut scratch.done);
         }
         moved += scratch.done.len();
+        scratch.finished = scratch.done.len();
         for done in scratch.done.drain(..) {
             engine.on_accel_done(now, done, pool);
         }
