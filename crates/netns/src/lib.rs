@@ -329,7 +329,13 @@ fn cpus_mask(cpus: &[usize]) -> String {
         .iter()
         .rev()
         .enumerate()
-        .map(|(i, w)| if i == 0 { format!("{w:x}") } else { format!("{w:08x}") })
+        .map(|(i, w)| {
+            if i == 0 {
+                format!("{w:x}")
+            } else {
+                format!("{w:08x}")
+            }
+        })
         .collect::<Vec<_>>()
         .join(",")
 }

@@ -257,6 +257,14 @@ impl Switch {
         self.cgroups = self.open_cgroups()?;
         let mut quotas = Vec::new();
         self.kernel.set_dataplane_thread();
+        // An inline engine's pace is a timed wait of this loop (Pick::Paced): ended late by
+        // the kernel's default 50 us of timer slack, it would run the engine below its
+        // capacity.
+        if self.accel.as_ref().is_some_and(Accel::is_inline) {
+            if let Err(e) = crate::sched::set_timer_slack(1_000) {
+                eprintln!("picnic: warning: timer slack: {e}");
+            }
+        }
         let mut cpu_mark = thread_cpu_ns();
         while !self.stop.load(Ordering::Relaxed) {
             let now = self.clock.now();

@@ -310,6 +310,9 @@ impl Accel {
                     waited,
                 } => {
                     let done = worker::execute(&self.shared, tenant, item, waited, now - waited);
+                    let cpu = picnic_core::Duration::from_nanos(done.cpu_ns);
+                    let cap = picnic_core::Duration::from_nanos(self.inline_wait.as_nanos() as u64);
+                    lock(&self.shared.queues).ran(self.shared.now(), cpu, cap);
                     run.jobs += 1;
                     run.cpu_ns += done.cpu_ns;
                     out.push(done);
@@ -322,6 +325,12 @@ impl Accel {
                         std::time::Duration::from_nanos((at - now).as_nanos().max(1))
                             .max(self.inline_wait),
                     );
+                    break;
+                }
+                sched::Pick::Paced(at) => {
+                    run.wake_in = Some(std::time::Duration::from_nanos(
+                        (at - now).as_nanos().max(1),
+                    ));
                     break;
                 }
                 sched::Pick::Idle => break,
@@ -570,6 +579,10 @@ fn engine_queues<T>(
         burst,
     )
     .map_err(|e| anyhow::anyhow!("accel limiter: {e}"))?;
+    let mut queues = queues;
+    if cfg.workers == 0 {
+        queues.set_pace(cfg.capacity_percent);
+    }
     Ok((queues, capacity))
 }
 
