@@ -177,10 +177,12 @@ impl<T> EngineQueues<T> {
     /// one backlog job, then gives its core to what else waits for it (tenants' vCPU
     /// threads sharing it) instead of running the burst its buckets saved up. A job that
     /// arrived with at most one of its tenant's queued (a light tenant's) is not held: it
-    /// waits at most for the job running. The limiter still sets each tenant's rate; the pace only spreads it.
-    /// Only with isolation (the shared FIFO has no limiter and no pace); 100 or more: none.
+    /// waits at most for the job running. The limiter still sets each tenant's rate; the
+    /// pace only spreads it. Only with isolation (the shared FIFO has no limiter and no
+    /// pace); 100 or more: none.
     pub(crate) fn set_pace(&mut self, percent: u64) {
-        self.pace_percent = (self.limiter.is_some() && (1..100).contains(&percent)).then_some(percent);
+        self.pace_percent =
+            (self.limiter.is_some() && (1..100).contains(&percent)).then_some(percent);
     }
 
     /// The caller ran a job that ended at `now` and took `cpu` of its thread's CPU (paced
@@ -277,7 +279,8 @@ impl<T> EngineQueues<T> {
         for &t in order {
             if paced && !self.queues[t].front().is_some_and(|q| q.fresh) {
                 if self.blocked_until[t] > self.paced_until {
-                    wait = Some(wait.map_or(self.blocked_until[t], |w| w.min(self.blocked_until[t])));
+                    wait =
+                        Some(wait.map_or(self.blocked_until[t], |w| w.min(self.blocked_until[t])));
                 } else {
                     held = true;
                 }
@@ -546,9 +549,7 @@ mod tests {
             }
             while q.queued(0) < 64 && q.push(now, 0, 1400, ()).is_ok() {}
             match q.pick(now, 0) {
-                Pick::Run {
-                    tenant, waited, ..
-                } => {
+                Pick::Run { tenant, waited, .. } => {
                     if tenant == 0 {
                         match last_hog_end {
                             Some(e) if e == now => burst += 1,
@@ -593,7 +594,10 @@ mod tests {
             // for at least half the pause its CPU owes (80 us a 20 us job at 20%). Only the
             // first two of a backlog arrived as a light tenant's do (at most one queued).
             assert!(r.longest_burst <= 2, "late {late:?}: {r:?}");
-            assert!(r.shortest_gap >= Duration::from_micros(40), "late {late:?}: {r:?}");
+            assert!(
+                r.shortest_gap >= Duration::from_micros(40),
+                "late {late:?}: {r:?}"
+            );
             // The light tenant's jobs are not held: each waits at most for the job running
             // (and the caller's lateness).
             assert!(r.light_jobs >= 99, "late {late:?}: {r:?}");
