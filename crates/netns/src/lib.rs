@@ -302,6 +302,44 @@ pub fn steer_queues_by_cpu(ns: &str, dev: &str, queues: usize) -> Result<()> {
     Ok(())
 }
 
+/// Makes the frames `dev` in `ns` receives be processed (the kernel's receive softirq: IP,
+/// UDP, the socket's queue and its reader's wake-up) on `cpus` (receive packet steering,
+/// `rps_cpus` of each of its `queues` receive queues) rather than on the CPU that sent them.
+pub fn steer_rx_to_cpus(ns: &str, dev: &str, queues: usize, cpus: &[usize]) -> Result<()> {
+    if cpus.is_empty() {
+        return Ok(());
+    }
+    let mask = cpus_mask(cpus);
+    for q in 0..queues.max(1) {
+        let script = format!("echo {mask} > /sys/class/net/{dev}/queues/rx-{q}/rps_cpus");
+        cmd("ip", &["netns", "exec", ns, "sh", "-c", &script])?;
+    }
+    Ok(())
+}
+
+/// The kernel's CPU mask syntax for the CPUs `cpus`: hex, in comma-separated 32-bit words,
+/// the highest first.
+fn cpus_mask(cpus: &[usize]) -> String {
+    let top = cpus.iter().copied().max().unwrap_or(0);
+    let mut words = vec![0u32; top / 32 + 1];
+    for &c in cpus {
+        words[c / 32] |= 1 << (c % 32);
+    }
+    words
+        .iter()
+        .rev()
+        .enumerate()
+        .map(|(i, w)| {
+            if i == 0 {
+                format!("{w:x}")
+            } else {
+                format!("{w:08x}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// The kernel's CPU mask syntax for the one CPU `cpu`: hex, in comma-separated 32-bit words.
 fn cpu_mask(cpu: usize) -> String {
     let mut words = vec![0u32; cpu / 32 + 1];
@@ -503,5 +541,8 @@ mod tests {
         assert_eq!(cpu_mask(31), "80000000");
         assert_eq!(cpu_mask(32), "1,00000000");
         assert_eq!(cpu_mask(70), "40,00000000,00000000");
+        assert_eq!(cpus_mask(&[0]), "1");
+        assert_eq!(cpus_mask(&[0, 1]), "3");
+        assert_eq!(cpus_mask(&[1, 33]), "2,00000002");
     }
 }

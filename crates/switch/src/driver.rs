@@ -127,6 +127,23 @@ impl Driver {
         Ok(pass)
     }
 
+    /// After the shared engine's results came back within the iteration (an inline engine
+    /// ran its jobs after [`Driver::iterate`]): the engines' poll and every transmit queue
+    /// once more, so a frame sealed or opened in this iteration leaves now, not with the
+    /// next one, which may start only after the loop gave its core away (`yield_busy`) or
+    /// ran the engine's next jobs. Returns the frames the engines processed.
+    pub fn finish(
+        &mut self,
+        now: Instant,
+        engine: &mut Engine,
+        io: &mut impl Io,
+        pool: &mut FramePool,
+    ) -> anyhow::Result<usize> {
+        let processed = engine.poll(now, self.batch, io.work(), pool);
+        self.transmit(engine, io, pool)?;
+        Ok(processed)
+    }
+
     /// Sends every transmit queue. A port that cannot keep up must not make memory grow:
     /// beyond [`TX_QUEUE_BATCHES`] batches its oldest frames are dropped.
     fn transmit(
@@ -167,6 +184,7 @@ mod tests {
     struct FakeIo {
         inbox: Vec<VecDeque<Vec<u8>>>,
         reads: Vec<usize>,
+        sent: Vec<usize>,
         stalled: Option<PortIdx>,
         work: NoWork,
     }
@@ -176,6 +194,7 @@ mod tests {
             FakeIo {
                 inbox: vec![VecDeque::new(); ports],
                 reads: vec![0; ports],
+                sent: vec![0; ports],
                 stalled: None,
                 work: NoWork,
             }
@@ -213,6 +232,7 @@ mod tests {
         ) -> anyhow::Result<()> {
             if self.stalled != Some(port) {
                 for f in queue.drain(..) {
+                    self.sent[port] += 1;
                     pool.put(f);
                 }
             }
@@ -253,6 +273,28 @@ mod tests {
             .iterate(Instant::ZERO, &mut engine, &mut io, &mut pool)
             .unwrap();
         assert_eq!((io.reads[UPLINK], io.inbox[UPLINK].len()), (2, 0));
+    }
+
+    /// A frame queued for the uplink after the pass (an inline engine's sealed result,
+    /// handed back by `Accel::exchange` after `iterate`) leaves with `finish`, in the same
+    /// iteration: not with the next one, after the loop yielded its core.
+    #[test]
+    fn finish_sends_what_the_engine_handed_back_after_the_pass() {
+        let (mut engine, mut pool, _) = host1();
+        let mut io = FakeIo::new(engine.dir.port_count());
+        let mut driver = Driver::new(4);
+        driver
+            .iterate(Instant::ZERO, &mut engine, &mut io, &mut pool)
+            .unwrap();
+        let mut sealed = pool.get().unwrap();
+        assert!(sealed.fill_from(&udp(A1, A2, IP_A1, IP_A2, 7, 100)));
+        engine.tx_queue(UPLINK).push(sealed);
+        assert_eq!(io.sent[UPLINK], 0);
+        driver
+            .finish(Instant::ZERO, &mut engine, &mut io, &mut pool)
+            .unwrap();
+        assert_eq!(io.sent[UPLINK], 1);
+        assert!(engine.tx_queue(UPLINK).is_empty());
     }
 
     #[test]

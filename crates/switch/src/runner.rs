@@ -257,6 +257,14 @@ impl Switch {
         self.cgroups = self.open_cgroups()?;
         let mut quotas = Vec::new();
         self.kernel.set_dataplane_thread();
+        // An inline engine's pace is a timed wait of this loop (Pick::Paced): ended late by
+        // the kernel's default 50 us of timer slack, it would run the engine below its
+        // capacity.
+        if self.accel.as_ref().is_some_and(Accel::is_inline) {
+            if let Err(e) = crate::sched::set_timer_slack(1_000) {
+                eprintln!("picnic: warning: timer slack: {e}");
+            }
+        }
         let mut cpu_mark = thread_cpu_ns();
         while !self.stop.load(Ordering::Relaxed) {
             let now = self.clock.now();
@@ -287,7 +295,7 @@ impl Switch {
                 .iterate(now, &mut self.engine, &mut io, &mut self.pool)?
                 .busy();
             // The shared engine: frames set aside go to its workers, their results come back
-            // (sealed ones are sent by the next iteration).
+            // (and leave in this iteration, below).
             // An inline engine (`accel.workers = 0`) runs the jobs FairNIC admits here, on
             // this thread; their CPU is charged to their tenants by the engine, not again as
             // the iteration's.
@@ -299,6 +307,16 @@ impl Switch {
                     &mut self.accel_scratch,
                 );
                 cpu_mark += self.accel_scratch.inline_cpu_ns();
+                // What the engine finished leaves in this iteration, before the loop yields.
+                if self.accel_scratch.finished() > 0 {
+                    let mut io = PortIo {
+                        ports: &mut self.ports,
+                        waits: &mut self.waits,
+                        work: &mut self.work,
+                    };
+                    let at = self.clock.now();
+                    busy += driver.finish(at, &mut self.engine, &mut io, &mut self.pool)?;
+                }
             }
             if busy > 0 {
                 // A loop sharing its core with tenants' threads (`switch.yield_busy`) gives

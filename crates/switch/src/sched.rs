@@ -96,6 +96,18 @@ pub fn yield_now() {
     unsafe { libc::sched_yield() };
 }
 
+/// Sets the calling thread's timer slack (prctl PR_SET_TIMERSLACK), ns: how late the kernel
+/// may end its timed waits to batch wake-ups (50 us by default for a normal thread).
+pub fn set_timer_slack(ns: u64) -> io::Result<()> {
+    // SAFETY: plain prctl on the calling thread with integer arguments.
+    let rc = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, ns as libc::c_ulong, 0, 0, 0) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// Restricts the calling thread to the listed CPUs (a dataplane on cores of its own).
 pub fn set_thread_cpus(cpus: &[usize]) -> io::Result<()> {
     // SAFETY: cpu_set_t is plain data; CPU_ZERO/CPU_SET write within it (indices are checked

@@ -57,6 +57,7 @@ pub struct Exchange {
     jobs: Vec<Job>,
     done: Vec<Completion>,
     inline: InlineRun,
+    finished: usize,
 }
 
 impl Exchange {
@@ -65,6 +66,12 @@ impl Exchange {
     /// it out of the iteration's CPU it charges (Iron 3.1, once).
     pub fn inline_cpu_ns(&self) -> u64 {
         self.inline.cpu_ns
+    }
+
+    /// Results the last [`Accel::exchange`] handed back to the engines (sealed frames now in
+    /// the uplink's transmit queue, opened ones in their VMs' schedulers).
+    pub fn finished(&self) -> usize {
+        self.finished
     }
 
     /// When an inline engine holds jobs its limiter admits only later: how long the caller
@@ -303,6 +310,9 @@ impl Accel {
                     waited,
                 } => {
                     let done = worker::execute(&self.shared, tenant, item, waited, now - waited);
+                    let cpu = picnic_core::Duration::from_nanos(done.cpu_ns);
+                    let cap = picnic_core::Duration::from_nanos(self.inline_wait.as_nanos() as u64);
+                    lock(&self.shared.queues).ran(self.shared.now(), cpu, cap);
                     run.jobs += 1;
                     run.cpu_ns += done.cpu_ns;
                     out.push(done);
@@ -315,6 +325,12 @@ impl Accel {
                         std::time::Duration::from_nanos((at - now).as_nanos().max(1))
                             .max(self.inline_wait),
                     );
+                    break;
+                }
+                sched::Pick::Paced(at) => {
+                    run.wake_in = Some(std::time::Duration::from_nanos(
+                        (at - now).as_nanos().max(1),
+                    ));
                     break;
                 }
                 sched::Pick::Idle => break,
@@ -507,6 +523,7 @@ impl Accel {
             self.completions(&mut scratch.done);
         }
         moved += scratch.done.len();
+        scratch.finished = scratch.done.len();
         for done in scratch.done.drain(..) {
             engine.on_accel_done(now, done, pool);
         }
@@ -562,6 +579,10 @@ fn engine_queues<T>(
         burst,
     )
     .map_err(|e| anyhow::anyhow!("accel limiter: {e}"))?;
+    let mut queues = queues;
+    if cfg.workers == 0 {
+        queues.set_pace(cfg.capacity_percent);
+    }
     Ok((queues, capacity))
 }
 

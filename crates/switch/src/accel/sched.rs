@@ -30,6 +30,9 @@ struct Queued<T> {
     tenant: usize,
     size: u64,
     at: Instant,
+    /// It arrived with at most one job of its tenant queued (a light tenant's job, not a
+    /// backlog's): the pace does not hold it.
+    fresh: bool,
     item: T,
 }
 
@@ -43,6 +46,9 @@ pub(crate) enum Pick<T> {
     },
     /// Jobs are queued but no tenant holding one may start before this time.
     WaitUntil(Instant),
+    /// Jobs the limiter would admit are queued, but the engine's pace holds them (it ran its
+    /// share of the caller's time) until this time.
+    Paced(Instant),
     /// Nothing is queued.
     Idle,
 }
@@ -64,6 +70,10 @@ pub(crate) struct EngineQueues<T> {
     cost: TokenCost,
     /// Scratch for `pick`, kept so picking does not allocate.
     order: Vec<usize>,
+    /// An inline engine's pace ([`EngineQueues::set_pace`]): the percentage of the caller's
+    /// time its jobs may take, and until when the jobs it ran hold a backlog's next one.
+    pace_percent: Option<u64>,
+    paced_until: Instant,
 }
 
 impl<T> EngineQueues<T> {
@@ -155,7 +165,37 @@ impl<T> EngineQueues<T> {
             weights: weights.iter().map(|&w| w.max(1)).collect(),
             cost,
             order: Vec::with_capacity(tenants),
+            pace_percent: None,
+            paced_until: now,
         })
+    }
+
+    /// Paces an engine run on the caller's own thread (an inline engine, on the dataplane
+    /// loop's core) at `percent` of that thread's time, over single jobs rather than over
+    /// the limiter's buckets: after a job that took `d` ([`EngineQueues::ran`]), a
+    /// backlogged tenant's next job waits `d * (100 - percent) / percent`, so the loop runs
+    /// one backlog job, then gives its core to what else waits for it (tenants' vCPU
+    /// threads sharing it) instead of running the burst its buckets saved up. A job that
+    /// arrived with at most one of its tenant's queued (a light tenant's) is not held: it
+    /// waits at most for the job running. The limiter still sets each tenant's rate; the
+    /// pace only spreads it. Only with isolation (the shared FIFO has no limiter and no
+    /// pace); 100 or more: none.
+    pub(crate) fn set_pace(&mut self, percent: u64) {
+        self.pace_percent =
+            (self.limiter.is_some() && (1..100).contains(&percent)).then_some(percent);
+    }
+
+    /// The caller ran a job that ended at `now` and took `cpu` of its thread's CPU (paced
+    /// engines). The CPU, not the time: a thread preempted in a job has not run it longer.
+    /// The pause it owes is at most `max_pause` (a cap on what any one job can hold back).
+    pub(crate) fn ran(&mut self, now: Instant, cpu: Duration, max_pause: Duration) {
+        if let Some(p) = self.pace_percent {
+            let off = Duration::from_nanos(cpu.as_nanos() * (100 - p) / p);
+            // A caller back late (its wake-up, a busy core) is owed up to half a pause: its
+            // next one is shorter, never skipped (no two backlog jobs back to back).
+            let late = Duration::from_nanos(off.as_nanos() / 2);
+            self.paced_until = (self.paced_until.max(now - late) + off).min(now + max_pause);
+        }
     }
 
     /// Queues a job of `size` bytes for `tenant`; gives it back when the queue is full.
@@ -169,6 +209,8 @@ impl<T> EngineQueues<T> {
         let q = if self.limiter.is_some() { tenant } else { 0 };
         match self.queues.get_mut(q) {
             Some(queue) if queue.len() < self.depth => {
+                // Not part of a backlog: its tenant had at most one job waiting.
+                let fresh = queue.len() < 2;
                 if queue.is_empty() {
                     // A tenant coming back from idle starts now: no credit for idle time.
                     if let Some(v) = self.vstart.get_mut(tenant) {
@@ -179,6 +221,7 @@ impl<T> EngineQueues<T> {
                     tenant,
                     size,
                     at: now,
+                    fresh,
                     item,
                 });
                 Ok(())
@@ -230,7 +273,19 @@ impl<T> EngineQueues<T> {
             return Pick::Idle;
         };
         let mut wait: Option<Instant> = None;
+        let paced = self.pace_percent.is_some() && self.paced_until > now;
+        // Held by the pace alone: a backlog the limiter would let start by then.
+        let mut held = false;
         for &t in order {
+            if paced && !self.queues[t].front().is_some_and(|q| q.fresh) {
+                if self.blocked_until[t] > self.paced_until {
+                    wait =
+                        Some(wait.map_or(self.blocked_until[t], |w| w.min(self.blocked_until[t])));
+                } else {
+                    held = true;
+                }
+                continue;
+            }
             if self.blocked_until[t] > now {
                 wait = Some(wait.map_or(self.blocked_until[t], |w| w.min(self.blocked_until[t])));
                 continue;
@@ -258,7 +313,13 @@ impl<T> EngineQueues<T> {
                 }
             }
         }
-        wait.map_or(Pick::Idle, Pick::WaitUntil)
+        match wait {
+            // A backlog the pace alone holds: back for it then, not later.
+            Some(w) if held && w >= self.paced_until => Pick::Paced(self.paced_until),
+            None if held => Pick::Paced(self.paced_until),
+            Some(w) => Pick::WaitUntil(w),
+            None => Pick::Idle,
+        }
     }
 
     /// The limiter's counters for `tenant` (None when not isolated).
@@ -427,6 +488,144 @@ mod tests {
             "alone: {rate} tokens/s of {CAPACITY} (its base is 25%)"
         );
         assert_eq!(out[1].1, 0);
+    }
+
+    /// What [`paced_run`] saw.
+    #[derive(Debug)]
+    struct PacedRun {
+        /// Tokens (= ns of the caller's CPU) the engine ran per tenant.
+        tokens: [u64; 2],
+        /// The light tenant's jobs run, and the longest any of them waited.
+        light_jobs: u64,
+        light_worst_wait: Duration,
+        /// The most backlog jobs run back to back (no other job and no pause between).
+        longest_burst: u32,
+        /// The shortest pause between two backlog jobs.
+        shortest_gap: Duration,
+    }
+
+    /// An inline engine as `Accel` builds it for accel-hog (one "worker", the loop; 20% of
+    /// its time; 20 us jobs; buckets 500 us deep), on a virtual clock: tenant 0 keeps 64
+    /// jobs queued, tenant 1 sends one job every 1 ms (an RPC). The caller runs a job
+    /// whenever one is admitted, and when told to wait it comes back `late` after the time
+    /// it was given (its wake-up). `pace`: 20, or None for no pace.
+    fn paced_run(pace: Option<u64>, late: Duration, millis: u64) -> PacedRun {
+        let job = Duration::from_micros(20);
+        let cost = TokenCost {
+            per_request: job.as_nanos(),
+            per_byte: 0,
+        };
+        let mut q: EngineQueues<()> = EngineQueues::with_burst(
+            Instant::ZERO,
+            &[1, 1],
+            256,
+            1,
+            200_000_000,
+            cost,
+            true,
+            Duration::from_micros(500),
+        )
+        .unwrap();
+        if let Some(p) = pace {
+            q.set_pace(p);
+        }
+        let period = Duration::from_millis(1);
+        let mut next_light = Instant::ZERO + Duration::from_micros(333);
+        let mut run = PacedRun {
+            tokens: [0; 2],
+            light_jobs: 0,
+            light_worst_wait: Duration::ZERO,
+            longest_burst: 0,
+            shortest_gap: Duration::from_secs(1),
+        };
+        let (mut burst, mut last_hog_end) = (0u32, None::<Instant>);
+        let mut now = Instant::ZERO;
+        let end = Instant::ZERO + Duration::from_millis(millis);
+        while now < end {
+            // Arrivals up to now, each at its own time.
+            while next_light <= now {
+                assert!(q.push(next_light, 1, 64, ()).is_ok());
+                next_light += period;
+            }
+            while q.queued(0) < 64 && q.push(now, 0, 1400, ()).is_ok() {}
+            match q.pick(now, 0) {
+                Pick::Run { tenant, waited, .. } => {
+                    if tenant == 0 {
+                        match last_hog_end {
+                            Some(e) if e == now => burst += 1,
+                            Some(e) => {
+                                run.shortest_gap = run.shortest_gap.min(now - e);
+                                burst = 1;
+                            }
+                            None => burst = 1,
+                        }
+                        run.longest_burst = run.longest_burst.max(burst);
+                    } else {
+                        run.light_jobs += 1;
+                        run.light_worst_wait = run.light_worst_wait.max(waited);
+                        last_hog_end = None;
+                    }
+                    now += job;
+                    run.tokens[tenant] += job.as_nanos();
+                    if tenant == 0 {
+                        last_hog_end = Some(now);
+                    }
+                    q.ran(now, job, Duration::from_micros(500));
+                }
+                // The caller sleeps until then (the limiter's holds at least 500 us, as
+                // `Accel::run_inline` asks), or until the light tenant's next job wakes it
+                // (a frame on its port), and comes back late.
+                Pick::WaitUntil(at) => {
+                    now = at.max(now + Duration::from_micros(500)).min(next_light) + late
+                }
+                Pick::Paced(at) => now = at.min(next_light) + late,
+                Pick::Idle => now = next_light + late,
+            }
+        }
+        run
+    }
+
+    #[test]
+    fn a_paced_inline_engine_runs_one_backlog_job_at_a_time_at_its_capacity() {
+        let unpaced = paced_run(None, Duration::ZERO, 100);
+        for late in [Duration::ZERO, Duration::from_micros(15)] {
+            let r = paced_run(Some(20), late, 100);
+            // A backlog's jobs do not run back to back: after each, the caller's core is free
+            // for at least half the pause its CPU owes (80 us a 20 us job at 20%). Only the
+            // first two of a backlog arrived as a light tenant's do (at most one queued).
+            assert!(r.longest_burst <= 2, "late {late:?}: {r:?}");
+            assert!(
+                r.shortest_gap >= Duration::from_micros(40),
+                "late {late:?}: {r:?}"
+            );
+            // The light tenant's jobs are not held: each waits at most for the job running
+            // (and the caller's lateness).
+            assert!(r.light_jobs >= 99, "late {late:?}: {r:?}");
+            assert!(
+                r.light_worst_wait <= Duration::from_micros(20) + late,
+                "late {late:?}: {r:?}"
+            );
+            // And the pace costs the engine no throughput: the limiter, not the pace, sets
+            // the rate (a caller back late is owed up to half a pause).
+            let (total, before) = (
+                r.tokens[0] + r.tokens[1],
+                unpaced.tokens[0] + unpaced.tokens[1],
+            );
+            assert!(
+                total * 10 >= before * 9,
+                "late {late:?}: {total} ns of jobs paced, {before} unpaced: {r:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn without_the_pace_a_backlog_runs_its_buckets_burst_back_to_back() {
+        // The same engine unpaced: whenever the caller comes back (here for the light
+        // tenant's job), the hog's bucket has filled and its jobs run back to back, so a
+        // vCPU thread sharing the core waits for all of them.
+        let r = paced_run(None, Duration::ZERO, 100);
+        assert!(r.longest_burst >= 3, "{r:?}");
+        assert!(r.light_worst_wait <= Duration::from_micros(20), "{r:?}");
     }
 
     #[test]

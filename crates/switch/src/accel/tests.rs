@@ -239,7 +239,7 @@ fn virtual_engine_run(ns_per_token: u64) -> ([u64; 2], Duration) {
                 now += Duration::from_nanos(t * ns_per_token);
                 pool.put(item.frame);
             }
-            Pick::WaitUntil(at) => {
+            Pick::WaitUntil(at) | Pick::Paced(at) => {
                 assert!(at > now, "the limiter asked to wait for the past");
                 now = at;
             }

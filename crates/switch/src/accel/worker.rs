@@ -35,7 +35,7 @@ pub(super) fn worker(shared: &Shared, index: usize, results: &SyncSender<Complet
                     Pick::Idle => {
                         queues = shared.work.wait(queues).unwrap_or_else(|e| e.into_inner());
                     }
-                    Pick::WaitUntil(at) => {
+                    Pick::WaitUntil(at) | Pick::Paced(at) => {
                         let wait = std::time::Duration::from_nanos((at - now).as_nanos().max(1));
                         queues = shared
                             .work
