@@ -470,14 +470,7 @@ struct WorkerIo<'a> {
 impl WorkerIo<'_> {
     /// Posts `h` to worker `to`; a full mailbox drops the frame (counted).
     fn post(&mut self, to: usize, h: Handoff, pool: &mut FramePool) {
-        let mailbox = &self.team.mailboxes[to];
-        // Feedback copies do not wake the worker: it takes them before it handles the next
-        // frame of its VMs, which is when their senders need them.
-        let posted = match h {
-            Handoff::Feedback(_) => mailbox.post_quiet(self.me, h),
-            _ => mailbox.post(self.me, h),
-        };
-        match posted {
+        match self.team.mailboxes[to].post(self.me, h) {
             Ok(()) => self.handoff.out += 1,
             Err(
                 Handoff::Uplink(f)

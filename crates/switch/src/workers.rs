@@ -295,19 +295,6 @@ impl Mailbox {
         Ok(())
     }
 
-    /// Posts a frame from worker `from` without waking the worker: it is taken at the
-    /// worker's next pass, which comes before the worker handles any frame it wakes for.
-    /// For feedback copies (issue 13): a worker that sleeps has no VM sending, and waking it
-    /// for each copy cost a wake-up of a second thread per feedback frame. Once the inbox is
-    /// half full it wakes the worker all the same, so copies never crowd out frames.
-    pub fn post_quiet(&self, from: usize, h: Handoff) -> Result<(), Handoff> {
-        self.inbox.push((from, h)).map_err(|(_, h)| h)?;
-        if 2 * self.inbox.len() >= self.inbox.capacity() && self.sleeping.load(Ordering::SeqCst) {
-            self.kick();
-        }
-        Ok(())
-    }
-
     /// The next frame handed to this worker, with the worker that sent it.
     pub fn take(&self) -> Option<(usize, Handoff)> {
         self.inbox.pop()
@@ -538,32 +525,6 @@ mod tests {
         assert!(matches!(m.take(), Some((1, Handoff::Uplink(_)))));
         assert!(matches!(m.take(), Some((1, Handoff::Tx(3, (2, 0), _)))));
         assert!(m.take().is_none());
-    }
-
-    /// A quiet post does not wake a sleeping worker, but a worker about to sleep still sees
-    /// it and stays awake to take it.
-    #[test]
-    fn a_quiet_post_does_not_wake_but_is_not_slept_on() {
-        let m = Mailbox::new(4).unwrap();
-        let mut pool = crate::frame::FramePool::new(4);
-        assert!(m.sleep());
-        assert!(m
-            .post_quiet(1, Handoff::Feedback(pool.get().unwrap()))
-            .is_ok());
-        assert!(!crate::port::wait_readable(&[m.wake_fd()], std::time::Duration::ZERO).unwrap());
-        m.awake();
-        assert!(!m.sleep(), "a frame is waiting: do not block");
-        assert!(matches!(m.take(), Some((1, Handoff::Feedback(_)))));
-        assert!(m.sleep(), "nothing left: it may sleep");
-        for _ in 0..2 {
-            assert!(m
-                .post_quiet(1, Handoff::Feedback(pool.get().unwrap()))
-                .is_ok());
-        }
-        assert!(
-            crate::port::wait_readable(&[m.wake_fd()], std::time::Duration::ZERO).unwrap(),
-            "a half-full inbox wakes the worker"
-        );
     }
 
     /// The eventfd is read only after a kick, and a wake-up nobody kicked leaves the next
