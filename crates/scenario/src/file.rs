@@ -92,6 +92,9 @@ pub struct PicnicSettings {
     pub accel_capacity_percent: u64,
     /// Synthetic CPU per engine job, ns (`accel.job_work_ns`): a slower accelerator.
     pub accel_job_work_ns: u64,
+    /// Fraction of each access link EyeQ's receivers hold back (`ingress.headroom`, EyeQ
+    /// 3.2). None: the switch's default (0.1).
+    pub headroom: Option<f64>,
 }
 
 impl Default for PicnicSettings {
@@ -106,6 +109,7 @@ impl Default for PicnicSettings {
             accel_workers: 2,
             accel_capacity_percent: 90,
             accel_job_work_ns: 0,
+            headroom: None,
         }
     }
 }

@@ -148,6 +148,10 @@ pub fn switch_config(
         },
         ingress: IngressSection {
             capacity_mbps: host.access_link_mbps,
+            headroom: scenario
+                .picnic
+                .headroom
+                .unwrap_or(IngressSection::default().headroom),
             ..Default::default()
         },
         egress: EgressSection::default(),

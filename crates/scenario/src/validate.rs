@@ -27,6 +27,11 @@ impl Scenario {
                 bail!("field `picnic.cpu_cores`: must be between 0.01 and 1024 cores");
             }
         }
+        if let Some(h) = self.picnic.headroom {
+            if !(0.0..0.9).contains(&h) {
+                bail!("field `picnic.headroom`: must be a fraction in [0, 0.9)");
+            }
+        }
         if let Some(p) = self.picnic.realtime_priority {
             if !(1..=99).contains(&p) {
                 bail!("field `picnic.realtime_priority`: must be in 1..=99");
@@ -393,6 +398,10 @@ to = "b"
                 "`duration_ms`",
             ),
             (BASE.replace("\"h2\"]", "\"H 2\"]"), "`hosts[1]`"),
+            (
+                format!("{BASE}\n[picnic]\nheadroom = 0.95\n"),
+                "`picnic.headroom`",
+            ),
             (
                 BASE.replace("\"v.loss <= 0\"", "\"v.loss ~ 0\""),
                 "`pass[1]`",
