@@ -256,7 +256,10 @@ impl Placement {
                     });
                     let period = period_us(tenant);
                     write(&dir.join("cpu.cfs_period_us"), &period.to_string())?;
-                    write(&dir.join("cpu.cfs_quota_us"), &quota_us(*cores, period).to_string())?;
+                    write(
+                        &dir.join("cpu.cfs_quota_us"),
+                        &quota_us(*cores, period).to_string(),
+                    )?;
                     write(&dir.join("cpu.shares"), &shares(*cores).to_string())?;
                 }
             }
@@ -282,7 +285,10 @@ impl Placement {
                         dir: dir.clone(),
                     });
                     write(&dir.join("cgroup.type"), "threaded")?;
-                    write(&dir.join("cpu.max"), &cpu_max_line(*cores, period_us(tenant)))?;
+                    write(
+                        &dir.join("cpu.max"),
+                        &cpu_max_line(*cores, period_us(tenant)),
+                    )?;
                     write(&dir.join("cpu.weight"), &weight(*cores).to_string())?;
                 }
             }

@@ -541,6 +541,65 @@ fn sealed_overlay_frame(lab: &Lab, inner: &[u8], counter: u64, tamper: bool) -> 
     frame
 }
 
+/// FairNIC's application abstraction with its isolation (issue 14): red's egress program
+/// loops on every IPv4 frame (ARP passes). The sandbox stops each run at its fuel, red's
+/// frames are dropped and counted by reason, and blue, on the same switches, loses nothing.
+#[test]
+fn a_looping_offload_program_drops_its_own_frames_and_the_neighbour_sees_nothing() {
+    let Some(_serial) = root_or_skip() else {
+        return;
+    };
+    const LOOP: &str = r#"(module
+  (import "picnic" "load" (func $load (param i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (func (export "egress") (param $len i32) (result i32)
+    (drop (call $load (i32.const 0) (i32.const 0) (i32.const 14)))
+    (if (i32.ne (i32.or (i32.shl (i32.load8_u (i32.const 12)) (i32.const 8))
+                        (i32.load8_u (i32.const 13)))
+                (i32.const 0x0800))
+      (then (return (i32.const 0))))
+    (loop $forever (br $forever))
+    (i32.const 0)))"#;
+    let mut lab = Lab::start(scenario("duration_ms = 1000", IDLE), |_, cfg| {
+        let red = cfg.tenants.iter_mut().find(|t| t.name == "red").unwrap();
+        red.offload = Some(picnic_switch::offload::OffloadEntry {
+            program: None,
+            wat: Some(LOOP.into()),
+            fuel_per_packet: 20_000,
+            fuel_per_period: 50_000,
+            memory_kib: 64,
+        });
+    });
+    let (blue1, blue2, red1, red2) = (
+        lab.vm("blue1").clone(),
+        lab.vm("blue2").clone(),
+        lab.vm("red1").clone(),
+        lab.vm("red2").clone(),
+    );
+    let red_echoes = icmp_echo(&red1.ns, red2.ip, 20);
+    let blue_echoes = icmp_echo(&blue1.ns, blue2.ip, 20);
+    let snaps = lab.stop();
+    assert_eq!(
+        red_echoes, 0,
+        "red's IPv4 frames never leave its looping program"
+    );
+    assert_eq!(blue_echoes, 20, "blue's echoes through the same switches");
+    let red_drops = &vm_snap(&snaps[0], "red1").counters.drops;
+    println!("h1 red1 drops: {:?}", red_drops.iter().collect::<Vec<_>>());
+    let stopped = red_drops.get(DropReason::OffloadFuel) + red_drops.get(DropReason::OffloadBudget);
+    assert!(
+        stopped >= 20,
+        "every echo request stopped by its fuel or the period's"
+    );
+    for name in ["blue1", "blue2"] {
+        let d = &vm_snap(&snaps[if name == "blue1" { 0 } else { 1 }], name)
+            .counters
+            .drops;
+        let dropped: u64 = d.iter().map(|(_, n)| n).sum();
+        assert_eq!(dropped, 0, "{name}: {:?}", d.iter().collect::<Vec<_>>());
+    }
+}
+
 #[test]
 fn encrypted_tenant_crosses_hosts_sealed_and_tampered_frames_are_dropped() {
     encrypted_crossing(1);
