@@ -146,13 +146,13 @@ pub fn switch_config(
         } else {
             Isolation::off()
         },
-        ingress: IngressSection {
-            capacity_mbps: host.access_link_mbps,
-            headroom: scenario
-                .picnic
-                .headroom
-                .unwrap_or(IngressSection::default().headroom),
-            ..Default::default()
+        ingress: {
+            let default = IngressSection::default();
+            IngressSection {
+                capacity_mbps: host.access_link_mbps,
+                headroom: scenario.picnic.headroom.unwrap_or(default.headroom),
+                ..default
+            }
         },
         egress: EgressSection::default(),
         accel: picnic_switch::config::AccelSection {

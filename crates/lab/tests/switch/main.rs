@@ -591,10 +591,8 @@ fn a_looping_offload_program_drops_its_own_frames_and_the_neighbour_sees_nothing
         stopped >= 20,
         "every echo request stopped by its fuel or the period's"
     );
-    for name in ["blue1", "blue2"] {
-        let d = &vm_snap(&snaps[if name == "blue1" { 0 } else { 1 }], name)
-            .counters
-            .drops;
+    for (host, name) in [(0, "blue1"), (1, "blue2")] {
+        let d = &vm_snap(&snaps[host], name).counters.drops;
         let dropped: u64 = d.iter().map(|(_, n)| n).sum();
         assert_eq!(dropped, 0, "{name}: {:?}", d.iter().collect::<Vec<_>>());
     }

@@ -568,7 +568,7 @@ fn engine_queues<T>(
     } else {
         picnic_core::Duration::ZERO
     };
-    let queues = EngineQueues::with_burst(
+    let mut queues = EngineQueues::with_burst(
         Instant::ZERO,
         weights,
         cfg.queue_jobs,
@@ -579,7 +579,6 @@ fn engine_queues<T>(
         burst,
     )
     .map_err(|e| anyhow::anyhow!("accel limiter: {e}"))?;
-    let mut queues = queues;
     if cfg.workers == 0 {
         queues.set_pace(cfg.capacity_percent);
     }
