@@ -67,6 +67,12 @@ pub fn build(scenario: &Scenario, testbed: &mut Testbed, taps: bool) -> Result<T
             queue_bytes.max(3000),
         )?;
         netns::configure_link(&ns, &host.uplink, &host.uplink_mac, host.mtu)?;
+        // A host given CPUs of its own (`host_cpus`) processes what it receives on them, as
+        // a machine's NIC interrupts land on its own cores (Iron 2.3): without this a veth
+        // runs the receiving host's stack, bridge or switch socket on the sending host's CPU.
+        let host_cpus = scenario.cpus_of_host(&host.name);
+        netns::steer_rx_to_cpus(&ns, &host.uplink, queues, host_cpus)
+            .with_context(|| format!("receive steering of host {}", host.name))?;
         for vm in &host.vms {
             let vm_ns = testbed.add_namespace(&format!("v-{}", vm.name))?;
             if taps && vm.tap {
@@ -79,17 +85,11 @@ pub fn build(scenario: &Scenario, testbed: &mut Testbed, taps: bool) -> Result<T
                 .with_context(|| format!("port of VM {}", vm.name))?;
             netns::configure_link(&vm_ns, &vm.dev, &vm.mac, host.mtu)?;
             netns::add_address(&vm_ns, &vm.dev, &format!("{}/{PREFIX_LEN}", vm.ip))?;
-            // A VM's receive path runs on its own vCPUs, as a guest's network stack does:
-            // a VM whose tenant is pinned (`cpus`) has its frames processed by the kernel on
-            // its CPUs, not on the CPU of the dataplane that delivered them (a veth runs the
-            // receiver's stack on the sender's CPU otherwise: the switch's core would run a
-            // flooded VM's sockets). Not for VMs placed only by `host_cpus` (cpu-steal):
-            // with it picnic's cpu-steal ratio fell below its mark in 5 of 14 batches,
-            // against none of 6 without (docs/RESULTS.md), which is not understood yet.
-            let tenant_cpus = scenario
-                .tenant_of(&vm.name)
-                .map_or(&[][..], |t| t.cpus.as_slice());
-            netns::steer_rx_to_cpus(&vm_ns, &vm.dev, 1, tenant_cpus)
+            // A VM's receive path runs on its own vCPUs (its tenant's `cpus`, else its
+            // host's), as a guest's network stack does, not on the CPU of the dataplane that
+            // delivered them (a veth runs the receiver's stack on the sender's CPU otherwise:
+            // the switch's core would run a flooded VM's sockets).
+            netns::steer_rx_to_cpus(&vm_ns, &vm.dev, 1, scenario.cpus_of_vm(&vm.name))
                 .with_context(|| format!("receive steering of VM {}", vm.name))?;
             netns::configure_link(&ns, &vm.host_port, &vm.host_port_mac, host.mtu)?;
         }
