@@ -317,7 +317,9 @@ pub struct SwitchCounters {
     pub cpu_ns: u64,
     /// CPU spent on frames that belonged to no local VM (malformed, unknown, feedback), ns.
     pub unattributed_ns: u64,
-    /// CPU spent in loop iterations that handled no frame (waiting, polling), ns.
+    /// CPU spent in loop iterations that handled no frame (waiting, polling) and came more than
+    /// 2 ms after one that did (earlier ones are the engines' timers for that traffic, charged
+    /// to its VMs), ns.
     pub overhead_ns: u64,
     /// All NET_RX softirq time on this host and how it was attributed (None while softirq
     /// accounting is off).

@@ -38,7 +38,15 @@ pub(super) struct CpuLedger {
     shares: Vec<u64>,
     /// When the tenants' cgroup quotas are next due (the next Iron period boundary).
     next_cgroup_update: Instant,
+    /// When the last batch (`entries`) was charged.
+    batch_at: Instant,
 }
+
+/// How long after a batch a pass that handles no frame is still charged to that batch's VMs:
+/// the engines' timers that follow traffic (limiter releases, pacing, EyeQ's meter windows and
+/// feedback) fire well within it, and each wake-up costs the loop 15-25 us here (a context
+/// switch in and out of ppoll). Later passes are the switch's own idle loop.
+const TRAFFIC_TAIL: Duration = Duration::from_millis(2);
 
 /// A frame's first guess before the loop's cost model is fitted, ns per handling.
 const INITIAL_HANDLING_NS: u64 = 500;
@@ -190,10 +198,17 @@ impl Engine {
         let cpu_ns = cpu_ns - direct_total;
         ledger.fit.observe(packets as u64, bytes, cpu_ns);
         if packets == 0 {
-            self.counters.overhead_ns += cpu_ns;
             ledger.touched.clear();
+            // A pass soon after a batch is the engines' timers working for that batch's
+            // traffic: its VMs pay, in the batch's proportions. Later, it is overhead.
+            if ledger.entries.is_empty() || now.saturating_since(ledger.batch_at) > TRAFFIC_TAIL {
+                self.counters.overhead_ns += cpu_ns;
+            } else {
+                self.charge_split(now, cpu_ns, false);
+            }
             return;
         }
+        ledger.batch_at = now;
         ledger.entries.clear();
         for &v in ledger.touched.iter().filter(|&&v| ledger.tally[v].0 > 0) {
             let (p, b) = ledger.tally[v];
@@ -210,6 +225,21 @@ impl Engine {
                 bytes: ledger.unattributed.1,
             });
         }
+        self.charge_split(now, cpu_ns, true);
+        let ledger = &mut self.cpu;
+        for &v in &ledger.touched {
+            ledger.tally[v] = (0, 0);
+        }
+        ledger.touched.clear();
+        ledger.unattributed = (0, 0);
+    }
+
+    /// Splits `cpu_ns` over the last batch's entries (Iron 3.1's batch split on the fitted
+    /// model) and charges each VM's share to it, its tenant's CPU account, budget and
+    /// CPU-fair share (with the batch's bytes when `with_bytes`: once per batch); frames for
+    /// nobody go to `unattributed_ns`.
+    fn charge_split(&mut self, now: Instant, cpu_ns: u64, with_bytes: bool) {
+        let ledger = &mut self.cpu;
         ledger.shares.clear();
         ledger.shares.resize(ledger.entries.len(), 0);
         let (batch, model) = ledger.fit.split_model(cpu_ns);
@@ -223,7 +253,8 @@ impl Engine {
             let v = entry.tenant;
             self.vm_counters[v].cost_ns += ns;
             let tenant = self.dir.vms[v].tenant;
-            self.share.charge(tenant, ns, entry.bytes);
+            let bytes = if with_bytes { entry.bytes } else { 0 };
+            self.share.charge(tenant, ns, bytes);
             if let (Some(iron), Some(account)) = (self.iron.as_mut(), self.iron_index[tenant]) {
                 let _ = iron.charge(now, account, Duration::from_nanos(ns));
             }
@@ -231,10 +262,5 @@ impl Engine {
                 b.charge(now, tenant, ns);
             }
         }
-        for &v in &ledger.touched {
-            ledger.tally[v] = (0, 0);
-        }
-        ledger.touched.clear();
-        ledger.unattributed = (0, 0);
     }
 }

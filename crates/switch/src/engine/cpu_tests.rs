@@ -1,6 +1,6 @@
 //! The CPU ledger, Iron's port throttling and the packet-rate limit on a virtual clock.
 
-use picnic_core::Instant;
+use picnic_core::{Duration, Instant};
 
 use super::tests::{carry, config, udp, Host, A1, A2, B1, B2, IP_A1, IP_A2, IP_B1, IP_B2};
 use super::Engine;
@@ -28,11 +28,17 @@ fn an_iterations_cpu_is_split_over_the_vms_it_handled_and_adds_up_exactly() {
     // Before the model is fitted every handling pays the same: a1 had three times b1's.
     assert_eq!(vm_cost(&h, "a1"), 30_000);
     assert_eq!(vm_cost(&h, "b1"), 10_000);
-    // An iteration that handled nothing is the switch's own overhead.
-    h.engine.charge_cpu(t, 700);
+    // An iteration that handled nothing right after (the engines' timers for that traffic)
+    // is charged in the batch's proportions.
+    h.engine.charge_cpu(t + Duration::from_millis(1), 400);
+    assert_eq!(vm_cost(&h, "a1"), 30_300);
+    assert_eq!(vm_cost(&h, "b1"), 10_100);
+    assert_eq!(h.engine.counters.overhead_ns, 0);
+    // Beyond the traffic's tail it is the switch's own overhead.
+    h.engine.charge_cpu(t + Duration::from_millis(3), 700);
     let c = &h.engine.counters;
     assert_eq!(c.overhead_ns, 700);
-    assert_eq!(c.cpu_ns, 40_700);
+    assert_eq!(c.cpu_ns, 41_100);
     assert_eq!(
         vm_cost(&h, "a1") + vm_cost(&h, "b1") + c.unattributed_ns + c.overhead_ns,
         c.cpu_ns
