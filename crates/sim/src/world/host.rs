@@ -72,6 +72,20 @@ pub(super) struct Host {
     pending: Option<Nanos>,
     /// The switch's run-loop policy, taking `batch` frames per port and poll.
     driver: Driver,
+    /// CPU time the switch has spent, ns (its polls' modelled cost).
+    cpu_ns: u64,
+    /// The switch charges its work to the tenants' CPU allocations (Iron 3.2).
+    charges_tenants: bool,
+}
+
+/// A tenant's CPU as its host's switch sees it ([`Host::tenant_cpu`]).
+pub(super) struct TenantCpu {
+    /// Its allocation on the host (`cpu_cores`), if any.
+    pub cores: Option<f64>,
+    /// Switch CPU split to its VMs on the host so far, ns.
+    pub charged_ns: u64,
+    /// Frames of its VMs on the host the switch handled so far.
+    pub frames: u64,
 }
 
 /// The processing-cost model as the engine's [`Work`]: what the host CPU spends per packet.
@@ -142,6 +156,13 @@ pub(super) fn build_hosts(
         for hv in &topo.hosts {
             let mut cfg = dataplane_config(sc, &topo, hv, dataplane)?;
             cfg.switch.nice = None;
+            // A tenant's CPU allocation on a host where it has VMs, as the lab gives it (its
+            // cgroup there): the switch charges its work against it (Iron 3.2).
+            for (t, tenant) in cfg.tenants.iter_mut().zip(&sc.tenants) {
+                if hv.vms.iter().any(|v| v.tenant == tenant.name) {
+                    t.cpu_quota = tenant.cpu_cores;
+                }
+            }
             let engine = Engine::new(&cfg, Instant::ZERO)
                 .with_context(|| format!("engine of host {}", hv.name))?;
             let g = hv.index as u32 * replicas + r;
@@ -190,6 +211,8 @@ pub(super) fn build_hosts(
                 gen: 0,
                 pending: None,
                 driver: Driver::new(cfg.switch.batch),
+                cpu_ns: 0,
+                charges_tenants: cfg.isolation.cpu_accounting,
             });
         }
         vm_locs.push(locs);
@@ -342,6 +365,7 @@ impl Net {
         // The modelled time of this poll is charged like the switch charges its measured
         // loop time: split over the VMs whose frames it handled (Iron 3.1).
         host.engine.charge_cpu(t, cost);
+        host.cpu_ns += cost;
         host.busy_until = now + (cost as f64 / host.cpu_share) as Nanos;
         let next = if more || pass.processed > 0 {
             Some(host.busy_until)
@@ -355,6 +379,34 @@ impl Net {
             host.pending = Some(at);
             self.queue.push(at, Event::HostPoll(h, host.gen));
         }
+    }
+}
+
+impl Host {
+    /// Per tenant of the engine, its CPU on this host; and the switch's CPU so far, ns.
+    pub fn tenant_cpu(&self) -> (Vec<TenantCpu>, u64) {
+        let dir = &self.engine.dir;
+        let mut out: Vec<TenantCpu> = dir
+            .tenants
+            .iter()
+            .map(|t| TenantCpu {
+                cores: t.cpu_quota,
+                charged_ns: 0,
+                frames: 0,
+            })
+            .collect();
+        for (v, vm) in dir.vms.iter().enumerate().filter(|(_, v)| v.port.is_some()) {
+            let c = &self.engine.vm_counters[v];
+            let t = &mut out[vm.tenant];
+            t.charged_ns += c.cost_ns;
+            t.frames += c.rx_packets + c.tx_packets;
+        }
+        (out, self.cpu_ns)
+    }
+
+    /// Whether the switch charges its work to the tenants' allocations.
+    pub fn charges_tenants(&self) -> bool {
+        self.charges_tenants
     }
 }
 

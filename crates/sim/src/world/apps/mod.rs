@@ -1,10 +1,11 @@
 //! The applications in the VMs, built from the scenario's workloads and the `[sim]` table:
 //! paced UDP streams ([`UdpStream`]), RPC probes ([`RpcProbe`]), TCP flows over the TCP
-//! model ([`TcpFlow`]: bulk, transfers, shuffles, flow-size traffic) and Poisson flow
-//! arrivals ([`FlowArrivals`]). They send through their VM's ring ([`Net::vm_send`]), act on
+//! model ([`TcpFlow`]: bulk, transfers, shuffles, flow-size traffic), Poisson flow
+//! arrivals ([`FlowArrivals`]) and CPU-bound tenants on their host's core ([`CpuBurn`]). They send through their VM's ring ([`Net::vm_send`]), act on
 //! timers ([`Event::App`]) and on frames the hosts deliver, and record into
 //! [`Measurements`](super::stats::Measurements).
 
+mod cpu_burn;
 mod flow_arrivals;
 mod rpc;
 mod tcp_flow;
@@ -18,6 +19,7 @@ use picnic_core::Rate;
 use picnic_scenario::{Protocol, Scenario, Workload, WorkloadKind};
 use rand::Rng;
 
+use self::cpu_burn::CpuBurn;
 use self::flow_arrivals::FlowArrivals;
 use self::rpc::RpcProbe;
 pub(super) use self::tcp_flow::TcpFlow;
@@ -38,6 +40,7 @@ pub(super) enum App {
     Rpc(RpcProbe),
     Tcp(Box<TcpFlow>),
     FlowGen(FlowArrivals),
+    CpuBurn(CpuBurn),
 }
 
 /// Settings every TCP flow of the run shares.
@@ -177,8 +180,7 @@ impl World {
     }
 
     /// Adds the applications of lab workload `wl` in replica `r`; `flood_pps` is the rate
-    /// of a flood without one. A `cpu_burn` workload is refused: the simulator does not
-    /// model the tenants' CPU.
+    /// of a flood without one.
     fn add_workload(
         &mut self,
         sc: &Scenario,
@@ -187,21 +189,18 @@ impl World {
         locs: &HashMap<String, VmLoc>,
         flood_pps: u64,
     ) -> Result<()> {
-        if wl.kind == WorkloadKind::CpuBurn {
-            anyhow::bail!(
-                "workload {}: cpu_burn needs the tenants' CPU, which the simulator does not \
-                 model (run the scenario in the lab)",
-                wl.name
-            );
-        }
         // The report row, as in the lab: a victim's own attack workloads apart.
         let row = sc.report_group(wl);
         let port = wl.port(sc).expect("a scenario's own workload");
         let (src, dst) = (locs[&wl.from], locs[&wl.to]);
         let (start, stop) = (ms(wl.start_ms), ms(wl.stop_ms(sc)));
+        // Probes record each request's latency, a CPU burner each unit's wall time.
         let probe = matches!(
             wl.kind,
-            WorkloadKind::Rpc | WorkloadKind::Sockperf | WorkloadKind::Memcached
+            WorkloadKind::Rpc
+                | WorkloadKind::Sockperf
+                | WorkloadKind::Memcached
+                | WorkloadKind::CpuBurn
         );
         let slot = self
             .meas
@@ -259,7 +258,20 @@ impl World {
                     self.spawn(App::Tcp(Box::new(flow)), start);
                 }
             }
-            WorkloadKind::CpuBurn => unreachable!("refused above"),
+            WorkloadKind::CpuBurn => {
+                let host = &self.net.hosts[src.host as usize];
+                let dir = &host.engine.dir;
+                let vm = dir.vms.iter().find(|v| v.name == wl.from);
+                let engine_tenant = vm.expect("the workload's VM is on its host").tenant;
+                if dir.tenants[engine_tenant].cpu_quota.is_none() {
+                    anyhow::bail!(
+                        "workload {}: cpu_burn needs its tenant's CPU allocation (cpu_cores)",
+                        wl.name
+                    );
+                }
+                let app = CpuBurn::new(src.host, engine_tenant, src.tenant, slot, stop);
+                self.spawn(App::CpuBurn(app), start);
+            }
         }
         Ok(())
     }
@@ -280,6 +292,7 @@ impl World {
             App::Udp(u) => u.on_timer(a, now, &mut self.net, &mut self.meas),
             App::Rpc(c) => c.on_timer(a, now, &mut self.net, &mut self.meas),
             App::Tcp(t) => t.on_timer(a, gen, now, &mut self.net, self.tcp.ect()),
+            App::CpuBurn(b) => b.on_timer(a, now, &mut self.net, &mut self.meas),
             App::FlowGen(g) => {
                 if let Some(flow) = g.on_timer(a, now, &mut self.net, &self.tcp, self.end) {
                     let id = self.apps.len() as u32;
@@ -320,7 +333,7 @@ impl World {
             App::Udp(u) => u.on_receive(now, d, &mut self.meas),
             App::Rpc(c) => c.on_receive(now, d, &mut self.net, &mut self.meas),
             App::Tcp(t) => t.on_receive(a, now, d, &mut self.net, &mut self.meas, self.tcp.ect()),
-            App::FlowGen(_) => {}
+            App::FlowGen(_) | App::CpuBurn(_) => {}
         }
     }
 }
