@@ -276,6 +276,22 @@ fn pool(sock: &Path) -> (u64, u64) {
     )
 }
 
+/// Each worker's time applying a change (its loop held up meanwhile), from `/stats`.
+fn commit_times(sock: &Path) -> String {
+    let (status, body) = api(sock, "GET", "/stats", "");
+    assert_eq!(status, 200, "{body}");
+    let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let workers = stats["workers"].as_array().unwrap();
+    let each = workers.iter().map(|w| {
+        let c = &w["live_commits"];
+        format!(
+            "worker {}: {} changes, median {:.1} us, p90 {:.1}, p99 {:.1}, max {:.1}",
+            w["worker"], c["commits"], c["p50_us"], c["p90_us"], c["p99_us"], c["max_us"]
+        )
+    });
+    each.collect::<Vec<_>>().join("; ")
+}
+
 #[test]
 fn a_neighbour_loses_nothing_while_another_tenant_changes_100_times_a_second() {
     if !is_root() {
@@ -354,12 +370,14 @@ fn neighbour_under_churn(workers: usize) {
              churned/control {:.2} ({c99:.0} us vs {n99:.0} us; by round: median {:.2}, \
              {round_ratios:.2?}), churned/quiet {:.2} (quiet \
              {q99:.0} us); through the switch p99 {in_switch_quiet:.0} us quiet, \
-             {in_switch_all:.0} us over all phases; pool {free}/{capacity} free after",
+             {in_switch_all:.0} us over all phases; pool {free}/{capacity} free after; \
+             applying a change held the loop up: {}",
             quiet.sent + control.sent + churned.sent,
             churned.pps() / control.pps(),
             c99 / n99,
             round_ratios[round_ratios.len() / 2],
             c99 / q99,
+            commit_times(&sock),
         );
     });
     let _ = std::fs::remove_dir_all(&dir);

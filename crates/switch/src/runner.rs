@@ -38,7 +38,8 @@ pub use live::{CommandSender, Reconfigure};
 use live::{Opening, PortKeeper};
 pub use ports::{open_port, open_uplinks, vm_max_frame, PortOpener, PortSpec};
 use ports::{tenant_ports, vm_max_frame_of, PortIo};
-pub use publish::{HandoffCounters, PortView, Published, Shared, WorkerView};
+pub(crate) use publish::CommitClock;
+pub use publish::{CommitTimes, HandoffCounters, PortView, Published, Shared, WorkerView};
 pub(crate) use work::setup_thread;
 pub use work::{thread_cpu_ns, Clock, SpinWork};
 
@@ -92,6 +93,8 @@ pub struct Switch {
     keeper: Option<PortKeeper>,
     /// Readable when the API sent a command ([`CommandSender`]).
     command_wake: Option<Arc<live::CommandWake>>,
+    /// How long applying each change held the loop up.
+    commit_clock: CommitClock,
     /// Per port: the adaptive wait of its receive ring and frames read from it so far.
     waits: Vec<(AdaptiveWait, u64)>,
     /// The eBPF programs' maps: the uplink's early drop, the ports' softirq time.
@@ -190,6 +193,7 @@ impl Switch {
             opening: None,
             keeper: None,
             command_wake: None,
+            commit_clock: CommitClock::default(),
             waits: Vec::new(),
             kernel: KernelLink::default(),
             accel: None,
@@ -439,6 +443,7 @@ impl Switch {
             vms: switch.vms.iter().map(|v| v.name.clone()).collect(),
             cpu_ns: switch.switch.cpu_ns,
             handoff: Default::default(),
+            live_commits: self.commit_clock.view(),
         }];
         self.shared.publish(Published {
             switch,

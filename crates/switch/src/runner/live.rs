@@ -357,8 +357,10 @@ impl Switch {
         if let Some(o) = self.opening.take() {
             match o.done.try_recv() {
                 Ok(ports) => {
+                    let start = std::time::Instant::now();
                     let result = ports.and_then(|ports| self.commit(o.cfg, &o.changes, ports));
                     let _ = o.reply.send(result);
+                    self.commit_clock.record(start);
                 }
                 Err(mpsc::TryRecvError::Empty) => {
                     self.opening = Some(o);
@@ -378,12 +380,17 @@ impl Switch {
             let Ok(Command::Reconfigure(change, reply)) = rx.try_recv() else {
                 break;
             };
+            let start = std::time::Instant::now();
             match self.prepare(*change) {
                 Err(e) => {
                     let _ = reply.send(Err(e));
                 }
                 Ok(r) if r.specs.is_empty() => {
+                    let changed = !r.changes.is_empty();
                     let _ = reply.send(self.commit(r.cfg, &r.changes, Vec::new()));
+                    if changed {
+                        self.commit_clock.record(start);
+                    }
                 }
                 Ok(r) => {
                     let (tx, done) = mpsc::channel();
