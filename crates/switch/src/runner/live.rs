@@ -80,6 +80,17 @@ pub(super) struct CommandWake {
     pending: AtomicBool,
 }
 
+impl CommandWake {
+    /// Makes the loop's wait return.
+    fn wake(&self) {
+        let one = 1u64;
+        // SAFETY: writes 8 bytes from a u64 we own to an eventfd we hold open.
+        unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        // Set after the write: the loop drains only what was written before it saw this.
+        self.pending.store(true, Ordering::Release);
+    }
+}
+
 impl CommandSender {
     /// A sender that wakes nobody (for stand-ins of the run loop that block on `rx`).
     pub fn new(tx: mpsc::Sender<Command>) -> Self {
@@ -89,11 +100,7 @@ impl CommandSender {
     pub fn send(&self, command: Command) -> Result<(), mpsc::SendError<Command>> {
         self.tx.send(command)?;
         if let Some(wake) = &self.wake {
-            let one = 1u64;
-            // SAFETY: writes 8 bytes from a u64 we own to an eventfd we hold open.
-            unsafe { libc::write(wake.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
-            // Set after the write: the loop drains only what was written before it saw this.
-            wake.pending.store(true, Ordering::Release);
+            wake.wake();
         }
         Ok(())
     }
@@ -222,11 +229,14 @@ impl ParkedPorts {
 /// interface meanwhile instead of a new socket ([`ParkedPorts`]).
 pub(crate) struct PortKeeper(mpsc::Sender<KeeperJob>);
 
+/// Opened ports (or the first error), and what to wake once they are sent.
+type Opened = (
+    mpsc::Sender<anyhow::Result<Vec<Box<dyn Port>>>>,
+    Option<Arc<CommandWake>>,
+);
+
 enum KeeperJob {
-    Open(
-        Vec<PortSpec>,
-        mpsc::Sender<anyhow::Result<Vec<Box<dyn Port>>>>,
-    ),
+    Open(Vec<PortSpec>, Opened),
     Close(Vec<Box<dyn Port>>),
 }
 
@@ -240,12 +250,10 @@ impl PortKeeper {
         Ok(Self(tx))
     }
 
-    /// Opens `specs`' ports; all of them, or the first error, arrive on `done`.
-    fn open(
-        &self,
-        specs: Vec<PortSpec>,
-        done: mpsc::Sender<anyhow::Result<Vec<Box<dyn Port>>>>,
-    ) -> anyhow::Result<()> {
+    /// Opens `specs`' ports; all of them, or the first error, arrive on `done.0`, and then
+    /// `done.1` wakes the run loop, so that it applies the change between frames rather than
+    /// just before the frame that next wakes it.
+    fn open(&self, specs: Vec<PortSpec>, done: Opened) -> anyhow::Result<()> {
         self.0
             .send(KeeperJob::Open(specs, done))
             .map_err(|_| anyhow::anyhow!("the thread that opens ports stopped"))
@@ -282,7 +290,7 @@ fn keep_ports(rx: &mpsc::Receiver<KeeperJob>, opener: &PortOpener) {
         };
         let mut close = parked.expired(std::time::Instant::now());
         match job {
-            Some(KeeperJob::Open(specs, done)) => {
+            Some(KeeperJob::Open(specs, (done, wake))) => {
                 let ports = specs
                     .iter()
                     .map(|s| match parked.take(s, &mut close) {
@@ -291,6 +299,9 @@ fn keep_ports(rx: &mpsc::Receiver<KeeperJob>, opener: &PortOpener) {
                     })
                     .collect();
                 let _ = done.send(ports);
+                if let Some(wake) = wake {
+                    wake.wake();
+                }
             }
             Some(KeeperJob::Close(ports)) => {
                 close.extend(parked.park(ports, std::time::Instant::now()));
@@ -394,7 +405,8 @@ impl Switch {
                 }
                 Ok(r) => {
                     let (tx, done) = mpsc::channel();
-                    if let Err(e) = self.port_keeper().and_then(|k| k.open(r.specs, tx)) {
+                    let wake = self.command_wake.clone();
+                    if let Err(e) = self.port_keeper().and_then(|k| k.open(r.specs, (tx, wake))) {
                         let _ = reply.send(Err(e));
                         continue;
                     }
@@ -428,7 +440,7 @@ impl Switch {
             return Ok(Vec::new());
         }
         let (tx, done) = mpsc::channel();
-        self.port_keeper()?.open(specs, tx)?;
+        self.port_keeper()?.open(specs, (tx, None))?;
         done.recv()
             .map_err(|_| anyhow::anyhow!("the thread that opens ports stopped"))?
     }
@@ -757,7 +769,7 @@ mod tests {
         let keeper = PortKeeper::start(opener).unwrap();
         let open = |keeper: &PortKeeper| {
             let (tx, rx) = mpsc::channel();
-            keeper.open(vec![spec("b1")], tx).unwrap();
+            keeper.open(vec![spec("b1")], (tx, None)).unwrap();
             rx.recv().unwrap().unwrap()
         };
         let ports = open(&keeper);
@@ -769,5 +781,32 @@ mod tests {
         assert_eq!(c.dropped(), 0, "nothing closed");
         drop(ports);
         drop(keeper);
+    }
+
+    /// The keeper wakes the run loop once the ports it opened are sent, so that the loop
+    /// applies the change at once rather than just before whatever frame woke it next.
+    #[test]
+    fn the_keeper_wakes_the_loop_when_the_ports_are_open() {
+        let c = Arc::new(Counts::default());
+        let c2 = c.clone();
+        let opener: PortOpener =
+            Arc::new(move |s: &PortSpec| Ok(c2.port(&s.ifname, s.backend, true)));
+        let keeper = PortKeeper::start(opener).unwrap();
+        let wake = Arc::new(CommandWake {
+            fd: command_eventfd().unwrap(),
+            pending: AtomicBool::new(false),
+        });
+        let fd = wake.fd.as_raw_fd();
+        let quiet = std::time::Duration::ZERO;
+        assert!(!crate::port::wait_readable(&[fd], quiet).unwrap());
+        let (tx, rx) = mpsc::channel();
+        keeper
+            .open(vec![spec("b1")], (tx, Some(wake.clone())))
+            .unwrap();
+        let ports = rx.recv().unwrap().unwrap();
+        let woken = std::time::Duration::from_secs(5);
+        assert!(crate::port::wait_readable(&[fd], woken).unwrap());
+        assert!(wake.pending.load(Ordering::Acquire));
+        drop(ports);
     }
 }
