@@ -236,7 +236,8 @@ type Opened = (
 );
 
 enum KeeperJob {
-    Open(Vec<PortSpec>, Opened),
+    /// Ports to open, after parking the ports removed VMs gave up meanwhile.
+    Open(Vec<PortSpec>, Vec<Box<dyn Port>>, Opened),
     Close(Vec<Box<dyn Port>>),
 }
 
@@ -253,9 +254,14 @@ impl PortKeeper {
     /// Opens `specs`' ports; all of them, or the first error, arrive on `done.0`, and then
     /// `done.1` wakes the run loop, so that it applies the change between frames rather than
     /// just before the frame that next wakes it.
-    fn open(&self, specs: Vec<PortSpec>, done: Opened) -> anyhow::Result<()> {
+    fn open(
+        &self,
+        specs: Vec<PortSpec>,
+        closed: Vec<Box<dyn Port>>,
+        done: Opened,
+    ) -> anyhow::Result<()> {
         self.0
-            .send(KeeperJob::Open(specs, done))
+            .send(KeeperJob::Open(specs, closed, done))
             .map_err(|_| anyhow::anyhow!("the thread that opens ports stopped"))
     }
 
@@ -290,7 +296,8 @@ fn keep_ports(rx: &mpsc::Receiver<KeeperJob>, opener: &PortOpener) {
         };
         let mut close = parked.expired(std::time::Instant::now());
         match job {
-            Some(KeeperJob::Open(specs, (done, wake))) => {
+            Some(KeeperJob::Open(specs, closed, (done, wake))) => {
+                close.extend(parked.park(closed, std::time::Instant::now()));
                 let ports = specs
                     .iter()
                     .map(|s| match parked.take(s, &mut close) {
@@ -406,7 +413,9 @@ impl Switch {
                 Ok(r) => {
                     let (tx, done) = mpsc::channel();
                     let wake = self.command_wake.clone();
-                    if let Err(e) = self.port_keeper().and_then(|k| k.open(r.specs, (tx, wake))) {
+                    let closed = std::mem::take(&mut self.closing);
+                    let keeper = self.port_keeper();
+                    if let Err(e) = keeper.and_then(|k| k.open(r.specs, closed, (tx, wake))) {
                         let _ = reply.send(Err(e));
                         continue;
                     }
@@ -440,7 +449,7 @@ impl Switch {
             return Ok(Vec::new());
         }
         let (tx, done) = mpsc::channel();
-        self.port_keeper()?.open(specs, (tx, None))?;
+        self.port_keeper()?.open(specs, Vec::new(), (tx, None))?;
         done.recv()
             .map_err(|_| anyhow::anyhow!("the thread that opens ports stopped"))?
     }
@@ -474,7 +483,7 @@ impl Switch {
 
     /// Applies live changes, each touching only its host, tenant or VM in place, with the
     /// new VMs' ports `opened` (all opened before anything is applied: if one could not be,
-    /// nothing changed). A removed VM's port is given to the keeper (parked, then closed); the other
+    /// nothing changed). A removed VM's port goes to the keeper (parked, then closed); the other
     /// ports, their rings and their waits are not touched. When the engine refuses a change,
     /// the ones before it are undone and the error says so.
     fn commit(
@@ -515,9 +524,9 @@ impl Switch {
                 _ => {}
             },
         );
-        if !closed.is_empty() {
-            self.close_ports(closed);
-        }
+        // Handed to the keeper with the next new ports or at the next publish: waking it here
+        // would hold up the loop for a system call, and the frames waiting meanwhile with it.
+        self.closing.append(&mut closed);
         let (cfg, failed) = match applied {
             Ok(()) => (cfg, None),
             Err(e) if e.undo_failed.is_none() => return Err(e.into()),
@@ -756,7 +765,8 @@ mod tests {
     }
 
     /// The keeper's thread opens a port once: closed and asked for again, it gives the same
-    /// one back instead of opening another.
+    /// one back instead of opening another; so too when the port comes with the request (the
+    /// run loop hands removed VMs' ports over with the next opening).
     #[test]
     fn the_keeper_gives_a_closed_port_back_instead_of_opening_a_new_one() {
         let c = Arc::new(Counts::default());
@@ -767,17 +777,20 @@ mod tests {
             Ok(c2.port(&s.ifname, s.backend, true))
         });
         let keeper = PortKeeper::start(opener).unwrap();
-        let open = |keeper: &PortKeeper| {
+        let open = |keeper: &PortKeeper, closed| {
             let (tx, rx) = mpsc::channel();
-            keeper.open(vec![spec("b1")], (tx, None)).unwrap();
+            keeper.open(vec![spec("b1")], closed, (tx, None)).unwrap();
             rx.recv().unwrap().unwrap()
         };
-        let ports = open(&keeper);
+        let ports = open(&keeper, Vec::new());
         assert_eq!(opened.load(Ordering::SeqCst), 1);
         keeper.close(ports);
-        let ports = open(&keeper);
+        let ports = open(&keeper, Vec::new());
         assert_eq!(ports.len(), 1);
         assert_eq!((opened.load(Ordering::SeqCst), c.reused()), (1, 1));
+        let ports = open(&keeper, ports);
+        assert_eq!(ports.len(), 1);
+        assert_eq!((opened.load(Ordering::SeqCst), c.reused()), (1, 2));
         assert_eq!(c.dropped(), 0, "nothing closed");
         drop(ports);
         drop(keeper);
@@ -801,7 +814,7 @@ mod tests {
         assert!(!crate::port::wait_readable(&[fd], quiet).unwrap());
         let (tx, rx) = mpsc::channel();
         keeper
-            .open(vec![spec("b1")], (tx, Some(wake.clone())))
+            .open(vec![spec("b1")], Vec::new(), (tx, Some(wake.clone())))
             .unwrap();
         let ports = rx.recv().unwrap().unwrap();
         let woken = std::time::Duration::from_secs(5);
