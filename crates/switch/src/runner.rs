@@ -91,8 +91,8 @@ pub struct Switch {
     opening: Option<Opening>,
     /// Opens and closes ports for live changes (started on the first).
     keeper: Option<PortKeeper>,
-    /// Ports removed VMs gave up, for the keeper (with the next opening or publish).
-    closing: Vec<Box<dyn Port>>,
+    /// Ports removed VMs gave up, for the keeper.
+    given_up: live::GivenUp,
     /// Readable when the API sent a command ([`CommandSender`]).
     command_wake: Option<Arc<live::CommandWake>>,
     /// How long applying each change held the loop up.
@@ -194,7 +194,7 @@ impl Switch {
             commands: None,
             opening: None,
             keeper: None,
-            closing: Vec::new(),
+            given_up: Default::default(),
             command_wake: None,
             commit_clock: CommitClock::default(),
             waits: Vec::new(),
@@ -419,10 +419,7 @@ impl Switch {
     }
 
     fn publish(&mut self, now: Instant) {
-        if !self.closing.is_empty() {
-            let closed = std::mem::take(&mut self.closing);
-            self.close_ports(closed);
-        }
+        self.hand_over_given_up();
         self.kernel.publish(&mut self.engine, now);
         let ports = self
             .ports
