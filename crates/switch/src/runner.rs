@@ -97,6 +97,9 @@ pub struct Switch {
     command_wake: Option<Arc<live::CommandWake>>,
     /// How long applying each change held the loop up.
     commit_clock: CommitClock,
+    /// Answers to the API's changes, sent when the loop is about to wait; since when.
+    answers: Vec<(mpsc::Sender<anyhow::Result<()>>, anyhow::Result<()>)>,
+    answers_since: Instant,
     /// Per port: the adaptive wait of its receive ring and frames read from it so far.
     waits: Vec<(AdaptiveWait, u64)>,
     /// The eBPF programs' maps: the uplink's early drop, the ports' softirq time.
@@ -197,6 +200,8 @@ impl Switch {
             given_up: Default::default(),
             command_wake: None,
             commit_clock: CommitClock::default(),
+            answers: Vec::new(),
+            answers_since: Instant::ZERO,
             waits: Vec::new(),
             kernel: KernelLink::default(),
             accel: None,
@@ -291,6 +296,7 @@ impl Switch {
             }
             // Live changes are applied as they come (each touches only its tenant).
             self.apply_commands();
+            self.answer(Some(now));
             self.waits
                 .resize_with(self.ports.len(), || (ring_wait(spin), 0));
             let mut io = PortIo {
@@ -365,8 +371,10 @@ impl Switch {
                     .and_then(Accel::notify_fd)
                     .map(|fd| fd.as_raw_fd()),
             );
+            self.answer(None);
             wait_readable(&fds, std::time::Duration::from_nanos(timeout.as_nanos()))?;
         }
+        self.answer(None);
         self.publish(self.clock.now());
         self.release_cgroups();
         Ok(())
