@@ -38,8 +38,10 @@ pub struct WorkerView {
     pub live_commits: CommitTimes,
 }
 
-/// The time a dataplane loop spends applying one API change (from taking it to answering),
-/// during which the frames in its rings wait: count and quantiles, us.
+/// The time a dataplane loop spends applying one API change, during which the frames in its
+/// rings wait: from taking it until the loop goes on (a worker's answer to the coordinator
+/// included; the single loop answers the API later, when about to wait). Count and
+/// quantiles, us.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct CommitTimes {
     pub commits: u64,
