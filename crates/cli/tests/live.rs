@@ -9,7 +9,9 @@
 //! free count is back to its capacity once the queues drain. Measured and printed, not
 //! asserted (timing on a shared machine): the neighbour's throughput and p99 latency under
 //! churn relative to the control, which isolates what applying changes costs a neighbour
-//! from what any API traffic costs on the machine's two cores, and relative to quiet.
+//! from what any API traffic costs on the machine's two cores, and relative to quiet. The
+//! latency is to the frame's arrival in a2v's ring (the kernel's timestamp), so that the
+//! receiving thread's wake-up is not in it; to the receiver's read is printed too.
 //! Run with one loop and with two workers (the neighbour's flow then crosses from one worker
 //! to the other, and b1's port is handed to a worker while both run).
 //! Needs root (namespaces, AF_PACKET); skips and says so otherwise.
@@ -156,10 +158,14 @@ fn frame(seq: u64, base: Instant) -> Vec<u8> {
     out
 }
 
-/// What a phase of the neighbour's flow saw: frames sent, received and their latencies.
+/// What a phase of the neighbour's flow saw: frames sent, received and their latencies, to
+/// the frame's arrival in a2v's ring (the kernel's timestamp) and to the receiving thread's
+/// read. The first is the one compared: the receiving thread's own wake-up on the machine's
+/// two cores (the test's, not the switch's) is not in it.
 struct Phase {
     sent: u64,
     latencies: Vec<u64>,
+    read_latencies: Vec<u64>,
     secs: f64,
 }
 
@@ -168,6 +174,7 @@ impl Phase {
         Phase {
             sent: 0,
             latencies: Vec::new(),
+            read_latencies: Vec::new(),
             secs: 0.0,
         }
     }
@@ -175,15 +182,23 @@ impl Phase {
     fn add(&mut self, other: Phase) {
         self.sent += other.sent;
         self.latencies.extend(other.latencies);
+        self.read_latencies.extend(other.read_latencies);
         self.secs += other.secs;
     }
     fn pps(&self) -> f64 {
         self.latencies.len() as f64 / self.secs
     }
     fn p99_us(&mut self) -> f64 {
-        self.latencies.sort_unstable();
-        self.latencies[self.latencies.len() * 99 / 100] as f64 / 1e3
+        p99_us(&mut self.latencies)
     }
+    fn read_p99_us(&mut self) -> f64 {
+        p99_us(&mut self.read_latencies)
+    }
+}
+
+fn p99_us(latencies: &mut [u64]) -> f64 {
+    latencies.sort_unstable();
+    latencies[latencies.len() * 99 / 100] as f64 / 1e3
 }
 
 /// Sends the neighbour's flow at [`RATE`] for [`PHASE`] while `during` runs (on this thread's
@@ -193,30 +208,33 @@ fn phase(a1v: &mut AfPacketPort, a2v: &mut AfPacketPort, during: impl FnOnce() +
     let done = AtomicBool::new(false);
     let mut pool = FramePool::new(1024);
     let mut phase = Phase {
-        sent: 0,
-        latencies: Vec::new(),
         secs: PHASE.as_secs_f64(),
+        ..Phase::empty()
     };
     std::thread::scope(|s| {
         let receiver = s.spawn(|| {
             let mut pool = FramePool::new(1024);
             let mut got: Vec<Frame> = Vec::new();
-            let mut latencies = Vec::new();
+            let (mut latencies, mut read_latencies) = (Vec::new(), Vec::new());
             let mut quiet_since = None;
             loop {
                 a2v.recv_batch(&mut pool, &mut got, 64).unwrap();
+                let read = base.elapsed().as_nanos() as u64;
                 for f in got.drain(..) {
                     let d = f.data();
                     if d.len() >= 58 && d[6..12] == A1_MAC {
                         let sent = u64::from_be_bytes(d[50..58].try_into().unwrap());
-                        latencies.push((base.elapsed().as_nanos() as u64).saturating_sub(sent));
+                        // The port knows how long the frame waited in the ring.
+                        let arrived = f.entered(picnic_core::Instant::from_nanos(read));
+                        latencies.push(arrived.as_nanos().saturating_sub(sent));
+                        read_latencies.push(read.saturating_sub(sent));
                     }
                     pool.put(f);
                 }
                 if done.load(Ordering::Relaxed) {
                     let since = *quiet_since.get_or_insert_with(Instant::now);
                     if since.elapsed() > Duration::from_millis(200) {
-                        return latencies;
+                        return (latencies, read_latencies);
                     }
                 }
                 // Blocks until a frame arrives (at most 10 ms), so that the latency measured is
@@ -247,7 +265,7 @@ fn phase(a1v: &mut AfPacketPort, a2v: &mut AfPacketPort, during: impl FnOnce() +
             phase.sent += 1;
         }
         done.store(true, Ordering::Relaxed);
-        phase.latencies = receiver.join().unwrap();
+        (phase.latencies, phase.read_latencies) = receiver.join().unwrap();
     });
     phase
 }
@@ -274,6 +292,22 @@ fn pool(sock: &Path) -> (u64, u64) {
         stats["pool_free"].as_u64().unwrap(),
         stats["pool_capacity"].as_u64().unwrap(),
     )
+}
+
+/// Each worker's time applying a change (its loop held up meanwhile), from `/stats`.
+fn commit_times(sock: &Path) -> String {
+    let (status, body) = api(sock, "GET", "/stats", "");
+    assert_eq!(status, 200, "{body}");
+    let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let workers = stats["workers"].as_array().unwrap();
+    let each = workers.iter().map(|w| {
+        let c = &w["live_commits"];
+        format!(
+            "worker {}: {} changes, median {:.1} us, p90 {:.1}, p99 {:.1}, max {:.1}",
+            w["worker"], c["commits"], c["p50_us"], c["p90_us"], c["p99_us"], c["max_us"]
+        )
+    });
+    each.collect::<Vec<_>>().join("; ")
 }
 
 #[test]
@@ -309,7 +343,7 @@ fn neighbour_under_churn(workers: usize) {
         let (mut control, mut churned) = (Phase::empty(), Phase::empty());
         let mut applied = 0;
         // Each round's p99 churned/control: their median resists one round's disturbance.
-        let mut round_ratios = Vec::new();
+        let (mut round_ratios, mut read_ratios) = (Vec::new(), Vec::new());
         let rounds = rounds();
         for _ in 0..rounds {
             let mut c = phase(&mut a1v, &mut a2v, || {
@@ -324,10 +358,12 @@ fn neighbour_under_churn(workers: usize) {
                 applied += requests(&sock, churn_step);
             });
             round_ratios.push(x.p99_us() / c.p99_us());
+            read_ratios.push(x.read_p99_us() / c.read_p99_us());
             control.add(c);
             churned.add(x);
         }
         round_ratios.sort_by(f64::total_cmp);
+        read_ratios.sort_by(f64::total_cmp);
         let in_switch_all = in_switch_latency(&sock);
         for (name, p) in [("quiet", &quiet), ("control", &control), ("churned", &churned)] {
             assert_eq!(
@@ -347,19 +383,25 @@ fn neighbour_under_churn(workers: usize) {
         let changes_per_sec = applied as f64 / churned.secs;
         assert!(changes_per_sec > 50.0, "only {changes_per_sec:.0} changes/s applied");
         let (q99, n99, c99) = (quiet.p99_us(), control.p99_us(), churned.p99_us());
+        let (rn99, rc99) = (control.read_p99_us(), churned.read_p99_us());
         println!(
             "{workers} worker(s): {applied} changes ({changes_per_sec:.0}/s) in {rounds} churn phases \
              alternating with {rounds} control phases (as many requests changing nothing); none of \
              the neighbour's {} frames lost; throughput churned/control {:.3}; p99 latency \
-             churned/control {:.2} ({c99:.0} us vs {n99:.0} us; by round: median {:.2}, \
-             {round_ratios:.2?}), churned/quiet {:.2} (quiet \
-             {q99:.0} us); through the switch p99 {in_switch_quiet:.0} us quiet, \
-             {in_switch_all:.0} us over all phases; pool {free}/{capacity} free after",
+             to a2v's ring churned/control {:.2} ({c99:.0} us vs {n99:.0} us; by round: median \
+             {:.2}, {round_ratios:.2?}), churned/quiet {:.2} (quiet {q99:.0} us); to the \
+             receiver's read churned/control {:.2} ({rc99:.0} us vs {rn99:.0} us; by round: \
+             median {:.2}, {read_ratios:.2?}); through the switch p99 {in_switch_quiet:.0} us \
+             quiet, {in_switch_all:.0} us over all phases; pool {free}/{capacity} free after; \
+             applying a change held the loop up: {}",
             quiet.sent + control.sent + churned.sent,
             churned.pps() / control.pps(),
             c99 / n99,
             round_ratios[round_ratios.len() / 2],
             c99 / q99,
+            rc99 / rn99,
+            read_ratios[read_ratios.len() / 2],
+            commit_times(&sock),
         );
     });
     let _ = std::fs::remove_dir_all(&dir);

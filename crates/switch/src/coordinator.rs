@@ -277,11 +277,13 @@ impl Switch {
             cfg,
             changes,
             specs,
+            opened: sent,
             ..
         } = self.prepare(change)?;
-        // Opened here (by the port keeper, which may give back a removed VM's port):
-        // setting up a port's rings takes milliseconds, no worker waits for it.
+        // Opened by the API's thread, or here (by the port keeper, which may give back a
+        // removed VM's port): setting up a port's rings takes milliseconds, no worker waits.
         let mut opened = self.open_ports(specs)?;
+        opened.extend(sent);
         let now = self.clock.now();
         // A VM moved to a port another VM gives up in this change stays with that port's owner.
         let dir = &self.engine.dir;

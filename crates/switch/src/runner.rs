@@ -38,7 +38,8 @@ pub use live::{CommandSender, Reconfigure};
 use live::{Opening, PortKeeper};
 pub use ports::{open_port, open_uplinks, vm_max_frame, PortOpener, PortSpec};
 use ports::{tenant_ports, vm_max_frame_of, PortIo};
-pub use publish::{HandoffCounters, PortView, Published, Shared, WorkerView};
+pub(crate) use publish::CommitClock;
+pub use publish::{CommitTimes, HandoffCounters, PortView, Published, Shared, WorkerView};
 pub(crate) use work::setup_thread;
 pub use work::{thread_cpu_ns, Clock, SpinWork};
 
@@ -90,8 +91,15 @@ pub struct Switch {
     opening: Option<Opening>,
     /// Opens and closes ports for live changes (started on the first).
     keeper: Option<PortKeeper>,
+    /// Ports removed VMs gave up, for the keeper.
+    given_up: live::GivenUp,
     /// Readable when the API sent a command ([`CommandSender`]).
     command_wake: Option<Arc<live::CommandWake>>,
+    /// How long applying each change held the loop up.
+    commit_clock: CommitClock,
+    /// Answers to the API's changes, sent when the loop is about to wait; since when.
+    answers: Vec<(mpsc::Sender<anyhow::Result<()>>, anyhow::Result<()>)>,
+    answers_since: Instant,
     /// Per port: the adaptive wait of its receive ring and frames read from it so far.
     waits: Vec<(AdaptiveWait, u64)>,
     /// The eBPF programs' maps: the uplink's early drop, the ports' softirq time.
@@ -189,7 +197,11 @@ impl Switch {
             commands: None,
             opening: None,
             keeper: None,
+            given_up: Default::default(),
             command_wake: None,
+            commit_clock: CommitClock::default(),
+            answers: Vec::new(),
+            answers_since: Instant::ZERO,
             waits: Vec::new(),
             kernel: KernelLink::default(),
             accel: None,
@@ -284,6 +296,7 @@ impl Switch {
             }
             // Live changes are applied as they come (each touches only its tenant).
             self.apply_commands();
+            self.answer(Some(now));
             self.waits
                 .resize_with(self.ports.len(), || (ring_wait(spin), 0));
             let mut io = PortIo {
@@ -358,8 +371,10 @@ impl Switch {
                     .and_then(Accel::notify_fd)
                     .map(|fd| fd.as_raw_fd()),
             );
+            self.answer(None);
             wait_readable(&fds, std::time::Duration::from_nanos(timeout.as_nanos()))?;
         }
+        self.answer(None);
         self.publish(self.clock.now());
         self.release_cgroups();
         Ok(())
@@ -412,6 +427,7 @@ impl Switch {
     }
 
     fn publish(&mut self, now: Instant) {
+        self.hand_over_given_up();
         self.kernel.publish(&mut self.engine, now);
         let ports = self
             .ports
@@ -439,6 +455,7 @@ impl Switch {
             vms: switch.vms.iter().map(|v| v.name.clone()).collect(),
             cpu_ns: switch.switch.cpu_ns,
             handoff: Default::default(),
+            live_commits: self.commit_clock.view(),
         }];
         self.shared.publish(Published {
             switch,

@@ -23,7 +23,8 @@ use crate::frame::{Frame, FramePool};
 use crate::port::{wait_readable, Port};
 use crate::runner::take_named;
 use crate::runner::{
-    ring_wait, thread_cpu_ns, Clock, HandoffCounters, PortView, Published, SpinWork, WorkerView,
+    ring_wait, thread_cpu_ns, Clock, CommitClock, HandoffCounters, PortView, Published, SpinWork,
+    WorkerView,
 };
 use crate::stats::DropReason;
 use crate::workers::{Applied, Assignment, Control, Handoff, Mailbox};
@@ -116,6 +117,8 @@ pub struct Worker {
     /// Frames owed back to each worker.
     owed: Vec<u64>,
     handoff: HandoffCounters,
+    /// How long applying each live change held this worker up.
+    commit_clock: CommitClock,
     /// The uplink's XDP early drop for this worker's VMs (none without an AF_XDP uplink).
     pub kernel: KernelLink,
 }
@@ -139,6 +142,7 @@ impl Worker {
             batch: 1,
             owed: Vec::new(),
             handoff: HandoffCounters::default(),
+            commit_clock: CommitClock::default(),
             kernel: KernelLink::default(),
         }
     }
@@ -259,6 +263,7 @@ impl Worker {
     /// VM's queues go back to this worker's pool), installs the new ports placed here, gives
     /// up removed VMs' ports, takes the new owners and budgets, and answers.
     fn on_control(&mut self, now: Instant, control: Control, spin: Duration) {
+        let start = std::time::Instant::now();
         let Control {
             old,
             changes,
@@ -303,11 +308,15 @@ impl Worker {
             self.engine.join_workers(budgets, self.index);
         }
         closed.append(&mut opened);
+        let changed = !changes.is_empty();
         let _ = reply.send(Applied {
             worker: self.index,
             result,
             closed,
         });
+        if changed {
+            self.commit_clock.record(start);
+        }
     }
 
     /// Takes what other workers handed over: uplink frames wait for the next uplink read,
@@ -420,6 +429,7 @@ impl Worker {
                 .collect(),
             cpu_ns: switch.switch.cpu_ns,
             handoff: self.handoff.clone(),
+            live_commits: self.commit_clock.view(),
         }];
         Published {
             switch,

@@ -34,6 +34,46 @@ pub struct WorkerView {
     /// CPU time of its thread, ns (its engine's `cpu_ns`).
     pub cpu_ns: u64,
     pub handoff: HandoffCounters,
+    /// How long its loop took to apply the live changes that changed something.
+    pub live_commits: CommitTimes,
+}
+
+/// The time a dataplane loop spends applying one API change, during which the frames in its
+/// rings wait: from taking it until the loop goes on (a worker's answer to the coordinator
+/// included; the single loop answers the API later, when about to wait). Count and
+/// quantiles, us.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct CommitTimes {
+    pub commits: u64,
+    pub p50_us: f64,
+    pub p90_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+}
+
+/// Records [`CommitTimes`] (ns, 1 ns to 10 s, 3 significant digits).
+pub(crate) struct CommitClock(hdrhistogram::Histogram<u64>);
+
+impl Default for CommitClock {
+    fn default() -> Self {
+        Self(hdrhistogram::Histogram::new_with_bounds(1, 10_000_000_000, 3).expect("valid bounds"))
+    }
+}
+
+impl CommitClock {
+    pub(crate) fn record(&mut self, since: std::time::Instant) {
+        self.0.saturating_record(since.elapsed().as_nanos() as u64);
+    }
+    pub(crate) fn view(&self) -> CommitTimes {
+        let us = |q: f64| self.0.value_at_quantile(q) as f64 / 1e3;
+        CommitTimes {
+            commits: self.0.len(),
+            p50_us: us(0.5),
+            p90_us: us(0.9),
+            p99_us: us(0.99),
+            max_us: self.0.max() as f64 / 1e3,
+        }
+    }
 }
 
 /// A port as the API shows it: counters and how the loop waits on its receive ring.
