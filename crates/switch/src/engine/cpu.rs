@@ -75,6 +75,12 @@ impl CpuLedger {
         slot.1 += bytes as u64;
     }
 
+    /// Forgets the last batch (a VM of it was removed): passes until the next batch are the
+    /// switch's overhead.
+    pub(super) fn forget_batch(&mut self) {
+        self.entries.clear();
+    }
+
     /// Notes `ns` of extra processing measured for one of `vm`'s frames.
     pub(super) fn note_direct(&mut self, vm: VmIdx, ns: u64) {
         if self.tally[vm].0 == 0 && self.direct[vm] == 0 {
