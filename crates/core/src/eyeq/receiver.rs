@@ -33,6 +33,13 @@ pub struct ReceiverConfig {
     /// Also sample a packet when this long has passed since the endpoint's last feedback, so
     /// slow endpoints still reach their senders (EyeQ's implementation: 100 us). `None`: off.
     pub feedback_interval: Option<Duration>,
+    /// The interval sample's period instead of `feedback_interval` while the endpoint is
+    /// quiet: it advertises its whole allotment (R_i = C_i, nothing to hold back) and its
+    /// last feedback carried that rate, so a feedback would say nothing new and only keeps
+    /// senders' limiters from halving (every `feedback_timeout`, 100 ms). Byte samples are
+    /// unchanged. Each feedback is a frame that wakes the sender's switch: one per packet of
+    /// a slow flow otherwise. `None`: always `feedback_interval` (EyeQ's implementation).
+    pub quiet_feedback_interval: Option<Duration>,
     /// An endpoint that received nothing for this long leaves the active set and gives its
     /// share to the others (EyeQ 3.2: A is the set of endpoints receiving at non-zero rate).
     pub idle_after: Duration,
@@ -49,6 +56,7 @@ impl Default for ReceiverConfig {
             min_rate: 1_000_000 / 8,
             feedback_units: 10_000,
             feedback_interval: Some(Duration::from_micros(100)),
+            quiet_feedback_interval: None,
             idle_after: Duration::from_millis(1),
         }
     }
@@ -168,6 +176,8 @@ struct Endpoint<K> {
     measured: u64,
     units_since_feedback: u64,
     last_feedback: Option<Instant>,
+    /// The rate the last feedback carried.
+    fed_back: Option<u64>,
     seq: u32,
     feedbacks: u64,
     /// Scratch flag of the water-filling in [`Receiver::reallocate`].
@@ -272,6 +282,7 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
             measured: 0,
             units_since_feedback: 0,
             last_feedback: None,
+            fed_back: None,
             seq: 0,
             feedbacks: 0,
             settled: false,
@@ -313,7 +324,8 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
 
     /// Accounts a packet of `units` received for `endpoint` from `source` and returns the
     /// feedback to send to `source` when this packet is sampled (EyeQ 3.2: one every
-    /// `feedback_units` received by the endpoint, or after `feedback_interval`).
+    /// `feedback_units` received by the endpoint, or after `feedback_interval`, or
+    /// `quiet_feedback_interval` while the endpoint is quiet).
     pub fn on_packet<S>(
         &mut self,
         now: Instant,
@@ -343,7 +355,12 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
         }
         let ep = &mut self.endpoints[i];
         ep.units_since_feedback = ep.units_since_feedback.saturating_add(units);
-        let interval_due = match (self.config.feedback_interval, ep.last_feedback) {
+        let quiet = ep.advertised >= ep.allowed && ep.fed_back == Some(ep.advertised);
+        let interval = match self.config.quiet_feedback_interval {
+            Some(long) if quiet => Some(long),
+            _ => self.config.feedback_interval,
+        };
+        let interval_due = match (interval, ep.last_feedback) {
             (Some(interval), Some(last)) => now.saturating_since(last) >= interval,
             (_, None) => true,
             (None, Some(_)) => false,
@@ -353,6 +370,7 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
         }
         ep.units_since_feedback = 0;
         ep.last_feedback = Some(now);
+        ep.fed_back = Some(ep.advertised);
         ep.seq = ep.seq.wrapping_add(1);
         ep.feedbacks += 1;
         Ok(Some(Feedback {

@@ -96,6 +96,11 @@ impl Ingress {
             let base = ReceiverConfig {
                 window,
                 feedback_interval: Some(window),
+                // A VM at its whole allotment with that rate already sent: a refresh every
+                // 10 ms, a tenth of the senders' 100 ms halving. Each feedback wakes the
+                // sender's switch; per window it was one per packet of a slow RPC, +10-20 us
+                // on its round trip (docs/BENCHMARKS.md "The fast path at low load").
+                quiet_feedback_interval: Some(Duration::from_millis(10)),
                 ..base
             };
             let link_cfg = ReceiverConfig { capacity, ..base };

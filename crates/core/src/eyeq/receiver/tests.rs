@@ -87,6 +87,52 @@ fn feedback_is_sampled_every_10_kb_and_sequenced() {
     assert_eq!(rx.on_packet(later, 7, 1u8, 64).unwrap().unwrap().seq, 5);
 }
 
+/// A slow flow to an endpoint advertising its whole allotment is sampled for feedback once
+/// per quiet interval, not once per packet; when the endpoint's rate changes or it is
+/// congested, every `feedback_interval` again.
+#[test]
+fn a_quiet_endpoint_is_fed_back_once_per_quiet_interval() {
+    let config = ReceiverConfig {
+        capacity: 1000 * MBPS,
+        quiet_feedback_interval: Some(Duration::from_millis(10)),
+        // Interval samples only: no byte samples.
+        feedback_units: u64::MAX,
+        ..ReceiverConfig::default()
+    };
+    let mut rx = Receiver::new(config, Instant::ZERO).unwrap();
+    rx.add_endpoint(7, guarantee(100 * MBPS)).unwrap();
+    rx.add_endpoint(8, guarantee(100 * MBPS)).unwrap();
+    // Packets to each of `eps` every `gap_ns` in [from, to) ms; the times of feedback for
+    // the first.
+    let mut run = |eps: &[u32], from: u64, to: u64, gap_ns: u64, units: u64| -> Vec<u64> {
+        let mut fed = Vec::new();
+        for t in (from * 1_000_000..to * 1_000_000).step_by(gap_ns as usize) {
+            for &ep in eps {
+                let fb = rx.on_packet(Instant::from_nanos(t), ep, (), units).unwrap();
+                if fb.is_some() && ep == eps[0] {
+                    fed.push(t);
+                }
+            }
+        }
+        fed
+    };
+    // 64 B every 500 us for 50 ms: the first packet, then one per 10 ms (without the quiet
+    // interval: every packet, 100).
+    let slow = run(&[7], 0, 50, 500_000, 64);
+    assert_eq!(slow, [0, 10_000_000, 20_000_000, 30_000_000, 40_000_000]);
+    // Endpoint 8 becomes active at 50 ms (7's refresh is due then too): 7's share halves,
+    // RCP advertises the new rate from the window's end, and 7's next packet carries it;
+    // then quiet again.
+    let changed = run(&[7, 8], 50, 60, 500_000, 64);
+    assert_eq!(changed, [50_000_000, 50_500_000]);
+    // A flood of 1.3x the link: RCP advertises below the allotment, and the flood's packets
+    // are sampled every 100 us again.
+    let flood = run(&[7], 60, 62, 10_000, 1500);
+    let gaps: Vec<u64> = flood.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(flood.len() >= 15, "{flood:?}");
+    assert!(gaps.iter().skip(2).all(|&g| g <= 110_000), "{gaps:?}");
+}
+
 /// The aggregate counts an endpoint from its first packet until 100 ms without
 /// any (not only while it is in the 1 ms active set), with the demand of a hungry one.
 #[test]
