@@ -15,12 +15,14 @@ mod queues;
 mod sys;
 mod tap;
 mod vnet;
+mod waitset;
 
 pub use afpacket::{AfPacketOptions, AfPacketPort, RingVersion};
 pub use afxdp::{AfXdpOptions, AfXdpPort, XdpMode};
 pub use memory::{MemoryPort, MemoryPortHandle};
 pub use queues::QueueSet;
 pub use tap::TapPort;
+pub use waitset::WaitSet;
 
 pub use crate::config::Backend;
 
