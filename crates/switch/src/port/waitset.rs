@@ -155,7 +155,7 @@ fn sync(epoll: RawFd, old: &[RawFd], new: &[RawFd]) -> io::Result<()> {
                 i += 1;
                 j += 1;
             }
-            (Some(&o), n) if n.is_none_or(|&n| o < n) => {
+            (Some(&o), n) if n.map_or(true, |&n| o < n) => {
                 // The file may be closed already (its registration went with it), or its
                 // number taken by a file never registered: nothing left to remove.
                 if let Err(e) = ctl(epoll, libc::EPOLL_CTL_DEL, o) {
