@@ -25,7 +25,7 @@ use crate::driver::Driver;
 use crate::ebpf::KernelLink;
 use crate::engine::{Engine, IRON_PERIOD};
 use crate::frame::FramePool;
-use crate::port::{wait_readable, Port};
+use crate::port::{Port, WaitSet};
 
 mod idle;
 mod live;
@@ -117,6 +117,9 @@ pub struct Switch {
     pub(crate) feedback_key: Option<Vec<u8>>,
     /// Opens a new VM's port at a live change.
     pub(crate) opener: PortOpener,
+    /// The loop's blocking wait, kept across waits; reset when a descriptor it waited on may
+    /// have been closed (a live change of ports, a new shared engine).
+    pub(crate) wait_set: WaitSet,
 }
 
 impl Switch {
@@ -207,6 +210,7 @@ impl Switch {
             accel: None,
             accel_scratch: Exchange::default(),
             cgroups: Vec::new(),
+            wait_set: WaitSet::new(),
             cfg,
         }
     }
@@ -277,6 +281,7 @@ impl Switch {
                 eprintln!("picnic: warning: timer slack: {e}");
             }
         }
+        self.wait_set.reset();
         let mut cpu_mark = thread_cpu_ns();
         while !self.stop.load(Ordering::Relaxed) {
             let now = self.clock.now();
@@ -372,7 +377,8 @@ impl Switch {
                     .map(|fd| fd.as_raw_fd()),
             );
             self.answer(None);
-            wait_readable(&fds, std::time::Duration::from_nanos(timeout.as_nanos()))?;
+            self.wait_set
+                .wait(&fds, std::time::Duration::from_nanos(timeout.as_nanos()))?;
         }
         self.answer(None);
         self.publish(self.clock.now());
@@ -479,6 +485,8 @@ impl Switch {
         }
         self.shared.set_accel_keys(accel.as_ref().map(Accel::keys));
         self.accel = accel;
+        // The old engine's notify descriptor is closed: its number may be the new one's.
+        self.wait_set.reset();
     }
 
     pub fn port_index(&self, name: &str) -> Option<PortIdx> {

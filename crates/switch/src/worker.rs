@@ -20,7 +20,7 @@ use crate::driver::{Driver, Io, UPLINK_READ_ROUNDS};
 use crate::ebpf::KernelLink;
 use crate::engine::{Engine, PortChange, SharedBudgets, Work};
 use crate::frame::{Frame, FramePool};
-use crate::port::{wait_readable, Port};
+use crate::port::{Port, WaitSet};
 use crate::runner::take_named;
 use crate::runner::{
     ring_wait, thread_cpu_ns, Clock, CommitClock, HandoffCounters, PortView, Published, SpinWork,
@@ -121,6 +121,8 @@ pub struct Worker {
     commit_clock: CommitClock,
     /// The uplink's XDP early drop for this worker's VMs (none without an AF_XDP uplink).
     pub kernel: KernelLink,
+    /// The worker's blocking wait, kept across waits; reset at every live change.
+    wait_set: WaitSet,
 }
 
 impl Worker {
@@ -144,6 +146,7 @@ impl Worker {
             handoff: HandoffCounters::default(),
             commit_clock: CommitClock::default(),
             kernel: KernelLink::default(),
+            wait_set: WaitSet::new(),
         }
     }
 
@@ -174,6 +177,7 @@ impl Worker {
         let mut fds = Vec::new();
         // The directory the uplink frames are routed with; it changes only at a live change.
         let mut dir = self.engine.dir.clone();
+        self.wait_set.reset();
         let mut cpu_mark = thread_cpu_ns();
         while !stop.load(Ordering::Relaxed) && !team.pause.load(Ordering::Relaxed) {
             let now = clock.now();
@@ -248,7 +252,9 @@ impl Worker {
                     .filter(|&p| self.engine.rx_ready(now, p, batch))
                     .filter_map(|p| self.ports[p].as_ref().and_then(|port| port.raw_fd())),
             );
-            let woke = wait_readable(&fds, std::time::Duration::from_nanos(timeout.as_nanos()));
+            let woke = self
+                .wait_set
+                .wait(&fds, std::time::Duration::from_nanos(timeout.as_nanos()));
             mailbox.awake();
             woke?;
         }
@@ -273,6 +279,9 @@ impl Worker {
             reply,
         } = control;
         let mut closed = Vec::new();
+        // Ports leave (their descriptors closed by the coordinator after the answer) and
+        // come: numbers the wait registered may name other files from here on.
+        self.wait_set.reset();
         let (ports, waits) = (&mut self.ports, &mut self.waits);
         let result = self
             .engine

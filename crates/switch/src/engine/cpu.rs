@@ -45,7 +45,7 @@ pub(super) struct CpuLedger {
 /// How long after a batch a pass that handles no frame is still charged to that batch's VMs:
 /// the engines' timers that follow traffic (limiter releases, pacing, EyeQ's meter windows and
 /// feedback) fire well within it, and each wake-up costs the loop 15-25 us here (a context
-/// switch in and out of ppoll). Later passes are the switch's own idle loop.
+/// switch in and out of the wait). Later passes are the switch's own idle loop.
 const TRAFFIC_TAIL: Duration = Duration::from_millis(2);
 
 /// A frame's first guess before the loop's cost model is fitted, ns per handling.

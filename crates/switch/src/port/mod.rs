@@ -1,8 +1,9 @@
 //! Port backends: where frames enter and leave the switch (DESIGN.md section 4, "Ports").
 //!
 //! A [`Port`] moves batches of [`Frame`]s between the kernel (or a test) and the switch,
-//! never blocking; the run loop spins while there is work and then blocks in
-//! [`wait_readable`] on the ports' descriptors (Rizzo et al.: spin briefly, then block).
+//! never blocking; the run loop spins while there is work and then blocks on the ports'
+//! descriptors in a [`WaitSet`], an epoll set kept across waits ([`wait_readable`] is the
+//! one-off `ppoll` form) (Rizzo et al.: spin briefly, then block).
 //! Backends: [`AfPacketPort`] for veths and NICs, [`AfXdpPort`] for the same where XDP is
 //! allowed (faster), [`TapPort`] for TAP devices, [`MemoryPort`] for tests and the simulator.
 //! [`QueueSet`] reads several queue sockets of one interface as one port (a worker owning
@@ -15,12 +16,14 @@ mod queues;
 mod sys;
 mod tap;
 mod vnet;
+mod waitset;
 
 pub use afpacket::{AfPacketOptions, AfPacketPort, RingVersion};
 pub use afxdp::{AfXdpOptions, AfXdpPort, XdpMode};
 pub use memory::{MemoryPort, MemoryPortHandle};
 pub use queues::QueueSet;
 pub use tap::TapPort;
+pub use waitset::WaitSet;
 
 pub use crate::config::Backend;
 

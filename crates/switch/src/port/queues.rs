@@ -9,7 +9,7 @@
 //!   interface reaches the wire.
 //! - **Wait**: [`Port::raw_fd`] is an epoll descriptor with every member's descriptor
 //!   registered for input (level-triggered). An epoll descriptor is itself readable while a
-//!   member is, so the run loop's `ppoll` wait needs no change.
+//!   member is, so the run loop's wait needs no change.
 //! - **Counters** are the members' sums.
 
 use std::io;

@@ -409,6 +409,8 @@ impl Switch {
     pub fn command_channel(&mut self) -> CommandSender {
         let (tx, rx) = mpsc::channel();
         self.commands = Some(rx);
+        // An earlier channel's eventfd closes with its last sender: its number may be reused.
+        self.wait_set.reset();
         // Without the eventfd a change waits for the loop's next wake-up (at most 5 ms).
         self.command_wake = command_eventfd()
             .map_err(|e| eprintln!("picnic switch: warning: live changes wake nobody: {e}"))
@@ -611,6 +613,9 @@ impl Switch {
         let now = self.clock.now();
         let spin = Duration::from_micros(cfg.switch.spin_us);
         let mut closed: Vec<Box<dyn Port>> = Vec::new();
+        // Ports leave and come: a descriptor the wait registered may be closed from here on
+        // (the keeper closes given-up ports) and its number reused by a new port.
+        self.wait_set.reset();
         // XDP drops counted so far belong to the VMs in their slots now.
         self.kernel.publish(&mut self.engine, now);
         let (ports, waits) = (&mut self.ports, &mut self.waits);
