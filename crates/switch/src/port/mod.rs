@@ -146,10 +146,7 @@ pub fn wait_readable(fds: &[RawFd], timeout: Duration) -> io::Result<bool> {
             revents: 0,
         };
     }
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
+    let ts = timespec(timeout);
     // SAFETY: `pollfds` is a valid, exclusively borrowed array of `pollfds.len()` entries and
     // `ts` a valid timespec; a null signal mask leaves the mask unchanged.
     let ret = unsafe {
@@ -160,6 +157,20 @@ pub fn wait_readable(fds: &[RawFd], timeout: Duration) -> io::Result<bool> {
             std::ptr::null(),
         )
     };
+    wait_outcome(ret)
+}
+
+/// A wait's timeout as the kernel takes it.
+fn timespec(timeout: Duration) -> libc::timespec {
+    libc::timespec {
+        tv_sec: timeout.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    }
+}
+
+/// What a wait system call's return says: a descriptor is ready, or not (timeout, or a signal
+/// interrupted the wait), or an error (errno read here, right after the call).
+fn wait_outcome(ret: libc::c_int) -> io::Result<bool> {
     if ret < 0 {
         let err = io::Error::last_os_error();
         return if err.kind() == io::ErrorKind::Interrupted {

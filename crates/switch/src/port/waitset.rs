@@ -88,10 +88,7 @@ impl WaitSet {
         if fds != self.asked.as_slice() {
             self.update(epoll, fds)?;
         }
-        let ts = libc::timespec {
-            tv_sec: timeout.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
-            tv_nsec: timeout.subsec_nanos() as libc::c_long,
-        };
+        let ts = super::timespec(timeout);
         let ret = if self.no_pwait2 {
             poll_one(epoll, &ts)
         } else {
@@ -116,15 +113,7 @@ impl WaitSet {
                 ret as libc::c_int
             }
         };
-        if ret < 0 {
-            let err = io::Error::last_os_error();
-            return if err.kind() == io::ErrorKind::Interrupted {
-                Ok(false)
-            } else {
-                Err(err)
-            };
-        }
-        Ok(ret > 0)
+        super::wait_outcome(ret)
     }
 
     /// Registers what `fds` has and the set lacks, removes what the set has and `fds` lacks.
