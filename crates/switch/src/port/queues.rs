@@ -13,8 +13,9 @@
 //! - **Counters** are the members' sums.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
+use super::waitset::{ctl, epoll_create};
 use super::{Backend, Port, PortStats};
 use crate::frame::{Frame, FramePool};
 
@@ -31,24 +32,9 @@ impl QueueSet {
     /// cannot be made; a member without a descriptor is read but not waited on.
     pub fn new(members: Vec<Box<dyn Port>>) -> io::Result<QueueSet> {
         assert!(!members.is_empty(), "a queue set has at least one port");
-        // SAFETY: epoll_create1 takes no pointers; a non-negative return is a new descriptor.
-        let raw = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `raw` is a fresh descriptor owned by nobody else.
-        let epoll = unsafe { OwnedFd::from_raw_fd(raw) };
+        let epoll = epoll_create()?;
         for fd in members.iter().filter_map(|m| m.raw_fd()) {
-            let mut event = libc::epoll_event {
-                events: libc::EPOLLIN as u32,
-                u64: fd as u64,
-            };
-            // SAFETY: `epoll` and `fd` are open descriptors and `event` a live epoll_event.
-            let ret =
-                unsafe { libc::epoll_ctl(epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut event) };
-            if ret < 0 {
-                return Err(io::Error::last_os_error());
-            }
+            ctl(epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd)?;
         }
         Ok(QueueSet {
             members,

@@ -73,14 +73,7 @@ impl WaitSet {
     /// `Ok(false)` on timeout or when a signal interrupted the wait.
     pub fn wait(&mut self, fds: &[RawFd], timeout: Duration) -> io::Result<bool> {
         if self.epoll.is_none() {
-            // SAFETY: epoll_create1 takes no pointers; a non-negative return is a new
-            // descriptor.
-            let raw = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-            if raw < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // SAFETY: `raw` is a fresh descriptor owned by nobody else.
-            self.epoll = Some(unsafe { OwnedFd::from_raw_fd(raw) });
+            self.epoll = Some(epoll_create()?);
             self.asked.clear();
             self.registered.clear();
         }
@@ -170,8 +163,19 @@ fn sync(epoll: RawFd, old: &[RawFd], new: &[RawFd]) -> io::Result<()> {
     }
 }
 
+/// A new epoll instance (close-on-exec). [`super::QueueSet`] makes its own with it too.
+pub(super) fn epoll_create() -> io::Result<OwnedFd> {
+    // SAFETY: epoll_create1 takes no pointers; a non-negative return is a new descriptor.
+    let raw = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
 /// One epoll_ctl call for input, level-triggered.
-fn ctl(epoll: RawFd, op: libc::c_int, fd: RawFd) -> io::Result<()> {
+pub(super) fn ctl(epoll: RawFd, op: libc::c_int, fd: RawFd) -> io::Result<()> {
     let mut event = libc::epoll_event {
         events: libc::EPOLLIN as u32,
         u64: fd as u64,
