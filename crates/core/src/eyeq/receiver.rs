@@ -381,6 +381,17 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
         }))
     }
 
+    /// The feedback just sampled for `endpoint` left at a lower rate than this receiver
+    /// advertises: its owner sends the lowest of several controllers' rates (another
+    /// resource, or backpressure, capped it). The endpoint is then not quiet, so it is
+    /// sampled every `feedback_interval` while capped and its senders learn promptly when
+    /// the cap lifts, not a `quiet_feedback_interval` later.
+    pub fn fed_back_capped(&mut self, endpoint: K) {
+        if let Some(&i) = self.index.get(&endpoint) {
+            self.endpoints[i].fed_back = None;
+        }
+    }
+
     /// When the current window ends and [`on_timeout`](Self::on_timeout) should be called.
     /// While no endpoint is active and nothing arrived in the window there is nothing to
     /// close: `None`, so an idle receiver wakes nobody (the next packet closes the window).

@@ -309,3 +309,63 @@ fn each_worker_signs_in_its_own_nonce_lane() {
     h1.inject(t, UPLINK, &late);
     assert_eq!(rejected(&h1).replayed, 1, "and is not accepted twice");
 }
+
+/// A VM whose advertised rate backpressure caps (its pps limit refused frames) is not fed
+/// back as quiet: the capped rate reaches its senders every feedback interval, as EyeQ's
+/// feedback does, so they learn within one when the cap lifts; a quiet VM, every 10 ms.
+#[test]
+fn a_vm_capped_by_backpressure_is_fed_back_every_interval_not_as_quiet() {
+    let mut cfg = super::tests::config(2, 1000);
+    let a2 = cfg.vms.iter().position(|v| v.name == "a2").unwrap();
+    cfg.vms[a2].max_pps = Some(500);
+    let mut h2 = Host {
+        engine: super::Engine::new(&cfg, Instant::ZERO).unwrap(),
+        pool: crate::frame::FramePool::new(4096),
+    };
+    let mut h1 = Host::new(1, 1000);
+    let frame = udp(A1, A2, IP_A1, IP_A2, 7, 200);
+    let mut now = Instant::ZERO;
+    // One frame every 4 ms (250/s, within a2's 500 pps) for `ms`: feedback frames h2 sent.
+    let slow = |h1: &mut Host, h2: &mut Host, now: &mut Instant, ms: u64| -> u64 {
+        let before = h2.engine.counters.feedback_sent;
+        for _ in 0..ms / 4 {
+            *now += Duration::from_millis(4);
+            h1.inject(*now, h1.port_of("a1"), &frame);
+            h1.poll(*now);
+            carry(h1, h2, *now);
+            h2.poll(*now);
+            carry(h2, h1, *now);
+            h2.take(h2.port_of("a2"));
+        }
+        h2.engine.counters.feedback_sent - before
+    };
+    let quiet = slow(&mut h1, &mut h2, &mut now, 100);
+    // A burst over a2's packet rate: frames refused, and at the end of the Iron period a2's
+    // rate is capped at what it admitted (13 Mb/s), the cap doubling every period after.
+    for _ in 0..200 {
+        h1.inject(now, h1.port_of("a1"), &frame);
+    }
+    h1.poll(now);
+    carry(&mut h1, &mut h2, now);
+    h2.poll(now);
+    slow(&mut h1, &mut h2, &mut now, 20);
+    let capped = slow(&mut h1, &mut h2, &mut now, 60);
+    // What a1's limiter towards a2 (id 3) holds: still a cap below the link's 900 Mb/s.
+    let limit = |h1: &Host| {
+        let snap = h1.engine.snapshot();
+        let a1 = snap.vms.iter().find(|v| v.name == "a1").unwrap();
+        a1.applied_limits.iter().find(|(d, _)| *d == 3).map(|l| l.1)
+    };
+    assert!(
+        limit(&h1).is_some_and(|r| r < 900_000_000),
+        "{:?}",
+        limit(&h1)
+    );
+    // Quiet: the first frame and about one per 10 ms (the next frame after each). Capped:
+    // every frame of the slow flow.
+    assert!(quiet <= 10, "quiet: {quiet} feedback frames for 25 frames");
+    assert_eq!(capped, 15, "capped: feedback frames for 15 frames");
+    // The cap lifted (doubled past the link): the next frame's feedback says so.
+    slow(&mut h1, &mut h2, &mut now, 20);
+    assert_eq!(limit(&h1), Some(900_000_000));
+}

@@ -133,6 +133,48 @@ fn a_quiet_endpoint_is_fed_back_once_per_quiet_interval() {
     assert!(gaps.iter().skip(2).all(|&g| g <= 110_000), "{gaps:?}");
 }
 
+/// A quiet endpoint whose feedback leaves capped by another resource is not quiet: it is
+/// sampled every `feedback_interval` while capped, so its senders hear within one when the
+/// cap lifts; once its own rate is sent again it is quiet again.
+#[test]
+fn an_endpoint_whose_feedback_is_capped_elsewhere_is_not_quiet() {
+    let config = ReceiverConfig {
+        capacity: 1000 * MBPS,
+        quiet_feedback_interval: Some(Duration::from_millis(10)),
+        feedback_interval: Some(Duration::from_millis(1)),
+        feedback_units: u64::MAX,
+        ..ReceiverConfig::default()
+    };
+    let mut rx = Receiver::new(config, Instant::ZERO).unwrap();
+    rx.add_endpoint(7, guarantee(100 * MBPS)).unwrap();
+    // 64 B every 500 us; the feedback times in [from, to) ms, each reported capped while
+    // `capped`.
+    let mut run = |from: u64, to: u64, capped: bool| -> Vec<u64> {
+        let mut fed = Vec::new();
+        for t in (from * 1_000_000..to * 1_000_000).step_by(500_000) {
+            if rx
+                .on_packet(Instant::from_nanos(t), 7, (), 64)
+                .unwrap()
+                .is_some()
+            {
+                fed.push(t / 1_000_000);
+                if capped {
+                    rx.fed_back_capped(7);
+                }
+            }
+        }
+        fed
+    };
+    assert_eq!(run(0, 20, false), [0, 10], "quiet: every 10 ms");
+    assert_eq!(
+        run(20, 25, true),
+        [20, 21, 22, 23, 24],
+        "capped: every 1 ms"
+    );
+    // The cap lifted: the next sample, 1 ms on, carries the full rate; quiet from then.
+    assert_eq!(run(25, 50, false), [25, 35, 45]);
+}
+
 /// The aggregate counts an endpoint from its first packet until 100 ms without
 /// any (not only while it is in the 1 ms active set), with the demand of a hungry one.
 #[test]
