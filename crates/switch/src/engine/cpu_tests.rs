@@ -466,3 +466,107 @@ fn a_packet_rate_guarantee_holds_for_what_a_vm_receives_beyond_its_cpu_fair_shar
         "the neighbour gives up what the guarantee takes"
     );
 }
+
+/// A loop on a virtual clock: runs of 1-40 busy passes (1-3 small frames from a1 and 0-1
+/// large from b1 each, one pass in 100 preempted for 20 us), each run ended by an empty pass
+/// and a wait whose wake-up costs 6 us of CPU. With `meter`, the thread's CPU clock is read as the run loop
+/// reads it ([`CpuMeter`]); without, once per pass as before it. Returns the host, the
+/// thread's CPU time over the run, the reads and the passes.
+fn metered_loop(meter: bool) -> (Host, u64, u64, u64) {
+    use crate::runner::CpuMeter;
+    use std::cell::Cell;
+    let mut h = Host::new(1, 10_000);
+    let (a1, b1) = (h.port_of("a1"), h.port_of("b1"));
+    let cpu = Cell::new(0u64);
+    let reads = Cell::new(0u64);
+    let read = || {
+        reads.set(reads.get() + 1);
+        cpu.get()
+    };
+    let mut t = Instant::ZERO;
+    let mut m = CpuMeter::new(t, read());
+    let mut mark = cpu.get();
+    let (mut passes, mut seed) = (0u64, 7u64);
+    let mut rand = |n: u64| {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 33) % n
+    };
+    let mut waited = false;
+    for _ in 0..400 {
+        let run = 1 + rand(40);
+        for k in 0..=run {
+            if meter {
+                m.pass(&mut h.engine, t, std::mem::take(&mut waited), read);
+            } else {
+                h.engine.charge_cpu(t, read() - mark);
+                mark = cpu.get();
+            }
+            passes += 1;
+            let (small, large) = if k < run {
+                (1 + rand(3), rand(2))
+            } else {
+                (0, 0)
+            };
+            for _ in 0..small {
+                h.inject(t, a1, &udp(A1, A2, IP_A1, IP_A2, 7, 64));
+            }
+            for _ in 0..large {
+                h.inject(t, b1, &udp(B1, B2, IP_B1, IP_B2, 7, 1400));
+            }
+            h.poll(t);
+            h.take(0);
+            // A pass takes as long as its CPU, but now and then the thread is preempted.
+            let ns = 300 + 900 * small + 1_600 * large;
+            cpu.set(cpu.get() + ns);
+            let preempted = if rand(100) == 0 { 20_000 } else { 0 };
+            t = t + Duration::from_nanos(ns + preempted);
+        }
+        if meter {
+            m.before_wait(&mut h.engine, t, read);
+            waited = true;
+        }
+        cpu.set(cpu.get() + 6_000);
+        t = t + Duration::from_micros(100);
+    }
+    if meter {
+        m.finish(&mut h.engine, t, read);
+    } else {
+        h.engine.charge_cpu(t, read() - mark);
+    }
+    (h, cpu.get(), reads.get(), passes)
+}
+
+#[test]
+fn the_loops_cpu_meter_charges_every_ns_with_fewer_reads_and_the_same_model() {
+    let (h, cpu, reads, passes) = metered_loop(true);
+    let c = &h.engine.counters;
+    // Iron 3.1: what was charged is the thread's CPU time, to the ns.
+    assert_eq!(c.cpu_ns, cpu);
+    let vms: u64 = h.engine.vm_counters.iter().map(|v| v.cost_ns).sum();
+    assert_eq!(vms + c.unattributed_ns + c.overhead_ns, cpu);
+    // Two reads per wait, one per 50 us within a run, instead of one per pass.
+    assert!(reads * 3 < passes, "{reads} reads in {passes} passes");
+    // The model fitted on the runs is the one fitted pass by pass (the wake-ups kept apart),
+    // and so are the VMs' charges.
+    let (r, _, _, _) = metered_loop(false);
+    let (m, base) = (
+        h.engine.snapshot().cost_model.unwrap(),
+        r.engine.snapshot().cost_model.unwrap(),
+    );
+    for bytes in [106.0, 1442.0] {
+        let (x, y) = (
+            m.per_frame_ns + bytes * m.per_byte_ns,
+            base.per_frame_ns + bytes * base.per_byte_ns,
+        );
+        assert!(
+            (x - y).abs() < 0.05 * y,
+            "{bytes} B: {x:.0} ns against {y:.0} ns\n{m:?}\n{base:?}"
+        );
+    }
+    for vm in ["a1", "b1"] {
+        let (x, y) = (vm_cost(&h, vm) as f64, vm_cost(&r, vm) as f64);
+        assert!((x - y).abs() < 0.05 * y, "{vm}: {x} against {y}");
+    }
+}
