@@ -62,10 +62,10 @@ impl CostFit {
         self.fitted
     }
 
-    /// How to split `iterations` consecutive iterations of `cpu_ns` in all (Iron 3.1): their
-    /// fixed parts evenly per frame, the rest by per-packet and per-byte weight (picoseconds,
-    /// so sub-ns byte costs count). Before a fit exists, every frame pays the same.
-    pub fn split_model(&self, iterations: u32, cpu_ns: u64) -> (BatchCost, PacketCostModel) {
+    /// How to split an iteration of `cpu_ns` (Iron 3.1): its fixed part evenly per frame,
+    /// the rest by per-packet and per-byte weight (picoseconds, so sub-ns byte costs count).
+    /// Before a fit exists, every frame pays the same.
+    pub fn split_model(&self, cpu_ns: u64) -> (BatchCost, PacketCostModel) {
         let Some(c) = self.fitted else {
             return (
                 BatchCost {
@@ -77,9 +77,7 @@ impl CostFit {
         };
         let batch = BatchCost {
             total: Duration::from_nanos(cpu_ns),
-            fixed_overhead: Duration::from_nanos(
-                ((c.fixed_ns * iterations.max(1) as f64).round() as u64).min(cpu_ns),
-            ),
+            fixed_overhead: Duration::from_nanos((c.fixed_ns.round() as u64).min(cpu_ns)),
         };
         let model = PacketCostModel {
             per_packet: (c.per_packet_ns * 1000.0).round() as u64,
@@ -180,13 +178,10 @@ mod tests {
         assert!((c.fixed_ns - 800.0).abs() < 5.0, "{c:?}");
         assert!((c.per_packet_ns - 450.0).abs() < 2.0, "{c:?}");
         assert!((c.per_byte_ns - 0.25).abs() < 0.005, "{c:?}");
-        let (batch, model) = fit.split_model(1, 10_000);
+        let (batch, model) = fit.split_model(10_000);
         assert_eq!(batch.fixed_overhead.as_nanos(), 800);
         assert_eq!(model.per_packet, 450_000);
         assert_eq!(model.per_byte, 250);
-        // Four iterations charged as one batch: four fixed parts.
-        let (batch, _) = fit.split_model(4, 20_000);
-        assert_eq!(batch.fixed_overhead.as_nanos(), 3_200);
     }
 
     #[test]
@@ -258,7 +253,7 @@ mod tests {
     #[test]
     fn without_a_fit_every_frame_pays_the_same() {
         let fit = CostFit::new();
-        let (batch, model) = fit.split_model(1, 900);
+        let (batch, model) = fit.split_model(900);
         assert_eq!(batch.fixed_overhead, Duration::ZERO);
         assert_eq!(model, PacketCostModel::EVEN);
     }

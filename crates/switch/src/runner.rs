@@ -40,7 +40,7 @@ pub use ports::{open_port, open_uplinks, vm_max_frame, PortOpener, PortSpec};
 use ports::{tenant_ports, vm_max_frame_of, PortIo};
 pub(crate) use publish::CommitClock;
 pub use publish::{CommitTimes, HandoffCounters, PortView, Published, Shared, WorkerView};
-pub(crate) use work::{setup_thread, CpuMeter};
+pub(crate) use work::setup_thread;
 pub use work::{thread_cpu_ns, Clock, SpinWork};
 
 /// Writes each tenant group's budget for the Iron period starting now, crediting what the
@@ -282,18 +282,14 @@ impl Switch {
             }
         }
         self.wait_set.reset();
-        let mut cpu = CpuMeter::new(self.clock.now(), thread_cpu_ns());
-        let mut waited = false;
+        let mut cpu_mark = thread_cpu_ns();
         while !self.stop.load(Ordering::Relaxed) {
             let now = self.clock.now();
-            // Iron 3.1: the previous passes' CPU time, all of it (I/O, engines, the wait),
-            // charged to the VMs whose frames they handled.
-            cpu.pass(
-                &mut self.engine,
-                now,
-                std::mem::take(&mut waited),
-                thread_cpu_ns,
-            );
+            // Iron 3.1: the previous iteration's CPU time, all of it (I/O, engines, the
+            // wait), charged to the VMs whose frames it handled.
+            let cpu_now = thread_cpu_ns();
+            self.engine.charge_cpu(now, cpu_now - cpu_mark);
+            cpu_mark = cpu_now;
             self.kernel.tick(&mut self.engine, now);
             self.engine.cgroup_quotas(now, &mut quotas);
             if !quotas.is_empty() {
@@ -328,7 +324,7 @@ impl Switch {
                     &mut self.pool,
                     &mut self.accel_scratch,
                 );
-                cpu.charged_elsewhere(self.accel_scratch.inline_cpu_ns());
+                cpu_mark += self.accel_scratch.inline_cpu_ns();
                 // What the engine finished leaves in this iteration, before the loop yields.
                 if self.accel_scratch.finished() > 0 {
                     let mut io = PortIo {
@@ -381,13 +377,10 @@ impl Switch {
                     .map(|fd| fd.as_raw_fd()),
             );
             self.answer(None);
-            cpu.before_wait(&mut self.engine, now, thread_cpu_ns);
-            waited = true;
             self.wait_set
                 .wait(&fds, std::time::Duration::from_nanos(timeout.as_nanos()))?;
         }
         self.answer(None);
-        cpu.finish(&mut self.engine, self.clock.now(), thread_cpu_ns);
         self.publish(self.clock.now());
         self.release_cgroups();
         Ok(())

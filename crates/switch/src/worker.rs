@@ -21,11 +21,11 @@ use crate::ebpf::KernelLink;
 use crate::engine::{Engine, PortChange, SharedBudgets, Work};
 use crate::frame::{Frame, FramePool};
 use crate::port::{Port, WaitSet};
+use crate::runner::take_named;
 use crate::runner::{
     ring_wait, thread_cpu_ns, Clock, CommitClock, HandoffCounters, PortView, Published, SpinWork,
     WorkerView,
 };
-use crate::runner::{take_named, CpuMeter};
 use crate::stats::DropReason;
 use crate::workers::{Applied, Assignment, Control, Handoff, Mailbox};
 
@@ -178,18 +178,14 @@ impl Worker {
         // The directory the uplink frames are routed with; it changes only at a live change.
         let mut dir = self.engine.dir.clone();
         self.wait_set.reset();
-        let mut cpu = CpuMeter::new(clock.now(), thread_cpu_ns());
-        let mut waited = false;
+        let mut cpu_mark = thread_cpu_ns();
         while !stop.load(Ordering::Relaxed) && !team.pause.load(Ordering::Relaxed) {
             let now = clock.now();
-            // Iron 3.1, per worker: this thread's CPU over the previous passes, charged to the
-            // VMs whose frames they handled; the workers' charges add up to the switch's.
-            cpu.pass(
-                &mut self.engine,
-                now,
-                std::mem::take(&mut waited),
-                thread_cpu_ns,
-            );
+            // Iron 3.1, per worker: this thread's CPU since the last pass, charged to the VMs
+            // whose frames it handled; the workers' charges add up to the switch's.
+            let cpu_now = thread_cpu_ns();
+            self.engine.charge_cpu(now, cpu_now - cpu_mark);
+            cpu_mark = cpu_now;
             // Iron 3.3: this worker's throttled VMs into the uplink's XDP map.
             self.kernel.tick(&mut self.engine, now);
             if now >= next_publish {
@@ -249,8 +245,6 @@ impl Worker {
                 .map(|t| t - now)
                 .unwrap_or(Duration::from_millis(5));
             let timeout = until.min(Duration::from_millis(5));
-            cpu.before_wait(&mut self.engine, now, thread_cpu_ns);
-            waited = true;
             fds.clear();
             fds.push(mailbox.wake_fd());
             fds.extend(
@@ -265,7 +259,6 @@ impl Worker {
             woke?;
         }
         let now = clock.now();
-        cpu.finish(&mut self.engine, now, thread_cpu_ns);
         self.kernel.release(&mut self.engine, now);
         self.engine.leave_workers(now);
         team.published[self.index].store(Some(Arc::new(self.publish(now))));

@@ -40,14 +40,6 @@ pub(super) struct CpuLedger {
     next_cgroup_update: Instant,
     /// When the last batch (`entries`) was charged.
     batch_at: Instant,
-    /// Frames and bytes handled since the last charge.
-    run: (u32, u64),
-    /// Each pass begun since the last charge: its start and `run` then.
-    passes: Vec<(Instant, u32, u64)>,
-    /// The CPU of a pass that went before a wait, for the model's next observation.
-    carry_ns: u64,
-    /// Scratch: the passes' durations, ns.
-    durations: Vec<u64>,
 }
 
 /// How long after a batch a pass that handles no frame is still charged to that batch's VMs:
@@ -81,57 +73,6 @@ impl CpuLedger {
         };
         slot.0 += 1;
         slot.1 += bytes as u64;
-        self.run.0 += 1;
-        self.run.1 += bytes as u64;
-    }
-
-    /// Feeds the cost model `cpu_ns` measured up to `now` (of `measured_ns` in all): one
-    /// observation per pass begun since the last charge, each its share by duration (the
-    /// last one's kept for the next observation if `before_wait`), or one for all without
-    /// passes noted. Time off the CPU (the passes took longer than the CPU measured: the
-    /// thread was preempted) is taken off the longest pass, where one preemption would be.
-    /// Returns how many passes the charge covers.
-    fn observe(&mut self, now: Instant, cpu_ns: u64, measured_ns: u64, before_wait: bool) -> u32 {
-        if self.passes.is_empty() {
-            let carry = std::mem::take(&mut self.carry_ns);
-            self.fit
-                .observe(self.run.0 as u64, self.run.1, cpu_ns + carry);
-            self.run = (0, 0);
-            return 1;
-        }
-        let n = self.passes.len();
-        self.durations.clear();
-        for (i, &(at, _, _)) in self.passes.iter().enumerate() {
-            let end = self.passes.get(i + 1).map_or(now, |p| p.0);
-            self.durations
-                .push(end.saturating_since(at).as_nanos() as u64);
-        }
-        let off_cpu = self
-            .durations
-            .iter()
-            .sum::<u64>()
-            .saturating_sub(measured_ns);
-        if let Some(longest) = self.durations.iter_mut().max() {
-            *longest = longest.saturating_sub(off_cpu);
-        }
-        let span = self.durations.iter().sum::<u64>() as u128;
-        for i in 0..n {
-            let (_, p, b) = self.passes[i];
-            let (p1, b1) = self.passes.get(i + 1).map_or(self.run, |q| (q.1, q.2));
-            let ns = match span {
-                0 => cpu_ns / n as u64,
-                _ => (cpu_ns as u128 * self.durations[i] as u128 / span) as u64,
-            };
-            if before_wait && i == n - 1 {
-                self.carry_ns += ns;
-            } else {
-                let carry = std::mem::take(&mut self.carry_ns);
-                self.fit.observe((p1 - p) as u64, b1 - b, ns + carry);
-            }
-        }
-        self.passes.clear();
-        self.run = (0, 0);
-        n as u32
     }
 
     /// Forgets the last batch (a VM of it was removed): passes until the next batch are the
@@ -233,37 +174,17 @@ impl Engine {
         self.share.found_nothing();
     }
 
-    /// Charges `cpu_ns` of dataplane CPU time, measured since the previous call over the
-    /// passes of the loop begun since ([`Engine::begin_pass`]; one pass if none was noted), to
-    /// the VMs whose frames were handled in that time (Iron 3.1's batch split: the passes are
-    /// one batch, with a fixed part per pass) and their tenants' CPU accounts. Time with no
-    /// frame handled is the switch's own overhead. The charges, the overhead and the
-    /// unattributed part add up to the measured time exactly.
+    /// Charges `cpu_ns` of dataplane CPU time, measured since the previous call, to the VMs
+    /// whose frames were handled in that time (Iron 3.1's batch split) and their tenants'
+    /// CPU accounts. Time with no frame handled is the switch's own overhead. The charges,
+    /// the overhead and the unattributed part add up to the measured time exactly.
     pub fn charge_cpu(&mut self, now: Instant, cpu_ns: u64) {
-        self.charge_passes(now, cpu_ns, false);
-    }
-
-    /// [`Engine::charge_cpu`] for passes of which the last handled nothing and the loop now
-    /// waits: that pass is charged with the others, but its CPU goes into the cost model's
-    /// next observation with the wait's, as when the loop read its CPU clock at every pass.
-    pub fn charge_cpu_before_wait(&mut self, now: Instant, cpu_ns: u64) {
-        self.charge_passes(now, cpu_ns, true);
-    }
-
-    /// Notes that a pass of the loop begins at `now`: the cost model observes the CPU
-    /// charged next pass by pass, split in proportion to the passes' monotonic durations
-    /// (no wait inside them, and this kernel counts softirqs run in the thread as its CPU:
-    /// the same time as the thread's CPU clock, less any preemption).
-    pub fn begin_pass(&mut self, now: Instant) {
-        let ledger = &mut self.cpu;
-        ledger.passes.push((now, ledger.run.0, ledger.run.1));
-    }
-
-    fn charge_passes(&mut self, now: Instant, cpu_ns: u64, before_wait: bool) {
         self.counters.cpu_ns += cpu_ns;
         self.share.roll(now);
         let ledger = &mut self.cpu;
-        let packets = ledger.run.0;
+        let (packets, bytes) = ledger.touched.iter().fold(ledger.unattributed, |acc, &v| {
+            (acc.0 + ledger.tally[v].0, acc.1 + ledger.tally[v].1)
+        });
         // Extra processing was measured frame by frame: it goes to its VMs as measured.
         let mut direct_total = 0;
         for &v in &ledger.touched {
@@ -280,8 +201,8 @@ impl Engine {
             ledger.direct[v] = 0;
             self.share.charge(tenant, ns, 0);
         }
-        let passes = ledger.observe(now, cpu_ns - direct_total, cpu_ns, before_wait);
         let cpu_ns = cpu_ns - direct_total;
+        ledger.fit.observe(packets as u64, bytes, cpu_ns);
         if packets == 0 {
             ledger.touched.clear();
             // A pass soon after a batch is the engines' timers working for that batch's
@@ -289,7 +210,7 @@ impl Engine {
             if ledger.entries.is_empty() || now.saturating_since(ledger.batch_at) > TRAFFIC_TAIL {
                 self.counters.overhead_ns += cpu_ns;
             } else {
-                self.charge_split(now, passes, cpu_ns, false);
+                self.charge_split(now, cpu_ns, false);
             }
             return;
         }
@@ -310,7 +231,7 @@ impl Engine {
                 bytes: ledger.unattributed.1,
             });
         }
-        self.charge_split(now, passes, cpu_ns, true);
+        self.charge_split(now, cpu_ns, true);
         let ledger = &mut self.cpu;
         for &v in &ledger.touched {
             ledger.tally[v] = (0, 0);
@@ -319,15 +240,15 @@ impl Engine {
         ledger.unattributed = (0, 0);
     }
 
-    /// Splits `cpu_ns` of `passes` passes over the last batch's entries (Iron 3.1's batch
-    /// split on the fitted model) and charges each VM's share to it, its tenant's CPU account, budget and
+    /// Splits `cpu_ns` over the last batch's entries (Iron 3.1's batch split on the fitted
+    /// model) and charges each VM's share to it, its tenant's CPU account, budget and
     /// CPU-fair share (with the batch's bytes when `with_bytes`: once per batch); frames for
     /// nobody go to `unattributed_ns`.
-    fn charge_split(&mut self, now: Instant, passes: u32, cpu_ns: u64, with_bytes: bool) {
+    fn charge_split(&mut self, now: Instant, cpu_ns: u64, with_bytes: bool) {
         let ledger = &mut self.cpu;
         ledger.shares.clear();
         ledger.shares.resize(ledger.entries.len(), 0);
-        let (batch, model) = ledger.fit.split_model(passes, cpu_ns);
+        let (batch, model) = ledger.fit.split_model(cpu_ns);
         split_batch_cost(batch, model, &ledger.entries, &mut ledger.shares)
             .expect("entries are not empty and shares match them");
         for (entry, &ns) in ledger.entries.iter().zip(&ledger.shares) {

@@ -3,11 +3,11 @@
 use std::time::Instant as StdInstant;
 
 use anyhow::Context;
-use picnic_core::{Duration, Instant};
+use picnic_core::Instant;
 
 use crate::config::Config;
 use crate::directory::TenantIdx;
-use crate::engine::{Engine, Work};
+use crate::engine::Work;
 use crate::frame::Frame;
 
 /// Monotonic nanoseconds since the switch started, as the engines' `now`.
@@ -52,93 +52,6 @@ pub fn thread_cpu_ns() -> u64 {
     // SAFETY: clock_gettime writes one timespec we own.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-/// How long a run of passes without a wait goes between two reads of the thread's CPU clock,
-/// and how many passes at most.
-pub(crate) const CPU_READ_EVERY: (Duration, u32) = (Duration::from_micros(50), 64);
-
-/// Iron 3.1's batches as the loop measures them. The thread's CPU clock is a system call
-/// (~175 ns on the development VM; read once per pass it was 8% of the loop's CPU at
-/// 500 kpps, docs/BENCHMARKS.md), so it is read after every wait, before a wait that ends a
-/// run of passes, and within a run once every [`CPU_READ_EVERY`]; each read charges what it
-/// measured with the passes it covers ([`Engine::charge_cpu`]: one batch, a fixed part per
-/// pass; the cost model observes each pass, [`Engine::begin_pass`]). Every ns is charged
-/// once, when the next read comes. A wait's CPU (the wake-up) is never in the same
-/// observation as a pass that handled frames: a wake-up there inflated the model's per-frame
-/// cost 2-5x (the reverted one-read-per-iteration change, BENCHMARKS.md "Third session").
-pub(crate) struct CpuMeter {
-    /// The thread's CPU time at the last read, ns, less CPU charged by other means since.
-    mark: u64,
-    read_at: Instant,
-    /// Passes begun since the last read.
-    passes: u32,
-}
-
-impl CpuMeter {
-    /// Starts at `now`, with `cpu` the thread's CPU time.
-    pub(crate) fn new(now: Instant, cpu: u64) -> CpuMeter {
-        CpuMeter {
-            mark: cpu,
-            read_at: now,
-            passes: 0,
-        }
-    }
-
-    /// A pass begins at `now`, `waited` if the loop waited since the last one: charges what
-    /// came before when a read is due (`read` gives the thread's CPU time).
-    pub(crate) fn pass(
-        &mut self,
-        engine: &mut Engine,
-        now: Instant,
-        waited: bool,
-        read: impl FnOnce() -> u64,
-    ) {
-        let (every, most) = CPU_READ_EVERY;
-        if waited || self.passes >= most || now.saturating_since(self.read_at) >= every {
-            self.charge(engine, now, read());
-        }
-        engine.begin_pass(now);
-        self.passes += 1;
-    }
-
-    /// The loop is about to wait: the passes before this one, not charged yet, are charged
-    /// now with it, so that the wait goes with no pass that handled frames. After a pass read
-    /// at its start, the wait is charged with that pass (which handled none), as before.
-    pub(crate) fn before_wait(
-        &mut self,
-        engine: &mut Engine,
-        now: Instant,
-        read: impl FnOnce() -> u64,
-    ) {
-        if self.passes > 1 {
-            let cpu = read();
-            engine.charge_cpu_before_wait(now, cpu.saturating_sub(self.mark));
-            self.read(now, cpu);
-        }
-    }
-
-    /// `ns` of the thread's CPU since the last read were charged by other means (an inline
-    /// engine's jobs): left out of the next charge.
-    pub(crate) fn charged_elsewhere(&mut self, ns: u64) {
-        self.mark += ns;
-    }
-
-    /// The loop ends: whatever is not charged yet is.
-    pub(crate) fn finish(&mut self, engine: &mut Engine, now: Instant, read: impl FnOnce() -> u64) {
-        self.charge(engine, now, read());
-    }
-
-    fn charge(&mut self, engine: &mut Engine, now: Instant, cpu: u64) {
-        engine.charge_cpu(now, cpu.saturating_sub(self.mark));
-        self.read(now, cpu);
-    }
-
-    fn read(&mut self, now: Instant, cpu: u64) {
-        self.mark = cpu;
-        self.read_at = now;
-        self.passes = 0;
-    }
 }
 
 impl SpinWork {
