@@ -14,7 +14,12 @@
 //!   Consequence: at low load a frame can wait up to the block timeout (plus timer
 //!   granularity) before the switch sees it; at load blocks fill and hand over immediately.
 //! - **TX**: `sendmmsg` of up to `tx_batch` frames per call, with `PACKET_QDISC_BYPASS` (the
-//!   frame goes straight to the driver: the switch does its own scheduling).
+//!   frame goes straight to the driver: the switch does its own scheduling), on a second
+//!   socket that only sends. The receiving socket is registered in the loop's epoll set for as
+//!   long as the port is waited on (`WaitSet`), and the kernel frees every sent frame's buffer
+//!   against its socket, waking that socket's wait queue (`sock_def_write_space`): on the
+//!   receiving socket that ran the epoll callback for every frame sent, 12.5% of the
+//!   switch's CPU at its maximum rate (perf, issue 13). Nobody waits on the sending socket.
 //! - The socket is bound to one interface for all protocols, joins it in promiscuous mode
 //!   (`PACKET_MR_PROMISC`: frames to any MAC are seen) and sets `PACKET_IGNORE_OUTGOING` so the
 //!   switch does not receive its own transmissions; frames marked `PACKET_OUTGOING` are also
@@ -153,7 +158,10 @@ pub struct AfPacketPort {
     name: String,
     /// The interface the socket is bound to (a name can later name another one).
     ifindex: u32,
+    /// The receiving socket: the ring, statistics, the descriptor the loop waits on.
     fd: OwnedFd,
+    /// The sending socket (see the module doc).
+    tx_fd: OwnedFd,
     /// Ring layout; with V2, `cur_block` is the current slot of RING_FRAME_SIZE bytes.
     version: RingVersion,
     /// The mmapped RX ring: `block_count` blocks of `block_size` bytes.
@@ -237,7 +245,7 @@ impl Port for AfPacketPort {
             // socket is bound, so no destination address is needed.
             let ret = unsafe {
                 libc::sendmmsg(
-                    self.fd.as_raw_fd(),
+                    self.tx_fd.as_raw_fd(),
                     self.msgs.as_mut_ptr(),
                     batch as libc::c_uint,
                     libc::MSG_DONTWAIT,

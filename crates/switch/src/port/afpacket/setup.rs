@@ -25,27 +25,7 @@ impl AfPacketPort {
         let index = ifindex(ifname)?;
 
         // Protocol 0: receive nothing until bound to the interface below, after the ring exists.
-        // SAFETY: socket(2) takes no pointers; a non-negative return is a new descriptor that
-        // we own from here on.
-        let raw = unsafe {
-            libc::socket(
-                libc::AF_PACKET,
-                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                0,
-            )
-        };
-        if raw < 0 {
-            let err = io::Error::last_os_error();
-            return Err(match err.raw_os_error() {
-                Some(libc::EPERM) | Some(libc::EACCES) => io::Error::new(
-                    io::ErrorKind::PermissionDenied,
-                    ctx("opening an AF_PACKET socket needs CAP_NET_RAW: run as root"),
-                ),
-                _ => os_error(err, ctx("socket(AF_PACKET)")),
-            });
-        }
-        // SAFETY: `raw` is a fresh descriptor owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let fd = packet_socket(ifname)?;
         let sock = fd.as_raw_fd();
 
         let version = match opts.ring {
@@ -70,8 +50,6 @@ impl AfPacketPort {
         }
         // Older kernels (< 4.20) lack it; outgoing frames are then skipped by pkttype in rx.
         let _ = set_int_opt(sock, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, 1);
-        set_int_opt(sock, libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, 1)
-            .map_err(|e| os_error(e, ctx("PACKET_QDISC_BYPASS")))?;
 
         let frames_per_block = opts.block_size / RING_FRAME_SIZE;
         let req = libc::tpacket_req3 {
@@ -122,6 +100,15 @@ impl AfPacketPort {
             ));
         }
 
+        // The sending socket: never waited on (see the module doc), so freeing what it sent
+        // wakes nobody. Protocol 0 and bound with protocol 0, it receives nothing.
+        let tx_fd = packet_socket(ifname)?;
+        let tx = tx_fd.as_raw_fd();
+        set_int_opt(tx, libc::SOL_PACKET, PACKET_VNET_HDR, 1)
+            .map_err(|e| os_error(e, ctx("PACKET_VNET_HDR (sending socket)")))?;
+        set_int_opt(tx, libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, 1)
+            .map_err(|e| os_error(e, ctx("PACKET_QDISC_BYPASS")))?;
+
         let mut iovs = vec![
             libc::iovec {
                 iov_base: ptr::null_mut(),
@@ -145,6 +132,7 @@ impl AfPacketPort {
             name: ifname.to_owned(),
             ifindex: index,
             fd,
+            tx_fd,
             version: opts.ring,
             ring: ring.cast(),
             block_size: opts.block_size,
@@ -160,29 +148,68 @@ impl AfPacketPort {
             kernel_drops: Cell::new(0),
         };
 
-        // SAFETY: sockaddr_ll is a plain C struct for which all-zero bytes are a valid value.
-        let mut addr: libc::sockaddr_ll = unsafe { MaybeUninit::zeroed().assume_init() };
-        addr.sll_family = libc::AF_PACKET as u16;
-        addr.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
-        addr.sll_ifindex = index as libc::c_int;
-        // SAFETY: `addr` is a live sockaddr_ll and the length passed is its size.
-        let ret = unsafe {
-            libc::bind(
-                sock,
-                (&addr as *const libc::sockaddr_ll).cast(),
-                size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        };
-        if ret < 0 {
-            let err = io::Error::last_os_error();
-            return Err(if err.raw_os_error() == Some(libc::ENODEV) {
-                interface_not_found(ifname)
-            } else {
-                os_error(err, ctx("bind"))
-            });
-        }
+        // The sending socket first: the receiving one starts taking frames once bound.
+        bind_to(tx, index, 0).map_err(|e| bind_error(e, ifname, "bind (sending socket)"))?;
+        bind_to(sock, index, libc::ETH_P_ALL as u16).map_err(|e| bind_error(e, ifname, "bind"))?;
         join_promiscuous(sock, index)
             .map_err(|e| os_error(e, ctx("PACKET_ADD_MEMBERSHIP promiscuous")))?;
         Ok(port)
+    }
+}
+
+/// A new non-blocking AF_PACKET raw socket of protocol 0 (it receives nothing until bound with
+/// a protocol).
+fn packet_socket(ifname: &str) -> io::Result<OwnedFd> {
+    // SAFETY: socket(2) takes no pointers; a non-negative return is a new descriptor that we
+    // own from here on.
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_PACKET,
+            libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if raw < 0 {
+        let err = io::Error::last_os_error();
+        let ctx = |what: &str| format!("af_packet port '{ifname}': {what}");
+        return Err(match err.raw_os_error() {
+            Some(libc::EPERM) | Some(libc::EACCES) => io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                ctx("opening an AF_PACKET socket needs CAP_NET_RAW: run as root"),
+            ),
+            _ => os_error(err, ctx("socket(AF_PACKET)")),
+        });
+    }
+    // SAFETY: `raw` is a fresh descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// Binds packet socket `sock` to interface `index` for `protocol` (host order; 0: sending
+/// only, no frame is delivered to the socket).
+fn bind_to(sock: libc::c_int, index: u32, protocol: u16) -> io::Result<()> {
+    // SAFETY: sockaddr_ll is a plain C struct for which all-zero bytes are a valid value.
+    let mut addr: libc::sockaddr_ll = unsafe { MaybeUninit::zeroed().assume_init() };
+    addr.sll_family = libc::AF_PACKET as u16;
+    addr.sll_protocol = protocol.to_be();
+    addr.sll_ifindex = index as libc::c_int;
+    // SAFETY: `addr` is a live sockaddr_ll and the length passed is its size.
+    let ret = unsafe {
+        libc::bind(
+            sock,
+            (&addr as *const libc::sockaddr_ll).cast(),
+            size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn bind_error(err: io::Error, ifname: &str, what: &str) -> io::Error {
+    if err.raw_os_error() == Some(libc::ENODEV) {
+        interface_not_found(ifname)
+    } else {
+        os_error(err, format!("af_packet port '{ifname}': {what}"))
     }
 }
