@@ -367,7 +367,7 @@ impl Net {
         host.engine.charge_cpu(t, cost);
         host.cpu_ns += cost;
         host.busy_until = now + (cost as f64 / host.cpu_share) as Nanos;
-        let next = if more || pass.busy() > 0 {
+        let next = if more || pass.processed > 0 {
             Some(host.busy_until)
         } else {
             host.engine
