@@ -258,14 +258,32 @@ impl Ingress {
     /// The byte rate advertised for `vm`: the smaller of the link and CPU controllers' rates,
     /// and of the cap its refused frames set ([`Backpressure`]).
     pub(super) fn advertised(&self, vm: VmIdx) -> Option<u64> {
-        let (link, cpu_bytes) = self.controller_rates(vm)?;
-        let cap = self.backpressure.as_ref().and_then(|b| b.cap(vm));
-        [link, cpu_bytes, cap].into_iter().flatten().min()
+        let (controllers, cap) = self.rate_limits(vm)?;
+        [controllers, cap].into_iter().flatten().min()
     }
 
-    /// The link and CPU controllers' rates for `vm` while it is active in them, bytes/s
-    /// (the CPU's ns/s at the VM's measured CPU per byte). `None` without both controllers.
-    fn controller_rates(&self, vm: VmIdx) -> Option<(Option<u64>, Option<u64>)> {
+    /// [`advertised`](Self::advertised), for a feedback about to leave. When backpressure's
+    /// cap, not a controller, sets it, both controllers are told, so the VM is not sampled as
+    /// quiet while capped and its senders learn within a feedback interval when the cap lifts
+    /// ([`Receiver::fed_back_capped`]).
+    fn feedback_rate(&mut self, vm: VmIdx) -> Option<u64> {
+        let (controllers, cap) = self.rate_limits(vm)?;
+        let rate = [controllers, cap].into_iter().flatten().min()?;
+        if controllers > Some(rate) {
+            for c in [self.link.as_mut(), self.cpu.as_mut()]
+                .into_iter()
+                .flatten()
+            {
+                c.fed_back_capped(vm);
+            }
+        }
+        Some(rate)
+    }
+
+    /// The lower of the link and CPU controllers' rates for `vm` while it is active in them,
+    /// bytes/s (the CPU's ns/s at the VM's measured CPU per byte), and backpressure's cap.
+    /// `None` without both controllers.
+    fn rate_limits(&self, vm: VmIdx) -> Option<(Option<u64>, Option<u64>)> {
         let active_rate =
             |r: &Receiver<VmIdx>| r.endpoint(vm).filter(|e| e.active).map(|e| e.advertised);
         let link = active_rate(self.link.as_ref()?);
@@ -275,25 +293,8 @@ impl Ingress {
             .filter(|_| per_byte > 0)
             .map(|ns| ((ns as u128) << 16) / per_byte as u128)
             .map(|b| b.min(u64::MAX as u128) as u64);
-        Some((link, cpu_bytes))
-    }
-
-    /// After a feedback for `vm` left at `sent` bytes/s: when backpressure's cap, not a
-    /// controller, set it, both controllers are told, so the VM is not sampled as quiet
-    /// while capped and its senders learn within a feedback interval when the cap lifts
-    /// ([`Receiver::fed_back_capped`]).
-    fn note_fed_back(&mut self, vm: VmIdx, sent: u64) {
-        let Some((link, cpu_bytes)) = self.controller_rates(vm) else {
-            return;
-        };
-        if [link, cpu_bytes].into_iter().flatten().min() > Some(sent) {
-            for c in [self.link.as_mut(), self.cpu.as_mut()]
-                .into_iter()
-                .flatten()
-            {
-                c.fed_back_capped(vm);
-            }
-        }
+        let cap = self.backpressure.as_ref().and_then(|b| b.cap(vm));
+        Some(([link, cpu_bytes].into_iter().flatten().min(), cap))
     }
 
     pub(super) fn poll_at(&self) -> Option<Instant> {
@@ -594,8 +595,7 @@ impl Engine {
 
     /// Tells host `source` the rate it may send to `w` at.
     fn feed_back(&mut self, now: Instant, w: VmIdx, source: u32, seq: u32, pool: &mut FramePool) {
-        if let Some(rate) = self.ingress.advertised(w) {
-            self.ingress.note_fed_back(w, rate);
+        if let Some(rate) = self.ingress.feedback_rate(w) {
             self.send_feedback(now, pool, source, w, rate, seq);
         }
     }
