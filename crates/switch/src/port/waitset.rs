@@ -63,8 +63,9 @@ impl WaitSet {
         self.registered.clear();
     }
 
-    /// The descriptors registered now, sorted (for tests).
-    pub fn registered(&self) -> &[RawFd] {
+    /// The descriptors registered now, sorted.
+    #[cfg(test)]
+    fn registered(&self) -> &[RawFd] {
         &self.registered
     }
 
