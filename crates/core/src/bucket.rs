@@ -30,7 +30,8 @@ use crate::time::{Duration, Instant, NANOS_PER_SEC};
 /// Time is in whole nanoseconds, so a bucket whose burst equals the size of
 /// the packet waiting for it is already full when that packet becomes sendable
 /// and loses what accrues until the next nanosecond (under `rate * 1 ns` per
-/// packet). Give the burst at least one token more than the largest packet.
+/// packet). Give the burst at least `ceil(rate * 1 ns)` tokens more than the
+/// largest packet (one token below 1e9 tokens/s).
 ///
 /// A rate of 0 stops refilling: tokens already in the bucket may still be
 /// spent, then the bucket is blocked. `set_rate(now, 0, 0)` blocks at once.

@@ -98,8 +98,9 @@ proptest! {
         sizes in prop::collection::vec(any::<u64>(), 1..300),
     ) {
         // A burst of exactly one packet sits full for part of a nanosecond
-        // before each send (see `TokenBucket`); one token more avoids that.
-        let burst = max_packet * burst_packets + 1;
+        // before each send (see `TokenBucket`); one nanosecond's refill more
+        // (rounded up: one token below 1e9 tokens/s) avoids that.
+        let burst = max_packet * burst_packets + rate.div_ceil(NANOS_PER_SEC);
         let arrivals: Vec<(u64, u64)> = sizes.iter().map(|s| (0, 1 + s % max_packet)).collect();
         let mut bucket = TokenBucket::new(rate, burst, Instant::ZERO);
         let sends = drive(&mut bucket, &arrivals);
