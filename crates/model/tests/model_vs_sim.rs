@@ -124,6 +124,32 @@ fn arb_params() -> impl Strategy<Value = Params> {
         })
 }
 
+/// The costs as the simulator's whole-ns clock takes them.
+fn in_whole_ns(p: Params) -> Params {
+    Params {
+        wp: p.wp.round(),
+        wc: p.wc.round(),
+        np: p.np.round(),
+        nc: p.nc.round(),
+        sp: p.sp.round(),
+        sc: p.sc.round(),
+        ..p
+    }
+}
+
+/// Whole-ns parameters exactly on an edge of Table 1 or where a batch size of
+/// Eq. 2 or Eq. 3 steps (its floor's argument is a whole number). Call it on the
+/// parameters and on their mirror (FP and SPS use the swapped forms).
+fn on_a_boundary(p: &Params) -> bool {
+    let gap = p.wp - p.wc;
+    let steps = |numerator: f64| gap > 0.0 && numerator >= 0.0 && numerator % gap == 0.0;
+    p.producer_slack() == p.sc
+        || p.consumer_slack() == p.sp
+        || gap == 0.0
+        || steps(p.sc + f64::from(p.kp - 1) * p.wc)
+        || steps(f64::from(p.l - p.kc) * p.wc - p.sp - p.wc)
+}
+
 /// Table 1 written out as its inequalities.
 fn table1(p: &Params) -> Regime {
     let a = p.producer_slack() > p.sc;
@@ -148,16 +174,18 @@ fn table1(p: &Params) -> Regime {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
-    /// Random parameters (fractional costs avoid exact ties): the simulator lands
-    /// within 5% of the closed forms.
+    /// Random parameters: the simulator lands within 5% of the closed forms.
     #[test]
     fn model_matches_simulation_on_random_parameters(p in arb_params()) {
+        // The simulator's clock counts whole ns, so both sides take the costs rounded
+        // as it rounds them; a case exactly on a boundary is decided by event order.
+        let p = in_whole_ns(p);
+        prop_assume!(!on_a_boundary(&p) && !on_a_boundary(&p.swapped()));
         let pred = predict(&p, false).unwrap();
         let sim = simulate(&SimConfig {
             params: p, dist: CostDist::Constant, strategy: Wait::Notify,
             seed: 7, warmup: 1_000, messages: 8_000,
         }).unwrap();
-        // Real-valued costs are rounded to whole ns in the simulator.
         let tol = |x: f64| 0.05 * x;
         prop_assert!((pred.t_per_msg - sim.t_per_msg).abs() < tol(pred.t_per_msg),
             "{:?}: model {:?} sim {:?}", p, pred, sim);
