@@ -97,8 +97,8 @@ pub fn required_tools(scenario: &Scenario) -> Vec<&'static str> {
     tools
 }
 
-/// Loads the scenario at `path`, runs it in every mode of `opts` (each `repeat` times, a
-/// fresh testbed each time), prints the table and writes the outputs.
+/// Loads the scenario at `path`, runs it in every mode of `opts` (`repeat` rounds of every
+/// mode, a fresh testbed each time), prints the table and writes the outputs.
 pub fn run_scenario(path: &Path, opts: &RunOptions) -> Result<Outcome> {
     run_loaded(&Scenario::load(path)?, opts)
 }
@@ -113,22 +113,16 @@ pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> Result<Outcome> {
             eprintln!("[lab {}] {msg}", scenario.name);
         }
     };
-    let mut reports = Vec::new();
-    for mode in &opts.modes {
-        let mut reps = Vec::new();
-        let mut cpu = Vec::new();
-        let mut slo = Vec::new();
-        for rep in 0..opts.repeat.max(1) {
-            say(format!(
-                "mode {} run {}/{}",
-                mode.name,
-                rep + 1,
-                opts.repeat.max(1)
-            ));
+    // Rounds, not blocks: each round runs every mode once, so the runs a ratio compares
+    // (a mode against the victim alone) are minutes apart at most, whatever the machine's
+    // drift over the whole run.
+    let repeat = opts.repeat.max(1);
+    let mut runs: Vec<ModeRuns> = opts.modes.iter().map(|_| ModeRuns::default()).collect();
+    for round in 0..repeat {
+        for (mode, mode_runs) in opts.modes.iter().zip(&mut runs) {
+            say(format!("mode {} run {}/{}", mode.name, round + 1, repeat));
             let (results, tenant_cpu, tenant_slo) =
                 run_mode(&scenario, mode, &say).with_context(|| format!("mode {}", mode.name))?;
-            cpu.push(tenant_cpu);
-            slo.push(tenant_slo);
             for r in &results {
                 say(format!(
                     "  {:<12} {:>9.1} Mb/s  loss {:.3}%{}",
@@ -142,11 +136,16 @@ pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> Result<Outcome> {
                         .unwrap_or_default()
                 ));
             }
-            reps.push(results);
+            mode_runs.cpu.push(tenant_cpu);
+            mode_runs.slo.push(tenant_slo);
+            mode_runs.results.push(results);
         }
-        let mut report = ModeReport::new(&scenario, &mode.name, mode.attackers, reps)?;
-        report.add_cpu_share_error(&scenario, &cpu);
-        report.add_switch_slo(&scenario, &slo);
+    }
+    let mut reports = Vec::new();
+    for (mode, mode_runs) in opts.modes.iter().zip(runs) {
+        let mut report = ModeReport::new(&scenario, &mode.name, mode.attackers, mode_runs.results)?;
+        report.add_cpu_share_error(&scenario, &mode_runs.cpu);
+        report.add_switch_slo(&scenario, &mode_runs.slo);
         reports.push(report);
     }
     let summary = Summary::new(&scenario, &reports, opts.judge.as_deref())?;
@@ -206,6 +205,14 @@ pub type ModeRun = (
     BTreeMap<String, u64>,
     BTreeMap<String, SwitchSlo>,
 );
+
+/// One mode's repetitions, gathered over the rounds.
+#[derive(Default)]
+struct ModeRuns {
+    results: Vec<Vec<WorkloadResult>>,
+    cpu: Vec<BTreeMap<String, u64>>,
+    slo: Vec<BTreeMap<String, SwitchSlo>>,
+}
 
 /// Builds a testbed, sets up `mode`'s dataplane on every host, runs the workloads (all, or
 /// the victim's only) and tears everything down.
