@@ -295,6 +295,16 @@ impl Spec {
         if s.modes.is_empty() {
             bail!("field `sim.modes`: needs at least one mode");
         }
+        // The shared encryption engine (FairNIC 4.4 in the switch, `picnic_switch::accel`)
+        // runs its jobs on threads and real time, which a simulated host does not model:
+        // an encrypted tenant's frames would go to it and never come back.
+        if let Some(t) = self.scenario.tenants.iter().find(|t| t.encrypt) {
+            bail!(
+                "tenant `{}`: `encrypt = true` needs the switches' shared encryption engine, \
+                 which the simulator does not model; run this scenario in the lab (`picnic lab run`)",
+                t.name
+            );
+        }
         for m in &s.modes {
             Mode::named(m).context("field `sim.modes`")?;
         }
@@ -371,5 +381,12 @@ mod tests {
             .contains("sim.replicas"));
         let unknown = format!("{base}\n[sim]\nbogus = 1\n");
         assert!(Spec::parse(&unknown).is_err());
+    }
+
+    #[test]
+    fn an_encrypted_tenant_is_refused_by_name_not_simulated_as_total_loss() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/accel-hog.toml");
+        let err = format!("{:#}", Spec::load(&path).unwrap_err());
+        assert!(err.contains("tenant `victim`") && err.contains("encrypt"), "{err}");
     }
 }
