@@ -239,7 +239,8 @@ struct Endpoint<K> {
     feedbacks: u64,
     /// Scratch flag of the water-filling in [`Receiver::reallocate`].
     settled: bool,
-    /// Its senders lately, and how many there were at the last window's end.
+    /// Its senders lately, and how many there were at the last window's end (`u64::MAX`: too
+    /// many to tell).
     senders: Senders,
     sender_count: u64,
 }
@@ -532,13 +533,19 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
             ep.measured = ep.meter.close(elapsed);
             if ep.active && now.saturating_since(ep.last_rx) >= self.config.idle_after {
                 ep.active = false;
-                ep.sender_count = 0;
             }
         }
         self.reallocate();
         let (alpha, min_rate) = (self.config.alpha_permille, self.config.min_rate);
         let senders_horizon = self.config.senders_horizon();
-        for ep in self.endpoints.iter_mut().filter(|ep| ep.active) {
+        for ep in &mut self.endpoints {
+            // Counted in every window, so that senders that come back after a pause shorter
+            // than the horizon are not new ones, and a burst after a longer one starts afresh.
+            let count = ep.senders.count(now, senders_horizon);
+            let before = core::mem::replace(&mut ep.sender_count, count.unwrap_or(u64::MAX));
+            if !ep.active {
+                continue;
+            }
             let mut rate = rcp_step(ep.advertised, ep.measured, ep.allowed, alpha, min_rate);
             // With N senders the fair rate is at least C_i / N (were each held to it, y would
             // be C_i). Senders that appear while the endpoint is overloaded start at that share
@@ -549,14 +556,13 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
             // and cuts in every window of that, before the first can show, compound (a lone
             // TCP sender fell from 450 to 9 Mb/s in 2 ms). Below C_i / N, RCP still corrects
             // senders that overshoot their rate and a count that missed some.
-            if let Some(n) = ep.senders.count(now, senders_horizon) {
+            if let Some(n) = count {
                 let fair = ep.allowed / n;
-                if ep.measured > ep.allowed && n > ep.sender_count {
+                if ep.measured > ep.allowed && n > before {
                     rate = rate.min(fair.max(min_rate));
                 }
                 let floor = (fair as u128 * FAIR_FLOOR.0 as u128 / FAIR_FLOOR.1 as u128) as u64;
                 rate = rate.max(floor.max(min_rate)).min(ep.allowed);
-                ep.sender_count = n;
             }
             ep.advertised = rate;
             ep.fresh = false;
