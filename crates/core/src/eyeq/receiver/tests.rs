@@ -299,7 +299,7 @@ fn one_window(rx: &mut Receiver<u32>, start: Instant, sources: &[u32], packets: 
     let mut t = start;
     for _ in 0..packets {
         for &s in sources {
-            t = t + Duration::from_nanos(step);
+            t += Duration::from_nanos(step);
             rx.on_packet(t, 1, s, 1500).unwrap();
         }
     }
