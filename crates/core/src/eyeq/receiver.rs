@@ -1,8 +1,9 @@
 //! The receiver module (EyeQ's REM, sections 3.2 and 3.4): per-endpoint rate meters, the RX
 //! scheduler and one rate controller per endpoint, plus feedback sampling.
 
+use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
-use std::hash::Hash;
+use std::hash::{Hash, Hasher};
 
 use super::EyeqError;
 use crate::time::{Duration, Instant, NANOS_PER_SEC};
@@ -63,6 +64,12 @@ impl Default for ReceiverConfig {
 }
 
 impl ReceiverConfig {
+    /// A sender counts as one of an endpoint's for twice `idle_after` after its last packet,
+    /// so one held to a small share, sending rarely, is still counted.
+    fn senders_horizon(&self) -> Duration {
+        Duration::from_nanos(self.idle_after.as_nanos().saturating_mul(2))
+    }
+
     fn validate(&self) -> Result<(), EyeqError> {
         if self.capacity == 0 {
             return Err(EyeqError::InvalidConfig("capacity must be > 0"));
@@ -162,6 +169,56 @@ impl WindowCounter {
     }
 }
 
+/// The least rate advertised to N senders, as a fraction of C_i / N (see
+/// `Receiver::close_window`).
+const FAIR_FLOOR: (u64, u64) = (3, 4);
+
+/// Most senders of one endpoint told apart; with more, [`Senders::count`] gives up.
+const SENDERS_TRACKED: usize = 16;
+
+/// The distinct senders of an endpoint lately: a 64-bit hash of each and when it last sent.
+#[derive(Debug, Default, Clone, Copy)]
+struct Senders {
+    seen: [(u64, Instant); SENDERS_TRACKED],
+    len: usize,
+    /// More senders than tracked came until then.
+    many_until: Option<Instant>,
+}
+
+impl Senders {
+    fn add<S: Hash>(&mut self, now: Instant, source: &S, horizon: Duration) {
+        let mut h = DefaultHasher::new();
+        source.hash(&mut h);
+        let hash = h.finish();
+        let seen = &mut self.seen[..self.len];
+        if let Some(entry) = seen.iter_mut().find(|(s, _)| *s == hash) {
+            entry.1 = now;
+        } else if self.len < SENDERS_TRACKED {
+            self.seen[self.len] = (hash, now);
+            self.len += 1;
+        } else if let Some(old) = seen
+            .iter_mut()
+            .find(|(_, last)| now.saturating_since(*last) >= horizon)
+        {
+            *old = (hash, now);
+        } else {
+            self.many_until = Some(now + horizon);
+        }
+    }
+
+    /// How many sent within `horizon` before `now`; `None` when more than can be told apart.
+    fn count(&self, now: Instant, horizon: Duration) -> Option<u64> {
+        if self.many_until.is_some_and(|t| now < t) {
+            return None;
+        }
+        let recent = self.seen[..self.len]
+            .iter()
+            .filter(|(_, last)| now.saturating_since(*last) < horizon)
+            .count();
+        Some(recent.max(1) as u64)
+    }
+}
+
 #[derive(Debug)]
 struct Endpoint<K> {
     id: K,
@@ -182,6 +239,10 @@ struct Endpoint<K> {
     feedbacks: u64,
     /// Scratch flag of the water-filling in [`Receiver::reallocate`].
     settled: bool,
+    /// Its senders lately, and how many there were at the last window's end (`u64::MAX`: too
+    /// many to tell).
+    senders: Senders,
+    sender_count: u64,
 }
 
 impl<K> Endpoint<K> {
@@ -286,6 +347,8 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
             seq: 0,
             feedbacks: 0,
             settled: false,
+            senders: Senders::default(),
+            sender_count: 0,
         });
         // A second endpoint ends a solo receiver's small headroom at once.
         self.reallocate();
@@ -326,7 +389,7 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
     /// feedback to send to `source` when this packet is sampled (EyeQ 3.2: one every
     /// `feedback_units` received by the endpoint, or after `feedback_interval`, or
     /// `quiet_feedback_interval` while the endpoint is quiet).
-    pub fn on_packet<S>(
+    pub fn on_packet<S: Hash>(
         &mut self,
         now: Instant,
         endpoint: K,
@@ -343,6 +406,7 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
         self.window_busy = true;
         let ep = &mut self.endpoints[i];
         ep.meter.add(units);
+        ep.senders.add(now, &source, self.config.senders_horizon());
         ep.last_rx = now;
         if !ep.active {
             // A newly active endpoint joins A; it starts advertising its whole allotment
@@ -473,8 +537,34 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
         }
         self.reallocate();
         let (alpha, min_rate) = (self.config.alpha_permille, self.config.min_rate);
-        for ep in self.endpoints.iter_mut().filter(|ep| ep.active) {
-            ep.advertised = rcp_step(ep.advertised, ep.measured, ep.allowed, alpha, min_rate);
+        let senders_horizon = self.config.senders_horizon();
+        for ep in &mut self.endpoints {
+            // Counted in every window, so that senders that come back after a pause shorter
+            // than the horizon are not new ones, and a burst after a longer one starts afresh.
+            let count = ep.senders.count(now, senders_horizon);
+            let before = core::mem::replace(&mut ep.sender_count, count.unwrap_or(u64::MAX));
+            if !ep.active {
+                continue;
+            }
+            let mut rate = rcp_step(ep.advertised, ep.measured, ep.allowed, alpha, min_rate);
+            // With N senders the fair rate is at least C_i / N (were each held to it, y would
+            // be C_i). Senders that appear while the endpoint is overloaded start at that share
+            // at once (RCP's C/N start), not at the rate advertised to fewer: at a burst's
+            // onset EyeQ 3.4's step is bounded by y, which the access link caps, so it would
+            // take several windows while the link's queue overflows. And the rate is kept
+            // above FAIR_FLOOR of it: y rises above C_i while a queue drains into the link,
+            // and cuts in every window of that, before the first can show, compound (a lone
+            // TCP sender fell from 450 to 9 Mb/s in 2 ms). Below C_i / N, RCP still corrects
+            // senders that overshoot their rate and a count that missed some.
+            if let Some(n) = count {
+                let fair = ep.allowed / n;
+                if ep.measured > ep.allowed && n > before {
+                    rate = rate.min(fair.max(min_rate));
+                }
+                let floor = (fair as u128 * FAIR_FLOOR.0 as u128 / FAIR_FLOOR.1 as u128) as u64;
+                rate = rate.max(floor.max(min_rate)).min(ep.allowed);
+            }
+            ep.advertised = rate;
             ep.fresh = false;
         }
         self.window_start = now;

@@ -328,7 +328,8 @@ impl Net {
     /// Host `h` polls its engine: one iteration of the switch's own run-loop policy
     /// ([`Driver::iterate`]) over the host's NIC and VM rings ([`HostIo`]) at the modelled
     /// cost. The CPU is busy until `now` + the cost (stretched when the switch has less
-    /// than a core); the next poll is then, or at the engine's deadline.
+    /// than a core); the next poll is then when this one found work, or at the engine's
+    /// deadline after one that found none.
     pub fn host_poll(&mut self, h: u32, now: Nanos) {
         self.reserve_frames(POLL_RESERVE);
         let t = Instant::from_nanos(now);
@@ -367,7 +368,11 @@ impl Net {
         host.engine.charge_cpu(t, cost);
         host.cpu_ns += cost;
         host.busy_until = now + (cost as f64 / host.cpu_share) as Nanos;
-        let next = if more || pass.processed > 0 {
+        // As the switch's loop (`runner`, `worker`): after a pass that received or processed
+        // anything it passes again, and it sleeps only after a pass that found nothing
+        // (`Engine::note_empty_pass`, where the EyeQ receivers' idle time starts). A pass
+        // that only received (feedback, a frame for a limiter or a full queue) is work too.
+        let next = if more || pass.busy() > 0 {
             Some(host.busy_until)
         } else {
             host.engine
@@ -609,6 +614,31 @@ rate_pps = 1
             host.pending,
             Some(host.busy_until),
             "more to do: next poll when free"
+        );
+    }
+
+    /// As the switch's loop, a host passes again after a pass that only received (a frame
+    /// the engine drops: nothing processed) and sleeps only after a pass that found nothing,
+    /// where the engine notes that its idle time starts (the EyeQ receivers' meter windows
+    /// that end after it are closed as at their ends, not late).
+    #[test]
+    fn a_pass_that_only_received_is_followed_by_one_more_before_the_host_sleeps() {
+        let mut w = testing::world(ONE_STREAM, "picnic");
+        let net = &mut w.net;
+        let mut frame = net.take_frame().unwrap();
+        frame.buf_for_rx()[..64].fill(0);
+        frame.set_len(64);
+        net.nic_receive(1, frame, 100);
+        net.host_poll(1, 100);
+        let host = &net.hosts[1];
+        assert_eq!(host.pending, Some(host.busy_until), "it received: one more pass");
+        let at = host.busy_until;
+        net.host_poll(1, at);
+        let host = &net.hosts[1];
+        assert!(
+            host.pending.is_none_or(|p| p > host.busy_until),
+            "an empty pass: asleep until the engine's deadline, not {:?}",
+            host.pending
         );
     }
 

@@ -32,6 +32,10 @@ use crate::directory::{Directory, VmIdx};
 use crate::frame::{Frame, FramePool};
 use crate::stats::{DropReason, FeedbackReject};
 
+/// A remote sender as the EyeQ receivers count them: its host and the inner source MAC,
+/// since each sending VM has a limiter of its own.
+type Sender = (u32, [u8; 6]);
+
 pub struct Ingress {
     /// Queued frames with their destination VM and when they were queued (= when they
     /// entered the switch: frames are queued in the call that received them).
@@ -489,10 +493,14 @@ impl Engine {
         pool: &mut FramePool,
     ) {
         let tenant = self.dir.vms[w].tenant;
+        let mut src_mac = [0; 6];
+        if let Some(mac) = frame.data().get(6..12) {
+            src_mac.copy_from_slice(mac);
+        }
         // EyeQ meters what the access link carried: every remote frame, encapsulated bytes,
         // whether it is refused below or not.
-        let link_sample =
-            source.and_then(|(source, wire_len)| self.meter_link(now, w, source, wire_len));
+        let link_sample = source
+            .and_then(|(source, wire_len)| self.meter_link(now, w, (source, src_mac), wire_len));
         let refused =
             if let (Some(iron), Some(account)) = (self.iron.as_mut(), self.iron_index[tenant]) {
                 !matches!(iron.admit(now, account), Ok(Admission::Admit))
@@ -530,7 +538,7 @@ impl Engine {
             if let Some(bp) = self.ingress.backpressure.as_mut() {
                 bp.admitted(w, wire_len);
             }
-            let cpu_sample = self.meter_cpu(now, w, source, wire_len);
+            let cpu_sample = self.meter_cpu(now, w, (source, src_mac), wire_len);
             if let Some(seq) = link_sample.or(cpu_sample) {
                 self.feed_back(now, w, source, seq, pool);
             }
@@ -561,23 +569,24 @@ impl Engine {
         }
     }
 
-    /// EyeQ 3.2: meters a remote frame's arrival on the access link; the sequence number of
-    /// its feedback when it is sampled for some. Closes a backpressure period that is over.
-    fn meter_link(&mut self, now: Instant, w: VmIdx, source: u32, len: u64) -> Option<u32> {
+    /// EyeQ 3.2: meters a remote frame's arrival on the access link from `sender`; the
+    /// sequence number of its feedback when it is sampled for some. Closes a backpressure
+    /// period that is over.
+    fn meter_link(&mut self, now: Instant, w: VmIdx, sender: Sender, len: u64) -> Option<u32> {
         let ing = &mut self.ingress;
         if let Some(bp) = ing.backpressure.as_mut() {
             bp.roll(now);
         }
         let link = ing.link.as_mut()?;
-        link.on_packet(now, w, source, len)
+        link.on_packet(now, w, sender, len)
             .ok()
             .flatten()
             .map(|f| f.seq)
     }
 
-    /// EyeQ 3.2 on the engine's CPU: meters an admitted remote frame's estimated processing;
-    /// the sequence number of its feedback when it is sampled for some.
-    fn meter_cpu(&mut self, now: Instant, w: VmIdx, source: u32, len: u64) -> Option<u32> {
+    /// EyeQ 3.2 on the engine's CPU: meters an admitted remote frame's estimated processing
+    /// from `sender`; the sequence number of its feedback when it is sampled for some.
+    fn meter_cpu(&mut self, now: Instant, w: VmIdx, sender: Sender, len: u64) -> Option<u32> {
         let ing = &mut self.ingress;
         let cpu = ing.cpu.as_mut()?;
         // The frame's CPU cost, from the VM's measured CPU per byte (the model's figure
@@ -587,7 +596,7 @@ impl Engine {
             per_byte => (per_byte * len) >> 16,
         }
         .max(1);
-        cpu.on_packet(now, w, source, est_cost)
+        cpu.on_packet(now, w, sender, est_cost)
             .ok()
             .flatten()
             .map(|f| f.seq)

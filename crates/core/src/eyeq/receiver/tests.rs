@@ -290,3 +290,67 @@ fn an_idle_receiver_has_no_deadline_until_traffic_arrives_and_after_it_went_idle
     assert!(!rx.endpoint(1).unwrap().active);
     assert!(t >= Instant::from_nanos(10) + ReceiverConfig::default().idle_after);
 }
+
+/// Sends `packets` 1500-byte packets from each of `sources` to endpoint 1, spread over the
+/// window starting at `start`, and closes that window.
+fn one_window(rx: &mut Receiver<u32>, start: Instant, sources: &[u32], packets: u64) -> Instant {
+    let window = rx.config().window;
+    let step = window.as_nanos() / (packets * sources.len() as u64 + 1);
+    let mut t = start;
+    for _ in 0..packets {
+        for &s in sources {
+            t += Duration::from_nanos(step);
+            rx.on_packet(t, 1, s, 1500).unwrap();
+        }
+    }
+    let end = start + window;
+    rx.on_timeout(end);
+    end
+}
+
+#[test]
+fn a_lone_senders_burst_does_not_collapse_its_rate() {
+    // One sender (its limiter at C_i), whose queue drains into the link at twice C_i for
+    // five windows: each RCP step would halve the rate (R * C / y), to C_i / 32.
+    let mut rx = receiver();
+    rx.add_endpoint(1, guarantee(MBPS)).unwrap();
+    let c = rx.shared_capacity();
+    let twice_c = c * 2 * 200 / 1_000_000 / 1500; // packets per 200 us window
+    let mut t = Instant::ZERO;
+    for _ in 0..5 {
+        t = one_window(&mut rx, t, &[7], twice_c);
+        let ep = rx.endpoint(1).unwrap();
+        assert_eq!(ep.allowed, c);
+        assert!(ep.advertised >= c * 3 / 4, "{} < 3/4 of {c}", ep.advertised);
+    }
+}
+
+#[test]
+fn senders_that_appear_while_overloaded_start_at_a_fair_share_and_stay_near_it() {
+    // Eight senders start at once, 1.5 C_i together: the first window's step alone would
+    // advertise 3/4 of C_i to each (6 C_i in all).
+    let mut rx = receiver();
+    rx.add_endpoint(1, guarantee(MBPS)).unwrap();
+    let c = rx.shared_capacity();
+    let sources: Vec<u32> = (1..=8).collect();
+    let per_window = c * 3 / 2 * 200 / 1_000_000 / 1500 / 8;
+    let t = one_window(&mut rx, Instant::ZERO, &sources, per_window);
+    let t = one_window(&mut rx, t, &sources, per_window);
+    let fair = c / 8;
+    assert!(
+        rx.endpoint(1).unwrap().advertised <= fair,
+        "{:?}",
+        rx.endpoint(1)
+    );
+    // Overloaded on: RCP goes below C_i / 8 (senders that overshoot their rate), but not
+    // under 3/4 of it.
+    let mut t = t;
+    for _ in 0..20 {
+        t = one_window(&mut rx, t, &sources, per_window);
+        let r = rx.endpoint(1).unwrap().advertised;
+        assert!(
+            r >= fair * 3 / 4 && r <= fair,
+            "{r} outside [3/4, 1] of {fair}"
+        );
+    }
+}
