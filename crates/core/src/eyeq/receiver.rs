@@ -1,7 +1,6 @@
 //! The receiver module (EyeQ's REM, sections 3.2 and 3.4): per-endpoint rate meters, the RX
 //! scheduler and one rate controller per endpoint, plus feedback sampling.
 
-use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 
@@ -187,7 +186,9 @@ struct Senders {
 
 impl Senders {
     fn add<S: Hash>(&mut self, now: Instant, source: &S, horizon: Duration) {
-        let mut h = DefaultHasher::new();
+        // Once per received frame, so FxHash rather than SipHash: a collision only counts
+        // two senders as one, which makes the fair start laxer, never stricter.
+        let mut h = rustc_hash::FxHasher::default();
         source.hash(&mut h);
         let hash = h.finish();
         let seen = &mut self.seen[..self.len];
