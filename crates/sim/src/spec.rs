@@ -387,6 +387,9 @@ mod tests {
     fn an_encrypted_tenant_is_refused_by_name_not_simulated_as_total_loss() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/accel-hog.toml");
         let err = format!("{:#}", Spec::load(&path).unwrap_err());
-        assert!(err.contains("tenant `victim`") && err.contains("encrypt"), "{err}");
+        assert!(
+            err.contains("tenant `victim`") && err.contains("encrypt"),
+            "{err}"
+        );
     }
 }

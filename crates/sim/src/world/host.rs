@@ -631,7 +631,11 @@ rate_pps = 1
         net.nic_receive(1, frame, 100);
         net.host_poll(1, 100);
         let host = &net.hosts[1];
-        assert_eq!(host.pending, Some(host.busy_until), "it received: one more pass");
+        assert_eq!(
+            host.pending,
+            Some(host.busy_until),
+            "it received: one more pass"
+        );
         let at = host.busy_until;
         net.host_poll(1, at);
         let host = &net.hosts[1];
