@@ -263,10 +263,7 @@ impl AfXdpPort {
         // A socket closed just before (a restarted switch) frees its queue from a kernel work
         // item, shortly after close(2): retry a busy queue for up to BIND_BUSY_RETRY.
         let started = std::time::Instant::now();
-        loop {
-            let Err(err) = bind_xdp(sock, &addr) else {
-                break;
-            };
+        while let Err(err) = bind_xdp(sock, &addr) {
             let busy = err.raw_os_error() == Some(libc::EBUSY);
             if busy && started.elapsed() < BIND_BUSY_RETRY {
                 std::thread::sleep(std::time::Duration::from_millis(10));
