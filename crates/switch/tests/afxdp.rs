@@ -1,5 +1,6 @@
 //! Root integration tests of the AF_XDP port backend, on veth pairs in fresh `pn-t-*`
 //! namespaces (as tests/ports.rs). Without root each test prints why it skipped and passes.
+//! The send-rate check prints numbers (run with `--nocapture`) and asserts nothing about them.
 
 mod common;
 
@@ -150,5 +151,74 @@ fn af_xdp_refuses_an_mtu_too_large_for_its_frames() {
         assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
         assert!(err.to_string().contains("MTU 4000"), "{err}");
         AfXdpPort::open("pnxj", AfXdpOptions::default()).expect("MTU 1500 is fine");
+    });
+}
+
+/// Sends 64 B frames as fast as one thread can for 1 s at a time, alternately with the port's
+/// descriptor out of an epoll set and in one for input (as the run loop's `WaitSet` keeps
+/// it), and prints the rates: what a wake-up of the waited-on descriptor per sent frame costs
+/// shows as the difference (docs/BENCHMARKS.md). Asserts nothing about the numbers.
+#[test]
+fn af_xdp_send_rate_with_the_descriptor_in_an_epoll_set_printed() {
+    if !is_root() || !have_ebpf() {
+        return;
+    }
+    let ns = Netns::new();
+    // Nothing reads the peer: its stack drops the frames, freeing each sent one.
+    ns.veth_pair("pnxr", "pnxs");
+    ns.enter(|| {
+        let mut port = AfXdpPort::open("pnxr", AfXdpOptions::default()).unwrap();
+        let mut pool = FramePool::new(1024);
+        let template = test_frame(0, 64);
+        let mut rate = |port: &mut AfXdpPort, period: Duration| {
+            let mut batch: Vec<Frame> = Vec::with_capacity(64);
+            let before = port.stats().tx_frames;
+            let start = Instant::now();
+            while start.elapsed() < period {
+                while batch.len() < 64 {
+                    let mut f = pool.get().unwrap();
+                    f.fill_from(&template);
+                    batch.push(f);
+                }
+                port.send_batch(&mut batch, &mut pool).unwrap();
+            }
+            batch.drain(..).for_each(|f| pool.put(f));
+            (port.stats().tx_frames - before) as f64 / start.elapsed().as_secs_f64()
+        };
+        rate(&mut port, Duration::from_millis(200));
+        // SAFETY: plain epoll calls on descriptors this test owns; `ev` outlives each call.
+        let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        assert!(epoll >= 0);
+        let fd = port.raw_fd().unwrap();
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: 0,
+        };
+        let mut ctl = |op| {
+            // SAFETY: as above.
+            assert_eq!(unsafe { libc::epoll_ctl(epoll, op, fd, &mut ev) }, 0);
+        };
+        for round in 0..2 {
+            for registered in [false, true] {
+                match (round, registered) {
+                    (0, false) => {}
+                    (_, false) => ctl(libc::EPOLL_CTL_DEL),
+                    (_, true) => ctl(libc::EPOLL_CTL_ADD),
+                }
+                let r = rate(&mut port, Duration::from_secs(1));
+                println!(
+                    "af_xdp send, descriptor {}: {:.0} kpps ({:.0} ns/frame)",
+                    if registered {
+                        "in an epoll set"
+                    } else {
+                        "waited on by nobody"
+                    },
+                    r / 1e3,
+                    1e9 / r
+                );
+            }
+        }
+        // SAFETY: closes the epoll descriptor made above.
+        unsafe { libc::close(epoll) };
     });
 }

@@ -32,7 +32,6 @@ pub fn is_root() -> bool {
 
 /// Whether the switch's eBPF programs were built (the build had clang); prints why a test
 /// skips when not.
-#[allow(dead_code)] // tests/ports.rs opens no AF_XDP port
 pub fn have_ebpf() -> bool {
     let built = picnic_switch::ebpf::programs_built();
     if !built {

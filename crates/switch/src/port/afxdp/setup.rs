@@ -1,6 +1,7 @@
-//! Opening an AF_XDP port: the UMEM registered, the rings sized and mapped, the socket bound
-//! to its queue in copy mode and joined to the XDP program (loaded and attached by queue 0's
-//! port), and the interface held promiscuous.
+//! Opening an AF_XDP port: the UMEM registered, the rings sized and mapped, the receiving
+//! socket bound to its queue in copy mode and joined to the XDP program (loaded and attached
+//! by queue 0's port), the sending socket bound to the same queue sharing its UMEM, and the
+//! interface held promiscuous.
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -22,6 +23,9 @@ const MAX_QUEUES: usize = 64;
 /// Socket option raising the kernel's per-`sendto` budget ([`KERNEL_TX_BATCH`]; Linux >= 6.17;
 /// older kernels keep 32).
 const XDP_MAX_TX_SKB_BUDGET: libc::c_int = 9;
+
+/// What every refusal to open the port adds.
+const FALLBACK: &str = "; backend = \"af_packet\" works on any interface";
 
 /// Whether an error means the caller lacks a capability.
 fn is_permission(err: &io::Error) -> bool {
@@ -59,6 +63,52 @@ fn rx_queues(fd: RawFd, name: &std::ffi::CStr) -> io::Result<usize> {
         return Err(io::Error::last_os_error());
     }
     Ok(channels[5].max(channels[8]) as usize)
+}
+
+/// A new AF_XDP socket (close-on-exec).
+fn xdp_socket() -> io::Result<OwnedFd> {
+    // SAFETY: socket(2) takes no pointers; a non-negative return is a new descriptor.
+    let raw = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// What a failed `socket(AF_XDP)` means, in the port's context `ctx`.
+fn xdp_socket_error(err: io::Error, ctx: &impl Fn(&str) -> String) -> io::Error {
+    if is_permission(&err) {
+        io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            ctx("opening an AF_XDP socket needs CAP_NET_RAW (and CAP_BPF, CAP_NET_ADMIN for the XDP program): run as root"),
+        )
+    } else if err.raw_os_error() == Some(libc::EAFNOSUPPORT) {
+        io::Error::new(
+            io::ErrorKind::Unsupported,
+            ctx(&format!(
+                "this kernel has no AF_XDP sockets (CONFIG_XDP_SOCKETS){FALLBACK}"
+            )),
+        )
+    } else {
+        os_error(err, ctx("socket(AF_XDP)"))
+    }
+}
+
+/// bind(2) of AF_XDP socket `sock` to `addr`.
+fn bind_xdp(sock: RawFd, addr: &libc::sockaddr_xdp) -> io::Result<()> {
+    // SAFETY: `addr` is a live sockaddr_xdp and the length passed is its size.
+    let ret = unsafe {
+        libc::bind(
+            sock,
+            (addr as *const libc::sockaddr_xdp).cast(),
+            size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// An AF_PACKET socket that receives nothing (protocol 0) and keeps interface `index`
@@ -118,7 +168,6 @@ impl AfXdpPort {
         program: Option<(&mut PortProgram, XdpMode)>,
     ) -> io::Result<AfXdpPort> {
         let ctx = |what: &str| format!("af_xdp port '{ifname}': {what}");
-        let fallback = "; backend = \"af_packet\" works on any interface";
         opts.validate()
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, ctx(&e)))?;
         let cname = ifname_cstring(ifname)?;
@@ -140,33 +189,12 @@ impl AfXdpPort {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 ctx(&format!(
-                    "MTU {mtu} is too large for AF_XDP copy mode's {CHUNK_SIZE} B frames (at most {MAX_MTU}){fallback}"
+                    "MTU {mtu} is too large for AF_XDP copy mode's {CHUNK_SIZE} B frames (at most {MAX_MTU}){FALLBACK}"
                 )),
             ));
         }
 
-        // SAFETY: socket(2) takes no pointers; a non-negative return is a new descriptor.
-        let raw = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
-        if raw < 0 {
-            let err = io::Error::last_os_error();
-            return Err(if is_permission(&err) {
-                io::Error::new(
-                    io::ErrorKind::PermissionDenied,
-                    ctx("opening an AF_XDP socket needs CAP_NET_RAW (and CAP_BPF, CAP_NET_ADMIN for the XDP program): run as root"),
-                )
-            } else if err.raw_os_error() == Some(libc::EAFNOSUPPORT) {
-                io::Error::new(
-                    io::ErrorKind::Unsupported,
-                    ctx(&format!(
-                        "this kernel has no AF_XDP sockets (CONFIG_XDP_SOCKETS){fallback}"
-                    )),
-                )
-            } else {
-                os_error(err, ctx("socket(AF_XDP)"))
-            });
-        }
-        // SAFETY: `raw` is a fresh descriptor owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let fd = xdp_socket().map_err(|e| xdp_socket_error(e, &ctx))?;
         let sock = fd.as_raw_fd();
 
         let umem_len = opts.frames as usize * CHUNK_SIZE;
@@ -186,18 +214,16 @@ impl AfXdpPort {
                 ctx("XDP_UMEM_REG (locked memory: needs CAP_IPC_LOCK or a larger RLIMIT_MEMLOCK)"),
             )
         })?;
+        // The receiving socket has no TX ring: the sending socket has it (see the module doc).
         let half = opts.frames / 2;
         for (opt, what) in [
             (libc::XDP_UMEM_FILL_RING, "XDP_UMEM_FILL_RING"),
             (libc::XDP_UMEM_COMPLETION_RING, "XDP_UMEM_COMPLETION_RING"),
             (libc::XDP_RX_RING, "XDP_RX_RING"),
-            (libc::XDP_TX_RING, "XDP_TX_RING"),
         ] {
             set_opt(sock, libc::SOL_XDP, opt, &half)
                 .map_err(|e| os_error(e, ctx(&format!("{what} of {half} entries"))))?;
         }
-        // More frames per transmit call than the default 32 (kernels without it ignore it).
-        let _ = set_opt(sock, libc::SOL_XDP, XDP_MAX_TX_SKB_BUDGET, &(half as i32));
         let off: libc::xdp_mmap_offsets = get_opt(sock, libc::SOL_XDP, libc::XDP_MMAP_OFFSETS)
             .map_err(|e| os_error(e, ctx("XDP_MMAP_OFFSETS")))?;
         let map_err =
@@ -218,8 +244,6 @@ impl AfXdpPort {
         .map_err(map_err("completion ring"))?;
         let rx =
             Ring::map(sock, &off.rx, half, libc::XDP_PGOFF_RX_RING).map_err(map_err("RX ring"))?;
-        let tx =
-            Ring::map(sock, &off.tx, half, libc::XDP_PGOFF_TX_RING).map_err(map_err("TX ring"))?;
 
         // Every receive chunk starts on the fill ring; the others are free to transmit from.
         for i in 0..half {
@@ -239,19 +263,7 @@ impl AfXdpPort {
         // A socket closed just before (a restarted switch) frees its queue from a kernel work
         // item, shortly after close(2): retry a busy queue for up to BIND_BUSY_RETRY.
         let started = std::time::Instant::now();
-        loop {
-            // SAFETY: `addr` is a live sockaddr_xdp and the length passed is its size.
-            let ret = unsafe {
-                libc::bind(
-                    sock,
-                    (&addr as *const libc::sockaddr_xdp).cast(),
-                    size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
-                )
-            };
-            if ret == 0 {
-                break;
-            }
-            let err = io::Error::last_os_error();
+        while let Err(err) = bind_xdp(sock, &addr) {
             let busy = err.raw_os_error() == Some(libc::EBUSY);
             if busy && started.elapsed() < BIND_BUSY_RETRY {
                 std::thread::sleep(std::time::Duration::from_millis(10));
@@ -267,10 +279,44 @@ impl AfXdpPort {
             return Err(os_error(
                 err,
                 ctx(&format!(
-                    "bind in copy mode to queue {queue}{hint}{fallback}"
+                    "bind in copy mode to queue {queue}{hint}{FALLBACK}"
                 )),
             ));
         }
+
+        // The sending socket: the same queue and UMEM (its buffer pool, so its fill and
+        // completion rings too), a TX ring of its own; nobody waits on it.
+        let tx_fd = xdp_socket().map_err(|e| xdp_socket_error(e, &ctx))?;
+        let tx_sock = tx_fd.as_raw_fd();
+        set_opt(tx_sock, libc::SOL_XDP, libc::XDP_TX_RING, &half).map_err(|e| {
+            os_error(
+                e,
+                ctx(&format!("XDP_TX_RING of {half} entries (sending socket)")),
+            )
+        })?;
+        // More frames per transmit call than the default 32 (kernels without it ignore it).
+        let _ = set_opt(
+            tx_sock,
+            libc::SOL_XDP,
+            XDP_MAX_TX_SKB_BUDGET,
+            &(half as i32),
+        );
+        let tx_off: libc::xdp_mmap_offsets =
+            get_opt(tx_sock, libc::SOL_XDP, libc::XDP_MMAP_OFFSETS)
+                .map_err(|e| os_error(e, ctx("XDP_MMAP_OFFSETS (sending socket)")))?;
+        let tx = Ring::map(tx_sock, &tx_off.tx, half, libc::XDP_PGOFF_TX_RING)
+            .map_err(map_err("TX ring"))?;
+        // Mode flags are the first socket's: a sharing socket may not give any.
+        addr.sxdp_flags = libc::XDP_SHARED_UMEM;
+        addr.sxdp_shared_umem_fd = sock as u32;
+        bind_xdp(tx_sock, &addr).map_err(|e| {
+            os_error(
+                e,
+                ctx(&format!(
+                    "bind of the sending socket to queue {queue}, sharing the UMEM{FALLBACK}"
+                )),
+            )
+        })?;
 
         let bpf_err = |what: &str| {
             let what = what.to_owned();
@@ -278,10 +324,10 @@ impl AfXdpPort {
                 if is_permission(&e) {
                     io::Error::new(
                         io::ErrorKind::PermissionDenied,
-                        ctx(&format!("{what}: the XDP program needs CAP_BPF and CAP_NET_ADMIN: run as root{fallback}")),
+                        ctx(&format!("{what}: the XDP program needs CAP_BPF and CAP_NET_ADMIN: run as root{FALLBACK}")),
                     )
                 } else {
-                    os_error(e, ctx(&format!("{what}{fallback}")))
+                    os_error(e, ctx(&format!("{what}{FALLBACK}")))
                 }
             }
         };
@@ -315,6 +361,7 @@ impl AfXdpPort {
             fill,
             completion,
             fd,
+            tx_fd,
             umem,
             _promisc: promisc,
             tx_free,
