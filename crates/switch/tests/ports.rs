@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{
-    collect, exchange, have_ebpf, is_root, is_test_frame, send_all, seq_of, test_frame, Netns,
-    MAC_B,
+    collect, exchange, have_ebpf, is_root, is_test_frame, send_all, send_burst_and_receive, seq_of,
+    test_frame, Netns, MAC_B,
 };
 use etherparse::{PacketBuilder, SlicedPacket, TransportSlice};
 use picnic_switch::frame::{Frame, FramePool, DATA_CAP};
@@ -100,19 +100,7 @@ fn af_packet_sends_do_not_wake_the_descriptor_the_loop_waits_on() {
         };
         // Writable when registered: one edge.
         assert_eq!(wakes(0), 1);
-        let mut frames: Vec<Frame> = (0..256)
-            .map(|seq| {
-                let mut f = pool.get().unwrap();
-                assert!(f.fill_from(&test_frame(seq, 64)));
-                f
-            })
-            .collect();
-        send_all(&mut a, &mut pool, &mut frames);
-        let mut got = Vec::new();
-        collect(&mut b, &mut pool, &mut got, Duration::from_secs(2), |g| {
-            g.iter().filter(|f| is_test_frame(f)).count() >= 256
-        });
-        assert_eq!(got.iter().filter(|f| is_test_frame(f)).count(), 256);
+        send_burst_and_receive(&mut a, &mut b, &mut pool, 256);
         assert_eq!(wakes(50), 0, "a send woke the waited-on descriptor");
         unsafe { libc::close(epoll) };
     });
@@ -164,19 +152,7 @@ fn af_xdp_sends_do_not_wake_the_descriptor_the_loop_waits_on() {
             });
             // Time for the waiter to fall asleep in poll.
             std::thread::sleep(Duration::from_millis(100));
-            let mut frames: Vec<Frame> = (0..256)
-                .map(|seq| {
-                    let mut f = pool.get().unwrap();
-                    assert!(f.fill_from(&test_frame(seq, 64)));
-                    f
-                })
-                .collect();
-            send_all(&mut a, &mut pool, &mut frames);
-            let mut got = Vec::new();
-            collect(&mut b, &mut pool, &mut got, Duration::from_secs(2), |g| {
-                g.iter().filter(|f| is_test_frame(f)).count() >= 256
-            });
-            assert_eq!(got.iter().filter(|f| is_test_frame(f)).count(), 256);
+            send_burst_and_receive(&mut a, &mut b, &mut pool, 256);
             std::thread::sleep(Duration::from_millis(50));
             // SAFETY: a write of 8 bytes from a live u64 to the eventfd.
             assert_eq!(unsafe { libc::eventfd_write(stop, 1) }, 0);

@@ -185,6 +185,24 @@ pub fn send_all(port: &mut dyn Port, pool: &mut FramePool, frames: &mut Vec<Fram
     }
 }
 
+/// Sends `n` 64-byte test frames from `tx` at once and checks that all of them reach `rx`
+/// within 2 s.
+pub fn send_burst_and_receive(tx: &mut dyn Port, rx: &mut dyn Port, pool: &mut FramePool, n: u32) {
+    let mut frames: Vec<Frame> = (0..n)
+        .map(|seq| {
+            let mut f = pool.get().unwrap();
+            assert!(f.fill_from(&test_frame(seq, 64)));
+            f
+        })
+        .collect();
+    send_all(tx, pool, &mut frames);
+    let mut got = Vec::new();
+    collect(rx, pool, &mut got, Duration::from_secs(2), |g| {
+        g.iter().filter(|f| is_test_frame(f)).count() >= n as usize
+    });
+    assert_eq!(got.iter().filter(|f| is_test_frame(f)).count(), n as usize);
+}
+
 /// Sends 1000 frames of `len` bytes from `tx` to `rx` at a modest rate (batches of 32, the
 /// receiver drained in between) and checks that all arrive once, in order and intact.
 pub fn exchange(tx: &mut dyn Port, rx: &mut dyn Port, pool: &mut FramePool, len: usize) {
