@@ -609,9 +609,8 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
         }
     }
 
-    /// Ends the window at `end`, measuring over the time since it started (a window closed
-    /// at `now` because the receiver was idle measures nothing, whatever its length).
-    /// Returns whether it changed any endpoint's state.
+    /// Ends the window at `end`, measuring over the time since it started (more than a
+    /// window when it is closed late). Returns whether it changed any endpoint's state.
     fn close_window(&mut self, end: Instant) -> bool {
         let elapsed = end.saturating_since(self.window_start);
         let mut changed = false;
