@@ -557,11 +557,15 @@ fn meter_windows_do_not_wake_the_loop_and_close_when_needed_as_on_time() {
     let (mut h1, mut timed, mut lazy) =
         (Host::new(1, 1000), Host::new(2, 1000), Host::new(2, 1000));
     let t0 = Instant::from_nanos(1_000_000);
-    h1.inject(t0, h1.port_of("a1"), &frame);
-    h1.inject(t0, h1.port_of("a1"), &frame);
+    // One frame, then at t1 a burst of ten: over 10 kB, so one of them is sampled for
+    // feedback whatever the interval (a2 advertising its whole allotment is quiet, sampled
+    // by time only every 10 ms).
+    for _ in 0..11 {
+        h1.inject(t0, h1.port_of("a1"), &frame);
+    }
     h1.poll(t0);
     let wire = h1.take(UPLINK);
-    assert_eq!(wire.len(), 2);
+    assert_eq!(wire.len(), 11);
     let a2 = lazy.port_of("a2");
     let advertised = |h: &Host| {
         h.engine
@@ -592,14 +596,15 @@ fn meter_windows_do_not_wake_the_loop_and_close_when_needed_as_on_time() {
         timed.poll(at);
         at += Duration::from_micros(200);
     }
-    // The next frame at t1 (after 900 us: sampled for feedback), the lazy loop's pass after
-    // its idle time.
+    // The burst at t1, the lazy loop's pass after its idle time.
     lazy.engine.note_idle(t1, (t1 - t0).as_nanos());
     let mut feedback = Vec::new();
     for h in [&mut timed, &mut lazy] {
-        h.inject(t1, UPLINK, &wire[1]);
+        for f in &wire[1..] {
+            h.inject(t1, UPLINK, f);
+        }
         h.poll(t1);
-        assert_eq!(h.take(a2).len(), 1);
+        assert_eq!(h.take(a2).len(), 10);
         feedback.push(h.take(UPLINK));
     }
     assert_eq!(feedback[0].len(), 1, "the frame was sampled for feedback");
