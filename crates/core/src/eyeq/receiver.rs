@@ -218,6 +218,17 @@ impl Senders {
             .count();
         Some(recent.max(1) as u64)
     }
+
+    /// When [`count`](Self::count) next changes after `now` with no sender added: a sender
+    /// leaves the horizon, or the time with too many to tell apart ends.
+    fn next_change(&self, now: Instant, horizon: Duration) -> Option<Instant> {
+        self.seen[..self.len]
+            .iter()
+            .map(|&(_, last)| last + horizon)
+            .chain(self.many_until)
+            .filter(|&t| t > now)
+            .min()
+    }
 }
 
 #[derive(Debug)]
@@ -571,9 +582,11 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
     /// - each later window measured nothing: a step of the idle check (at that window's
     ///   end), the allocation, and RCP (the rate climbs towards the allotment);
     /// - bounded: once a closed empty window changes nothing, the next ones change nothing
-    ///   until an endpoint's `idle_after` runs out, so those are skipped to the window in
-    ///   which that happens; once no endpoint is active and the window is empty, nothing is
-    ///   left to close (no timer was armed): the window is left for the next packet to
+    ///   until an endpoint's `idle_after` runs out or one of its senders leaves the sender
+    ///   count (the fair start compares the count with the previous window's, so that must
+    ///   be the count at that window's end), so those are skipped to the window in which the
+    ///   first of these happens; once no endpoint is active and the window is empty, nothing
+    ///   is left to close (no timer was armed): the window is left for the next packet to
     ///   close, late, as with a timer.
     fn close_ended(&mut self, now: Instant) {
         let window = self.config.window;
@@ -589,8 +602,9 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
                 first = false;
                 continue;
             }
-            // A fixed point of empty windows until the next endpoint goes idle: skip to the
-            // window whose end is the first at or after that.
+            // A fixed point of empty windows until the next endpoint goes idle or the next
+            // sender count changes: skip to the window whose end is the first at or after
+            // that.
             let Some(idle_at) = self
                 .endpoints
                 .iter()
@@ -600,12 +614,18 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
             else {
                 continue;
             };
+            let horizon = self.config.senders_horizon();
+            let next_at = self
+                .endpoints
+                .iter()
+                .filter_map(|ep| ep.senders.next_change(end, horizon))
+                .fold(idle_at, Instant::min);
             let w = window.as_nanos();
             let start = self.window_start.as_nanos();
-            // Windows to skip: those ending before `idle_at`, and none ending after `now`.
-            let before_idle = idle_at.as_nanos().saturating_sub(start).div_ceil(w).max(1) - 1;
+            // Windows to skip: those ending before `next_at`, and none ending after `now`.
+            let before_next = next_at.as_nanos().saturating_sub(start).div_ceil(w).max(1) - 1;
             let before_now = now.as_nanos().saturating_sub(start) / w;
-            self.window_start += Duration::from_nanos(before_idle.min(before_now) * w);
+            self.window_start += Duration::from_nanos(before_next.min(before_now) * w);
         }
     }
 

@@ -399,6 +399,9 @@ fn windows_closed_lazily_leave_the_state_timers_leave() {
     let shapes = [(605, 1_000), (50, 3_000)];
     for seed in 1..=20u64 {
         let (window_us, idle_us) = shapes[seed as usize % 2];
+        // Senders come and go (the fair start and floor follow their count), a few or more
+        // than the receiver tells apart.
+        let sources = [4, 24][seed as usize / 2 % 2];
         let config = ReceiverConfig {
             capacity: 200 * MBPS,
             window: Duration::from_micros(window_us),
@@ -432,9 +435,10 @@ fn windows_closed_lazily_leave_the_state_timers_leave() {
                 assert_eq!(timed.aggregate(now), lazy.aggregate(now), "seed {seed}");
             } else {
                 let ep = 1 + rng.next(3) as u32;
+                let source = rng.next(sources);
                 let units = 64 + rng.next(1_500);
-                let a = timed.on_packet(now, ep, (), units).unwrap();
-                let b = lazy.on_packet(now, ep, (), units).unwrap();
+                let a = timed.on_packet(now, ep, source, units).unwrap();
+                let b = lazy.on_packet(now, ep, source, units).unwrap();
                 assert_eq!(a, b, "seed {seed} step {step}: feedback");
             }
             assert_eq!(
@@ -444,6 +448,51 @@ fn windows_closed_lazily_leave_the_state_timers_leave() {
             );
         }
     }
+}
+
+/// A sender that stops counting while empty windows are skipped (its last packet a horizon
+/// ago, its endpoint still active through another) is not counted when a new one comes: the
+/// new sender of an overloaded endpoint gets the fair start (C_i / 2) after a caught-up
+/// silence as after a timer's closes.
+#[test]
+fn a_sender_gone_during_a_caught_up_silence_is_not_counted_at_the_next_onset() {
+    let mut timed = receiver();
+    let mut lazy = receiver();
+    timed.add_endpoint(1, guarantee(MBPS)).unwrap();
+    lazy.add_endpoint(1, guarantee(MBPS)).unwrap();
+    let c = timed.shared_capacity();
+    let mut last = Instant::ZERO;
+    let mut packet = |at_ns: u64, source: u32| {
+        let now = Instant::from_nanos(at_ns);
+        // Idle between packets: the timer closes every window at its end.
+        timer_closes(&mut timed, last, now);
+        lazy.catch_up(last, now);
+        last = now;
+        let a = timed.on_packet(now, 1, source, 1500).unwrap();
+        let b = lazy.on_packet(now, 1, source, 1500).unwrap();
+        assert_eq!(a, b, "feedback at {now:?}");
+        assert_eq!(sorted_stats(&timed), sorted_stats(&lazy), "at {now:?}");
+        (timed.endpoint(1).unwrap(), lazy.endpoint(1).unwrap())
+    };
+    // Senders 1 and 2 under C_i until 400 us, then 2 alone until 1.6 ms.
+    for k in 0..8 {
+        packet(50_000 * k, 1);
+        packet(50_000 * k + 25_000, 2);
+    }
+    for k in 8..=32 {
+        packet(50_000 * k, 2);
+    }
+    // Quiet until 2.5 ms: sender 1 leaves the count (2 ms horizon) at 2.4 ms, the endpoint
+    // stays active (1 ms idle time) until 2.6 ms. Then sender 3 and 2 together overload it
+    // (1.5 C_i).
+    let per_window = c * 3 / 2 * 200 / 1_000_000 / 1500;
+    let step = 100_000 / per_window;
+    for k in 0..per_window {
+        packet(2_500_000 + step * k, 2 + k as u32 % 2);
+    }
+    let (timed_ep, lazy_ep) = packet(2_610_000, 3);
+    assert!(timed_ep.advertised <= c / 2, "{timed_ep:?}");
+    assert_eq!(timed_ep, lazy_ep);
 }
 
 /// Catching up a long silence takes a few steps, not one per window: a receiver with a 1 ns
