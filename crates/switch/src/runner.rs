@@ -455,6 +455,8 @@ impl Switch {
                 }
             })
             .collect();
+        // The receivers' meter windows are closed when read: the advertised rates as of now.
+        self.engine.catch_up(now);
         let switch = self.engine.snapshot();
         let workers = vec![WorkerView {
             worker: 0,

@@ -385,6 +385,8 @@ impl Worker {
     /// and the SLOs of the tenants whose VMs it owns.
     fn publish(&mut self, now: Instant) -> Published {
         self.kernel.publish(&mut self.engine, now);
+        // The receivers' meter windows are closed when read: the advertised rates as of now.
+        self.engine.catch_up(now);
         let assignment = &self.assignment;
         let mut switch = self.engine.snapshot();
         switch

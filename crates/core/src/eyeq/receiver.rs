@@ -218,6 +218,17 @@ impl Senders {
             .count();
         Some(recent.max(1) as u64)
     }
+
+    /// When [`count`](Self::count) next changes after `now` with no sender added: a sender
+    /// leaves the horizon, or the time with too many to tell apart ends.
+    fn next_change(&self, now: Instant, horizon: Duration) -> Option<Instant> {
+        self.seen[..self.len]
+            .iter()
+            .map(|&(_, last)| last + horizon)
+            .chain(self.many_until)
+            .filter(|&t| t > now)
+            .min()
+    }
 }
 
 #[derive(Debug)]
@@ -244,6 +255,9 @@ struct Endpoint<K> {
     /// many to tell).
     senders: Senders,
     sender_count: u64,
+    /// Scratch: `(allowed, advertised)` before the window being closed, so
+    /// [`Receiver::close_window`] can tell whether it changed anything.
+    before: (u64, u64),
 }
 
 impl<K> Endpoint<K> {
@@ -270,9 +284,14 @@ impl<K> Endpoint<K> {
 
 /// EyeQ's receiver module for one receiving resource, over endpoints keyed by `K`.
 ///
-/// Feed every received packet to [`on_packet`](Self::on_packet) and call
-/// [`on_timeout`](Self::on_timeout) at [`poll_at`](Self::poll_at); windows are also closed
-/// lazily by `on_packet`. Endpoint registration allocates; the per-packet path does not.
+/// Feed every received packet to [`on_packet`](Self::on_packet). Meter windows are closed
+/// either on a timer, [`on_timeout`](Self::on_timeout) at [`poll_at`](Self::poll_at), or
+/// when somebody needs them: [`catch_up`](Self::catch_up) after the owner was idle closes
+/// every window that ended meanwhile as that timer would have, so an owner need not wake for
+/// them (EyeQ 3.2 recomputes the rates once per window; what a closed window changes is only
+/// observed when a packet arrives or the state is read). Both close a window that ended while
+/// the owner was busy when it next looks, late (`on_packet` too). Endpoint registration
+/// allocates; the per-packet path does not.
 #[derive(Debug)]
 pub struct Receiver<K> {
     config: ReceiverConfig,
@@ -350,6 +369,7 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
             settled: false,
             senders: Senders::default(),
             sender_count: 0,
+            before: (0, 0),
         });
         // A second endpoint ends a solo receiver's small headroom at once.
         self.reallocate();
@@ -457,19 +477,36 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
         }
     }
 
-    /// When the current window ends and [`on_timeout`](Self::on_timeout) should be called.
-    /// While no endpoint is active and nothing arrived in the window there is nothing to
-    /// close: `None`, so an idle receiver wakes nobody (the next packet closes the window).
+    /// When the current window ends and [`on_timeout`](Self::on_timeout) should be called,
+    /// by an owner that closes windows on a timer (one using [`catch_up`](Self::catch_up)
+    /// need not wake for it). While no endpoint is active and nothing arrived in the window
+    /// there is nothing to close: `None`, so an idle receiver wakes nobody (the next packet
+    /// closes the window).
     pub fn poll_at(&self) -> Option<Instant> {
         (self.window_busy || self.endpoints.iter().any(|ep| ep.active)).then(|| self.window_end())
     }
 
     /// Closes the current window if it has ended: measures every endpoint, updates the
-    /// active set and allocation, and runs one RCP step per active endpoint.
+    /// active set and allocation, and runs one RCP step per active endpoint. A late close
+    /// measures over the real elapsed time.
     pub fn on_timeout(&mut self, now: Instant) {
         if now >= self.window_end() {
             self.close_window(now);
         }
+    }
+
+    /// Brings the receiver to `now` for an owner that last looked at it before `idle_from`
+    /// (busy until then, looking at least once a window or closing late as `on_timeout`)
+    /// and was idle from `idle_from` to `now`: a window that ended while it was busy is
+    /// closed at `idle_from`, late, and every window that ended while it was idle at its own
+    /// end, so the state is the one a timer at [`poll_at`](Self::poll_at) would have left
+    /// without waking the owner. Cheap when no window ended (a comparison).
+    pub fn catch_up(&mut self, idle_from: Instant, now: Instant) {
+        let idle_from = idle_from.min(now);
+        if self.poll_at().is_some_and(|end| end <= idle_from) {
+            self.close_window(idle_from);
+        }
+        self.close_ended(now);
     }
 
     /// The endpoints that received in the last [`AGGREGATE_RECENT`] taken together, as one endpoint
@@ -527,14 +564,85 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
         self.window_start + self.config.window
     }
 
-    /// Ends the window at `now` (late closes measure over the real elapsed time).
-    fn close_window(&mut self, now: Instant) {
-        let elapsed = now.saturating_since(self.window_start);
-        for ep in &mut self.endpoints {
-            ep.measured = ep.meter.close(elapsed);
-            if ep.active && now.saturating_since(ep.last_rx) >= self.config.idle_after {
-                ep.active = false;
+    /// Closes, lazily, every window that ended by `now`, as a timer firing at each window's
+    /// end would have closed it (the owner was idle since the last look).
+    ///
+    /// EyeQ 3.2 computes the receive rates and runs the RX scheduler and RCP once per
+    /// metering window (200 us). What a closed window changes (measured rates, the active
+    /// set, the allocation, the advertised rates) is only observed when a packet arrives
+    /// (its feedback carries the advertised rate), when the state is read (the switch's
+    /// aggregate, metrics) or changed (capacity, endpoints). Closing each window on a timer
+    /// woke the switch's loop every window (605 us at 200 Mb/s) while an endpoint was
+    /// active, even a 1,000/s RPC's, for a pass that handled no frame (docs/BENCHMARKS.md,
+    /// "The fast path at low load"). So the windows are closed when the state is needed,
+    /// each at its own end, with the same result:
+    ///
+    /// - the first window that ended holds every unit metered since it started (a packet
+    ///   arriving after it ended is metered after a catch-up), measured over one window;
+    /// - each later window measured nothing: a step of the idle check (at that window's
+    ///   end), the allocation, and RCP (the rate climbs towards the allotment);
+    /// - bounded: once a closed empty window changes nothing, the next ones change nothing
+    ///   until an endpoint's `idle_after` runs out or one of its senders leaves the sender
+    ///   count (the fair start compares the count with the previous window's, so that must
+    ///   be the count at that window's end), so those are skipped to the window in which the
+    ///   first of these happens; once no endpoint is active and the window is empty, nothing
+    ///   is left to close (no timer was armed): the window is left for the next packet to
+    ///   close, late, as with a timer.
+    fn close_ended(&mut self, now: Instant) {
+        let window = self.config.window;
+        let mut first = true;
+        while now >= self.window_end() {
+            if !self.window_busy && !self.endpoints.iter().any(|ep| ep.active) {
+                // Idle: no timer would have been armed.
+                return;
             }
+            let end = self.window_end();
+            let changed = self.close_window(end);
+            if first || changed {
+                first = false;
+                continue;
+            }
+            // A fixed point of empty windows until the next endpoint goes idle or the next
+            // sender count changes: skip to the window whose end is the first at or after
+            // that.
+            let Some(idle_at) = self
+                .endpoints
+                .iter()
+                .filter(|ep| ep.active)
+                .map(|ep| ep.last_rx + self.config.idle_after)
+                .min()
+            else {
+                continue;
+            };
+            let horizon = self.config.senders_horizon();
+            let next_at = self
+                .endpoints
+                .iter()
+                .filter_map(|ep| ep.senders.next_change(end, horizon))
+                .fold(idle_at, Instant::min);
+            let w = window.as_nanos();
+            let start = self.window_start.as_nanos();
+            // Windows to skip: those ending before `next_at`, and none ending after `now`.
+            let before_next = next_at.as_nanos().saturating_sub(start).div_ceil(w).max(1) - 1;
+            let before_now = now.as_nanos().saturating_sub(start) / w;
+            self.window_start += Duration::from_nanos(before_next.min(before_now) * w);
+        }
+    }
+
+    /// Ends the window at `end`, measuring over the time since it started (more than a
+    /// window when it is closed late). Returns whether it changed any endpoint's state.
+    fn close_window(&mut self, end: Instant) -> bool {
+        let elapsed = end.saturating_since(self.window_start);
+        let mut changed = false;
+        for ep in &mut self.endpoints {
+            let measured = ep.meter.close(elapsed);
+            changed |= measured != ep.measured;
+            ep.measured = measured;
+            if ep.active && end.saturating_since(ep.last_rx) >= self.config.idle_after {
+                ep.active = false;
+                changed = true;
+            }
+            ep.before = (ep.allowed, ep.advertised);
         }
         self.reallocate();
         let (alpha, min_rate) = (self.config.alpha_permille, self.config.min_rate);
@@ -542,8 +650,8 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
         for ep in &mut self.endpoints {
             // Counted in every window, so that senders that come back after a pause shorter
             // than the horizon are not new ones, and a burst after a longer one starts afresh.
-            let count = ep.senders.count(now, senders_horizon);
-            let before = core::mem::replace(&mut ep.sender_count, count.unwrap_or(u64::MAX));
+            let count = ep.senders.count(end, senders_horizon);
+            let last_count = core::mem::replace(&mut ep.sender_count, count.unwrap_or(u64::MAX));
             if !ep.active {
                 continue;
             }
@@ -559,17 +667,23 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
             // senders that overshoot their rate and a count that missed some.
             if let Some(n) = count {
                 let fair = ep.allowed / n;
-                if ep.measured > ep.allowed && n > before {
+                if ep.measured > ep.allowed && n > last_count {
                     rate = rate.min(fair.max(min_rate));
                 }
                 let floor = (fair as u128 * FAIR_FLOOR.0 as u128 / FAIR_FLOOR.1 as u128) as u64;
                 rate = rate.max(floor.max(min_rate)).min(ep.allowed);
             }
             ep.advertised = rate;
+            changed |= ep.fresh;
             ep.fresh = false;
         }
-        self.window_start = now;
+        changed |= self
+            .endpoints
+            .iter()
+            .any(|ep| ep.before != (ep.allowed, ep.advertised));
+        self.window_start = end;
         self.window_busy = false;
+        changed
     }
 
     /// EyeQ's RX scheduler (3.2), made work conserving by weighted water-filling.

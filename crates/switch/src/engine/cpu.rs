@@ -165,6 +165,11 @@ impl Engine {
     pub fn note_idle(&mut self, now: Instant, ns: u64) {
         self.share.roll(now);
         self.share.idle(ns);
+        // The receivers' meter windows that ended while the loop slept, closed as at their
+        // ends (they no longer wake it), before this pass meters anything.
+        let from = now - Duration::from_nanos(ns);
+        self.ingress
+            .catch_up(self.idle_from.take().map_or(from, |f| f.min(from)), now);
     }
 
     /// Notes that a pass of the loop found no work at `now` (no port gave frames, no engine
@@ -172,6 +177,7 @@ impl Engine {
     pub fn note_empty_pass(&mut self, now: Instant) {
         self.share.roll(now);
         self.share.found_nothing();
+        self.idle_from.get_or_insert(now);
     }
 
     /// Charges `cpu_ns` of dataplane CPU time, measured since the previous call, to the VMs

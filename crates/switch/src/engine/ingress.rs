@@ -301,17 +301,37 @@ impl Ingress {
         Some(([link, cpu_bytes].into_iter().flatten().min(), cap))
     }
 
+    /// The ingress scheduler's next deadline. The receivers' meter windows are not one: they
+    /// are closed when read ([`Ingress::catch_up`]), not on a timer.
     pub(super) fn poll_at(&self) -> Option<Instant> {
-        [
-            self.q.wfq.poll_at(),
-            self.link.as_ref().and_then(|r| r.poll_at()),
-            self.cpu.as_ref().and_then(|r| r.poll_at()),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        self.q.wfq.poll_at()
     }
 
+    /// Closes the meter windows of both receivers that ended by `now`, for a loop that was
+    /// busy until `idle_from` and idle since (`Receiver::catch_up`): each window that ended
+    /// while it was idle as at its own end, one that ended while it was busy late, as the
+    /// timer the loop used to wake for would have (EyeQ 3.2 recomputes the rates once per
+    /// window).
+    ///
+    /// What a closed window changes (measured rates, the active set, the allocation, the
+    /// advertised rates) is only observed when a frame arrives (`on_packet`, whose feedback
+    /// reads both receivers), when the engine polls (before the capacity estimate is given
+    /// to the CPU receiver), when the workers' link split reads the aggregate, at a live
+    /// change, and when stats are published. The windows are closed then, lazily, and no
+    /// longer wake the loop: a 1,000/s RPC kept an endpoint active and woke each switch
+    /// every window (605 us at 200 Mb/s) for a pass that handled no frame
+    /// (docs/BENCHMARKS.md, "The fast path at low load").
+    pub(super) fn catch_up(&mut self, idle_from: Instant, now: Instant) {
+        for r in [self.link.as_mut(), self.cpu.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            r.catch_up(idle_from, now);
+        }
+    }
+
+    /// Closes, late, the meter windows that ended while the loop was busy, at the first
+    /// pass after them (as before: the loop did not sleep, so no timer was late).
     pub(super) fn on_timeout(&mut self, now: Instant) {
         for r in [self.link.as_mut(), self.cpu.as_mut()]
             .into_iter()

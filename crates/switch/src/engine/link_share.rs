@@ -16,8 +16,10 @@ use super::Engine;
 
 impl Engine {
     /// This engine's link receiver's recently receiving endpoints taken together at `now`
-    /// (None without feedback).
-    pub fn link_aggregate(&self, now: picnic_core::Instant) -> Option<Aggregate> {
+    /// (None without feedback), its meter windows closed up to `now` first (they are closed
+    /// when read, [`Engine::catch_up`]).
+    pub fn link_aggregate(&mut self, now: picnic_core::Instant) -> Option<Aggregate> {
+        self.catch_up(now);
         self.ingress.link().map(|r| r.aggregate(now))
     }
 
@@ -27,7 +29,9 @@ impl Engine {
     }
 
     /// Gives this engine's link receiver `bytes` per second of the access link (its part
-    /// when several workers share it); a change reallocates its endpoints at once.
+    /// when several workers share it); a change reallocates its endpoints at once. Call it
+    /// after [`Engine::link_aggregate`] at the same time (the windows that ended before are
+    /// closed with the old part, as their timers would have).
     pub fn set_link_share(&mut self, bytes: u64) {
         if let Some(r) = self.ingress.link_mut() {
             if r.config().capacity != bytes.max(1) {

@@ -89,6 +89,9 @@ impl Engine {
         change: &Change,
         pool: &mut FramePool,
     ) -> Result<Option<PortChange>, String> {
+        // Meter windows that ended before the change are closed as it found them (they are
+        // closed when read, `Ingress::catch_up`).
+        self.catch_up(now);
         match change {
             Change::SetHost(h) => self.dir.set_host(h),
             Change::RemoveHost(id) => self.dir.remove_host(*id),

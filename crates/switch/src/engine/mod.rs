@@ -115,6 +115,10 @@ pub struct Engine {
     xdp_pps: Vec<bool>,
     /// Frames handled per VM since the loop last charged its CPU time.
     cpu: cpu::CpuLedger,
+    /// Since when the loop has been idle (its last pass found nothing), until its next pass
+    /// notes the idle time: the EyeQ receivers' meter windows that end meanwhile are closed
+    /// as at their ends when next needed ([`Engine::catch_up`]), not on a timer.
+    idle_from: Option<Instant>,
     /// Per-tenant CPU used in the current period of a saturated loop (read-side fairness).
     share: share::FairShare,
     /// SLO monitors of the tenants that have one (DESIGN.md 3.9).
@@ -162,6 +166,7 @@ impl Engine {
             pps_in: Vec::new(),
             xdp_pps: Vec::new(),
             cpu: cpu::CpuLedger::default(),
+            idle_from: None,
             share: share::FairShare::new(share_unit(cfg), Vec::new(), now),
             slo: slo::SloTracker::default(),
             feedback_auth: None,
@@ -353,7 +358,8 @@ impl Engine {
     }
 
     /// The earliest time something becomes due without new input (a shaper's head becomes
-    /// sendable, a cap lifts, a meter window closes, a quota period starts).
+    /// sendable, a cap lifts, a quota period starts). EyeQ's meter windows are not waited
+    /// for: they are closed when read ([`Engine::catch_up`]).
     pub fn poll_at(&self) -> Option<Instant> {
         let iron = self.iron.as_ref().and_then(|i| i.poll_at());
         // A port held back by its packet rate becomes readable when a token is back.
@@ -375,6 +381,18 @@ impl Engine {
         .into_iter()
         .flatten()
         .min()
+    }
+
+    /// Brings the EyeQ receivers' state up to `now` outside a pass: their meter windows
+    /// that ended are closed as the timers the loop used to wake for would have closed them
+    /// (`Ingress::catch_up`). A pass after idle time does it ([`Engine::note_idle`]); call
+    /// it before reading their state otherwise (stats: [`Engine::snapshot`]'s advertised
+    /// rates).
+    pub fn catch_up(&mut self, now: Instant) {
+        match self.idle_from {
+            Some(from) => self.ingress.catch_up(from, now),
+            None => self.ingress.on_timeout(now),
+        }
     }
 
     fn on_timeout(&mut self, now: Instant) {

@@ -546,3 +546,74 @@ fn cpu_fair_ingress_serves_a_light_vm_promptly_beside_an_expensive_flood() {
         "a2's frames waited up to {p99} us (p99) behind the flood"
     );
 }
+
+/// EyeQ's meter windows do not wake the loop: after a frame for a2, host 2's deadline is not
+/// its receivers' window end (200 us at 1 Gb/s). Closed when needed instead, they give what
+/// a pass at every window end gave: the feedback a later frame carries and the advertised
+/// rates are the same, and a2 leaves the active set after 1 ms of silence, seen by a read.
+#[test]
+fn meter_windows_do_not_wake_the_loop_and_close_when_needed_as_on_time() {
+    let frame = udp(A1, A2, IP_A1, IP_A2, 7, 1000);
+    let (mut h1, mut timed, mut lazy) =
+        (Host::new(1, 1000), Host::new(2, 1000), Host::new(2, 1000));
+    let t0 = Instant::from_nanos(1_000_000);
+    // One frame, then at t1 a burst of ten: over 10 kB, so one of them is sampled for
+    // feedback whatever the interval (a2 advertising its whole allotment is quiet, sampled
+    // by time only every 10 ms).
+    for _ in 0..11 {
+        h1.inject(t0, h1.port_of("a1"), &frame);
+    }
+    h1.poll(t0);
+    let wire = h1.take(UPLINK);
+    assert_eq!(wire.len(), 11);
+    let a2 = lazy.port_of("a2");
+    let advertised = |h: &Host| {
+        h.engine
+            .snapshot()
+            .vms
+            .iter()
+            .find(|v| v.name == "a2")
+            .unwrap()
+            .advertised_bps
+    };
+    for h in [&mut timed, &mut lazy] {
+        h.inject(t0, UPLINK, &wire[0]);
+        h.poll(t0);
+        assert_eq!(h.take(a2).len(), 1);
+        assert_eq!(h.take(UPLINK).len(), 1, "a first frame is sampled");
+        h.engine.note_empty_pass(t0);
+    }
+    let window_end = t0 + Duration::from_micros(200);
+    assert!(
+        lazy.engine.poll_at().map_or(true, |at| at > window_end),
+        "{:?}",
+        lazy.engine.poll_at()
+    );
+    // The old loop: a pass at every window end (each found nothing).
+    let t1 = t0 + Duration::from_micros(900);
+    let mut at = window_end;
+    while at <= t1 {
+        timed.poll(at);
+        at += Duration::from_micros(200);
+    }
+    // The burst at t1, the lazy loop's pass after its idle time.
+    lazy.engine.note_idle(t1, (t1 - t0).as_nanos());
+    let mut feedback = Vec::new();
+    for h in [&mut timed, &mut lazy] {
+        for f in &wire[1..] {
+            h.inject(t1, UPLINK, f);
+        }
+        h.poll(t1);
+        assert_eq!(h.take(a2).len(), 10);
+        feedback.push(h.take(UPLINK));
+    }
+    assert_eq!(feedback[0].len(), 1, "the frame was sampled for feedback");
+    assert_eq!(feedback[0], feedback[1]);
+    assert_eq!(advertised(&timed), advertised(&lazy));
+    assert!(advertised(&lazy).is_some());
+    // 1 ms after its last frame a2 is out of the active set: a read catches the windows up.
+    lazy.engine.note_empty_pass(t1);
+    let t2 = t1 + Duration::from_micros(1_300);
+    lazy.engine.catch_up(t2);
+    assert_eq!(advertised(&lazy), None);
+}

@@ -354,3 +354,172 @@ fn senders_that_appear_while_overloaded_start_at_a_fair_share_and_stay_near_it()
         );
     }
 }
+
+/// A small deterministic generator for the arrival patterns below (no dependency).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, bound: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % bound
+    }
+}
+
+fn sorted_stats(rx: &Receiver<u32>) -> Vec<(u32, EndpointStats)> {
+    let mut v: Vec<_> = rx.endpoints().collect();
+    v.sort_by_key(|(id, _)| *id);
+    v
+}
+
+/// Closes `rx`'s windows as an owner busy until `busy_until` and then idle until `now`
+/// would with a timer at `poll_at`: a window that ended while it was busy late, when it was
+/// done, each later one at its end.
+fn timer_closes(rx: &mut Receiver<u32>, busy_until: Instant, now: Instant) {
+    if rx.poll_at().is_some_and(|at| at <= busy_until) {
+        rx.on_timeout(busy_until);
+    }
+    while let Some(at) = rx.poll_at().filter(|&at| at <= now) {
+        rx.on_timeout(at);
+    }
+}
+
+/// Lazy closing leaves the state per-window timers leave: the same arrivals (bursts, floods,
+/// slow RPCs, silences of many windows and of many `idle_after`s) fed to a receiver whose
+/// windows are closed by a timer and to one caught up only before its packets and reads
+/// give the same feedback, measured rates, active sets, allocations and advertised rates at
+/// every packet and every read. Before each, the owner was busy for a random while (up to
+/// the event; a timer due then fires late) and idle for the rest.
+#[test]
+fn windows_closed_lazily_leave_the_state_timers_leave() {
+    // The switch's window at 200 Mb/s, and a short window with a long idle time (many
+    // empty windows at a fixed point, which catching up skips).
+    let shapes = [(605, 1_000), (50, 3_000)];
+    for seed in 1..=20u64 {
+        let (window_us, idle_us) = shapes[seed as usize % 2];
+        // Senders come and go (the fair start and floor follow their count), a few or more
+        // than the receiver tells apart.
+        let sources = [4, 24][seed as usize / 2 % 2];
+        let config = ReceiverConfig {
+            capacity: 200 * MBPS,
+            window: Duration::from_micros(window_us),
+            feedback_interval: Some(Duration::from_micros(window_us)),
+            idle_after: Duration::from_micros(idle_us),
+            min_rate: MBPS,
+            ..ReceiverConfig::default()
+        };
+        let mut timed = Receiver::new(config, Instant::ZERO).unwrap();
+        let mut lazy = Receiver::new(config, Instant::ZERO).unwrap();
+        for (id, g) in [(1u32, 50), (2, 100), (3, 20)] {
+            timed.add_endpoint(id, guarantee(g * MBPS)).unwrap();
+            lazy.add_endpoint(id, guarantee(g * MBPS)).unwrap();
+        }
+        let mut rng = Lcg(seed);
+        let mut now = Instant::ZERO;
+        for step in 0..3_000 {
+            let last = now;
+            // Gaps from back to back to several ms, so windows end between packets by the
+            // dozen, and endpoints go idle and come back.
+            now += Duration::from_nanos(match rng.next(10) {
+                0..=5 => rng.next(20_000),
+                6..=8 => rng.next(1_000_000),
+                _ => rng.next(6_000_000),
+            });
+            let busy_until = (last + Duration::from_nanos(rng.next(2_000_000))).min(now);
+            timer_closes(&mut timed, busy_until, now);
+            lazy.catch_up(busy_until, now);
+            if rng.next(8) == 0 {
+                // A read (metrics, the aggregate) at a time of its own.
+                assert_eq!(timed.aggregate(now), lazy.aggregate(now), "seed {seed}");
+            } else {
+                let ep = 1 + rng.next(3) as u32;
+                let source = rng.next(sources);
+                let units = 64 + rng.next(1_500);
+                let a = timed.on_packet(now, ep, source, units).unwrap();
+                let b = lazy.on_packet(now, ep, source, units).unwrap();
+                assert_eq!(a, b, "seed {seed} step {step}: feedback");
+            }
+            assert_eq!(
+                sorted_stats(&timed),
+                sorted_stats(&lazy),
+                "seed {seed} step {step} at {now:?}"
+            );
+        }
+    }
+}
+
+/// A sender that stops counting while empty windows are skipped (its last packet a horizon
+/// ago, its endpoint still active through another) is not counted when a new one comes: the
+/// new sender of an overloaded endpoint gets the fair start (C_i / 2) after a caught-up
+/// silence as after a timer's closes.
+#[test]
+fn a_sender_gone_during_a_caught_up_silence_is_not_counted_at_the_next_onset() {
+    let mut timed = receiver();
+    let mut lazy = receiver();
+    timed.add_endpoint(1, guarantee(MBPS)).unwrap();
+    lazy.add_endpoint(1, guarantee(MBPS)).unwrap();
+    let c = timed.shared_capacity();
+    let mut last = Instant::ZERO;
+    let mut packet = |at_ns: u64, source: u32| {
+        let now = Instant::from_nanos(at_ns);
+        // Idle between packets: the timer closes every window at its end.
+        timer_closes(&mut timed, last, now);
+        lazy.catch_up(last, now);
+        last = now;
+        let a = timed.on_packet(now, 1, source, 1500).unwrap();
+        let b = lazy.on_packet(now, 1, source, 1500).unwrap();
+        assert_eq!(a, b, "feedback at {now:?}");
+        assert_eq!(sorted_stats(&timed), sorted_stats(&lazy), "at {now:?}");
+        (timed.endpoint(1).unwrap(), lazy.endpoint(1).unwrap())
+    };
+    // Senders 1 and 2 under C_i until 400 us, then 2 alone until 1.6 ms.
+    for k in 0..8 {
+        packet(50_000 * k, 1);
+        packet(50_000 * k + 25_000, 2);
+    }
+    for k in 8..=32 {
+        packet(50_000 * k, 2);
+    }
+    // Quiet until 2.5 ms: sender 1 leaves the count (2 ms horizon) at 2.4 ms, the endpoint
+    // stays active (1 ms idle time) until 2.6 ms. Then sender 3 and 2 together overload it
+    // (1.5 C_i).
+    let per_window = c * 3 / 2 * 200 / 1_000_000 / 1500;
+    let step = 100_000 / per_window;
+    for k in 0..per_window {
+        packet(2_500_000 + step * k, 2 + k as u32 % 2);
+    }
+    let (timed_ep, lazy_ep) = packet(2_610_000, 3);
+    assert!(timed_ep.advertised <= c / 2, "{timed_ep:?}");
+    assert_eq!(timed_ep, lazy_ep);
+}
+
+/// Catching up a long silence takes a few steps, not one per window: a receiver with a 1 ns
+/// window and a one-second idle time, read after ten seconds, is done at once, with its
+/// endpoint out of the active set and its rates back to zero.
+#[test]
+fn catching_up_a_long_silence_takes_a_few_steps() {
+    let config = ReceiverConfig {
+        window: Duration::from_nanos(1),
+        idle_after: Duration::from_secs(1),
+        ..ReceiverConfig::default()
+    };
+    let mut rx = Receiver::new(config, Instant::ZERO).unwrap();
+    rx.add_endpoint(1u32, guarantee(MBPS)).unwrap();
+    rx.on_packet(Instant::from_nanos(10), 1, (), 1500).unwrap();
+    let t = Instant::ZERO + Duration::from_secs(10);
+    let started = std::time::Instant::now();
+    rx.catch_up(Instant::from_nanos(10), t);
+    assert!(started.elapsed() < std::time::Duration::from_secs(1));
+    let ep = rx.endpoint(1).unwrap();
+    assert!(!ep.active);
+    assert_eq!((ep.allowed, ep.advertised, ep.measured), (0, 0, 0));
+    assert_eq!(rx.poll_at(), None);
+    // Half a second after a packet: still active, its rate at its allotment.
+    rx.on_packet(t, 1, (), 1500).unwrap();
+    rx.catch_up(t, t + Duration::from_millis(500));
+    let ep = rx.endpoint(1).unwrap();
+    assert!(ep.active);
+    assert_eq!(ep.advertised, ep.allowed);
+}
