@@ -41,7 +41,7 @@ pub fn programs_built() -> bool {
 
 /// The error of an aya call as an `io::Error` that keeps the kind of the system call's error
 /// (so "permission denied" stays recognisable) and says what was being done.
-fn aya_error(err: impl std::error::Error + 'static, what: &str) -> io::Error {
+pub(crate) fn aya_error(err: impl std::error::Error + 'static, what: &str) -> io::Error {
     let mut kind = io::ErrorKind::Other;
     let mut text = err.to_string();
     let mut source: Option<&(dyn std::error::Error + 'static)> = err.source();
@@ -59,7 +59,7 @@ fn aya_error(err: impl std::error::Error + 'static, what: &str) -> io::Error {
 }
 
 /// Parses `object` and creates its maps; a clear error when the build had no clang.
-fn load(object: &[u8], what: &str) -> io::Result<Ebpf> {
+pub(crate) fn load(object: &[u8], what: &str) -> io::Result<Ebpf> {
     if object.is_empty() {
         return Err(io::Error::new(
             io::ErrorKind::Unsupported,

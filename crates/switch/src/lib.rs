@@ -11,6 +11,7 @@ pub mod directory;
 pub mod driver;
 pub mod ebpf;
 pub mod engine;
+pub mod fastpath;
 pub mod frame;
 pub mod offload;
 pub mod persist;

@@ -27,6 +27,7 @@ use crate::engine::{Engine, IRON_PERIOD};
 use crate::frame::FramePool;
 use crate::port::{Port, WaitSet};
 
+mod fastpath;
 mod idle;
 mod live;
 mod ports;
@@ -104,6 +105,8 @@ pub struct Switch {
     waits: Vec<(AdaptiveWait, u64)>,
     /// The eBPF programs' maps: the uplink's early drop, the ports' softirq time.
     pub(crate) kernel: KernelLink,
+    /// The kernel fast path, when on (`[fastpath] kernel`).
+    fastpath: Option<fastpath::FastPathLink>,
     /// Per tenant slot: the cgroup charged for its switch work (Iron), with its path.
     pub(crate) cgroups: Vec<Option<(std::path::PathBuf, CpuQuota)>>,
     /// The shared encryption engine, when a tenant encrypts, and its exchange buffers.
@@ -124,8 +127,12 @@ pub struct Switch {
 
 impl Switch {
     /// Opens every port of the config and builds the engines. Prints the backend of each port.
-    pub fn open(cfg: Config) -> anyhow::Result<Switch> {
+    pub fn open(mut cfg: Config) -> anyhow::Result<Switch> {
         let clock = Clock::new();
+        // The fast path's gate is a filter on AF_PACKET sockets (docs/switch.md "Two paths").
+        if cfg.fastpath.kernel && cfg.uplink.backend.is_none() {
+            cfg.uplink.backend = Some(crate::config::Backend::AfPacket);
+        }
         let mut engine = Engine::new(&cfg, clock.now())?;
         calibrate_offloads(&mut engine);
         let feedback_key = match &cfg.switch.feedback_key_file {
@@ -169,6 +176,20 @@ impl Switch {
         let mut switch = Self::with_ports(cfg, engine, ports, clock);
         let kernel = KernelLink::open(early_drop, softirq, &tenant_ports(&switch.ports));
         switch.kernel = kernel;
+        if switch.cfg.fastpath.kernel {
+            if workers > 1 {
+                eprintln!(
+                    "picnic switch: kernel fast path off: it runs with one dataplane worker \
+                     (switch.workers = {workers})"
+                );
+            } else {
+                let now = switch.clock.now();
+                match fastpath::FastPathLink::open(&mut switch.engine, &switch.ports, now) {
+                    Ok(link) => switch.fastpath = Some(link),
+                    Err(e) => eprintln!("picnic switch: kernel fast path off: {e}"),
+                }
+            }
+        }
         switch.set_accel(accel);
         switch.workers = workers;
         switch.extra_uplinks = extra_uplinks;
@@ -207,6 +228,7 @@ impl Switch {
             answers_since: Instant::ZERO,
             waits: Vec::new(),
             kernel: KernelLink::default(),
+            fastpath: None,
             accel: None,
             accel_scratch: Exchange::default(),
             cgroups: Vec::new(),
@@ -239,6 +261,9 @@ impl Switch {
         }
         if self.kernel.softirq_on() {
             lines.push("softirq accounting (eBPF tracepoints): on".into());
+        }
+        if self.fastpath.is_some() {
+            lines.push("kernel fast path (tc ingress + socket gate): on".into());
         }
         lines
     }
@@ -336,6 +361,12 @@ impl Switch {
                     busy += driver.finish(at, &mut self.engine, &mut io, &mut self.pool)?;
                 }
             }
+            if let Some(fp) = self.fastpath.as_mut() {
+                if let Err(e) = fp.sync(&mut self.engine, &self.ports, now, busy > 0) {
+                    eprintln!("picnic switch: kernel fast path off: {e}");
+                    self.fastpath = None;
+                }
+            }
             if busy > 0 {
                 // A loop sharing its core with tenants' threads (`switch.yield_busy`) gives
                 // it to whoever waits for it after each busy iteration, so its work delays a
@@ -355,6 +386,10 @@ impl Switch {
                 .map(|t| t - now)
                 .unwrap_or(Duration::from_millis(5));
             let mut timeout = until.min(Duration::from_millis(5));
+            // A VM waiting to be handed back to the kernel fast path.
+            if let Some(cap) = self.fastpath.as_ref().and_then(|f| f.wait_cap()) {
+                timeout = timeout.min(cap);
+            }
             // Jobs the inline engine's limiter admits later: back by then.
             if let Some(wake) = self.accel.as_ref().and(self.accel_scratch.inline_wake_in()) {
                 timeout = timeout.min(Duration::from_nanos(wake.as_nanos() as u64));

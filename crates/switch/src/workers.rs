@@ -65,7 +65,8 @@ pub fn encrypts(cfg: &Config) -> bool {
 /// per CPU of `switch.cpus` or of the thread's affinity mask, at most one per VM port, and
 /// one while the loop drives the encryption engine.
 pub fn worker_count(cfg: &Config, vm_ports: usize) -> usize {
-    if cfg.switch.workers.is_none() && encrypts(cfg) {
+    // The kernel fast path runs with one worker (docs/switch.md "Two paths").
+    if cfg.switch.workers.is_none() && (encrypts(cfg) || cfg.fastpath.kernel) {
         return 1;
     }
     cfg.switch.workers.unwrap_or_else(|| {

@@ -36,6 +36,9 @@ pub struct Config {
     /// The shared encryption engine of tenants with `encrypt = true`.
     #[serde(default)]
     pub accel: AccelSection,
+    /// The kernel fast path (docs/switch.md "Two paths").
+    #[serde(default)]
+    pub fastpath: FastPathSection,
     /// Every host of the overlay, this one included (static table; the API updates it live).
     #[serde(default)]
     pub hosts: Vec<HostEntry>,
@@ -225,6 +228,18 @@ impl Isolation {
             offload: false,
         }
     }
+}
+
+/// The kernel fast path (docs/switch.md "Two paths", DESIGN.md 4): frames of tenants within
+/// their allocations forwarded by eBPF in the sender's softirq, the rest by the engines.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FastPathSection {
+    /// Forward in the kernel what needs no queueing. Needs AF_PACKET ports (the uplink then
+    /// defaults to AF_PACKET), root and a build with the eBPF programs; runs with one
+    /// dataplane worker (the default when it is on). Off by default until it holds the
+    /// isolation marks with the default config (docs/BENCHMARKS.md "Two paths").
+    pub kernel: bool,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

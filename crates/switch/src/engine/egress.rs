@@ -55,7 +55,7 @@ pub struct Egress {
     /// decides who goes first.
     pacer: Option<Pacer>,
     /// Per-destination rates set by receiver feedback (EyeQ sender module).
-    admission: Option<Sender<u32>>,
+    pub(super) admission: Option<Sender<u32>>,
     /// Shaped classes and rate-limited destinations, each in its own bounded queue so it
     /// never blocks the VM's fast path. BTreeMap: deterministic service order.
     shapers: BTreeMap<(VmIdx, ShapeKey), Shaper<Outbound>>,

@@ -18,6 +18,7 @@ mod budgets;
 mod capacity;
 mod cpu;
 mod egress;
+pub mod fastpath;
 pub mod feedback;
 mod ingress;
 mod jobs;
@@ -100,6 +101,8 @@ pub struct Engine {
     uplink_mtu: usize,
     /// Bytes of outer headers a tenant frame gets on the wire (without a feedback option).
     encap_len: u64,
+    /// The access link's rate, bytes/s: what the kernel fast path's per-VM shares divide.
+    link_bytes: u64,
     egress: Egress,
     ingress: Ingress,
     /// Per-tenant processing-CPU accounts (Iron); `iron_index[t]` is the tenant's account.
@@ -156,6 +159,11 @@ impl Engine {
             isolation: cfg.isolation.clone(),
             host_id: cfg.switch.host_id,
             encap_len: encap_headers_len(&GeneveRepr::ethernet(1)) as u64,
+            link_bytes: cfg
+                .uplink
+                .capacity()
+                .unwrap_or(cfg.ingress.capacity())
+                .bytes_per_sec(),
             uplink_mtu: cfg.uplink.mtu,
             egress: Egress::new(cfg, now)?,
             ingress: Ingress::new(cfg, now)?,

@@ -306,6 +306,7 @@ impl Port for AfPacketPort {
         }
         PortStats {
             rx_dropped: self.stats.rx_dropped + self.kernel_drops.get(),
+            rx_taken: self.stats.rx_taken + self.kernel_drops.get(),
             ..self.stats
         }
     }

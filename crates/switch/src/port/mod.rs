@@ -13,7 +13,7 @@ mod afpacket;
 mod afxdp;
 mod memory;
 mod queues;
-mod sys;
+pub(crate) mod sys;
 mod tap;
 mod vnet;
 mod waitset;
@@ -58,6 +58,10 @@ pub struct PortStats {
     /// type, checksum offsets outside the frame, malformed headers, or a UDP segment longer
     /// than the port's frame limit.
     pub rx_offload_errors: u64,
+    /// Receive ring entries the port took (whatever became of them) plus those the kernel
+    /// dropped for a full ring: with the kernel fast path, what tells that every frame it
+    /// handed over has left the ring (`engine::fastpath::Handback`).
+    pub rx_taken: u64,
     /// Frames sent.
     pub tx_frames: u64,
     /// Bytes of those frames.

@@ -70,7 +70,7 @@ pub(super) fn interface_not_found(ifname: &str) -> io::Error {
 }
 
 /// The interface index of `ifname` in the calling thread's network namespace.
-pub(super) fn ifindex(ifname: &str) -> io::Result<u32> {
+pub(crate) fn ifindex(ifname: &str) -> io::Result<u32> {
     let cname = ifname_cstring(ifname)?;
     // SAFETY: `cname` is a valid NUL-terminated string.
     let index = unsafe { libc::if_nametoindex(cname.as_ptr()) };

@@ -170,6 +170,7 @@ impl AfPacketPort {
                 }
             }
             n += out.len() - before;
+            self.stats.rx_taken += 1;
             // Release: our reads of the slot happen before the kernel may overwrite it.
             status.store(libc::TP_STATUS_KERNEL, Ordering::Release);
             self.cur_block = (self.cur_block + 1) % slots;
@@ -248,6 +249,7 @@ impl AfPacketPort {
             // us read outside the block.
             if self.pkt_offset + SLL_OFFSET + size_of::<libc::sockaddr_ll>() > self.block_size {
                 self.stats.rx_dropped += u64::from(self.pkts_left);
+                self.stats.rx_taken += u64::from(self.pkts_left);
                 self.release_block();
                 continue;
             }
@@ -263,6 +265,7 @@ impl AfPacketPort {
             let snaplen = hdr.tp_snaplen as usize;
             if data_at + snaplen > self.block_size {
                 self.stats.rx_dropped += u64::from(self.pkts_left);
+                self.stats.rx_taken += u64::from(self.pkts_left);
                 self.release_block();
                 continue;
             }
@@ -289,6 +292,7 @@ impl AfPacketPort {
                     n += out.len() - before;
                 }
             }
+            self.stats.rx_taken += 1;
             self.pkts_left -= 1;
             self.pkt_offset += hdr.tp_next_offset as usize;
             if self.pkts_left == 0 {

@@ -1,0 +1,364 @@
+//! The kernel fast path's programs and maps (docs/switch.md "Two paths"): `bpf/fastpath.bpf.c`
+//! loaded with aya, its hop attached to the tc ingress of every port's device (tcx) and its
+//! gate to every AF_PACKET socket of the switch. This module does the I/O; what the fast path
+//! may do for each VM, and when a VM is handed back to the kernel, is the engine's
+//! (`engine::fastpath`).
+
+use std::io;
+use std::net::Ipv4Addr;
+use std::os::fd::{BorrowedFd, RawFd};
+
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray};
+use aya::programs::{SchedClassifier, SocketFilter, TcAttachType};
+use aya::{include_bytes_aligned, Ebpf, Pod};
+
+use crate::ebpf::{aya_error, load as load_object, MAX_SLOTS};
+use crate::engine::fastpath::{Epochs, Grant, RingCounts};
+
+/// The fast path's programs (empty when the build had no clang).
+static FASTPATH: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/fastpath.o"));
+
+const PORT_VM: u32 = 1;
+const PORT_UPLINK: u32 = 2;
+const DEST_LOCAL: u32 = 1;
+const DEST_REMOTE: u32 = 2;
+const CTL_TX: u32 = 1;
+const CTL_RX: u32 = 2;
+const CTL_RX_DROP: u32 = 4;
+
+/// Counters per slot, in `fastpath.bpf.c`'s order.
+pub const COUNTERS: usize = 12;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct PortEntry {
+    kind: u32,
+    slot: u32,
+    vni: u32,
+    ip: u32,
+    mac: [u8; 6],
+    pad: [u8; 2],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+struct DestKey {
+    vni: u32,
+    mac: [u8; 6],
+    pad: [u8; 2],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Dest {
+    kind: u32,
+    slot: u32,
+    ifindex: u32,
+    limited: u32,
+    src_ip: u32,
+    dst_ip: u32,
+    src_mac: [u8; 6],
+    dst_mac: [u8; 6],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct Ctl {
+    flags: u32,
+    pad: u32,
+    tx_epoch: u64,
+    rx_epoch: u64,
+    tx_ps_per_byte: u64,
+    tx_ns_per_packet: u64,
+    rx_ps_per_byte: u64,
+    rx_ns_per_packet: u64,
+    burst_ns: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct State {
+    tx_epoch: u64,
+    rx_epoch: u64,
+    tat: [u64; 4],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct Handover {
+    handed: u64,
+    tapped: u64,
+}
+
+// SAFETY: plain C structs of integers with explicit padding, as the program declares them.
+unsafe impl Pod for PortEntry {}
+unsafe impl Pod for DestKey {}
+unsafe impl Pod for Dest {}
+unsafe impl Pod for Ctl {}
+unsafe impl Pod for State {}
+unsafe impl Pod for Handover {}
+
+/// A destination the fast path may forward to, by (VNI, MAC).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Destination {
+    /// A local VM: its slot (port index) and its port's device.
+    Local { slot: u32, ifindex: u32 },
+    /// A VM on another host: the tunnel's addresses, and whether a feedback limiter applies
+    /// (its frames then go through the engines, which pace them: EyeQ 3.3).
+    Remote {
+        uplink_ifindex: u32,
+        src_ip: Ipv4Addr,
+        dst_ip: Ipv4Addr,
+        src_mac: [u8; 6],
+        dst_mac: [u8; 6],
+        limited: bool,
+    },
+}
+
+/// How long a VM's token buckets may run ahead: 1 ms, what a timer waking late must not lose
+/// (DESIGN.md 7), as the engines' buckets (`burst_for`).
+const BURST_NS: u64 = 1_000_000;
+
+/// The loaded programs and their maps.
+pub struct KernelFastPath {
+    bpf: Ebpf,
+    ports: BpfHashMap<MapData, u32, PortEntry>,
+    dests: BpfHashMap<MapData, DestKey, Dest>,
+    ctl: Array<MapData, Ctl>,
+    state: Array<MapData, State>,
+    handover: Array<MapData, Handover>,
+    counts: PerCpuArray<MapData, u64>,
+    /// Devices the hop is attached to, by name.
+    attached: Vec<String>,
+}
+
+impl KernelFastPath {
+    /// Loads the programs and creates their maps (nothing attached yet).
+    pub fn load() -> io::Result<KernelFastPath> {
+        let mut bpf = load_object(FASTPATH, "loading the kernel fast path")?;
+        for (name, socket) in [("picnic_hop", false), ("picnic_gate", true)] {
+            let prog = bpf.program_mut(name).expect("fastpath.bpf.c defines it");
+            let loaded = if socket {
+                let p: &mut SocketFilter = prog.try_into().map_err(|e| aya_error(e, name))?;
+                p.load()
+            } else {
+                let p: &mut SchedClassifier = prog.try_into().map_err(|e| aya_error(e, name))?;
+                p.load()
+            };
+            loaded.map_err(|e| aya_error(e, &format!("loading {name} into the kernel")))?;
+        }
+        let mut take = |name: &str| {
+            bpf.take_map(name)
+                .ok_or_else(|| io::Error::other(format!("fastpath.bpf.c has no map {name}")))
+        };
+        let ports =
+            BpfHashMap::try_from(take("fp_ports")?).map_err(|e| aya_error(e, "fp_ports"))?;
+        let dests =
+            BpfHashMap::try_from(take("fp_dests")?).map_err(|e| aya_error(e, "fp_dests"))?;
+        let ctl = Array::try_from(take("fp_ctl")?).map_err(|e| aya_error(e, "fp_ctl"))?;
+        let state = Array::try_from(take("fp_state")?).map_err(|e| aya_error(e, "fp_state"))?;
+        let handover =
+            Array::try_from(take("fp_handover")?).map_err(|e| aya_error(e, "fp_handover"))?;
+        let counts =
+            PerCpuArray::try_from(take("fp_counts")?).map_err(|e| aya_error(e, "fp_counts"))?;
+        Ok(KernelFastPath {
+            bpf,
+            ports,
+            dests,
+            ctl,
+            state,
+            handover,
+            counts,
+            attached: Vec::new(),
+        })
+    }
+
+    /// Attaches the hop to device `ifname`'s tc ingress. Frames of a device not yet
+    /// registered ([`KernelFastPath::set_vm_port`], [`KernelFastPath::set_uplink`]) pass as
+    /// without the fast path.
+    pub fn attach_device(&mut self, ifname: &str) -> io::Result<()> {
+        if self.attached.iter().any(|a| a == ifname) {
+            return Ok(());
+        }
+        let prog: &mut SchedClassifier = self
+            .bpf
+            .program_mut("picnic_hop")
+            .expect("loaded")
+            .try_into()
+            .expect("a tc program");
+        prog.attach(ifname, TcAttachType::Ingress).map_err(|e| {
+            aya_error(
+                e,
+                &format!("attaching the fast path to {ifname}'s tc ingress"),
+            )
+        })?;
+        self.attached.push(ifname.to_owned());
+        Ok(())
+    }
+
+    /// Attaches the gate to AF_PACKET socket `fd`: from then on it gets only the frames the
+    /// hop hands over (and every frame of unregistered devices).
+    pub fn attach_socket(&mut self, fd: RawFd) -> io::Result<()> {
+        let prog: &mut SocketFilter = self
+            .bpf
+            .program_mut("picnic_gate")
+            .expect("loaded")
+            .try_into()
+            .expect("a socket filter");
+        // SAFETY: the caller's socket stays open while the switch runs (the port owns it).
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        let link = prog
+            .attach(fd)
+            .map_err(|e| aya_error(e, "attaching the fast path's gate to a socket"))?;
+        // Kept attached for the socket's life: closing the socket releases it.
+        prog.take_link(link)
+            .map(std::mem::forget)
+            .map_err(|e| aya_error(e, "keeping the gate's link"))
+    }
+
+    /// Registers a VM's port device: from then on the hop decides for its frames.
+    pub fn set_vm_port(
+        &mut self,
+        ifindex: u32,
+        slot: u32,
+        vni: u32,
+        mac: [u8; 6],
+        ip: Ipv4Addr,
+    ) -> io::Result<()> {
+        let entry = PortEntry {
+            kind: PORT_VM,
+            slot,
+            vni,
+            ip: u32::from_ne_bytes(ip.octets()),
+            mac,
+            pad: [0; 2],
+        };
+        self.ports
+            .insert(ifindex, entry, 0)
+            .map_err(|e| aya_error(e, "fp_ports"))
+    }
+
+    /// Registers the uplink's device (slot 0) with this host's MAC.
+    pub fn set_uplink(&mut self, ifindex: u32, mac: [u8; 6]) -> io::Result<()> {
+        let entry = PortEntry {
+            kind: PORT_UPLINK,
+            mac,
+            ..Default::default()
+        };
+        self.ports
+            .insert(ifindex, entry, 0)
+            .map_err(|e| aya_error(e, "fp_ports"))
+    }
+
+    /// Unregisters a device: its frames pass as without the fast path again.
+    pub fn remove_port(&mut self, ifindex: u32) {
+        let _ = self.ports.remove(&ifindex);
+    }
+
+    /// Sets (or with None removes) the destination (VNI, MAC).
+    pub fn set_destination(
+        &mut self,
+        vni: u32,
+        mac: [u8; 6],
+        dest: Option<Destination>,
+    ) -> io::Result<()> {
+        let key = DestKey {
+            vni,
+            mac,
+            pad: [0; 2],
+        };
+        let Some(dest) = dest else {
+            let _ = self.dests.remove(&key);
+            return Ok(());
+        };
+        let value = match dest {
+            Destination::Local { slot, ifindex } => Dest {
+                kind: DEST_LOCAL,
+                slot,
+                ifindex,
+                ..Default::default()
+            },
+            Destination::Remote {
+                uplink_ifindex,
+                src_ip,
+                dst_ip,
+                src_mac,
+                dst_mac,
+                limited,
+            } => Dest {
+                kind: DEST_REMOTE,
+                slot: 0,
+                ifindex: uplink_ifindex,
+                limited: u32::from(limited),
+                src_ip: u32::from_ne_bytes(src_ip.octets()),
+                dst_ip: u32::from_ne_bytes(dst_ip.octets()),
+                src_mac,
+                dst_mac,
+            },
+        };
+        self.dests
+            .insert(key, value, 0)
+            .map_err(|e| aya_error(e, "fp_dests"))
+    }
+
+    /// Writes a VM's grant.
+    pub fn write_grant(&mut self, grant: &Grant) -> io::Result<()> {
+        let w = &grant.want;
+        let flags = if w.tx { CTL_TX } else { 0 }
+            | if w.rx { CTL_RX } else { 0 }
+            | if w.rx_drop { CTL_RX_DROP } else { 0 };
+        let ctl = Ctl {
+            flags,
+            pad: 0,
+            tx_epoch: grant.epochs.tx,
+            rx_epoch: grant.epochs.rx,
+            tx_ps_per_byte: w.tx_ps_per_byte,
+            tx_ns_per_packet: w.tx_ns_per_packet,
+            rx_ps_per_byte: w.rx_ps_per_byte,
+            rx_ns_per_packet: w.rx_ns_per_packet,
+            burst_ns: BURST_NS,
+        };
+        self.ctl
+            .set(w.slot, ctl, 0)
+            .map_err(|e| aya_error(e, "fp_ctl"))
+    }
+
+    /// A VM's epochs as the kernel keeps them.
+    pub fn epochs(&self, slot: u32) -> Epochs {
+        self.state
+            .get(&slot, 0)
+            .map(|s| Epochs {
+                tx: s.tx_epoch,
+                rx: s.rx_epoch,
+            })
+            .unwrap_or_default()
+    }
+
+    /// A port's hand-over counts (`taken` left 0 for the caller to fill).
+    pub fn handover(&self, slot: u32) -> RingCounts {
+        self.handover
+            .get(&slot, 0)
+            .map(|h| RingCounts {
+                handed: h.handed,
+                tapped: h.tapped,
+                taken: 0,
+            })
+            .unwrap_or_default()
+    }
+
+    /// A slot's counters, summed over CPUs, in `fastpath.bpf.c`'s order (frames and bytes each
+    /// way, drops, then the reasons frames were handed over).
+    pub fn counters(&self, slot: u32) -> [u64; COUNTERS] {
+        let mut out = [0; COUNTERS];
+        if (slot as usize) >= MAX_SLOTS {
+            return out;
+        }
+        for (i, o) in out.iter_mut().enumerate() {
+            let at = slot * COUNTERS as u32 + i as u32;
+            if let Ok(v) = self.counts.get(&at, 0) {
+                *o = v.iter().sum();
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,201 @@
+//! The run loop's side of the kernel fast path (docs/switch.md "Two paths"): registers the
+//! switch's AF_PACKET ports and the deployment's destinations with the programs
+//! (`crate::fastpath`), and after each busy pass (at most every [`SYNC_EVERY`]) writes what
+//! the engine allows each VM (`engine::fastpath`), handing VMs back to the kernel once their
+//! frames have left the engines.
+
+use std::collections::HashMap;
+use std::io;
+
+use picnic_core::{Duration, Instant};
+
+use crate::config::Backend;
+use crate::engine::fastpath::{FastPathWant, Handback, RingCounts, Step};
+use crate::engine::Engine;
+use crate::fastpath::{Destination, KernelFastPath};
+use crate::port::sys::ifindex;
+use crate::port::Port;
+
+/// How often the loop syncs while busy; a VM waiting to be handed back keeps the loop's
+/// wait this short.
+const SYNC_EVERY: Duration = Duration::from_micros(100);
+/// How often destinations (live changes, feedback limiters) are refreshed.
+const REFRESH_EVERY: Duration = Duration::from_millis(1);
+
+pub(crate) struct FastPathLink {
+    kernel: KernelFastPath,
+    handback: Handback,
+    /// Per port slot: the device's ifindex once registered.
+    registered: Vec<Option<u32>>,
+    destinations: HashMap<(u32, [u8; 6]), Destination>,
+    wants: Vec<FastPathWant>,
+    rings: Vec<RingCounts>,
+    next_sync: Instant,
+    next_refresh: Instant,
+    /// Some VM may take the fast path but has not been handed back yet.
+    pending: bool,
+}
+
+impl FastPathLink {
+    /// Loads the programs and registers `ports` (slot 0 the uplink).
+    pub(crate) fn open(
+        engine: &mut Engine,
+        ports: &[Option<Box<dyn Port>>],
+        now: Instant,
+    ) -> io::Result<FastPathLink> {
+        let mut link = FastPathLink {
+            kernel: KernelFastPath::load()?,
+            handback: Handback::default(),
+            registered: Vec::new(),
+            destinations: HashMap::new(),
+            wants: Vec::new(),
+            rings: Vec::new(),
+            next_sync: now,
+            next_refresh: now,
+            pending: true,
+        };
+        link.refresh(engine, ports)?;
+        Ok(link)
+    }
+
+    /// Registers ports opened and forgets ports closed since the last call, and brings the
+    /// destinations up to date.
+    fn refresh(&mut self, engine: &Engine, ports: &[Option<Box<dyn Port>>]) -> io::Result<()> {
+        self.registered
+            .resize(ports.len().max(self.registered.len()), None);
+        let dir = &engine.dir;
+        let host_mac = dir
+            .hosts
+            .get(&engine.host_id())
+            .map(|h| h.mac.0)
+            .unwrap_or_default();
+        for (slot, port) in ports.iter().enumerate() {
+            let port = port.as_ref().filter(|p| p.backend() == Backend::AfPacket);
+            let vm = dir.port_vm.get(slot).copied().flatten();
+            match (port, self.registered[slot]) {
+                (Some(p), None) => {
+                    let index = ifindex(p.name())?;
+                    self.kernel.attach_device(p.name())?;
+                    if let Some(fd) = p.raw_fd() {
+                        self.kernel.attach_socket(fd)?;
+                    }
+                    if slot == 0 {
+                        self.kernel.set_uplink(index, host_mac)?;
+                    } else if let Some(v) = vm {
+                        let vm = &dir.vms[v];
+                        let vni = dir.tenants[vm.tenant].vni;
+                        self.kernel
+                            .set_vm_port(index, slot as u32, vni, vm.mac.0, vm.ip)?;
+                    } else {
+                        continue;
+                    }
+                    self.registered[slot] = Some(index);
+                }
+                (None, Some(index)) => {
+                    self.kernel.remove_port(index);
+                    self.registered[slot] = None;
+                    self.handback.forget(slot as u32);
+                }
+                _ => {}
+            }
+        }
+        let uplink = self.registered.first().copied().flatten();
+        let this = dir.hosts.get(&engine.host_id()).cloned();
+        let mut want = HashMap::new();
+        for (v, vm) in dir.vms.iter().enumerate() {
+            let Some(tenant) = dir.tenants.get(vm.tenant).filter(|t| t.present) else {
+                continue;
+            };
+            let dest =
+                match vm.port {
+                    Some(p) => self.registered.get(p).copied().flatten().map(|ifindex| {
+                        Destination::Local {
+                            slot: p as u32,
+                            ifindex,
+                        }
+                    }),
+                    None => match (uplink, &this, dir.hosts.get(&vm.host)) {
+                        (Some(uplink_ifindex), Some(this), Some(peer)) => {
+                            Some(Destination::Remote {
+                                uplink_ifindex,
+                                src_ip: this.underlay_ip,
+                                dst_ip: peer.underlay_ip,
+                                src_mac: this.mac.0,
+                                dst_mac: peer.mac.0,
+                                limited: engine.destination_limited(v),
+                            })
+                        }
+                        _ => None,
+                    },
+                };
+            if let Some(d) = dest {
+                want.insert((tenant.vni, vm.mac.0), d);
+            }
+        }
+        for (&(vni, mac), d) in &want {
+            if self.destinations.get(&(vni, mac)) != Some(d) {
+                self.kernel.set_destination(vni, mac, Some(*d))?;
+            }
+        }
+        for &(vni, mac) in self.destinations.keys() {
+            if !want.contains_key(&(vni, mac)) {
+                self.kernel.set_destination(vni, mac, None)?;
+            }
+        }
+        self.destinations = want;
+        Ok(())
+    }
+
+    /// After a pass: hands VMs back to the kernel, or takes them away, as the engine allows.
+    /// `busy`: the pass handled frames (a hand-over may have happened).
+    pub(crate) fn sync(
+        &mut self,
+        engine: &mut Engine,
+        ports: &[Option<Box<dyn Port>>],
+        now: Instant,
+        busy: bool,
+    ) -> io::Result<()> {
+        if now >= self.next_refresh {
+            self.next_refresh = now + REFRESH_EVERY;
+            self.refresh(engine, ports)?;
+        }
+        if !(busy || self.pending) || now < self.next_sync {
+            return Ok(());
+        }
+        self.next_sync = now + SYNC_EVERY;
+        engine.fast_path_wants(now, &mut self.wants);
+        self.rings.clear();
+        for (slot, port) in ports.iter().enumerate() {
+            let mut r = self.kernel.handover(slot as u32);
+            r.taken = port.as_ref().map_or(0, |p| p.stats().rx_taken);
+            self.rings.push(r);
+        }
+        self.pending = false;
+        for want in &self.wants {
+            if self
+                .registered
+                .get(want.slot as usize)
+                .copied()
+                .flatten()
+                .is_none()
+            {
+                continue;
+            }
+            let epochs = self.kernel.epochs(want.slot);
+            if let Step::Write(grant) = self.handback.step(*want, epochs, &self.rings) {
+                self.kernel.write_grant(&grant)?;
+            }
+            // A grant for epochs the kernel has moved past is no grant: keep syncing until
+            // one is written in a quiet moment.
+            if (want.tx || want.rx) && !self.handback.in_force(want.slot, epochs) {
+                self.pending = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// How long the loop may wait: short while a VM waits to be handed back.
+    pub(crate) fn wait_cap(&self) -> Option<Duration> {
+        self.pending.then_some(SYNC_EVERY)
+    }
+}
