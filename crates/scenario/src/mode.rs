@@ -25,6 +25,8 @@ pub enum Dataplane {
         /// CPU-fair schedulers (PicNIC's); false makes them byte-fair
         /// (`isolation.cpu_fair = false`).
         cpu_fair: bool,
+        /// The kernel fast path (`fastpath.kernel`, docs/switch.md "Two paths").
+        kernel_fastpath: bool,
     },
 }
 
@@ -47,11 +49,21 @@ pub const MODES: &[&str] = &[
     "bridge",
     "picnic-alone",
     "victim-alone",
+    "picnic-fast",
+    "picnic-fast-alone",
 ];
 
 const PICNIC: Dataplane = Dataplane::Picnic {
     isolated: true,
     cpu_fair: true,
+    kernel_fastpath: false,
+};
+
+/// picnic with the kernel fast path on (issue 30: measured beside the engines-only path).
+const PICNIC_FAST: Dataplane = Dataplane::Picnic {
+    isolated: true,
+    cpu_fair: true,
+    kernel_fastpath: true,
 };
 
 impl Mode {
@@ -73,6 +85,7 @@ impl Mode {
         let off = Dataplane::Picnic {
             isolated: false,
             cpu_fair: true,
+            kernel_fastpath: false,
         };
         Mode::new("picnic-off", true, off)
     }
@@ -83,6 +96,7 @@ impl Mode {
         let bytes = Dataplane::Picnic {
             isolated: true,
             cpu_fair: false,
+            kernel_fastpath: false,
         };
         Mode::new("picnic-bytes", true, bytes)
     }
@@ -95,6 +109,16 @@ impl Mode {
     /// The victim alone through isolated picnic switches.
     pub fn picnic_alone() -> Mode {
         Mode::new("picnic-alone", false, PICNIC)
+    }
+
+    /// picnic switches with every isolation mechanism and the kernel fast path on.
+    pub fn picnic_fast() -> Mode {
+        Mode::new("picnic-fast", true, PICNIC_FAST)
+    }
+
+    /// The victim alone through picnic switches with the kernel fast path on.
+    pub fn picnic_fast_alone() -> Mode {
+        Mode::new("picnic-fast-alone", false, PICNIC_FAST)
     }
 
     /// The victim alone over a forwarder without isolation.
@@ -111,6 +135,8 @@ impl Mode {
             "bridge" => Mode::bridge(),
             "picnic-alone" => Mode::picnic_alone(),
             "victim-alone" => Mode::victim_alone(),
+            "picnic-fast" => Mode::picnic_fast(),
+            "picnic-fast-alone" => Mode::picnic_fast_alone(),
             other => bail!("unknown mode {other:?} (one of {})", MODES.join(", ")),
         })
     }

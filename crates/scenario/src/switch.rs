@@ -161,6 +161,8 @@ pub fn switch_config(
             job_work_ns: scenario.picnic.accel_job_work_ns,
             ..Default::default()
         },
+        // The switch's default; the `picnic-fast` modes turn it on (`dataplane_config`).
+        fastpath: Default::default(),
         hosts,
         tenants,
         vms,
@@ -179,12 +181,17 @@ pub fn dataplane_config(
     host: &HostView,
     dataplane: Dataplane,
 ) -> Result<Config> {
-    let (isolated, cpu_fair) = match dataplane {
-        Dataplane::Bridge => (false, true),
-        Dataplane::Picnic { isolated, cpu_fair } => (isolated, cpu_fair),
+    let (isolated, cpu_fair, kernel_fastpath) = match dataplane {
+        Dataplane::Bridge => (false, true, false),
+        Dataplane::Picnic {
+            isolated,
+            cpu_fair,
+            kernel_fastpath,
+        } => (isolated, cpu_fair, kernel_fastpath),
     };
     let mut config = switch_config(scenario, topo, host, isolated)?;
     config.isolation.cpu_fair &= cpu_fair;
+    config.fastpath.kernel = kernel_fastpath;
     Ok(config)
 }
 
