@@ -470,6 +470,9 @@ impl Switch {
     fn publish(&mut self, now: Instant) {
         self.hand_over_given_up();
         self.kernel.publish(&mut self.engine, now);
+        if let Some(fp) = &self.fastpath {
+            fp.publish(&mut self.engine, now);
+        }
         let ports = self
             .ports
             .iter()

@@ -193,6 +193,57 @@ pub struct VmCounters {
     /// Frames of the VM held in a limiter's queue because their destination asked for less
     /// (receiver feedback, EyeQ 3.3).
     pub waited_limiter: u64,
+    /// The kernel fast path's work for this VM (none of it is in the counters above).
+    pub fast_path: FastPathCounters,
+}
+
+/// Frames the kernel fast path forwarded for a VM, and why frames of (or to) it were handed
+/// over to the engines instead (docs/switch.md "Two paths"). Read from the program's per-CPU
+/// counters; a reason counts where the frame was handed over (the VM's port for its own
+/// frames; frames to it from the uplink are the uplink's).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct FastPathCounters {
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    /// Frames to the VM dropped in the kernel before any work (tenant over its CPU, VM over
+    /// its `max_pps`).
+    pub rx_dropped: u64,
+    /// Handed over: no grant in force (frames of the VM queued in the engines, or throttled).
+    pub handed_not_granted: u64,
+    /// Handed over: a token bucket (its share of the link, `max_bps`, `max_pps`) was empty.
+    pub handed_tokens: u64,
+    /// Handed over: ARP, IPv6, multicast, IPv4 options or fragments.
+    pub handed_not_unicast_ipv4: u64,
+    /// Handed over: a source MAC or IPv4 address not the VM's (the engine drops it).
+    pub handed_spoofed: u64,
+    /// Handed over: an unknown destination, or one a feedback limiter holds (EyeQ 3.3).
+    pub handed_destination: u64,
+    /// Handed over: a super-frame (GSO) to another host.
+    pub handed_offload: u64,
+    /// Handed over: a Geneve frame with options (feedback rides on it).
+    pub handed_geneve_options: u64,
+}
+
+impl FastPathCounters {
+    /// From the program's counters, in `fastpath.bpf.c`'s order.
+    pub fn from_kernel(c: &[u64; 12]) -> FastPathCounters {
+        FastPathCounters {
+            tx_packets: c[0],
+            tx_bytes: c[1],
+            rx_packets: c[2],
+            rx_bytes: c[3],
+            rx_dropped: c[4],
+            handed_not_granted: c[5],
+            handed_tokens: c[6],
+            handed_not_unicast_ipv4: c[7],
+            handed_spoofed: c[8],
+            handed_destination: c[9],
+            handed_offload: c[10],
+            handed_geneve_options: c[11],
+        }
+    }
 }
 
 impl VmCounters {
@@ -213,6 +264,10 @@ impl VmCounters {
         }
         self.waited_shaped_class += o.waited_shaped_class;
         self.waited_limiter += o.waited_limiter;
+        // One switch reads the kernel's counters: taken as they are, not added.
+        if o.fast_path != FastPathCounters::default() {
+            self.fast_path = o.fast_path;
+        }
     }
 }
 

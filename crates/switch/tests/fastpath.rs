@@ -13,6 +13,7 @@ use common::{have_ebpf, is_root, send_all, udp, Netns};
 use picnic_switch::frame::{Frame, FramePool};
 use picnic_switch::port::Port;
 use picnic_switch::port::{AfPacketOptions, AfPacketPort};
+use picnic_switch::stats::FastPathCounters;
 use picnic_wire::geneve::GeneveRepr;
 use picnic_wire::overlay::{decap, encap, OuterHeaders};
 
@@ -79,6 +80,8 @@ fn seq(data: &[u8]) -> u32 {
 struct Run {
     a1_tx_engine: u64,
     a2_rx_engine: u64,
+    a1_fast: FastPathCounters,
+    a2_fast: FastPathCounters,
 }
 
 /// Runs a switch for `cfg` in `ns` while `f` sends and receives; returns the engines' counts.
@@ -119,6 +122,8 @@ fn with_switch(ns: &Netns, cfg: &str, f: impl FnOnce() + Send) -> Run {
     Run {
         a1_tx_engine: vm("a1").tx_packets,
         a2_rx_engine: vm("a2").rx_packets,
+        a1_fast: vm("a1").fast_path,
+        a2_fast: vm("a2").fast_path,
     }
 }
 
@@ -239,6 +244,12 @@ fn frames_within_their_allocation_take_the_kernel_path_both_ways() {
         run.a2_rx_engine <= 5,
         "frames to a2 went through the kernel"
     );
+    // The kernel's counts as /stats shows them: a1 sent 150 (100 to a2, 50 to host 2) and
+    // received 50 from host 2; a2 received 100; each frame on one path or the other.
+    println!("a1 {:?}\na2 {:?}", run.a1_fast, run.a2_fast);
+    assert_eq!(run.a1_fast.tx_packets + run.a1_tx_engine, 150);
+    assert_eq!(run.a2_fast.rx_packets + run.a2_rx_engine, 100);
+    assert!(run.a1_fast.rx_packets >= 45 && run.a1_fast.rx_packets <= 50);
 }
 
 /// A VM over its packet budget is handed over to the engines when its bucket in the kernel
@@ -281,6 +292,17 @@ fn a_vm_over_its_budget_is_handed_over_and_back_in_order() {
         run.a1_tx_engine, run.a2_rx_engine
     );
     assert!(run.a2_rx_engine > 0, "the excess went through the engines");
+    println!("a1 {:?}", run.a1_fast);
+    assert!(
+        run.a1_fast.handed_tokens > 0,
+        "counted as handed over for tokens: {:?}",
+        run.a1_fast
+    );
+    assert_eq!(
+        run.a1_fast.tx_packets + run.a1_tx_engine,
+        320,
+        "every frame of a1 on one path or the other"
+    );
     assert!(
         run.a1_tx_engine < 300,
         "the burst's start and the later frames went through the kernel"

@@ -136,6 +136,35 @@ pub(super) fn metrics(published: &Published) -> String {
         "Frames not attributable to a VM dropped, by reason",
         sw_drops.clone(),
     );
+    // The kernel fast path (docs/switch.md "Two paths"): what it forwarded, what it dropped
+    // before any work, and why it handed frames over to the engines.
+    let fast_rx_packets = counter(
+        &mut reg,
+        "vm_fast_path_rx_packets",
+        "Frames the kernel fast path delivered to the VM",
+    );
+    let fast_rx_bytes = counter(
+        &mut reg,
+        "vm_fast_path_rx_bytes",
+        "Bytes the kernel fast path delivered to the VM",
+    );
+    let fast_tx_packets = counter(
+        &mut reg,
+        "vm_fast_path_tx_packets",
+        "Frames of the VM the kernel fast path forwarded",
+    );
+    let fast_tx_bytes = counter(
+        &mut reg,
+        "vm_fast_path_tx_bytes",
+        "Bytes of the VM the kernel fast path forwarded",
+    );
+    let fast_handed = Family::<DropLabels, Counter>::default();
+    reg.register(
+        "vm_fast_path_handed_over",
+        "Frames the kernel fast path handed over to the engines (or dropped: reason \
+         rx_dropped), by reason",
+        fast_handed.clone(),
+    );
     for vm in &snap.vms {
         let l = VmLabels {
             tenant: vm.tenant.clone(),
@@ -155,6 +184,29 @@ pub(super) fn metrics(published: &Published) -> String {
         applied
             .get_or_create(&l)
             .set(vm.applied_limits.iter().map(|(_, r)| *r).sum::<u64>() as i64);
+        let f = &vm.counters.fast_path;
+        fast_rx_packets.get_or_create(&l).inc_by(f.rx_packets);
+        fast_rx_bytes.get_or_create(&l).inc_by(f.rx_bytes);
+        fast_tx_packets.get_or_create(&l).inc_by(f.tx_packets);
+        fast_tx_bytes.get_or_create(&l).inc_by(f.tx_bytes);
+        for (reason, n) in [
+            ("rx_dropped", f.rx_dropped),
+            ("not_granted", f.handed_not_granted),
+            ("tokens", f.handed_tokens),
+            ("not_unicast_ipv4", f.handed_not_unicast_ipv4),
+            ("spoofed", f.handed_spoofed),
+            ("destination", f.handed_destination),
+            ("offload", f.handed_offload),
+            ("geneve_options", f.handed_geneve_options),
+        ] {
+            fast_handed
+                .get_or_create(&DropLabels {
+                    tenant: l.tenant.clone(),
+                    vm: l.vm.clone(),
+                    reason: reason.into(),
+                })
+                .inc_by(n);
+        }
         for (reason, n) in vm.counters.drops.iter() {
             drops
                 .get_or_create(&DropLabels {

@@ -93,6 +93,32 @@ impl Engine {
 }
 
 impl Engine {
+    /// The kernel fast path's counters for the VM in port `slot`, as the program has them
+    /// now: kept for /stats, and what it forwarded since `before` counted as offered to and
+    /// delivered by the switch for the tenants' SLOs (no latency sample: the kernel path
+    /// does not time frames).
+    pub fn note_fast_path(
+        &mut self,
+        now: Instant,
+        slot: usize,
+        counters: crate::stats::FastPathCounters,
+    ) {
+        let Some(v) = self.dir.port_vm.get(slot).copied().flatten() else {
+            return;
+        };
+        let before = std::mem::replace(&mut self.vm_counters[v].fast_path, counters);
+        let tenant = self.dir.vms[v].tenant;
+        let tx = counters.tx_bytes.saturating_sub(before.tx_bytes);
+        let rx = counters.rx_bytes.saturating_sub(before.rx_bytes);
+        let rx_packets = counters.rx_packets.saturating_sub(before.rx_packets);
+        if tx > 0 {
+            self.slo.offered(now, tenant, tx);
+        }
+        if rx > 0 {
+            self.slo.delivered_untimed(now, tenant, rx_packets, rx);
+        }
+    }
+
     /// This host's id in the directory.
     pub fn host_id(&self) -> u32 {
         self.host_id

@@ -152,6 +152,20 @@ impl SloTracker {
         }
     }
 
+    /// `packets` frames of `tenant`'s (`bytes`) were delivered by a path that does not time
+    /// them (the kernel fast path).
+    pub(super) fn delivered_untimed(
+        &mut self,
+        now: Instant,
+        tenant: TenantIdx,
+        packets: u64,
+        bytes: u64,
+    ) {
+        if let Some(t) = self.get(tenant) {
+            t.monitor.record_delivered(now, packets, bytes);
+        }
+    }
+
     /// The switch dropped a frame of `tenant`'s.
     pub(super) fn lost(&mut self, now: Instant, tenant: TenantIdx) {
         if let Some(t) = self.get(tenant) {

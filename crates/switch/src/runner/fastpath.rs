@@ -15,6 +15,7 @@ use crate::engine::Engine;
 use crate::fastpath::{Destination, KernelFastPath};
 use crate::port::sys::ifindex;
 use crate::port::Port;
+use crate::stats::FastPathCounters;
 
 /// How often the loop syncs while busy; a VM waiting to be handed back keeps the loop's
 /// wait this short.
@@ -192,6 +193,16 @@ impl FastPathLink {
             }
         }
         Ok(())
+    }
+
+    /// Reads the program's counters of every VM port into the engine (/stats, SLOs).
+    pub(crate) fn publish(&self, engine: &mut Engine, now: Instant) {
+        for (slot, registered) in self.registered.iter().enumerate().skip(1) {
+            if registered.is_some() {
+                let c = FastPathCounters::from_kernel(&self.kernel.counters(slot as u32));
+                engine.note_fast_path(now, slot, c);
+            }
+        }
     }
 
     /// How long the loop may wait: short while a VM waits to be handed back.
