@@ -6,6 +6,7 @@
 //! SVG plots, so one scenario can be compared lab vs simulation. docs/sim.md has the details.
 
 pub mod event;
+pub mod ns3;
 pub mod packet;
 pub mod report;
 pub mod spec;
@@ -58,12 +59,16 @@ pub enum SimSub {
     /// Scenario x parameter x seed grid, in-process or on Ray, resumable, merged into one
     /// table with 95% confidence intervals across seeds (docs/sim.md "Sweeps").
     Sweep(sweep::SweepArgs),
+    /// Write an ns-3 program (Python, PyPI's `ns3`) for a single-bottleneck scenario
+    /// (docs/sim.md "ns-3").
+    Ns3(ns3::Ns3Args),
 }
 
 /// Runs `picnic sim ...`; a sweep's single-case worker is this binary's `sim sweep`.
 pub fn run_command(cmd: SimCommand) -> Result<i32> {
     match (cmd.sub, cmd.run) {
         (Some(SimSub::Sweep(args)), _) => sweep::run_cli(args, &sweep::default_worker()?),
+        (Some(SimSub::Ns3(args)), _) => ns3::run_cli(args),
         (None, Some(args)) => run_cli(args),
         (None, None) => anyhow::bail!("a scenario file or `sweep SWEEP.toml`"),
     }
