@@ -329,8 +329,10 @@ fn sig(v: f64) -> String {
         format!("{v:.1}")
     } else if a >= 1.0 {
         format!("{v:.2}")
-    } else {
+    } else if a >= 0.001 {
         format!("{v:.3}")
+    } else {
+        format!("{v:.1e}")
     }
 }
 

@@ -39,7 +39,11 @@ pub fn estimate(xs: &[f64]) -> Option<Estimate> {
         return None;
     }
     let mean = xs.iter().sum::<f64>() / n as f64;
+    let equal = xs.iter().all(|x| *x == xs[0]);
     let ci95 = (n >= 2).then(|| {
+        if equal {
+            return 0.0; // not the rounding residue of the mean
+        }
         let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
         t95(n - 1) * var.sqrt() / (n as f64).sqrt()
     });
@@ -62,6 +66,7 @@ mod tests {
         assert!((e.ci95.unwrap() - 25.412).abs() < 1e-3, "{e:?}");
         // Equal samples: zero width; one sample: no interval; none: nothing.
         assert_eq!(estimate(&[5.0; 4]).unwrap().ci95, Some(0.0));
+        assert_eq!(estimate(&[121.023; 3]).unwrap().ci95, Some(0.0));
         assert_eq!(estimate(&[5.0]).unwrap().ci95, None);
         assert!(estimate(&[]).is_none());
         // Large samples approach the normal's 1.96 from above.

@@ -120,7 +120,10 @@ r = 1
         Op::Remove("w.flood1".into()),
         set("a.b", 1),
     ] {
-        assert!(apply(&mut t.clone(), std::slice::from_ref(&bad)).is_err(), "{bad:?}");
+        assert!(
+            apply(&mut t.clone(), std::slice::from_ref(&bad)).is_err(),
+            "{bad:?}"
+        );
     }
     assert!(glob("flood*", "flood12") && glob("*2", "flood2") && glob("f*d*", "flood"));
     assert!(!glob("flood*", "probe") && !glob("flood", "flood1"));
