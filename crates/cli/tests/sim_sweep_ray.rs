@@ -14,7 +14,7 @@ fn ray_available(py: &str) -> Result<(), String> {
     match Command::new(py).args(["-c", "import ray"]).output() {
         Ok(o) if o.status.success() => Ok(()),
         Ok(o) => Err(format!(
-            "`{py} -c 'import ray'` failed ({}); bash scripts/setup_ray.sh and PICNIC_PYTHON=.venv-ray/bin/python run it",
+            "`{py} -c 'import ray'` failed ({}); bash scripts/setup_ray.sh and PICNIC_PYTHON=target/venv-ray/bin/python run it",
             String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("")
         )),
         Err(e) => Err(format!("cannot start {py}: {e}")),

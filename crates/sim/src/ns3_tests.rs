@@ -78,7 +78,7 @@ fn ns3_python() -> std::result::Result<String, String> {
     match Command::new(&py).args(["-c", "from ns import ns"]).output() {
         Ok(o) if o.status.success() => Ok(py),
         Ok(o) => Err(format!(
-            "`{py} -c 'from ns import ns'` failed ({}); bash scripts/setup_ns3.sh and PICNIC_NS3_PYTHON=.venv-ns3/bin/python run it",
+            "`{py} -c 'from ns import ns'` failed ({}); bash scripts/setup_ns3.sh and PICNIC_NS3_PYTHON=target/venv-ns3/bin/python run it",
             String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("")
         )),
         Err(e) => Err(format!("cannot start {py}: {e}")),

@@ -33,7 +33,7 @@ pub struct SweepArgs {
     /// Sweep file (docs/sim.md "Sweeps").
     pub sweep: PathBuf,
     /// Output directory: cases/ (one record per finished case), summary.csv, cases.csv
-    /// (default: sweep-out/NAME).
+    /// (default: out/sweep/NAME).
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Run the cases as tasks on Ray (a local Ray unless --ray-address), through
@@ -387,7 +387,7 @@ pub fn run_cli(args: SweepArgs, worker: &[String]) -> Result<i32> {
     let out = args
         .out
         .clone()
-        .unwrap_or_else(|| Path::new("sweep-out").join(&sweep.name));
+        .unwrap_or_else(|| Path::new("out").join("sweep").join(&sweep.name));
     let say = |msg: &str| eprintln!("[sweep {}] {msg}", sweep.name);
 
     if let Some(id) = &args.case {
@@ -575,7 +575,7 @@ fn run_ray(
             "the Ray driver ({python} {}) exited with {status}{}",
             driver.display(),
             if status.code() == Some(3) {
-                ": no Ray in this Python (bash scripts/setup_ray.sh, then --python .venv-ray/bin/python)"
+                ": no Ray in this Python (bash scripts/setup_ray.sh, then --python target/venv-ray/bin/python)"
             } else {
                 ""
             }
