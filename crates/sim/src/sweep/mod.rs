@@ -4,6 +4,7 @@
 //! and a 95% confidence interval across seeds. docs/sim.md "Sweeps" has the format.
 
 pub mod grid;
+pub mod plot;
 pub mod stats;
 
 use std::collections::BTreeMap;
@@ -485,9 +486,12 @@ pub fn run_cli(args: SweepArgs, worker: &[String]) -> Result<i32> {
     let rows = merge(&sweep, &modes, &records);
     std::fs::write(out.join("summary.csv"), summary_csv(&sweep, &rows))?;
     std::fs::write(out.join("cases.csv"), cases_csv(&sweep, &records))?;
+    if let Err(e) = plot::plots(&out, &sweep, &rows) {
+        say(&format!("plotting: {e:#}"));
+    }
     println!("{}", markdown(&sweep, &rows));
     say(&format!(
-        "{} of {} cases finished ({} this run, {:.1} s wall); wrote {}/summary.csv and cases.csv",
+        "{} of {} cases finished ({} this run, {:.1} s wall); wrote {}/summary.csv, cases.csv and plot-*.svg",
         records.len(),
         sweep.cases.len(),
         pending.len() - missing.len().min(pending.len()),

@@ -307,6 +307,16 @@ fn a_rerun_skips_finished_cases_and_reruns_those_whose_scenario_changed() {
     assert_eq!(finished(&out, &sweep.cases[3]).unwrap().wall_s, -1.0);
     let summary = std::fs::read_to_string(out.join("summary.csv")).unwrap();
     assert_eq!(summary.lines().count(), 1 + 2 * 2, "{summary}");
+    // One plot per metric: the first parameter's levels on the x axis, a line (with error
+    // bars, a dot per point) per mode.
+    let svg = std::fs::read_to_string(out.join("plot-victim_p99_us.svg")).unwrap();
+    for text in ["5000", "20000", "picnic", "victim-alone", "rate"] {
+        assert!(
+            svg.lines().any(|l| l.trim() == text),
+            "no {text} in the plot"
+        );
+    }
+    assert_eq!(svg.matches("<circle").count(), 2 * 2);
 
     // A changed scenario under the same labels makes the old records stale: every case
     // runs again, under the same ids.
