@@ -14,7 +14,8 @@
 //! does not carry: the Geneve outer headers (ns-3's packets are 70 B shorter on the wire)
 //! and everything of the switch (the comparison is with isolation off, `picnic-off`).
 //! The program prints one JSON object: per workload its connections' goodput over its
-//! active period (the lab's and the simulator's definition), the aggregate and Jain's index.
+//! active period (the lab's and the simulator's definition), the aggregate, Jain's index and
+//! the bottleneck queue's occupancy sampled every 1 ms (quantile, KB).
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -197,6 +198,20 @@ import json
 import sys
 
 from ns import ns
+import cppyy
+
+# The bottleneck queue's bytes sampled every 1 ms (EyeQ 5.4's measure, the simulator's
+# `queue_sampled_kb`), in C++: ns-3 events cannot call Python.
+cppyy.cppdef("""
+namespace picnic_probe {{
+std::vector<uint32_t> samples;
+void Sample(ns3::Ptr<ns3::QueueDisc> q, ns3::Time every, ns3::Time until) {{
+  samples.push_back(q->GetNBytes());
+  if (ns3::Simulator::Now() + every <= until)
+    ns3::Simulator::Schedule(every, &Sample, q, every, until);
+}}
+}}
+""")
 
 HOSTS = {hosts:?}
 RECEIVER = {receiver}
@@ -242,6 +257,7 @@ def main():
     p2p.SetQueue("ns3::DropTailQueue<Packet>", "MaxSize", ns.StringValue("1p"))
     addresses = ns.Ipv4AddressHelper()
     receiver_addr = None
+    bottleneck = None
     for i in range(len(HOSTS)):
         rate = ACCESS_MBPS if i == RECEIVER else NIC_MBPS
         p2p.SetDeviceAttribute("DataRate", ns.StringValue("%dMbps" % rate))
@@ -264,7 +280,9 @@ def main():
             size = QUEUE_BYTES if i == RECEIVER else 256 * 1500
             tch.SetRootQueueDisc("ns3::FifoQueueDisc",
                                  "MaxSize", ns.StringValue("%dB" % size))
-        tch.Install(devs)
+        qdiscs = tch.Install(devs)
+        if i == RECEIVER:
+            bottleneck = qdiscs.Get(0)  # the switch's side: toward the receiver
         addresses.SetBase(ns.Ipv4Address("10.%d.%d.0" % (i // 250, i % 250 + 1)),
                           ns.Ipv4Mask("255.255.255.0"))
         ifaces = addresses.Assign(devs)
@@ -287,6 +305,7 @@ def main():
         app.Stop(ns.MilliSeconds(stop_ms))
         sinks.append((name, start_ms, stop_ms, sink_app.Get(0)))
 
+    cppyy.gbl.picnic_probe.Sample(bottleneck, ns.MilliSeconds(1), ns.MilliSeconds(DURATION_MS))
     ns.Simulator.Stop(ns.MilliSeconds(DURATION_MS))
     ns.Simulator.Run()
     per_flow = []
@@ -299,12 +318,16 @@ def main():
         w["connections"] += 1
         w["bytes"] += rx
         w["mbps"] += mbps
+    samples = sorted(int(x) for x in cppyy.gbl.picnic_probe.samples)
+    queue_kb = [[q, samples[min(len(samples) - 1, int(q * len(samples)))] / 1000.0]
+                for q in (0.5, 0.9, 0.99, 0.999, 1.0)] if samples else []
     ns.Simulator.Destroy()
     total = sum(per_flow)
     squares = sum(x * x for x in per_flow)
     jain = total * total / (len(per_flow) * squares) if squares > 0 else 0.0
     json.dump({{"simulator": "ns-3", "bottleneck_mbps": ACCESS_MBPS, "aggregate_mbps": total,
-               "jain": jain, "flows_mbps": per_flow, "workloads": per_workload}},
+               "jain": jain, "flows_mbps": per_flow, "workloads": per_workload,
+               "bottleneck_queue_kb_sampled_1ms": queue_kb}},
               sys.stdout, indent=1)
     print()
 

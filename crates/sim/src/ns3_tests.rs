@@ -123,5 +123,11 @@ fn the_generated_program_runs_in_ns3_and_fills_the_bottleneck_fairly() {
     assert!(agg > 80.0 && agg < 97.1, "{r}");
     assert!(jain > 0.9, "{r}");
     assert_eq!(r["flows_mbps"].as_array().unwrap().len(), 2);
+    // The bottleneck queue, sampled every 1 ms: at most its 25 KB, and not empty throughout
+    // (two NewReno connections fill a 2 ms buffer).
+    let q = r["bottleneck_queue_kb_sampled_1ms"].as_array().unwrap();
+    assert_eq!(q.len(), 5);
+    let max = q[4][1].as_f64().unwrap();
+    assert!(max > 1.5 && max <= 25.0, "{r}");
     let _ = std::fs::remove_dir_all(&dir);
 }
