@@ -26,7 +26,7 @@ enum Command {
     /// Closed-form models next to simulation and measurement (Rizzo et al. speed mismatch).
     Model(picnic_model::ModelArgs),
     /// Discrete-event simulation of a lab scenario at any scale, on the same engine code.
-    Sim(picnic_sim::SimArgs),
+    Sim(picnic_sim::SimCommand),
     /// Forwarding benchmark: picnic against the raw AF_PACKET limit, a Linux bridge and OVS.
     Bench(picnic_bench::BenchArgs),
 }
@@ -42,7 +42,7 @@ fn main() {
             }
         },
         Command::Lab(cmd) => lab_cmd::run(cmd),
-        Command::Sim(args) => match picnic_sim::run_cli(args) {
+        Command::Sim(args) => match picnic_sim::run_command(args) {
             Ok(code) => code,
             Err(e) => {
                 eprintln!("picnic sim: error: {e:#}");

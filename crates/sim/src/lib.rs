@@ -6,9 +6,11 @@
 //! SVG plots, so one scenario can be compared lab vs simulation. docs/sim.md has the details.
 
 pub mod event;
+pub mod ns3;
 pub mod packet;
 pub mod report;
 pub mod spec;
+pub mod sweep;
 pub mod tcp;
 pub mod workload;
 pub mod world;
@@ -36,4 +38,38 @@ pub fn run_cli(args: SimArgs) -> Result<i32> {
     let spec = spec::Spec::load(&args.scenario)?;
     let outcome = report::run(&spec, args.seed, args.out.as_deref(), true)?;
     Ok(if outcome.summary.pass { 0 } else { 1 })
+}
+
+/// `picnic sim`: a scenario run (`picnic sim SCENARIO.toml`) or a subcommand
+/// (`picnic sim sweep SWEEP.toml`).
+#[derive(Debug, Clone, clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct SimCommand {
+    /// A subcommand instead of a scenario.
+    #[command(subcommand)]
+    pub sub: Option<SimSub>,
+    /// One scenario's run.
+    #[command(flatten)]
+    pub run: Option<SimArgs>,
+}
+
+/// Subcommands of `picnic sim`.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum SimSub {
+    /// Scenario x parameter x seed grid, in-process or on Ray, resumable, merged into one
+    /// table with 95% confidence intervals across seeds (docs/sim.md "Sweeps").
+    Sweep(sweep::SweepArgs),
+    /// Write an ns-3 program (Python, PyPI's `ns3`) for a single-bottleneck scenario
+    /// (docs/sim.md "ns-3").
+    Ns3(ns3::Ns3Args),
+}
+
+/// Runs `picnic sim ...`; a sweep's single-case worker is this binary's `sim sweep`.
+pub fn run_command(cmd: SimCommand) -> Result<i32> {
+    match (cmd.sub, cmd.run) {
+        (Some(SimSub::Sweep(args)), _) => sweep::run_cli(args, &sweep::default_worker()?),
+        (Some(SimSub::Ns3(args)), _) => ns3::run_cli(args),
+        (None, Some(args)) => run_cli(args),
+        (None, None) => anyhow::bail!("a scenario file or `sweep SWEEP.toml`"),
+    }
 }

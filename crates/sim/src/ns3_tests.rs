@@ -1,0 +1,133 @@
+use super::*;
+use std::path::Path;
+use std::process::Command;
+
+fn scenario(name: &str) -> String {
+    std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../..")
+            .join(name),
+    )
+    .unwrap()
+}
+
+#[test]
+fn the_bottleneck_scenario_maps_to_one_link_and_its_connections() {
+    let spec = Spec::parse(&scenario("scenarios/sim/bottleneck-tcp.toml")).unwrap();
+    let b = Bottleneck::from_spec(&spec).unwrap();
+    assert_eq!((b.receiver.as_str(), b.receiver_index), ("r", 4));
+    assert_eq!((b.access_mbps, b.queue_bytes), (100, 25_000)); // 2 ms at 100 Mb/s
+    assert_eq!(
+        (b.nic_mbps, b.link_delay_ns, b.min_rto_us),
+        (10_000, 1000, 5000)
+    );
+    assert_eq!(b.dctcp_threshold_kb, None);
+    assert_eq!(b.flows.len(), 8);
+    let senders: Vec<usize> = b.flows.iter().map(|f| f.sender).collect();
+    assert_eq!(senders, [0, 0, 1, 1, 2, 2, 3, 3]);
+    let ports: Vec<u16> = b.flows.iter().map(|f| f.port).collect();
+    assert_eq!(ports, (20000..20008).collect::<Vec<u16>>());
+    assert!(b.flows.iter().all(|f| (f.start_ms, f.stop_ms) == (0, 2000)));
+    let p = generate(&spec, 3).unwrap();
+    for line in [
+        "ACCESS_MBPS = 100",
+        "QUEUE_BYTES = 25000",
+        "DCTCP_THRESHOLD_KB = None",
+        "SEGMENT = 1390",
+        "RECEIVER = 4",
+        "    (\"t4\", 3, 20007, 0, 2000),",
+        "    ns.RngSeedManager.SetRun(3)",
+    ] {
+        assert!(p.lines().any(|l| l == line), "missing {line:?} in\n{p}");
+    }
+    // DCTCP takes the simulator's ECN threshold for ns-3's RED marking.
+    let dctcp = scenario("scenarios/sim/bottleneck-tcp.toml")
+        .replace("[sim]", "[sim]\ncc = \"dctcp\"\necn_threshold_kb = 10");
+    let b = Bottleneck::from_spec(&Spec::parse(&dctcp).unwrap()).unwrap();
+    assert_eq!(b.dctcp_threshold_kb, Some(10));
+}
+
+#[test]
+fn what_is_not_a_single_bottleneck_is_refused_with_the_reason() {
+    let e = |text: &str| {
+        format!(
+            "{:#}",
+            Bottleneck::from_spec(&Spec::parse(text).unwrap()).unwrap_err()
+        )
+    };
+    let flood = e(&scenario("scenarios/ingress-flood.toml"));
+    assert!(
+        flood.contains("workload `probe`") && flood.contains("tcp_bulk"),
+        "{flood}"
+    );
+    let base = scenario("scenarios/sim/bottleneck-tcp.toml");
+    let replicas = e(&base.replace("[sim]", "[sim]\nreplicas = 2"));
+    assert!(replicas.contains("replicas"), "{replicas}");
+    let two = e(&base.replace(
+        "to = \"vr\"\nflows = 2\n\n[sim]",
+        "to = \"v1\"\nflows = 2\n\n[sim]",
+    ));
+    assert!(two.contains("one host"), "{two}");
+    let dctcp = e(&base.replace("[sim]", "[sim]\ncc = \"dctcp\""));
+    assert!(dctcp.contains("ecn_threshold_kb"), "{dctcp}");
+}
+
+/// The Python that has ns-3: `$PICNIC_NS3_PYTHON`, else `python3`.
+fn ns3_python() -> std::result::Result<String, String> {
+    let py = std::env::var("PICNIC_NS3_PYTHON").unwrap_or_else(|_| "python3".into());
+    match Command::new(&py).args(["-c", "from ns import ns"]).output() {
+        Ok(o) if o.status.success() => Ok(py),
+        Ok(o) => Err(format!(
+            "`{py} -c 'from ns import ns'` failed ({}); bash scripts/setup_ns3.sh and PICNIC_NS3_PYTHON=target/venv-ns3/bin/python run it",
+            String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("")
+        )),
+        Err(e) => Err(format!("cannot start {py}: {e}")),
+    }
+}
+
+#[test]
+fn the_generated_program_runs_in_ns3_and_fills_the_bottleneck_fairly() {
+    // A small case: two connections from two hosts, 300 ms.
+    let text = scenario("scenarios/sim/bottleneck-tcp.toml")
+        .replace("duration_ms = 2000", "duration_ms = 300")
+        .replace("flows = 2", "flows = 1");
+    let mut spec = Spec::parse(&text).unwrap();
+    spec.scenario.workloads.truncate(2);
+    let program = generate(&spec, 1).unwrap();
+    let dir = std::env::temp_dir().join(format!("picnic-ns3-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("small.py");
+    std::fs::write(&file, &program).unwrap();
+    // Valid Python wherever there is a python3, ns-3 or not.
+    if let Ok(o) = Command::new("python3")
+        .arg("-m")
+        .arg("py_compile")
+        .arg(&file)
+        .output()
+    {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let py = match ns3_python() {
+        Ok(py) => py,
+        Err(why) => {
+            eprintln!("skipped running the program: no ns-3: {why}");
+            return;
+        }
+    };
+    let o = Command::new(&py).arg(&file).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let agg = r["aggregate_mbps"].as_f64().unwrap();
+    let jain = r["jain"].as_f64().unwrap();
+    // Goodput ceiling: 1390 of every 1432 bytes on the wire (IPv4/TCP and PPP headers).
+    assert!(agg > 80.0 && agg < 97.1, "{r}");
+    assert!(jain > 0.9, "{r}");
+    assert_eq!(r["flows_mbps"].as_array().unwrap().len(), 2);
+    // The bottleneck queue, sampled every 1 ms: at most its 25 KB, and not empty throughout
+    // (two NewReno connections fill a 2 ms buffer).
+    let q = r["bottleneck_queue_kb_sampled_1ms"].as_array().unwrap();
+    assert_eq!(q.len(), 5);
+    let max = q[4][1].as_f64().unwrap();
+    assert!(max > 1.5 && max <= 25.0, "{r}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
