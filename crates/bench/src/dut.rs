@@ -129,6 +129,8 @@ pub enum DutKind {
     PicnicXdp,
     /// picnic's switch with isolation off (anti-spoofing and tenant separation stay).
     PicnicOff,
+    /// picnic's switch, isolation on, with the kernel fast path (docs/switch.md "Two paths").
+    PicnicFast,
     /// A Linux bridge, with an HTB class on the uplink as its QoS setting.
     Bridge,
     /// Open vSwitch userspace datapath, `type=afxdp-nonpmd` ports, an OpenFlow meter.
@@ -139,12 +141,13 @@ pub enum DutKind {
 
 impl DutKind {
     /// All devices, in report order.
-    pub const ALL: [DutKind; 8] = [
+    pub const ALL: [DutKind; 9] = [
         DutKind::Raw,
         DutKind::RawXdp,
         DutKind::PicnicOn,
         DutKind::PicnicXdp,
         DutKind::PicnicOff,
+        DutKind::PicnicFast,
         DutKind::OvsAfxdp,
         DutKind::Ovs,
         DutKind::Bridge,
@@ -158,6 +161,7 @@ impl DutKind {
             DutKind::PicnicXdp => "picnic_xdp",
             DutKind::PicnicOn => "picnic",
             DutKind::PicnicOff => "picnic_off",
+            DutKind::PicnicFast => "picnic_fast",
             DutKind::Bridge => "bridge",
             DutKind::OvsAfxdp => "ovs_afxdp",
             DutKind::Ovs => "ovs",
@@ -172,6 +176,7 @@ impl DutKind {
             DutKind::PicnicXdp => "picnic switch, isolation on, AF_XDP",
             DutKind::PicnicOn => "picnic switch, isolation on",
             DutKind::PicnicOff => "picnic switch, isolation off",
+            DutKind::PicnicFast => "picnic switch, isolation on, kernel fast path",
             DutKind::Bridge => "Linux bridge + HTB class",
             DutKind::OvsAfxdp => "OVS netdev, afxdp ports + meter",
             DutKind::Ovs => "OVS netdev, system ports + meter",
@@ -211,7 +216,7 @@ impl Dut {
                     raw_forwarder(xdp, spin, (TENANT_DEV, UPLINK_DEV), stop, tid)
                 })
             }
-            DutKind::PicnicOn | DutKind::PicnicOff | DutKind::PicnicXdp => {
+            DutKind::PicnicOn | DutKind::PicnicOff | DutKind::PicnicXdp | DutKind::PicnicFast => {
                 let cfg = picnic_device_config(kind, spin)?;
                 spawn_thread(ns, move |stop, tid| run_picnic(cfg, stop, tid))
             }
@@ -302,6 +307,7 @@ fn picnic_device_config(kind: DutKind, spin: Duration) -> Result<Config> {
     cfg.switch.spin_us = spin.as_micros() as u64;
     // Each device names its backend: AF_PACKET unless it is the AF_XDP one.
     cfg.uplink.backend = Some(Backend::AfPacket);
+    cfg.fastpath.kernel = kind == DutKind::PicnicFast;
     if kind == DutKind::PicnicXdp {
         cfg.uplink.backend = Some(Backend::AfXdp);
         for port in cfg.vms.iter_mut().filter_map(|v| v.port.as_mut()) {

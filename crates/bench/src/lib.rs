@@ -75,7 +75,7 @@ pub struct BenchArgs {
     /// over an encapsulating underlay; see `twohost`) instead of one.
     #[arg(long)]
     pub two_host: bool,
-    /// Only these devices (raw, raw_xdp, picnic, picnic_xdp, picnic_off, ovs_afxdp, ovs, bridge),
+    /// Only these devices (raw, raw_xdp, picnic, picnic_xdp, picnic_off, picnic_fast, ovs_afxdp, ovs, bridge),
     /// comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
@@ -174,7 +174,7 @@ pub fn run_cli(args: BenchArgs) -> Result<()> {
         .filter(|k| args.only.is_empty() || args.only.iter().any(|o| o == k.key()))
         .collect();
     if kinds.is_empty() {
-        bail!("--only: no such device (raw, raw_xdp, picnic, picnic_xdp, picnic_off, ovs_afxdp, ovs, bridge)");
+        bail!("--only: no such device (raw, raw_xdp, picnic, picnic_xdp, picnic_off, picnic_fast, ovs_afxdp, ovs, bridge)");
     }
     if kinds
         .iter()

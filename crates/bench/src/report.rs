@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::{BenchArgs, LoadPoint, MaxPoint};
 
 /// CPU-per-packet ratios reported at every load: (name, device, reference).
-const RATIOS: [(&str, &str, &str); 7] = [
+const RATIOS: [(&str, &str, &str); 9] = [
     ("picnic/raw", "picnic", "raw"),
     ("picnic/ovs_afxdp", "picnic", "ovs_afxdp"),
     ("picnic/picnic_off", "picnic", "picnic_off"),
@@ -14,6 +14,8 @@ const RATIOS: [(&str, &str, &str); 7] = [
     ("picnic_xdp/ovs_afxdp", "picnic_xdp", "ovs_afxdp"),
     ("picnic/bridge", "picnic", "bridge"),
     ("picnic_xdp/bridge", "picnic_xdp", "bridge"),
+    ("picnic_fast/bridge", "picnic_fast", "bridge"),
+    ("picnic_fast/raw", "picnic_fast", "raw"),
 ];
 
 /// CPU ns per packet of device / reference at one point, where both were measured.

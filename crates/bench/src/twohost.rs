@@ -101,7 +101,7 @@ fn start_host(kind: DutKind, h: &Host, spin: Duration) -> Result<Dut> {
                 raw_forwarder(xdp, spin, devs, stop, tid)
             })
         }
-        DutKind::PicnicOn | DutKind::PicnicOff | DutKind::PicnicXdp => {
+        DutKind::PicnicOn | DutKind::PicnicOff | DutKind::PicnicXdp | DutKind::PicnicFast => {
             let cfg = picnic_host_config(kind, spin, if h.egress { 1 } else { 2 })?;
             spawn_thread(h.ns, move |stop, tid| run_picnic(cfg, stop, tid))
         }
