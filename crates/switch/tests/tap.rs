@@ -114,10 +114,30 @@ fn root_a_tap_created_on_request_is_persistent_up_and_left_for_the_vmm() {
     }
     let ns = Netns::new();
     ns.enter(|| {
-        let port = TapHostPort::open("pnvc0", true, AfPacketOptions::default()).unwrap();
+        let mut port = TapHostPort::open("pnvc0", true, AfPacketOptions::default()).unwrap();
         assert_eq!(tap_state("pnvc0").unwrap(), TapState::Tap { up: true });
         // The queue is free for the VMM while the switch is attached.
-        let vmm = TapPort::open("pnvc0", DATA_CAP).expect("the VMM attaches");
+        let mut vmm = TapPort::open("pnvc0", DATA_CAP).expect("the VMM attaches");
+        let mut pool = FramePool::new(4096);
+        exchange(&mut vmm, &mut port, &mut pool, 100);
+        // The VM stops (its VMM closes the queue): the switch's sends towards it do not fail
+        // the port, and the restarted VMM gets frames again.
+        drop(vmm);
+        let mut frames: Vec<_> = (0..16)
+            .map(|seq| {
+                let mut f = pool.get().unwrap();
+                assert!(f.fill_from(&common::test_frame(seq, 100)));
+                f
+            })
+            .collect();
+        for _ in 0..4 {
+            port.send_batch(&mut frames, &mut pool)
+                .expect("no VMM attached: not a port error");
+        }
+        pool_put_all(&mut pool, &mut frames);
+        let mut vmm = reopen("pnvc0");
+        exchange(&mut port, &mut vmm, &mut pool, 100);
+        exchange(&mut vmm, &mut port, &mut pool, 100);
         drop(vmm);
         drop(port);
         // The switch stopped and the VMM went: the TAP stays, the next VM start attaches.
@@ -126,6 +146,29 @@ fn root_a_tap_created_on_request_is_persistent_up_and_left_for_the_vmm() {
         TapHostPort::open("pnvc0", true, AfPacketOptions::default()).unwrap();
     });
     assert!(exists(&ns, "pnvc0"));
+}
+
+/// Opens the queue of TAP `ifname` as a restarted VMM does. Tests run in parallel threads, and
+/// a process another test forks holds a copy of every descriptor until its exec: the queue
+/// the previous VMM closed can stay attached for that long, so EBUSY is retried for a second.
+fn reopen(ifname: &str) -> TapPort {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    loop {
+        match TapPort::open(ifname, DATA_CAP) {
+            Ok(port) => return port,
+            Err(e) if e.to_string().contains("busy") && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10))
+            }
+            Err(e) => panic!("the VMM attaches again: {e}"),
+        }
+    }
+}
+
+/// Gives frames a send left queued back to the pool.
+fn pool_put_all(pool: &mut FramePool, frames: &mut Vec<picnic_switch::frame::Frame>) {
+    for f in frames.drain(..) {
+        pool.put(f);
+    }
 }
 
 const CONFIG: &str = r#"
@@ -197,7 +240,7 @@ fn create_is_only_for_taps() {
         "port = { ifname = \"pnvt1\", backend = \"tap\" }",
         "port = { ifname = \"pnvt1\", create = true }",
     );
-    let err = Config::parse(&bad).err().expect("create on a veth");
+    let err = Config::parse(&bad).expect_err("create on a veth");
     let msg = format!("{err:#}");
     assert!(msg.contains("vms[0].port.create"), "{msg}");
     let ok = Config::parse(CONFIG).unwrap();
