@@ -48,8 +48,15 @@ for tool in apt-get apt-cache dpkg-deb gzip; do
 done
 
 # The kernel package linux-image-amd64 points at (a metapackage: its one dependency).
-KPKG=$(apt-cache depends linux-image-amd64 2>/dev/null |
-    awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+kernel_pkg() {
+    apt-cache depends linux-image-amd64 2>/dev/null |
+        awk '/Depends: linux-image-[0-9]/ {print $2; exit}'
+}
+KPKG=$(kernel_pkg)
+if [[ -z "$KPKG" && $(id -u) == 0 ]]; then
+    apt-get update -qq
+    KPKG=$(kernel_pkg)
+fi
 [[ -n "$KPKG" ]] || { echo "guest.sh: no linux-image-amd64 in apt's lists (apt-get update?)" >&2; exit 2; }
 
 cd "$DIR/debs"
