@@ -146,7 +146,11 @@ fn start_guest(ns: &Netns, kernel: &Path, initrd: &Path, serial: &Path, kvm: boo
         ])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
+        .stderr(
+            std::fs::File::create(serial.with_extension("qemu-stderr"))
+                .map(Stdio::from)
+                .unwrap_or_else(|_| Stdio::null()),
+        )
         .spawn()
         .expect("spawn qemu-system-x86_64");
     Qemu(child)
@@ -157,6 +161,12 @@ fn console(serial: &Path) -> String {
     std::fs::read(serial)
         .map(|b| String::from_utf8_lossy(&b).into_owned())
         .unwrap_or_default()
+}
+
+/// The console and QEMU's own messages, for a failure.
+fn diagnostics(serial: &Path) -> String {
+    let stderr = std::fs::read_to_string(serial.with_extension("qemu-stderr")).unwrap_or_default();
+    format!("{}\n--- qemu stderr:\n{stderr}", console(serial))
 }
 
 /// Waits until the console shows `what` or `timeout` passes (or QEMU exits).
@@ -273,12 +283,12 @@ fn root_a_qemu_guest_on_a_tap_talks_to_a_container_through_picnic() {
             std::thread::sleep(Duration::from_millis(250));
             stop.store(true, Ordering::Relaxed);
             dataplane.join().unwrap().expect("the switch ran");
-            assert!(done, "the guest did not finish:\n{}", console(&serial));
+            assert!(done, "the guest did not finish:\n{}", diagnostics(&serial));
             shared.latest().expect("a snapshot")
         });
         (server.join().unwrap(), published)
     });
-    let out = console(&serial);
+    let out = diagnostics(&serial);
     let report: Vec<&str> = out.lines().filter(|l| l.contains("PICNIC-")).collect();
     println!(
         "guest ({accel}) done in {:.1} s:\n{}",
