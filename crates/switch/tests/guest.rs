@@ -111,7 +111,7 @@ impl Drop for Qemu {
 fn start_guest(ns: &Netns, kernel: &Path, initrd: &Path, serial: &Path, kvm: bool) -> Qemu {
     let _ = std::fs::remove_file(serial);
     let append = format!(
-        "console=ttyS0 earlyprintk=serial panic=-1 picnic.ip={GUEST_IP}/24 picnic.mtu={MTU} \
+        "console=ttyS0 earlyprintk=serial panic=-1 picnic.ip={GUEST_IP}/24 \
          picnic.peer={CTR_IP} picnic.tcp={CTR_IP}:{TCP_PORT}"
     );
     let machine = if kvm {
@@ -141,8 +141,9 @@ fn start_guest(ns: &Netns, kernel: &Path, initrd: &Path, serial: &Path, kvm: boo
             "-netdev",
             &format!("tap,id=n0,ifname={TAP},script=no,downscript=no,vnet_hdr=on"),
             "-device",
-            // No option ROM: iPXE only slows the boot.
-            &format!("virtio-net-pci,netdev=n0,mac={GUEST_MAC},romfile="),
+            // host_mtu: the guest learns its MTU from the device (VIRTIO_NET_F_MTU). No option
+            // ROM: iPXE only slows the boot.
+            &format!("virtio-net-pci,netdev=n0,mac={GUEST_MAC},host_mtu={MTU},romfile="),
         ])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -306,6 +307,10 @@ fn root_a_qemu_guest_on_a_tap_talks_to_a_container_through_picnic() {
         .unwrap_or_else(|| panic!("no PICNIC-UP line:\n{out}"));
     let bit = |i: usize| features.as_bytes().get(i) == Some(&b'1');
     assert!(bit(0) && bit(11), "guest offloads off: {features}");
+    assert!(
+        out.contains(&format!("mtu={MTU} ")),
+        "the guest took its MTU from host_mtu:\n{out}"
+    );
     assert!(out.contains("PICNIC-PING4 ok"), "ping failed:\n{out}");
     assert!(out.contains("PICNIC-TCP ok"), "TCP failed:\n{out}");
     assert_eq!(echoed, TCP_BYTES, "the container echoed the guest's MiB");
