@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
-for pair in ip:iproute2 tc:iproute2 bridge:iproute2 iperf3:iperf3 sockperf:sockperf memcached:memcached ethtool:ethtool ping:iputils-ping taskset:util-linux clang:clang; do
+for pair in ip:iproute2 tc:iproute2 bridge:iproute2 iperf3:iperf3 sockperf:sockperf memcached:memcached ethtool:ethtool ping:iputils-ping taskset:util-linux clang:clang qemu-system-x86_64:qemu-system-x86 dpkg-deb:dpkg; do
   cmd=${pair%%:*}; pkg=${pair##*:}
   command -v "$cmd" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
@@ -41,3 +41,10 @@ else
 fi
 
 cargo build --release --bin picnic
+
+# The guest the QEMU test boots (crates/switch/tests/guest.rs): Debian's kernel and a busybox
+# initramfs, fetched with apt-get download into /var/cache/picnic/guest (about 72 MB, once).
+# Without it that test skips and says so.
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  bash scripts/guest.sh || echo "setup: the test guest was not built (scripts/guest.sh); the QEMU test skips" >&2
+fi

@@ -108,6 +108,7 @@ fn forwarding_allocates_nothing_per_packet_after_warm_up() {
                 cfg2.vms[1].port = Some(PortEntry {
                     ifname: TENANT_DEV.into(),
                     backend: Default::default(),
+                    create: false,
                     cpus: Vec::new(),
                 });
                 let mut h1 = Engine::new(&cfg1, Instant::from_nanos(0)).unwrap();

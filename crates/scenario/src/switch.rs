@@ -93,8 +93,11 @@ pub fn switch_config(
                 allow_ethertypes: Vec::new(),
                 port: (h.index == host.index).then(|| PortEntry {
                     ifname: vm.host_port.clone(),
+                    // The lab's TAP VMs: the switch holds the queue and the lab moves the
+                    // netdev into the VM's namespace.
+                    create: false,
                     backend: if vm.tap {
-                        Backend::Tap
+                        Backend::TapQueue
                     } else {
                         Backend::default()
                     },

@@ -168,6 +168,7 @@ mod tests {
         vm.port = Some(crate::config::PortEntry {
             ifname: "b1".into(),
             backend: Default::default(),
+            create: false,
             cpus: Vec::new(),
         });
         added.vms.push(vm.clone());

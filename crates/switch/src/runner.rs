@@ -166,6 +166,7 @@ impl Switch {
                 ports.push(open_port(
                     &p.ifname,
                     p.backend,
+                    p.create,
                     &format!("vms[{i}].port.ifname"),
                     vm_max_frame_of(&cfg, &vm.tenant),
                 )?);

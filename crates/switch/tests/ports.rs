@@ -551,7 +551,7 @@ fn tap_port_created_by_name_exchanges_frames_with_the_kernel() {
     let ns = Netns::new();
     ns.enter(|| {
         let mut tap = TapPort::open("pntap0", DATA_CAP).unwrap();
-        assert_eq!((tap.name(), tap.backend()), ("pntap0", Backend::Tap));
+        assert_eq!((tap.name(), tap.backend()), ("pntap0", Backend::TapQueue));
         ns.ip("addr add 198.18.0.1/24 dev pntap0");
         ns.ip("link set pntap0 up");
         ns.ip("neigh add 198.18.0.2 lladdr 02:00:00:00:00:0b dev pntap0 nud permanent");

@@ -17,8 +17,12 @@ pub enum Backend {
     /// AF_XDP socket in copy mode, fed by an XDP redirect program (needs root and an
     /// interface without another XDP program).
     AfXdp,
-    /// A TAP device through /dev/net/tun (VMs: QEMU and Firecracker attach to these).
+    /// The host side of a TAP device a VMM holds (QEMU, libvirt, Firecracker, Cloud
+    /// Hypervisor): an AF_PACKET socket on its netdev, as on a veth.
     Tap,
+    /// A TAP device whose queue the switch holds itself through /dev/net/tun (it is the VM's
+    /// side: the netdev is the tenant's interface, e.g. moved into a container's namespace).
+    TapQueue,
     /// In-process queues fed and drained through a [`crate::port::MemoryPortHandle`] (tests and
     /// benchmarks; never in a config).
     #[serde(skip)]
@@ -33,8 +37,12 @@ impl fmt::Display for Backend {
             }
             Backend::AfXdp => "af_xdp (XDP redirect to an AF_XDP socket per queue, copy mode)",
             Backend::Tap => {
-                "tap (/dev/net/tun IFF_TAP|IFF_NO_PI|IFF_VNET_HDR, readv/writev per frame, \
-                 offloads completed)"
+                "tap (the host side of a VMM's TAP: af_packet on its netdev, vnet_hdr: offloads \
+                 completed)"
+            }
+            Backend::TapQueue => {
+                "tap_queue (the TAP's queue held by the switch: /dev/net/tun \
+                 IFF_TAP|IFF_NO_PI|IFF_VNET_HDR, readv/writev per frame, offloads completed)"
             }
             Backend::Memory => "memory (in-process bounded queues)",
         })

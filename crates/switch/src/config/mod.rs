@@ -497,8 +497,18 @@ fn default_min_mbps() -> u64 {
 #[serde(deny_unknown_fields)]
 pub struct PortEntry {
     pub ifname: String,
+    /// `af_packet` (default: a veth or NIC), `af_xdp`, `tap` (the host side of a TAP a VMM
+    /// holds: QEMU, libvirt, Firecracker, Cloud Hypervisor) or `tap_queue` (a TAP whose queue
+    /// the switch holds, its netdev being the tenant's interface); docs/switch.md "Attaching
+    /// a VM".
     #[serde(default)]
     pub backend: Backend,
+    /// Only with `tap` or `tap_queue`: create the TAP if it is missing (otherwise it must
+    /// exist). With `tap` it is created persistent and up, for a VMM to attach to, and
+    /// outlives the switch; with `tap_queue` the switch owns it and it goes when the switch
+    /// stops. picnic never deletes a TAP that exists when it starts.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub create: bool,
     /// The CPUs of the VM's vCPUs. With the workers pinned one per CPU (`switch.cpus`), the
     /// port is served by a worker on one of them, so the switch's work for the VM runs on the
     /// VM's own cores and not on its neighbours' (as Open vSwitch's `pmd-rxq-affinity`;
@@ -506,6 +516,10 @@ pub struct PortEntry {
     /// no worker on these CPUs: placed by load like any VM.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cpus: Vec<usize>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// Traffic of a VM matching every given field is shaped to `rate_mbps` in its own queue.

@@ -7,7 +7,7 @@ use std::fmt;
 
 use picnic_core::slo::Slo;
 
-use super::{ApiListen, Config, MAX_WORKERS};
+use super::{ApiListen, Backend, Config, MAX_WORKERS};
 
 /// A config that failed validation, naming the field.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -339,6 +339,13 @@ impl Config {
                         return Err(err(
                             f("port.ifname"),
                             format!("'{}' is used by another port", p.ifname),
+                        ));
+                    }
+                    if p.create && !matches!(p.backend, Backend::Tap | Backend::TapQueue) {
+                        return Err(err(
+                            f("port.create"),
+                            "only a TAP is created (backend = \"tap\" or \"tap_queue\"); a \
+                             veth or NIC must exist",
                         ));
                     }
                     if !p.cpus.is_empty() && self.switch.cpus.is_none() {

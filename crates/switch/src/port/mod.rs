@@ -5,7 +5,9 @@
 //! descriptors in a [`WaitSet`], an epoll set kept across waits ([`wait_readable`] is the
 //! one-off `ppoll` form) (Rizzo et al.: spin briefly, then block).
 //! Backends: [`AfPacketPort`] for veths and NICs, [`AfXdpPort`] for the same where XDP is
-//! allowed (faster), [`TapPort`] for TAP devices, [`MemoryPort`] for tests and the simulator.
+//! allowed (faster), [`TapHostPort`] for the host side of a TAP device a VMM holds (AF_PACKET
+//! on its netdev), [`TapPort`] for a TAP whose queue the switch holds itself, [`MemoryPort`]
+//! for tests and the simulator.
 //! [`QueueSet`] reads several queue sockets of one interface as one port (a worker owning
 //! several of the uplink's AF_XDP queues).
 
@@ -15,6 +17,7 @@ mod memory;
 mod queues;
 pub(crate) mod sys;
 mod tap;
+mod taphost;
 mod vnet;
 mod waitset;
 
@@ -23,6 +26,7 @@ pub use afxdp::{AfXdpOptions, AfXdpPort, XdpMode};
 pub use memory::{MemoryPort, MemoryPortHandle};
 pub use queues::QueueSet;
 pub use tap::TapPort;
+pub use taphost::{create_persistent_tap, tap_state, TapHostPort, TapState};
 pub use waitset::WaitSet;
 
 pub use crate::config::Backend;
@@ -251,6 +255,7 @@ mod tests {
         assert!(Backend::AfPacket.to_string().contains("sendmmsg"));
         assert!(Backend::AfXdp.to_string().starts_with("af_xdp"));
         assert!(Backend::Tap.to_string().starts_with("tap"));
+        assert!(Backend::TapQueue.to_string().starts_with("tap_queue"));
         assert!(Backend::Memory.to_string().starts_with("memory"));
     }
 }

@@ -1,12 +1,18 @@
-//! TAP port: how VMs attach (QEMU and Firecracker use TAP; DESIGN.md section 4, "Ports").
-//! Section 7 measured TAP read at 510-690 kpps and write at 370-610 kpps on this kernel.
+//! TAP port holding the device's queue (`backend = "tap_queue"`): the switch is the VM's side
+//! of the TAP, as a VMM is, and the device's netdev is the tenant's interface (the lab moves
+//! it into the tenant's namespace). A VMM's TAP is *not* opened this way: its queue is the
+//! VMM's, and the switch attaches to its netdev instead (`backend = "tap"`, the `taphost`
+//! module). Section 7 of DESIGN.md measured TAP read at 510-690 kpps and write at 370-610 kpps
+//! on this kernel.
 //!
 //! The device is opened through /dev/net/tun with `IFF_TAP | IFF_NO_PI | IFF_VNET_HDR`
 //! (Ethernet frames after a virtio-net header, no packet-info prefix), created if no interface
-//! of that name exists, attached to otherwise (as QEMU does with a pre-created persistent
-//! TAP). A device created here is not persistent: it disappears when the port is dropped. The
-//! port does not configure the link (up/down, addresses, namespace): the lab or the operator
-//! does. One frame per read(2) (readv) and per write(2) (writev).
+//! of that name exists, attached to otherwise (a pre-created persistent TAP; the switch's
+//! config creates one only with `port.create = true`, checked before this is called). A
+//! device created here is not persistent: it disappears when the port is dropped (the switch
+//! owns it); an existing persistent one stays. The port does not configure the link (up/down,
+//! addresses, namespace): the lab or the operator does. One frame per read(2) (readv) and per
+//! write(2) (writev).
 //!
 //! **Offloads**, as QEMU's virtio-net backend sets them: `TUNSETOFFLOAD` with checksum, TSO
 //! (v4, v6, ECN) and, where the kernel has it (6.2+), USO, so the device the VM sees
@@ -152,7 +158,7 @@ impl Port for TapPort {
     }
 
     fn backend(&self) -> Backend {
-        Backend::Tap
+        Backend::TapQueue
     }
 
     fn recv_batch(

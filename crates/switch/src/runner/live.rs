@@ -197,6 +197,7 @@ fn port_specs(old: &Config, cfg: &Config, changes: &[Change]) -> Vec<PortSpec> {
         specs.push(PortSpec {
             ifname: p.ifname.clone(),
             backend: p.backend,
+            create: p.create,
             field: format!("vms[{i}].port.ifname"),
             max_frame: vm_max_frame_of(cfg, &vm.tenant),
         });
@@ -813,6 +814,7 @@ mod tests {
         PortSpec {
             ifname: ifname.into(),
             backend: Backend::AfPacket,
+            create: false,
             field: "vms[0].port.ifname".into(),
             max_frame: 1500,
         }

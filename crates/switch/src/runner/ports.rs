@@ -15,7 +15,8 @@ use crate::ebpf::EarlyDrop;
 use crate::engine::Work;
 use crate::frame::{Frame, FramePool};
 use crate::port::{
-    AfPacketOptions, AfPacketPort, AfXdpOptions, AfXdpPort, Port, QueueSet, TapPort,
+    tap_state, AfPacketOptions, AfPacketPort, AfXdpOptions, AfXdpPort, Port, QueueSet, TapHostPort,
+    TapPort, TapState,
 };
 
 /// The ports as the driver's [`Io`]: each read feeds the adaptive wait of the port's ring.
@@ -71,32 +72,44 @@ impl Io for PortIo<'_> {
 
 /// Opens a port with the backend the config names, with an error that says what to fix.
 /// GSO super-frames read on it are segmented into frames of at most `max_frame` bytes
-/// ([`vm_max_frame`] for VM ports).
+/// ([`vm_max_frame`] for VM ports). `create` (a TAP backend only): create the TAP if missing.
 pub fn open_port(
     ifname: &str,
     backend: Backend,
+    create: bool,
     field: &str,
     max_frame: usize,
 ) -> anyhow::Result<Box<dyn Port>> {
+    let af_packet = AfPacketOptions {
+        max_frame,
+        ..Default::default()
+    };
     let port: Box<dyn Port> = match backend {
         Backend::AfPacket => Box::new(
-            AfPacketPort::open(
-                ifname,
-                AfPacketOptions {
-                    max_frame,
-                    ..Default::default()
-                },
-            )
-            .with_context(|| format!("{field}: cannot open '{ifname}'"))?,
+            AfPacketPort::open(ifname, af_packet)
+                .with_context(|| format!("{field}: cannot open '{ifname}'"))?,
         ),
         Backend::AfXdp => Box::new(
             AfXdpPort::open(ifname, AfXdpOptions::default())
                 .with_context(|| format!("{field}: cannot open '{ifname}' with AF_XDP"))?,
         ),
         Backend::Tap => Box::new(
-            TapPort::open(ifname, max_frame)
-                .with_context(|| format!("{field}: cannot open TAP '{ifname}'"))?,
+            TapHostPort::open(ifname, create, af_packet)
+                .with_context(|| format!("{field}: cannot attach to TAP '{ifname}'"))?,
         ),
+        Backend::TapQueue => {
+            // TUNSETIFF would create a missing device: only when the config asks.
+            if !create && tap_state(ifname).ok() == Some(TapState::Missing) {
+                anyhow::bail!(
+                    "{field}: TAP '{ifname}' not found: create it (ip tuntap add dev {ifname} \
+                     mode tap) or set port.create = true"
+                );
+            }
+            Box::new(
+                TapPort::open(ifname, max_frame)
+                    .with_context(|| format!("{field}: cannot open TAP '{ifname}'"))?,
+            )
+        }
         Backend::Memory => {
             anyhow::bail!("{field}: '{ifname}': memory ports are made in-process, not opened")
         }
@@ -137,6 +150,8 @@ pub(crate) fn tenant_ports(ports: &[Option<Box<dyn Port>>]) -> Vec<(String, u32)
 pub struct PortSpec {
     pub ifname: String,
     pub backend: Backend,
+    /// Create the TAP if missing (`port.create`).
+    pub create: bool,
     pub field: String,
     pub max_frame: usize,
 }
@@ -148,7 +163,9 @@ pub type PortOpener =
 
 /// The opener of real ports.
 pub(super) fn real_opener() -> PortOpener {
-    std::sync::Arc::new(|s: &PortSpec| open_port(&s.ifname, s.backend, &s.field, s.max_frame))
+    std::sync::Arc::new(|s: &PortSpec| {
+        open_port(&s.ifname, s.backend, s.create, &s.field, s.max_frame)
+    })
 }
 
 /// The uplink's ports (one per worker where the backend allows it) and, for AF_XDP, the
@@ -222,7 +239,7 @@ fn open_uplinks_with(cfg: &Config, backend: Backend, workers: usize) -> anyhow::
             let group = (std::process::id() & 0xffff) as u16;
             let mut sockets = Vec::with_capacity(workers);
             for _ in 0..workers {
-                let port = open_port(ifname, backend, "uplink.ifname", cfg.uplink.mtu + 14)?;
+                let port = open_port(ifname, backend, false, "uplink.ifname", cfg.uplink.mtu + 14)?;
                 let fd = port.raw_fd().expect("an AF_PACKET port has a descriptor");
                 crate::port::join_fanout(fd, group)
                     .with_context(|| format!("uplink.ifname: PACKET_FANOUT on '{ifname}'"))?;
@@ -234,6 +251,7 @@ fn open_uplinks_with(cfg: &Config, backend: Backend, workers: usize) -> anyhow::
             vec![open_port(
                 ifname,
                 backend,
+                false,
                 "uplink.ifname",
                 cfg.uplink.mtu + 14,
             )?],
