@@ -71,7 +71,10 @@ impl FastPathLink {
             .map(|h| h.mac.0)
             .unwrap_or_default();
         for (slot, port) in ports.iter().enumerate() {
-            let port = port.as_ref().filter(|p| p.backend() == Backend::AfPacket);
+            // AF_PACKET sockets: on a veth or NIC, or on the host side of a VMM's TAP.
+            let port = port
+                .as_ref()
+                .filter(|p| matches!(p.backend(), Backend::AfPacket | Backend::Tap));
             let vm = dir.port_vm.get(slot).copied().flatten();
             match (port, self.registered[slot]) {
                 (Some(p), None) => {
