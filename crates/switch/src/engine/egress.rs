@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use etherparse::ArpOperation;
+use etherparse::{ArpOperation, IpNumber};
 
 use std::sync::Arc;
 
@@ -17,6 +17,7 @@ use picnic_core::wfq::{Cap, CostKind};
 use picnic_core::{Instant, Rate};
 use picnic_wire::classify::{classify, FrameSummary, Network};
 use picnic_wire::ecn::mark_ce;
+use picnic_wire::ndp;
 use picnic_wire::overlay::{entropy_source_port, ENCAP_OVERHEAD};
 
 use super::antispoof;
@@ -449,6 +450,16 @@ impl Engine {
                 (ArpOperation::REQUEST, Some(w)) => self.answer_arp(frame, port, pool, &arp, w),
                 _ => self.drop_frame(now, pool, frame, Some(vm), DropReason::UnknownDestination),
             };
+        }
+        if let Network::Ipv6 { protocol, .. } = summary.network {
+            // Neighbour discovery, answered as ARP is; unicast solicitations (reachability
+            // checks) are forwarded to their VM like any frame.
+            let solicitation = (protocol == IpNumber::IPV6_ICMP && summary.dst_mac[0] & 1 == 1)
+                .then(|| ndp::neighbor_solicitation(frame.data()))
+                .flatten();
+            if let Some(ns) = solicitation {
+                return self.answer_neighbor_solicitation(now, frame, vm, port, pool, &ns);
+            }
         }
         let dst_mac = Mac(summary.dst_mac);
         let Some(w) = self.dir.vm_by_mac(tenant, dst_mac) else {
