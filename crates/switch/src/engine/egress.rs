@@ -425,7 +425,6 @@ impl Engine {
         c.tx_packets += 1;
         c.tx_bytes += frame.len() as u64;
         let tenant = self.dir.vms[vm].tenant;
-        self.slo.offered(now, tenant, frame.len() as u64);
         // Packets/s limit (PicNIC: capacity is packets as well as bytes): the port is not
         // read while the bucket is in debt, so the excess waits in the VM's own ring.
         if let Some(pps) = self.pps_out[vm].as_mut() {
@@ -470,6 +469,9 @@ impl Engine {
             };
             return self.drop_frame(now, pool, frame, Some(vm), reason);
         };
+        // Offered to the SLO once the switch is to carry it (policy drops are not the
+        // tenant's demand).
+        self.slo.offered(now, tenant, frame.len() as u64);
         if self.dir.vms[w].port.is_some() {
             // Same host: straight to the destination's ingress queue and scheduler.
             return self.to_local_vm(now, w, frame, None, pool);
