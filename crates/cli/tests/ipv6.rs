@@ -152,6 +152,7 @@ fn vms_of_one_tenant_talk_ping6_and_tcp_and_another_tenant_cannot_resolve_them()
     let dir = std::env::temp_dir().join(format!("picnic-ipv6-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
+    let _cleanup = RemoveOnDrop(dir.clone());
     let cfg = dir.join("host1.toml");
     std::fs::write(&cfg, config(&dir)).unwrap();
     let sock = dir.join("api.sock");
@@ -285,5 +286,12 @@ fn vms_of_one_tenant_talk_ping6_and_tcp_and_another_tenant_cannot_resolve_them()
     drop(switch);
     drop((a1, a2, b1));
     drop(sw);
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Removes the test's directory when the test ends, failed or not.
+struct RemoveOnDrop(std::path::PathBuf);
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
