@@ -13,7 +13,8 @@ pub struct SwitchArgs {
     /// The host's TOML config (see docs/switch.md and examples/host1.toml).
     #[arg(long, short)]
     pub config: PathBuf,
-    /// Only validate the config and exit.
+    /// Only validate the config, and the files, directories and cgroups it names, and exit
+    /// (no device is opened).
     #[arg(long)]
     pub check: bool,
 }
@@ -24,6 +25,10 @@ pub fn run(args: SwitchArgs) -> anyhow::Result<()> {
     if let Some(state) = cfg.switch.state_file.clone() {
         cfg = persist::restore(cfg, &state)?;
     }
+    // The files and directories it will use, named by field as validation names them: the
+    // same check runs before a start, so what passes --check does not fail there instead.
+    cfg.check_files()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
     if args.check {
         println!(
             "{}: ok ({} tenants, {} VMs, {} hosts)",

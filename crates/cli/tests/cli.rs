@@ -144,3 +144,148 @@ fn scenario_errors_name_the_field() {
         println!("{field}: {}", stderr.trim());
     }
 }
+
+#[test]
+fn duplicate_names_and_ids_are_refused_by_check() {
+    let cases = [
+        (
+            edit(EXAMPLE, "name = \"red1\"", "name = \"blue1\""),
+            "vms[1].name",
+            "duplicate VM name 'blue1'",
+        ),
+        (
+            edit(EXAMPLE, "id = 2\ntenant", "id = 1\ntenant"),
+            "vms[1].id",
+            "duplicate VM id 1",
+        ),
+        (
+            edit(EXAMPLE, "name = \"red\"", "name = \"blue\""),
+            "tenants[1].name",
+            "duplicate tenant 'blue'",
+        ),
+        (
+            edit(EXAMPLE, "vni = 200", "vni = 100"),
+            "tenants[1].vni",
+            "duplicate VNI 100",
+        ),
+    ];
+    for (i, (text, field, problem)) in cases.iter().enumerate() {
+        let (code, _, stderr) = check_switch(&format!("dup{i}.toml"), text);
+        assert_eq!(code, Some(2), "case {field}: {stderr}");
+        assert!(
+            stderr.contains(&format!("config field `{field}`: {problem}")),
+            "{stderr}"
+        );
+    }
+}
+
+/// A directory of its own in the temp directory for one test's files.
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("picnic-cli-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn check_reads_the_files_the_switch_would_read() {
+    let dir = temp_dir("files");
+    let file = |name: &str, bytes: &[u8]| {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        path.display().to_string()
+    };
+    let missing = dir.join("missing").display().to_string();
+    let token = file("token", b"0123456789abcdef0123\n");
+    let short_token = file("short-token", b"0123456789abcde\n"); // 15 bytes and a newline
+    let key = file("feedback.key", &[b'k'; 32]);
+    let short_key = file("short.key", &[b'k'; 31]);
+    let tenant_key = file("blue.key", b"00112233445566778899aabbccddeeff\n");
+    let bad_tenant_key = file("bad.key", b"not hex at all\n");
+    let program = file(
+        "prog.wat",
+        include_bytes!("../../../examples/offload/acl.wat"),
+    );
+    let bad_program = file("bad.wat", b"(module (func $nope");
+    let cgroup = dir.join("cgroup");
+    std::fs::create_dir_all(&cgroup).unwrap();
+    std::fs::write(cgroup.join("cpu.max"), "max 100000\n").unwrap();
+    let not_a_cgroup = dir.display().to_string();
+    let cgroup = cgroup.display().to_string();
+    let state = dir.join("state.json").display().to_string();
+    let state_elsewhere = dir.join("nowhere/state.json").display().to_string();
+
+    let switch = |lines: &str| edit(EXAMPLE, "spin_us = 50", &format!("spin_us = 50\n{lines}"));
+    let blue = |lines: &str| edit(EXAMPLE, "vni = 100", &format!("vni = 100\n{lines}"));
+    let tcp = |file: &str| {
+        switch(&format!("api_token_file = \"{file}\"\n")).replacen(
+            "api = \"/run/picnic/host1.sock\"",
+            "api = \"tcp:127.0.0.1:9101\"",
+            1,
+        )
+    };
+    let feedback = |file: &str| switch(&format!("feedback_key_file = \"{file}\""));
+    let state_file = |file: &str| switch(&format!("state_file = \"{file}\""));
+    let key_file = |file: &str| blue(&format!("encrypt = true\nkey_file = \"{file}\""));
+    let offload = |file: &str| blue(&format!("offload = {{ program = \"{file}\" }}"));
+    let cgroup_at = |dir: &str| blue(&format!("cpu_quota = 0.5\ncgroup = \"{dir}\""));
+
+    let good = [
+        tcp(&token),
+        feedback(&key),
+        state_file(&state),
+        key_file(&tenant_key),
+        offload(&program),
+        cgroup_at(&cgroup),
+    ];
+    for (i, text) in good.iter().enumerate() {
+        let (code, _, stderr) = check_switch(&format!("files-ok{i}.toml"), text);
+        assert_eq!(code, Some(0), "case {i}: {stderr}\n{text}");
+    }
+    let bad = [
+        (tcp(&missing), "switch.api_token_file", "cannot read"),
+        (
+            tcp(&short_token),
+            "switch.api_token_file",
+            "has 15 bytes; at least 16",
+        ),
+        (
+            feedback(&missing),
+            "switch.feedback_key_file",
+            "cannot read",
+        ),
+        (
+            feedback(&short_key),
+            "switch.feedback_key_file",
+            "has 31 bytes; at least 32",
+        ),
+        (
+            state_file(&state_elsewhere),
+            "switch.state_file",
+            "does not exist",
+        ),
+        (key_file(&missing), "tenants[0].key_file", "cannot read"),
+        (key_file(&bad_tenant_key), "tenants[0].key_file", "bad.key"),
+        (offload(&missing), "tenants[0].offload.program", "missing"),
+        (
+            offload(&bad_program),
+            "tenants[0].offload.program",
+            "bad.wat",
+        ),
+        (cgroup_at(&missing), "tenants[0].cgroup", "not a directory"),
+        (
+            cgroup_at(&not_a_cgroup),
+            "tenants[0].cgroup",
+            "cpu controller",
+        ),
+    ];
+    for (i, (text, field, problem)) in bad.iter().enumerate() {
+        let (code, _, stderr) = check_switch(&format!("files-bad{i}.toml"), text);
+        assert_eq!(code, Some(2), "case {field}: {stderr}");
+        assert!(
+            stderr.contains(&format!("config field `{field}`: ")) && stderr.contains(problem),
+            "case {i}: the error should name `{field}` and say {problem:?}: {stderr}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -364,6 +364,8 @@ pub struct SwitchCounters {
     /// Feedback refused before it was applied, by reason (see `engine::feedback`).
     pub feedback_rejected: FeedbackRejects,
     pub arp_replies: u64,
+    /// Neighbor Advertisements the switch sent answering its VMs' solicitations.
+    pub nd_replies: u64,
     /// Frames marked ECN CE by a filling limiter queue.
     pub ecn_marked: u64,
     pub drops: Drops,
@@ -394,6 +396,7 @@ impl SwitchCounters {
         r.replayed += q.replayed;
         r.out_of_range += q.out_of_range;
         self.arp_replies += o.arp_replies;
+        self.nd_replies += o.nd_replies;
         self.ecn_marked += o.ecn_marked;
         self.drops.add_all(&o.drops);
         self.cpu_ns += o.cpu_ns;

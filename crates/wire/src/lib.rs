@@ -9,6 +9,8 @@
 //! - [`offload`]: a VM's transmit offloads finished in software: the virtio-net header,
 //!   partial checksum completion and TSO/USO segmentation.
 //! - [`mod@classify`]: the cheap classification of a tenant frame done before scheduling.
+//! - [`ndp`]: IPv6 Neighbor Solicitations parsed and the Neighbor Advertisements answering
+//!   them written (the switch answers neighbour discovery as it answers ARP).
 //!
 //! Ethernet, IPv4, IPv6, UDP, TCP and ARP come from [`etherparse`], re-exported so users
 //! share its version.
@@ -18,6 +20,7 @@ pub mod ecn;
 pub mod error;
 pub mod feedback;
 pub mod geneve;
+pub mod ndp;
 pub mod offload;
 pub mod overlay;
 pub mod seal;

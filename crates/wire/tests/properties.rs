@@ -87,6 +87,9 @@ fn parse_everything(bytes: &[u8]) {
         }
     }
     let _ = FeedbackOption::parse(bytes);
+    if let Some(ns) = picnic_wire::ndp::neighbor_solicitation(bytes) {
+        assert!(!ns.target.is_multicast());
+    }
     if let Ok(d) = decap(bytes) {
         // The inner frame is a slice of the received one.
         let start = d.inner.as_ptr() as usize - bytes.as_ptr() as usize;
@@ -245,6 +248,34 @@ proptest! {
         cut in any::<prop::sample::Index>(),
     ) {
         let mut frame = tenant_frame(inner_len, tcp, (1, 2));
+        for (index, xor) in flips {
+            let i = index.index(frame.len());
+            frame[i] ^= xor;
+        }
+        parse_everything(&frame);
+        parse_everything(&frame[..cut.index(frame.len() + 1)]);
+    }
+
+    #[test]
+    fn mutated_neighbor_solicitations_never_panic(
+        target in any::<[u8; 16]>(),
+        options in proptest::collection::vec(any::<u8>(), 0..24),
+        flips in proptest::collection::vec((any::<prop::sample::Index>(), 1u8..=255), 0..4),
+        cut in any::<prop::sample::Index>(),
+    ) {
+        let target = std::net::Ipv6Addr::from(target);
+        let mut body = target.octets().to_vec();
+        body.extend_from_slice(&options);
+        let mut frame = Vec::new();
+        PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [0x33, 0x33, 0xff, 0, 0, 1])
+            .ipv6([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1], picnic_wire::ndp::solicited_node(target).octets(), 255)
+            .icmpv6(picnic_wire::etherparse::Icmpv6Type::Unknown { type_u8: 135, code_u8: 0, bytes5to8: [0; 4] })
+            .write(&mut frame, &body)
+            .unwrap();
+        if flips.is_empty() && options.is_empty() && !target.is_multicast() {
+            // Unmutated and without options: valid.
+            prop_assert_eq!(picnic_wire::ndp::neighbor_solicitation(&frame).map(|n| n.target), Some(target));
+        }
         for (index, xor) in flips {
             let i = index.index(frame.len());
             frame[i] ^= xor;

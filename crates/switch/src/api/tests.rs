@@ -32,9 +32,11 @@ fn udp(src: ([u8; 6], [u8; 4]), dst: ([u8; 6], [u8; 4])) -> Vec<u8> {
 }
 
 /// The shipped example (blue and red hold SLOs) after 300 ms in which blue1 sent only
-/// spoofed frames and red1 a steady flow to red2.
+/// spoofed frames (policy drops, not its loss) and was sent twice its `max_pps` of 1000 by
+/// blue2 (its loss), and red1 sent a steady flow to red2.
 fn shared() -> Shared {
-    let cfg = Config::parse(include_str!("../../../../examples/host1.toml")).unwrap();
+    let mut cfg = Config::parse(include_str!("../../../../examples/host1.toml")).unwrap();
+    cfg.vms[0].max_pps = Some(1_000);
     let mut engine = Engine::new(&cfg, Instant::ZERO).unwrap();
     let mut pool = FramePool::new(1024);
     let blue1 = ([2, 0, 0, 0, 0, 1], [198, 18, 0, 1]);
@@ -44,16 +46,44 @@ fn shared() -> Shared {
         ([2, 0, 0, 0, 0, 3], [198, 18, 0, 3]),
     );
     let to_red2 = udp(red1, ([2, 0, 0, 0, 0, 4], [198, 18, 0, 4]));
+    let blue2 = ([2, 0, 0, 0, 0, 3], [198, 18, 0, 3]);
+    let outer = picnic_wire::OuterHeaders {
+        src_mac: [2, 0, 0, 0, 1, 2],
+        dst_mac: [2, 0, 0, 0, 1, 1],
+        src_ip: [198, 19, 0, 2].into(),
+        dst_ip: [198, 19, 0, 1].into(),
+        src_port: 50000,
+        ttl: 64,
+    };
+    let inner = udp(blue2, blue1);
+    let mut to_blue1 = vec![0u8; inner.len() + picnic_wire::ENCAP_OVERHEAD];
+    let len = picnic_wire::encap(
+        &outer,
+        &picnic_wire::GeneveRepr::ethernet(100),
+        &inner,
+        &mut to_blue1,
+    )
+    .unwrap();
+    to_blue1.truncate(len);
+    let uplink = crate::directory::UPLINK;
     for ms in 0..300 {
         let now = Instant::ZERO + Duration::from_millis(ms);
-        for (port, bytes) in [(1, &spoofed), (2, &to_red2)] {
+        let frames = [
+            (1, &spoofed),
+            (2, &to_red2),
+            (uplink, &to_blue1),
+            (uplink, &to_blue1),
+        ];
+        for (port, bytes) in frames {
             let mut f = pool.get().unwrap();
             assert!(f.fill_from(bytes));
             engine.on_frames(now, port, &mut vec![f], &mut pool);
         }
         engine.poll(now, 64, &mut NoWork, &mut pool);
-        for f in engine.tx_queue(0).drain(..) {
-            pool.put(f);
+        for port in [0, 1] {
+            for f in engine.tx_queue(port).drain(..) {
+                pool.put(f);
+            }
         }
     }
     let now = Instant::ZERO + Duration::from_millis(300);
@@ -118,8 +148,17 @@ fn get_slo_shows_each_tenants_state_violations_and_why() {
         serde_json::Value::Null
     );
     assert_eq!(blue["violations_total"]["loss"], 1);
+    // The spoofed frames are in the breakdown, not in the loss; the frames over blue1's
+    // packet rate are both.
     assert_eq!(blue["why"]["drops"]["spoofed"], 300);
-    assert_eq!(blue["totals"]["lost_packets"], 300);
+    // 600 frames in 300 ms at 1000/s: 300 and the bucket's burst pass, the rest is dropped.
+    let over_rate = blue["why"]["drops"]["pps_limit"].as_u64().unwrap();
+    assert!((200..=260).contains(&over_rate), "{over_rate}");
+    assert_eq!(blue["totals"]["lost_packets"], over_rate);
+    assert_eq!(
+        blue["totals"]["delivered_packets"].as_u64().unwrap() + over_rate,
+        600
+    );
     assert_eq!(blue["slo"]["latency_percentile"], 99.9);
     let red = &v["tenants"][1];
     assert_eq!(

@@ -2,6 +2,7 @@
 //! and which isolation mechanisms are on. Validation names the offending field.
 
 mod backend;
+mod files;
 mod mac;
 #[cfg(test)]
 pub(crate) mod tests;

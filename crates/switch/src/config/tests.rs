@@ -203,3 +203,163 @@ fn a_tenant_slo_parses_and_a_bad_one_is_named() {
     });
     assert_eq!(c.validate().unwrap_err().field, "tenants[0].slo.max_loss");
 }
+
+#[test]
+fn duplicate_vm_names_and_ipv6_addresses_are_refused() {
+    let mut c = Config::parse(EXAMPLE).unwrap();
+    c.vms[1].name = "a1".into();
+    let e = c.validate().unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "config field `vms[1].name`: duplicate VM name 'a1'"
+    );
+    // An IPv6 address of two VMs of one tenant: configured twice, or a2 claiming a1's
+    // link-local address.
+    let v6: Ipv6Addr = "2001:db8::1".parse().unwrap();
+    let mut c = Config::parse(EXAMPLE).unwrap();
+    c.vms[0].ipv6 = vec![v6];
+    c.vms[1].ipv6 = vec![v6];
+    let e = c.validate().unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "config field `vms[1].ipv6`: 2001:db8::1 is also VM 'a1''s address in tenant 'a'"
+    );
+    c.vms[1].ipv6 = vec![c.vms[0].mac.link_local()];
+    assert_eq!(c.validate().unwrap_err().field, "vms[1].ipv6");
+    // A VM listing its own link-local address is fine; so is the same address in another
+    // tenant.
+    c.vms[1].ipv6 = vec![c.vms[1].mac.link_local()];
+    c.validate().unwrap();
+    let mut other = c.tenants[0].clone();
+    other.name = "b".into();
+    other.vni = 200;
+    c.tenants.push(other);
+    c.vms[1].tenant = "b".into();
+    c.vms[1].ipv6 = vec![v6];
+    c.validate().unwrap();
+}
+
+/// A directory of its own for one test's files.
+fn temp_dir(name: &str) -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("picnic-config-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn check_files_names_the_field_of_a_file_that_would_fail_at_start() {
+    let dir = temp_dir("files");
+    let write = |name: &str, bytes: &[u8]| {
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p
+    };
+    let c = Config::parse(EXAMPLE).unwrap();
+    c.check_files().unwrap();
+    let check = |edit: &dyn Fn(&mut Config)| {
+        let mut c = c.clone();
+        edit(&mut c);
+        c.validate().unwrap();
+        c.check_files()
+    };
+    // The token: at least 16 bytes once the trailing newline is gone.
+    let token = write("token", b"0123456789abcdef\n");
+    let short = write("short", b"0123456789abcde\r\n");
+    assert_eq!(
+        check(&|c| c.switch.api_token_file = Some(token.clone())),
+        Ok(())
+    );
+    let e = check(&|c| c.switch.api_token_file = Some(short.clone())).unwrap_err();
+    assert_eq!(e.field, "switch.api_token_file");
+    assert!(
+        e.problem
+            .ends_with("the bearer token has 15 bytes; at least 16 are needed"),
+        "{e}"
+    );
+    let e = check(&|c| c.switch.api_token_file = Some(dir.join("none"))).unwrap_err();
+    assert_eq!(e.field, "switch.api_token_file");
+    assert!(e.problem.starts_with("cannot read"), "{e}");
+    // The feedback key: 32 bytes.
+    let key = write("fb", &[7; 32]);
+    assert_eq!(
+        check(&|c| c.switch.feedback_key_file = Some(key.clone())),
+        Ok(())
+    );
+    let e = check(&|c| c.switch.feedback_key_file = Some(short.clone())).unwrap_err();
+    assert_eq!(e.field, "switch.feedback_key_file");
+    // The state file: its directory must exist (the file itself need not).
+    let state = dir.join("state.json");
+    assert_eq!(
+        check(&|c| c.switch.state_file = Some(state.clone())),
+        Ok(())
+    );
+    let e = check(&|c| c.switch.state_file = Some(dir.join("no/state.json"))).unwrap_err();
+    assert_eq!(e.field, "switch.state_file");
+    let e = check(&|c| c.switch.state_file = Some(dir.clone())).unwrap_err();
+    assert_eq!(e.field, "switch.state_file");
+    // A tenant's key file must hold a key.
+    let tenant_key = write("t.key", b"00112233445566778899aabbccddeeff\n");
+    let with_key = |path: PathBuf| {
+        move |c: &mut Config| {
+            c.tenants[0].encrypt = true;
+            c.tenants[0].key_file = Some(path.clone());
+        }
+    };
+    assert_eq!(check(&with_key(tenant_key)), Ok(()));
+    let e = check(&with_key(token.clone())).unwrap_err();
+    assert_eq!(e.field, "tenants[0].key_file");
+    // An offload program must load, from a file or inline.
+    let good = "(module (func (export \"egress\") (param i32) (result i32) i32.const 0))";
+    let program = write("p.wat", good.as_bytes());
+    let bad = write("bad.wat", b"(module (func");
+    let with_program = |program: Option<PathBuf>, wat: Option<&str>| {
+        let wat = wat.map(String::from);
+        move |c: &mut Config| {
+            c.tenants[0].offload = Some(crate::offload::OffloadEntry {
+                program: program.clone(),
+                wat: wat.clone(),
+                ..toml::from_str("wat = \"\"").unwrap()
+            });
+        }
+    };
+    assert_eq!(check(&with_program(Some(program), None)), Ok(()));
+    assert_eq!(check(&with_program(None, Some(good))), Ok(()));
+    let e = check(&with_program(Some(bad), None)).unwrap_err();
+    assert_eq!(e.field, "tenants[0].offload.program");
+    let e = check(&with_program(Some(dir.join("none.wat")), None)).unwrap_err();
+    assert_eq!(e.field, "tenants[0].offload.program");
+    let e = check(&with_program(None, Some("(module"))).unwrap_err();
+    assert_eq!(e.field, "tenants[0].offload.wat");
+    // A cgroup must be a directory with the cpu controller's quota file.
+    let group = dir.join("group");
+    std::fs::create_dir_all(&group).unwrap();
+    let with_cgroup = |path: PathBuf| {
+        move |c: &mut Config| {
+            c.tenants[0].cpu_quota = Some(0.5);
+            c.tenants[0].cgroup = Some(path.clone());
+        }
+    };
+    let e = check(&with_cgroup(group.clone())).unwrap_err();
+    assert_eq!(e.field, "tenants[0].cgroup");
+    assert!(e.problem.contains("cpu controller"), "{e}");
+    std::fs::write(group.join("cpu.max"), "max 100000\n").unwrap();
+    assert_eq!(check(&with_cgroup(group.clone())), Ok(()));
+    let e = check(&with_cgroup(dir.join("none"))).unwrap_err();
+    assert_eq!(
+        (
+            e.field.as_str(),
+            e.problem
+                .ends_with("is not a directory (create the cgroup first)")
+        ),
+        ("tenants[0].cgroup", true)
+    );
+    // Without CPU accounting the cgroup is not used, so not checked.
+    let e = check(&|c| {
+        with_cgroup(dir.join("none"))(c);
+        c.isolation.cpu_accounting = false;
+    });
+    assert_eq!(e, Ok(()));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -2,7 +2,7 @@
 //! the field at fault (`vms[3].max_mbps`), so a file, the API and code-built configs are
 //! refused the same way.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 use picnic_core::slo::Slo;
@@ -286,8 +286,13 @@ impl Config {
         let mut ids = HashSet::new();
         let mut macs = HashSet::new();
         let mut ifnames = HashSet::new();
+        let mut names = HashSet::new();
+        let mut ipv6 = HashMap::new();
         for (i, v) in self.vms.iter().enumerate() {
             let f = |name: &str| format!("vms[{i}].{name}");
+            if !names.insert(v.name.as_str()) {
+                return Err(err(f("name"), format!("duplicate VM name '{}'", v.name)));
+            }
             if !tenants.contains(v.tenant.as_str()) {
                 return Err(err(f("tenant"), format!("unknown tenant '{}'", v.tenant)));
             }
@@ -379,6 +384,22 @@ impl Config {
                 .find(|a| a.is_multicast() || a.is_unspecified())
             {
                 return Err(err(f("ipv6"), format!("{a} is not a unicast address")));
+            }
+            // Every IPv6 address (configured or link-local) names one VM of its tenant: the
+            // switch answers neighbour solicitations for it from the directory.
+            for a in std::iter::once(v.mac.link_local()).chain(v.ipv6.iter().copied()) {
+                match ipv6.insert((v.tenant.as_str(), a), i) {
+                    Some(j) if j != i => {
+                        return Err(err(
+                            f("ipv6"),
+                            format!(
+                                "{a} is also VM '{}''s address in tenant '{}'",
+                                self.vms[j].name, v.tenant
+                            ),
+                        ))
+                    }
+                    _ => {}
+                }
             }
             for (j, s) in v.shaped.iter().enumerate() {
                 if !(s.rate_mbps > 0.0 && s.rate_mbps <= MAX_MBPS as f64) {

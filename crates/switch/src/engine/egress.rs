@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use etherparse::ArpOperation;
+use etherparse::{ArpOperation, IpNumber};
 
 use std::sync::Arc;
 
@@ -17,6 +17,7 @@ use picnic_core::wfq::{Cap, CostKind};
 use picnic_core::{Instant, Rate};
 use picnic_wire::classify::{classify, FrameSummary, Network};
 use picnic_wire::ecn::mark_ce;
+use picnic_wire::ndp;
 use picnic_wire::overlay::{entropy_source_port, ENCAP_OVERHEAD};
 
 use super::antispoof;
@@ -424,7 +425,6 @@ impl Engine {
         c.tx_packets += 1;
         c.tx_bytes += frame.len() as u64;
         let tenant = self.dir.vms[vm].tenant;
-        self.slo.offered(now, tenant, frame.len() as u64);
         // Packets/s limit (PicNIC: capacity is packets as well as bytes): the port is not
         // read while the bucket is in debt, so the excess waits in the VM's own ring.
         if let Some(pps) = self.pps_out[vm].as_mut() {
@@ -450,6 +450,16 @@ impl Engine {
                 _ => self.drop_frame(now, pool, frame, Some(vm), DropReason::UnknownDestination),
             };
         }
+        if let Network::Ipv6 { protocol, .. } = summary.network {
+            // Neighbour discovery, answered as ARP is; unicast solicitations (reachability
+            // checks) are forwarded to their VM like any frame.
+            let solicitation = (protocol == IpNumber::IPV6_ICMP && summary.dst_mac[0] & 1 == 1)
+                .then(|| ndp::neighbor_solicitation(frame.data()))
+                .flatten();
+            if let Some(ns) = solicitation {
+                return self.answer_neighbor_solicitation(now, frame, vm, port, pool, &ns);
+            }
+        }
         let dst_mac = Mac(summary.dst_mac);
         let Some(w) = self.dir.vm_by_mac(tenant, dst_mac) else {
             let reason = if dst_mac.is_multicast() {
@@ -459,6 +469,9 @@ impl Engine {
             };
             return self.drop_frame(now, pool, frame, Some(vm), reason);
         };
+        // Offered to the SLO once the switch is to carry it (policy drops are not the
+        // tenant's demand).
+        self.slo.offered(now, tenant, frame.len() as u64);
         if self.dir.vms[w].port.is_some() {
             // Same host: straight to the destination's ingress queue and scheduler.
             return self.to_local_vm(now, w, frame, None, pool);

@@ -426,7 +426,7 @@ impl Engine {
         match vm {
             Some(v) => {
                 self.vm_counters[v].drops.add(reason);
-                self.slo.lost(now, self.dir.vms[v].tenant);
+                self.slo.lost(now, self.dir.vms[v].tenant, reason);
             }
             None => self.counters.drops.add(reason),
         }

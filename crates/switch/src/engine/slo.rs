@@ -3,8 +3,9 @@
 //! per frame only counters and preallocated histograms are touched, nothing is allocated).
 //!
 //! What the monitor sees of a tenant on this host:
-//! - offered: the bytes of each of its frames when it enters the switch, from one of its VMs'
-//!   ports or, for one of its local VMs, from the uplink (inner frame bytes both ways);
+//! - offered: the bytes of each of its frames the switch is to carry, from one of its VMs'
+//!   ports once classified, checked and its destination found, or, for one of its local VMs,
+//!   from the uplink (inner frame bytes both ways);
 //! - delivered: each frame handed to a port for transmit, to a local VM or encapsulated to
 //!   the uplink, with its latency through the switch: from entering it to that hand-off
 //!   (ingress queueing and processing for frames to local VMs; egress queueing, shaping or
@@ -14,15 +15,17 @@
 //!   the tenant sends beyond it (a TCP flow fills its bottleneck's queue wherever that is),
 //!   and that wait is the tenant's own demand, not a broken guarantee. It is counted in
 //!   [`Why`] (`held_beyond_guarantee`);
-//! - lost: each of its frames the switch drops, whatever the [`DropReason`]: the loss the
-//!   tenant sees. Whose doing it was (its own `max_pps`, spoofing, a full queue) is in the
-//!   per-tenant breakdown [`Why`], beside where its late frames waited.
+//! - lost: each of its frames the switch should have carried and dropped ([`is_loss`]: a
+//!   full queue, a limiter or budget, no buffer). Policy drops of frames it must not carry
+//!   (malformed, spoofed, unknown destination, multicast it does not forward, ...) are neither
+//!   lost nor offered: an idle tenant whose kernel sends MLD reports and router solicitations
+//!   is not in violation. Every drop, whose doing it was (its own `max_pps`, spoofing, a full
+//!   queue), is in the per-tenant breakdown [`Why`], beside where its late frames waited.
 //!
 //! Frames a backpressured or throttled port leaves in the VM's own ring have not entered the
-//! switch: they are neither offered nor lost here. ARP requests the switch answers itself are
-//! offered and neither delivered nor lost (the reply is the switch's own frame).
-//!
-//! [`DropReason`]: crate::stats::DropReason
+//! switch: they are neither offered nor lost here. ARP requests and Neighbor Solicitations the
+//! switch answers itself are neither offered, delivered nor lost (the reply is the switch's own
+//! frame).
 
 use std::collections::BTreeMap;
 
@@ -34,7 +37,30 @@ use serde::Serialize;
 
 use super::Engine;
 use crate::directory::TenantIdx;
-use crate::stats::Drops;
+use crate::stats::{DropReason, Drops};
+
+/// Whether a drop for `reason` is a loss of the tenant's: the switch lost a frame it should
+/// have carried (a full queue, a limiter, a CPU, packet-rate or offload budget, no buffer, a
+/// busy engine, a live change). Policy drops of frames the switch must not carry are not:
+/// malformed, spoofed, unknown destination, VNI or host, not overlay, multicast it does not
+/// forward, too big for the underlay, failed authentication or unsealed, and frames the
+/// tenant's own offload program chose to drop.
+pub fn is_loss(reason: DropReason) -> bool {
+    !matches!(
+        reason,
+        DropReason::Malformed
+            | DropReason::Spoofed
+            | DropReason::UnknownDestination
+            | DropReason::UnknownVni
+            | DropReason::Multicast
+            | DropReason::NotOverlay
+            | DropReason::UnknownHost
+            | DropReason::TooBig
+            | DropReason::AuthFailed
+            | DropReason::Unsealed
+            | DropReason::OffloadDrop
+    )
+}
 
 /// Length of a conformance window (DESIGN.md section 6 accuracy windows).
 pub const SLO_WINDOW: Duration = Duration::from_millis(100);
@@ -166,8 +192,12 @@ impl SloTracker {
         }
     }
 
-    /// The switch dropped a frame of `tenant`'s.
-    pub(super) fn lost(&mut self, now: Instant, tenant: TenantIdx) {
+    /// The switch dropped a frame of `tenant`'s for `reason`: lost when the switch should
+    /// have carried it ([`is_loss`]).
+    pub(super) fn lost(&mut self, now: Instant, tenant: TenantIdx, reason: DropReason) {
+        if !is_loss(reason) {
+            return;
+        }
         if let Some(t) = self.get(tenant) {
             t.monitor.record_lost(now, 1);
         }

@@ -277,3 +277,117 @@ fn frames_a_limiter_holds_beyond_the_guarantee_are_delivered_but_not_judged() {
     assert!(a.why.late.unwrap().limiter > 0, "{:?}", a.why);
     assert!(a.violations_total["latency"] > 0, "{a:?}");
 }
+
+/// An ICMPv6 message of `icmp_type` from a1's link-local address to multicast group `group`
+/// (the kernel's chatter on a new interface: MLD reports, router solicitations).
+fn icmp6_to_group(icmp_type: u8, group: std::net::Ipv6Addr) -> Vec<u8> {
+    let o = group.octets();
+    let mut out = Vec::new();
+    etherparse::PacketBuilder::ethernet2(A1, [0x33, 0x33, o[12], o[13], o[14], o[15]])
+        .ipv6(
+            crate::config::Mac(A1).link_local().octets(),
+            group.octets(),
+            255,
+        )
+        .icmpv6(etherparse::Icmpv6Type::Unknown {
+            type_u8: icmp_type,
+            code_u8: 0,
+            bytes5to8: [0; 4],
+        })
+        .write(&mut out, &[0; 20])
+        .unwrap();
+    out
+}
+
+#[test]
+fn policy_drops_are_not_the_tenants_loss_and_an_idle_tenant_is_met() {
+    let bounds = "{ min_bps = 1_000_000, latency_us = 1000, max_loss = 0.01 }";
+    let mut h1 = host_with_slos(1, ms(0), bounds, bounds, |_| {});
+    let a1 = h1.port_of("a1");
+    let ll = crate::config::Mac(A1).link_local();
+    let chatter = [
+        icmp6_to_group(143, "ff02::16".parse().unwrap()), // MLDv2 report
+        icmp6_to_group(133, "ff02::2".parse().unwrap()),  // router solicitation
+    ];
+    // A duplicate address detection probe for its link-local address.
+    let mut dad = Vec::new();
+    let group = picnic_wire::ndp::solicited_node(ll);
+    let g = group.octets();
+    etherparse::PacketBuilder::ethernet2(A1, [0x33, 0x33, g[12], g[13], g[14], g[15]])
+        .ipv6([0; 16], g, 255)
+        .icmpv6(etherparse::Icmpv6Type::Unknown {
+            type_u8: 135,
+            code_u8: 0,
+            bytes5to8: [0; 4],
+        })
+        .write(&mut dad, &ll.octets())
+        .unwrap();
+    // What the switch must not carry, 16 Mb/s of it: spoofed, to nobody, truncated.
+    let spoofed = udp(A1, A2, IP_B1, IP_A2, 7, 1000);
+    let unknown = udp(A1, [2, 0, 0, 0, 0, 0x77], IP_A1, IP_A2, 7, 1000);
+    let malformed = udp(A1, A2, IP_A1, IP_A2, 7, 1000)[..30].to_vec();
+    for step in 0..1_000 {
+        let now = ms(step);
+        if step % 100 == 0 {
+            for f in chatter.iter().chain([&dad]) {
+                h1.inject(now, a1, f);
+            }
+        }
+        if step % 10 == 0 {
+            for _ in 0..8 {
+                h1.inject(now, a1, &spoofed);
+                h1.inject(now, a1, &unknown);
+                h1.inject(now, a1, &malformed);
+            }
+        }
+        h1.poll(now);
+        assert!(h1.take(UPLINK).is_empty() && h1.take(a1).is_empty());
+    }
+    let report = h1.engine.slo_report(ms(1_000));
+    let a = tenant(&report, "a");
+    assert_eq!(a.totals.windows, 10);
+    assert!(a.met && kinds(a).is_empty(), "{a:?}");
+    assert!(a.violations_total.values().all(|&n| n == 0), "{a:?}");
+    assert!(a.open_violations.is_empty() && a.recent_violations.is_empty());
+    // Nothing lost, nothing offered (the 16 Mb/s above min_bps was no demand to carry); the
+    // breakdown still says what was dropped.
+    assert_eq!((a.totals.lost_packets, a.totals.offered_bytes), (0, 0));
+    let d = &a.why.drops;
+    assert_eq!(d.get(DropReason::Multicast), 30);
+    assert_eq!(d.get(DropReason::Spoofed), 800);
+    assert_eq!(d.get(DropReason::UnknownDestination), 800);
+    assert_eq!(d.get(DropReason::Malformed), 800);
+    assert!(tenant(&report, "b").met);
+}
+
+#[test]
+fn only_drops_of_frames_the_switch_should_carry_are_loss() {
+    use super::slo::is_loss;
+    let policy = [
+        DropReason::Malformed,
+        DropReason::Spoofed,
+        DropReason::UnknownDestination,
+        DropReason::UnknownVni,
+        DropReason::Multicast,
+        DropReason::NotOverlay,
+        DropReason::UnknownHost,
+        DropReason::TooBig,
+        DropReason::AuthFailed,
+        DropReason::Unsealed,
+        DropReason::OffloadDrop,
+    ];
+    for r in DropReason::ALL {
+        assert_eq!(is_loss(r), !policy.contains(&r), "{r:?}");
+    }
+    for r in [
+        DropReason::EgressQueueFull,
+        DropReason::ShapedQueueFull,
+        DropReason::IngressQueueFull,
+        DropReason::CpuThrottled,
+        DropReason::PpsLimit,
+        DropReason::NoBuffer,
+        DropReason::HandoffFull,
+    ] {
+        assert!(is_loss(r), "{r:?}");
+    }
+}
