@@ -337,6 +337,9 @@ to = "b"
             "cpu-fair.toml",
             "accel-hog.toml",
             "offload-hog.toml",
+            "defaults-flood.toml",
+            "defaults-bursts.toml",
+            "defaults-tcp.toml",
         ] {
             let path = Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../../scenarios")

@@ -282,6 +282,10 @@ fn root_a_qemu_guest_on_a_tap_talks_to_a_container_through_the_kernel_fast_path(
 /// container); the switch's last snapshot, or None when the test cannot run here (it says
 /// why).
 fn boot_and_exchange(config: &str) -> Option<std::sync::Arc<picnic_switch::runner::Published>> {
+    // One guest at a time: two TCG guests on this machine's two cores would each take the
+    // other's time, and they share the process's id in their scratch directories' names.
+    static ONE_GUEST: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_GUEST.lock().unwrap_or_else(|e| e.into_inner());
     if !is_root() {
         return None;
     }
