@@ -62,7 +62,6 @@ enum {
 	R_DESTINATION,               /* unknown, or limited by feedback (EyeQ) */
 	R_OFFLOAD,                   /* GSO, or a partial checksum going to another host */
 	R_GENEVE_OPTIONS,            /* feedback rides on it: the switch reads it */
-	R_SAMPLE,                    /* the receiver's meter sample (EyeQ feedback keeps flowing) */
 	COUNTERS,
 };
 
@@ -112,14 +111,7 @@ struct state {
 	u64 tx_epoch;
 	u64 rx_epoch;
 	u64 tat[4]; /* tx bytes, tx packets, rx bytes, rx packets */
-	u64 next_sample; /* when the next frame from the uplink to the VM goes to its meters */
 };
-
-/* How often a frame from the uplink to a VM is handed over anyway, so that the receiver's
- * EyeQ meters see its traffic and feed back to its senders: a sender's limiter without
- * feedback halves its rate every 100 ms (EyeQ 3.3), so senders limited earlier must keep
- * hearing from the receiver while its frames take the fast path. */
-#define SAMPLE_EVERY_NS 10000000ULL
 
 /* Per port slot: frames handed over (hop), and handed-over frames let into the socket
  * (gate); user space compares them with what it read from the ring. */
@@ -401,14 +393,9 @@ static __always_inline long from_uplink(struct __sk_buff *skb, struct port *p)
 		return hand_over(skb, uslot, R_OFFLOAD, 0, ds);
 	if (!granted(dc, ds, CTL_RX))
 		return hand_over(skb, uslot, R_NOT_GRANTED, 0, ds);
-	u64 now = bpf_ktime_get_ns();
-	u64 due = ds->next_sample;
-	if (now >= due && __sync_val_compare_and_swap(&ds->next_sample, due,
-						       now + SAMPLE_EVERY_NS) == due)
-		return hand_over(skb, uslot, R_SAMPLE, 0, ds);
 	u64 len = skb->len - ENCAP_LEN;
-	if (!within(ds, 2, dc->rx_ps_per_byte, dc->rx_ns_per_packet, dc->burst_ns, now, len,
-		    1))
+	if (!within(ds, 2, dc->rx_ps_per_byte, dc->rx_ns_per_packet, dc->burst_ns,
+		    bpf_ktime_get_ns(), len, 1))
 		return hand_over(skb, uslot, R_TOKENS, 0, ds);
 	u8 eth[14];
 	__builtin_memcpy(eth, inner, 14);

@@ -27,7 +27,7 @@ const CTL_RX: u32 = 2;
 const CTL_RX_DROP: u32 = 4;
 
 /// Counters per slot, in `fastpath.bpf.c`'s order.
-pub const COUNTERS: usize = 13;
+pub const COUNTERS: usize = 12;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -81,7 +81,6 @@ struct State {
     tx_epoch: u64,
     rx_epoch: u64,
     tat: [u64; 4],
-    next_sample: u64,
 }
 
 #[repr(C)]

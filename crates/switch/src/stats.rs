@@ -224,14 +224,11 @@ pub struct FastPathCounters {
     pub handed_offload: u64,
     /// Handed over: a Geneve frame with options (feedback rides on it).
     pub handed_geneve_options: u64,
-    /// Handed over: a frame from the uplink sampled for the receiver's meters every 10 ms,
-    /// so that its senders keep getting feedback (EyeQ 3.3).
-    pub handed_sample: u64,
 }
 
 impl FastPathCounters {
     /// From the program's counters, in `fastpath.bpf.c`'s order.
-    pub fn from_kernel(c: &[u64; 13]) -> FastPathCounters {
+    pub fn from_kernel(c: &[u64; 12]) -> FastPathCounters {
         FastPathCounters {
             tx_packets: c[0],
             tx_bytes: c[1],
@@ -245,7 +242,6 @@ impl FastPathCounters {
             handed_destination: c[9],
             handed_offload: c[10],
             handed_geneve_options: c[11],
-            handed_sample: c[12],
         }
     }
 }

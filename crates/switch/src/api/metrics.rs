@@ -198,7 +198,6 @@ pub(super) fn metrics(published: &Published) -> String {
             ("destination", f.handed_destination),
             ("offload", f.handed_offload),
             ("geneve_options", f.handed_geneve_options),
-            ("sample", f.handed_sample),
         ] {
             fast_handed
                 .get_or_create(&DropLabels {
