@@ -27,6 +27,8 @@
 #include "picnic_bpf.h"
 
 #define MAX_SLOTS 1024
+#define MAX_DEST_BUCKETS 65536
+#define MAX_ARRIVAL_KEYS 16384
 #define PUNT_MARK 0x7069636e /* "picn": a frame handed over, on its second pass */
 
 #define ETH_P_IPV4 0x0800
@@ -85,11 +87,13 @@ struct dest {
 	u32 kind;
 	u32 slot;    /* local: the VM's slot */
 	u32 ifindex; /* local: its port's device; remote: the uplink's */
-	u32 limited; /* remote: a feedback limiter applies (EyeQ): the switch paces it */
+	u32 limited; /* remote: hand every frame over (a feedback limiter without a bucket) */
 	u32 src_ip;  /* remote: this host's tunnel address (network order) */
 	u32 dst_ip;  /* remote: the peer host's */
 	u8 src_mac[6];
 	u8 dst_mac[6];
+	u32 bucket;      /* remote: its feedback limiter's bucket in fp_dest_tat */
+	u64 ps_per_byte; /* remote: the rate the receiver asked for (EyeQ 3.3); 0: none */
 };
 
 /* What user space sets per VM slot. Rates as picoseconds per byte and nanoseconds per
@@ -133,6 +137,40 @@ struct {
 	__type(key, struct dest_key);
 	__type(value, struct dest);
 } fp_dests SEC(".maps");
+
+/* The theoretical arrival time of each remote destination's feedback limiter (EyeQ 3.3),
+ * by `dest.bucket`: kept apart from `fp_dests` so that user space can change the rate
+ * without resetting the bucket. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_DEST_BUCKETS);
+	__type(key, u32);
+	__type(value, u64);
+} fp_dest_tat SEC(".maps");
+
+/* What arrived from the uplink for a local VM in the kernel, per sending VM (outer source
+ * address and inner source MAC): the EyeQ receivers meter it as they meter what the switch
+ * reads (EyeQ 3.2), so they see the whole access link. LRU: a forged sender cannot grow it. */
+struct arrival_key {
+	u32 slot;
+	u32 src_ip;
+	u8 src_mac[6];
+	u8 pad[2];
+};
+
+struct arrival {
+	u64 bytes; /* on the wire, encapsulated */
+	u64 packets;
+	u64 dropped; /* of those, dropped before any work (RX_DROP) */
+	u64 last_ns; /* when the last arrived (bpf_ktime_get_ns, CLOCK_MONOTONIC) */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_PERCPU_HASH);
+	__uint(max_entries, MAX_ARRIVAL_KEYS);
+	__type(key, struct arrival_key);
+	__type(value, struct arrival);
+} fp_arrivals SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -291,6 +329,14 @@ static __always_inline long from_vm(struct __sk_buff *skb, struct port *p)
 	if (skb->gso_size)
 		return hand_over(skb, slot, R_OFFLOAD, s, 0);
 	u64 wire = len + ENCAP_LEN;
+	/* The receiver's rate (EyeQ 3.3), then the VM's own buckets: beyond either, the frame
+	 * goes to the switch, whose limiters pace it. */
+	if (d->ps_per_byte) {
+		u32 b = d->bucket;
+		u64 *tat = bpf_map_lookup_elem(&fp_dest_tat, &b);
+		if (!tat || !gcra(tat, now, wire * d->ps_per_byte / 1000, c->burst_ns))
+			return hand_over(skb, slot, R_TOKENS, s, 0);
+	}
 	if (!within(s, 0, c->tx_ps_per_byte, c->tx_ns_per_packet, c->burst_ns, now, wire, 1))
 		return hand_over(skb, slot, R_TOKENS, s, 0);
 
@@ -353,6 +399,26 @@ static __always_inline long from_vm(struct __sk_buff *skb, struct port *p)
 	return bpf_redirect(ifindex, 0);
 }
 
+/* Counts an arrival from the uplink for the receivers' meters. */
+static __always_inline void arrived(u32 dslot, u8 *outer_ip, u8 *inner, u64 wire, u64 dropped,
+				   u64 now)
+{
+	struct arrival_key k = {.slot = dslot, .src_ip = *(u32 *)(outer_ip + 12)};
+	__builtin_memcpy(k.src_mac, inner + 6, 6);
+	struct arrival *a = bpf_map_lookup_elem(&fp_arrivals, &k);
+	if (!a) {
+		struct arrival zero = {};
+		bpf_map_update_elem(&fp_arrivals, &k, &zero, BPF_NOEXIST);
+		a = bpf_map_lookup_elem(&fp_arrivals, &k);
+		if (!a)
+			return;
+	}
+	a->bytes += wire;
+	a->packets += 1;
+	a->dropped += dropped;
+	a->last_ns = now;
+}
+
 /* Frames from the uplink: Geneve without options to a local VM. */
 static __always_inline long from_uplink(struct __sk_buff *skb, struct port *p)
 {
@@ -384,6 +450,7 @@ static __always_inline long from_uplink(struct __sk_buff *skb, struct port *p)
 	if (!dc || !ds)
 		return hand_over(skb, uslot, R_DESTINATION, 0, 0);
 	if (dc->flags & CTL_RX_DROP) {
+		arrived(dslot, ip, inner, skb->len, 1, bpf_ktime_get_ns());
 		count(dslot, C_RX_DROPPED, 1);
 		return TC_ACT_SHOT;
 	}
@@ -393,10 +460,12 @@ static __always_inline long from_uplink(struct __sk_buff *skb, struct port *p)
 		return hand_over(skb, uslot, R_OFFLOAD, 0, ds);
 	if (!granted(dc, ds, CTL_RX))
 		return hand_over(skb, uslot, R_NOT_GRANTED, 0, ds);
-	u64 len = skb->len - ENCAP_LEN;
-	if (!within(ds, 2, dc->rx_ps_per_byte, dc->rx_ns_per_packet, dc->burst_ns,
-		    bpf_ktime_get_ns(), len, 1))
+	u64 wire = skb->len;
+	u64 len = wire - ENCAP_LEN;
+	u64 now = bpf_ktime_get_ns();
+	if (!within(ds, 2, dc->rx_ps_per_byte, dc->rx_ns_per_packet, dc->burst_ns, now, len, 1))
 		return hand_over(skb, uslot, R_TOKENS, 0, ds);
+	arrived(dslot, ip, inner, wire, 0, now);
 	u8 eth[14];
 	__builtin_memcpy(eth, inner, 14);
 	u32 ifindex = d->ifindex;

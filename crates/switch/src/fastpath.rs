@@ -8,7 +8,7 @@ use std::io;
 use std::net::Ipv4Addr;
 use std::os::fd::{BorrowedFd, RawFd};
 
-use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray};
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap};
 use aya::programs::{SchedClassifier, SocketFilter, TcAttachType};
 use aya::{include_bytes_aligned, Ebpf, Pod};
 
@@ -59,6 +59,26 @@ struct Dest {
     dst_ip: u32,
     src_mac: [u8; 6],
     dst_mac: [u8; 6],
+    bucket: u32,
+    ps_per_byte: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+struct ArrivalKey {
+    slot: u32,
+    src_ip: u32,
+    src_mac: [u8; 6],
+    pad: [u8; 2],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct ArrivalCounts {
+    bytes: u64,
+    packets: u64,
+    dropped: u64,
+    last_ns: u64,
 }
 
 #[repr(C)]
@@ -97,22 +117,65 @@ unsafe impl Pod for Dest {}
 unsafe impl Pod for Ctl {}
 unsafe impl Pod for State {}
 unsafe impl Pod for Handover {}
+unsafe impl Pod for ArrivalKey {}
+unsafe impl Pod for ArrivalCounts {}
+
+/// Remote destinations with a feedback limiter in the kernel (`fp_dest_tat`'s size): one
+/// bucket per VM of the directory below it.
+pub const MAX_DEST_BUCKETS: usize = 65536;
+
+/// What arrived from the uplink in the kernel for one local VM from one sending VM, since
+/// the program was loaded (totals; the caller takes differences).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Arrivals {
+    /// The receiving VM's slot.
+    pub slot: u32,
+    /// The sending host's tunnel address and the sending VM's MAC.
+    pub src_ip: Ipv4Addr,
+    pub src_mac: [u8; 6],
+    /// Encapsulated bytes and frames; of the frames, those dropped before any work.
+    pub bytes: u64,
+    pub packets: u64,
+    pub dropped: u64,
+    /// When the last of them arrived, on [`kernel_clock_ns`]'s clock.
+    pub last_ns: u64,
+}
+
+/// The kernel's clock as the programs read it (`bpf_ktime_get_ns`: CLOCK_MONOTONIC), ns.
+pub fn kernel_clock_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
 
 /// A destination the fast path may forward to, by (VNI, MAC).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Destination {
     /// A local VM: its slot (port index) and its port's device.
     Local { slot: u32, ifindex: u32 },
-    /// A VM on another host: the tunnel's addresses, and whether a feedback limiter applies
-    /// (its frames then go through the engines, which pace them: EyeQ 3.3).
+    /// A VM on another host: the tunnel's addresses, and the rate its receiver asked for
+    /// (EyeQ 3.3), if any: frames within it are forwarded here, frames beyond it go to the
+    /// engines, whose limiter paces them.
     Remote {
         uplink_ifindex: u32,
         src_ip: Ipv4Addr,
         dst_ip: Ipv4Addr,
         src_mac: [u8; 6],
         dst_mac: [u8; 6],
-        limited: bool,
+        limit: Option<DestinationLimit>,
     },
+}
+
+/// A remote destination's feedback limiter in the kernel: its bucket (below
+/// [`MAX_DEST_BUCKETS`]; the directory's VM index) and its rate, bytes/s.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DestinationLimit {
+    pub bucket: u32,
+    pub bytes_per_sec: u64,
 }
 
 /// How long a VM's token buckets may run ahead: 1 ms, what a timer waking late must not lose
@@ -128,6 +191,7 @@ pub struct KernelFastPath {
     state: Array<MapData, State>,
     handover: Array<MapData, Handover>,
     counts: PerCpuArray<MapData, u64>,
+    arrivals: PerCpuHashMap<MapData, ArrivalKey, ArrivalCounts>,
     /// Devices the hop is attached to, by name.
     attached: Vec<String>,
 }
@@ -161,6 +225,8 @@ impl KernelFastPath {
             Array::try_from(take("fp_handover")?).map_err(|e| aya_error(e, "fp_handover"))?;
         let counts =
             PerCpuArray::try_from(take("fp_counts")?).map_err(|e| aya_error(e, "fp_counts"))?;
+        let arrivals = PerCpuHashMap::try_from(take("fp_arrivals")?)
+            .map_err(|e| aya_error(e, "fp_arrivals"))?;
         Ok(KernelFastPath {
             bpf,
             ports,
@@ -169,6 +235,7 @@ impl KernelFastPath {
             state,
             handover,
             counts,
+            arrivals,
             attached: Vec::new(),
         })
     }
@@ -284,17 +351,25 @@ impl KernelFastPath {
                 dst_ip,
                 src_mac,
                 dst_mac,
-                limited,
-            } => Dest {
-                kind: DEST_REMOTE,
-                slot: 0,
-                ifindex: uplink_ifindex,
-                limited: u32::from(limited),
-                src_ip: u32::from_ne_bytes(src_ip.octets()),
-                dst_ip: u32::from_ne_bytes(dst_ip.octets()),
-                src_mac,
-                dst_mac,
-            },
+                limit,
+            } => {
+                // A limiter whose bucket cannot be kept here: every frame to the engines.
+                let bucketed = limit.filter(|l| (l.bucket as usize) < MAX_DEST_BUCKETS);
+                Dest {
+                    kind: DEST_REMOTE,
+                    slot: 0,
+                    ifindex: uplink_ifindex,
+                    limited: u32::from(limit.is_some() && bucketed.is_none()),
+                    src_ip: u32::from_ne_bytes(src_ip.octets()),
+                    dst_ip: u32::from_ne_bytes(dst_ip.octets()),
+                    src_mac,
+                    dst_mac,
+                    bucket: bucketed.map_or(0, |l| l.bucket),
+                    ps_per_byte: bucketed.map_or(0, |l| {
+                        crate::engine::fastpath::ps_per_byte(l.bytes_per_sec.max(1))
+                    }),
+                }
+            }
         };
         self.dests
             .insert(key, value, 0)
@@ -344,6 +419,33 @@ impl KernelFastPath {
                 taken: 0,
             })
             .unwrap_or_default()
+    }
+
+    /// Every (receiving VM, sending VM) pair's arrivals in the kernel, summed over CPUs,
+    /// into `out` (replaced). The map is LRU: a pair evicted starts again from zero.
+    pub fn arrivals(&self, out: &mut Vec<Arrivals>) {
+        out.clear();
+        for entry in self.arrivals.iter() {
+            let Ok((key, per_cpu)) = entry else {
+                continue;
+            };
+            let mut a = Arrivals {
+                slot: key.slot,
+                src_ip: Ipv4Addr::from(key.src_ip.to_ne_bytes()),
+                src_mac: key.src_mac,
+                bytes: 0,
+                packets: 0,
+                dropped: 0,
+                last_ns: 0,
+            };
+            for c in per_cpu.iter() {
+                a.bytes += c.bytes;
+                a.packets += c.packets;
+                a.dropped += c.dropped;
+                a.last_ns = a.last_ns.max(c.last_ns);
+            }
+            out.push(a);
+        }
     }
 
     /// A slot's counters, summed over CPUs, in `fastpath.bpf.c`'s order (frames and bytes each

@@ -328,6 +328,10 @@ impl Switch {
             // Live changes are applied as they come (each touches only its tenant).
             self.apply_commands();
             self.answer(Some(now));
+            // What the kernel forwarded is metered before the engines close their windows.
+            if let Some(fp) = self.fastpath.as_mut() {
+                fp.meter(&mut self.engine, now, &mut self.pool);
+            }
             self.waits
                 .resize_with(self.ports.len(), || (ring_wait(spin), 0));
             let mut io = PortIo {
@@ -388,7 +392,7 @@ impl Switch {
                 .unwrap_or(Duration::from_millis(5));
             let mut timeout = until.min(Duration::from_millis(5));
             // A VM waiting to be handed back to the kernel fast path.
-            if let Some(cap) = self.fastpath.as_ref().and_then(|f| f.wait_cap()) {
+            if let Some(cap) = self.fastpath.as_ref().and_then(|f| f.wait_cap(now)) {
                 timeout = timeout.min(cap);
             }
             // Jobs the inline engine's limiter admits later: back by then.

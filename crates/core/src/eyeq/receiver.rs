@@ -466,6 +466,22 @@ impl<K: Copy + Eq + Hash> Receiver<K> {
         }))
     }
 
+    /// Tells the receiver that `endpoint` received until `last_rx` by another path whose
+    /// arrivals are counted later, with [`on_packet`](Self::on_packet) (a kernel fast path's
+    /// counters, read once a window or so). An active endpoint then counts as receiving
+    /// until `last_rx`, so a window closed at the late read does not take it for idle and
+    /// restart it fresh at its whole allotment (EyeQ 3.2's active set is about arrivals,
+    /// not about when they are counted). Call it for every endpoint read before counting
+    /// any: counting one may close the window for all.
+    pub fn received_until(&mut self, endpoint: K, last_rx: Instant) {
+        if let Some(&i) = self.index.get(&endpoint) {
+            let ep = &mut self.endpoints[i];
+            if ep.active {
+                ep.last_rx = ep.last_rx.max(last_rx);
+            }
+        }
+    }
+
     /// The feedback just sampled for `endpoint` left at a lower rate than this receiver
     /// advertises: its owner sends the lowest of several controllers' rates (another
     /// resource, or backpressure, capped it). The endpoint is then not quiet, so it is

@@ -16,9 +16,13 @@
 //! handed over before it has left the port rings (taken, or dropped by the kernel) and the
 //! VM's queues here are empty: so a later frame can never pass one still here.
 
+use std::net::Ipv4Addr;
+
 use picnic_core::Instant;
 
 use super::Engine;
+use crate::directory::VmIdx;
+use crate::frame::FramePool;
 
 /// What one local VM (its port index as `slot`) may do on the fast path now.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -70,7 +74,16 @@ impl Engine {
                 .as_ref()
                 .is_some_and(|b| b.available(now) == 0);
             let share = (u128::from(link) * u128::from(weight(v)) / u128::from(total)) as u64;
-            let cap = |max: Option<u64>| match max {
+            // Arrivals: the EyeQ receiver's allotment while the VM receives (work-conserving:
+            // the whole link when it receives alone), at least its share (EyeQ 3.2).
+            let allotted = self
+                .ingress
+                .link
+                .as_ref()
+                .and_then(|l| l.endpoint(v))
+                .filter(|e| e.active)
+                .map_or(share, |e| e.allowed.max(share));
+            let cap = |max: Option<u64>, share: u64| match max {
                 Some(m) if m / 8 < share || share == 0 => m / 8,
                 _ => share,
             };
@@ -83,9 +96,9 @@ impl Engine {
                 idle: self.egress.queue_len(v) == 0
                     && !self.egress.shaped_backlog(v)
                     && self.ingress.queue_len(v) == 0,
-                tx_ps_per_byte: ps_per_byte(cap(vm.max_bps)),
+                tx_ps_per_byte: ps_per_byte(cap(vm.max_bps, share)),
                 tx_ns_per_packet: pps(vm.max_pps),
-                rx_ps_per_byte: ps_per_byte(cap(vm.max_bps)),
+                rx_ps_per_byte: ps_per_byte(cap(vm.max_bps, allotted)),
                 rx_ns_per_packet: pps(vm.max_pps),
             });
         }
@@ -124,15 +137,66 @@ impl Engine {
         self.host_id
     }
 
-    /// Whether frames to remote VM `vm` are held to a rate the receiver asked for (EyeQ 3.3):
-    /// they then go through the engines' limiters, not the fast path.
-    pub fn destination_limited(&self, vm: crate::directory::VmIdx) -> bool {
+    /// The rate, bytes/s, frames to remote VM `vm` are held to because its receiver asked
+    /// for it (EyeQ 3.3): the kernel forwards up to it and hands the rest to the engines'
+    /// limiter. `None`: not limited.
+    pub fn destination_rate(&self, vm: VmIdx) -> Option<u64> {
         let endpoint = self.dir.vms[vm].id;
-        self.egress
-            .admission
-            .as_ref()
-            .is_some_and(|a| a.rate_for(endpoint).is_some())
+        self.egress.admission.as_ref()?.rate_for(endpoint)
     }
+
+    /// What the kernel forwarded from the uplink to local VMs since the last call, metered by
+    /// the EyeQ receivers as the frames the engines read are (EyeQ 3.2), with the feedback
+    /// their sampling asks for sent now. Every VM is first marked as receiving until its
+    /// last arrival, then the arrivals are counted (counting one may close the window).
+    pub fn meter_fast_arrivals(
+        &mut self,
+        now: Instant,
+        arrivals: &[FastArrival],
+        pool: &mut FramePool,
+    ) {
+        let local = |engine: &Engine, a: &FastArrival| {
+            let w = engine.dir.port_vm.get(a.slot).copied().flatten()?;
+            let source = engine.dir.host_by_underlay(a.from)?;
+            Some((w, source))
+        };
+        for a in arrivals {
+            if let (Some((w, _)), Some(link)) = (local(self, a), self.ingress.link.as_mut()) {
+                link.received_until(w, a.last.min(now));
+            }
+        }
+        for a in arrivals {
+            let Some((w, source)) = local(self, a) else {
+                continue;
+            };
+            let sample = self.meter_link(now, w, (source, a.src_mac), a.wire_bytes);
+            if let Some(bp) = self.ingress.backpressure.as_mut() {
+                if a.dropped > 0 {
+                    bp.refused(w);
+                } else {
+                    bp.admitted(w, a.wire_bytes);
+                }
+            }
+            if sample {
+                self.feed_back(now, w, source, pool);
+            }
+        }
+    }
+}
+
+/// What the kernel forwarded from the uplink to one local VM (port `slot`) from one sending
+/// VM (its host's tunnel address `from`, its MAC) since the last read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FastArrival {
+    pub slot: usize,
+    pub from: Ipv4Addr,
+    pub src_mac: [u8; 6],
+    /// Encapsulated bytes, as the access link carried them.
+    pub wire_bytes: u64,
+    /// Frames of them dropped before any work (Iron, `max_pps`).
+    pub dropped: u64,
+    /// When the last of them arrived.
+    pub last: Instant,
 }
 
 /// A VM's epochs as the kernel keeps them (bumped at every frame handed over).

@@ -41,11 +41,16 @@ pub struct Ingress {
     /// entered the switch: frames are queued in the call that received them).
     q: VmQueues<(Frame, VmIdx, Instant)>,
     /// EyeQ receiver over the access link, in bytes/s.
-    link: Option<Receiver<VmIdx>>,
+    pub(super) link: Option<Receiver<VmIdx>>,
     /// EyeQ receiver over the ingress engine's CPU, in ns of processing per second.
     cpu: Option<Receiver<VmIdx>>,
     /// Per-VM EWMA of processing ns per byte, scaled by 2^16, to convert CPU rates to bytes.
     ns_per_byte_fp: Vec<u64>,
+    /// Per VM: the sequence number of its last feedback. One counter for both receivers:
+    /// each numbers its own samples, and a sender takes a number not above the last it
+    /// applied as stale (EyeQ 3.3), so the CPU receiver's feedback was mostly discarded.
+    /// Not reset when a VM is added again: its senders' limiters may outlive it.
+    feedback_seq: Vec<u32>,
     /// Processing per poll before the loop goes back to reading its ports.
     cost_budget_ns: u64,
     /// What the engine can actually process per second (PicNIC: capacity is variable).
@@ -55,7 +60,7 @@ pub struct Ingress {
     /// Whether the last poll ended with frames still queued (see `CpuLedger::wfq_cost`).
     cpu_bound: bool,
     /// Caps on the rates advertised for VMs whose frames were refused here lately.
-    backpressure: Option<Backpressure>,
+    pub(super) backpressure: Option<Backpressure>,
     /// Local VMs with a packet-rate guarantee (`min_pps`) and its bucket: frames queued for
     /// them are processed up to that rate before the WFQ's turn, outside their share, as the
     /// egress engine serves what they send.
@@ -105,6 +110,11 @@ impl Ingress {
                 // sender's switch; per window it was one per packet of a slow RPC, +10-20 us
                 // on its round trip (docs/BENCHMARKS.md "The fast path at low load").
                 quiet_feedback_interval: Some(Duration::from_millis(10)),
+                // EyeQ's active set is 1 ms; a 1,000/s RPC then leaves it between requests and
+                // comes back fresh, claiming its whole share for a window each time (defaults-
+                // bursts: the victim's bulk held to 60 of its 90 Mb/s while its probe's
+                // endpoint flapped). 3 ms keeps a steady flow down to ~350 pps active.
+                idle_after: Duration::from_millis(3),
                 ..base
             };
             let link_cfg = ReceiverConfig { capacity, ..base };
@@ -129,6 +139,7 @@ impl Ingress {
             link,
             cpu,
             ns_per_byte_fp: Vec::new(),
+            feedback_seq: Vec::new(),
             cost_budget_ns: cfg.ingress.poll_budget_us * 1_000,
             capacity: CpuCapacity::new(NANOS_PER_SEC, now),
             ps_per_wire_byte: cfg.ingress.capacity().max(Rate::from_mbps(1)).ps_per_byte(),
@@ -191,6 +202,7 @@ impl Ingress {
         self.q.add_vm(now, dir, vm, None)?;
         self.ns_per_byte_fp.resize(dir.vms.len(), 0);
         self.ns_per_byte_fp[vm] = 0;
+        self.feedback_seq.resize(dir.vms.len(), 0);
         if let Some(bp) = self.backpressure.as_mut() {
             bp.reset_vm(vm);
         }
@@ -520,7 +532,7 @@ impl Engine {
         // EyeQ meters what the access link carried: every remote frame, encapsulated bytes,
         // whether it is refused below or not.
         let link_sample = source
-            .and_then(|(source, wire_len)| self.meter_link(now, w, (source, src_mac), wire_len));
+            .is_some_and(|(source, wire_len)| self.meter_link(now, w, (source, src_mac), wire_len));
         let refused =
             if let (Some(iron), Some(account)) = (self.iron.as_mut(), self.iron_index[tenant]) {
                 !matches!(iron.admit(now, account), Ok(Admission::Admit))
@@ -548,8 +560,8 @@ impl Engine {
             if let Some(bp) = self.ingress.backpressure.as_mut() {
                 bp.refused(w);
             }
-            if let (Some((source, _)), Some(seq)) = (source, link_sample) {
-                self.feed_back(now, w, source, seq, pool);
+            if let (Some((source, _)), true) = (source, link_sample) {
+                self.feed_back(now, w, source, pool);
             }
             return self.drop_frame(now, pool, frame, Some(w), reason);
         }
@@ -559,8 +571,8 @@ impl Engine {
                 bp.admitted(w, wire_len);
             }
             let cpu_sample = self.meter_cpu(now, w, (source, src_mac), wire_len);
-            if let Some(seq) = link_sample.or(cpu_sample) {
-                self.feed_back(now, w, source, seq, pool);
+            if link_sample || cpu_sample {
+                self.feed_back(now, w, source, pool);
             }
         }
         let Some(frame) = self.offload_hook(now, w, crate::offload::Hook::Ingress, frame, pool)
@@ -589,26 +601,25 @@ impl Engine {
         }
     }
 
-    /// EyeQ 3.2: meters a remote frame's arrival on the access link from `sender`; the
-    /// sequence number of its feedback when it is sampled for some. Closes a backpressure
-    /// period that is over.
-    fn meter_link(&mut self, now: Instant, w: VmIdx, sender: Sender, len: u64) -> Option<u32> {
+    /// EyeQ 3.2: meters a remote frame's arrival on the access link from `sender`; whether
+    /// it is sampled for feedback. Closes a backpressure period that is over.
+    pub(super) fn meter_link(&mut self, now: Instant, w: VmIdx, sender: Sender, len: u64) -> bool {
         let ing = &mut self.ingress;
         if let Some(bp) = ing.backpressure.as_mut() {
             bp.roll(now);
         }
-        let link = ing.link.as_mut()?;
-        link.on_packet(now, w, sender, len)
-            .ok()
-            .flatten()
-            .map(|f| f.seq)
+        ing.link
+            .as_mut()
+            .is_some_and(|link| matches!(link.on_packet(now, w, sender, len), Ok(Some(_))))
     }
 
     /// EyeQ 3.2 on the engine's CPU: meters an admitted remote frame's estimated processing
-    /// from `sender`; the sequence number of its feedback when it is sampled for some.
-    fn meter_cpu(&mut self, now: Instant, w: VmIdx, sender: Sender, len: u64) -> Option<u32> {
+    /// from `sender`; whether it is sampled for feedback.
+    fn meter_cpu(&mut self, now: Instant, w: VmIdx, sender: Sender, len: u64) -> bool {
         let ing = &mut self.ingress;
-        let cpu = ing.cpu.as_mut()?;
+        let Some(cpu) = ing.cpu.as_mut() else {
+            return false;
+        };
         // The frame's CPU cost, from the VM's measured CPU per byte (the model's figure
         // until a frame of this VM has been processed).
         let est_cost = match ing.ns_per_byte_fp[w] {
@@ -616,15 +627,15 @@ impl Engine {
             per_byte => (per_byte * len) >> 16,
         }
         .max(1);
-        cpu.on_packet(now, w, sender, est_cost)
-            .ok()
-            .flatten()
-            .map(|f| f.seq)
+        matches!(cpu.on_packet(now, w, sender, est_cost), Ok(Some(_)))
     }
 
     /// Tells host `source` the rate it may send to `w` at.
-    fn feed_back(&mut self, now: Instant, w: VmIdx, source: u32, seq: u32, pool: &mut FramePool) {
+    pub(super) fn feed_back(&mut self, now: Instant, w: VmIdx, source: u32, pool: &mut FramePool) {
         if let Some(rate) = self.ingress.feedback_rate(w) {
+            let seq = &mut self.ingress.feedback_seq[w];
+            *seq = seq.wrapping_add(1);
+            let seq = *seq;
             self.send_feedback(now, pool, source, w, rate, seq);
         }
     }

@@ -10,9 +10,10 @@ use std::io;
 use picnic_core::{Duration, Instant};
 
 use crate::config::Backend;
-use crate::engine::fastpath::{FastPathWant, Handback, RingCounts, Step};
+use crate::engine::fastpath::{FastArrival, FastPathWant, Handback, RingCounts, Step};
 use crate::engine::Engine;
-use crate::fastpath::{Destination, KernelFastPath};
+use crate::fastpath::{kernel_clock_ns, Arrivals, Destination, DestinationLimit, KernelFastPath};
+use crate::frame::FramePool;
 use crate::port::sys::ifindex;
 use crate::port::Port;
 use crate::stats::FastPathCounters;
@@ -22,6 +23,14 @@ use crate::stats::FastPathCounters;
 const SYNC_EVERY: Duration = Duration::from_micros(100);
 /// How often destinations (live changes, feedback limiters) are refreshed.
 const REFRESH_EVERY: Duration = Duration::from_millis(1);
+/// How often the kernel's arrivals are read into the EyeQ receivers: within each meter
+/// window (at least 200 us, `engine::ingress`), so a window's rate holds its own arrivals.
+const METER_EVERY: Duration = Duration::from_micros(100);
+/// While the kernel forwards to local VMs (within [`METER_QUIET`] of the last arrival), the
+/// loop wakes at least this often to meter it (the receivers' windows wake it too once their
+/// VMs are active).
+const METER_WAKE: Duration = Duration::from_micros(500);
+const METER_QUIET: Duration = Duration::from_millis(100);
 
 pub(crate) struct FastPathLink {
     kernel: KernelFastPath,
@@ -35,6 +44,19 @@ pub(crate) struct FastPathLink {
     next_refresh: Instant,
     /// Some VM may take the fast path but has not been handed back yet.
     pending: bool,
+    /// The kernel's arrival totals at the last read, the read's scratch, and what arrived
+    /// since the read before.
+    arrived: HashMap<(u32, std::net::Ipv4Addr, [u8; 6]), Arrivals>,
+    arrivals: Vec<Arrivals>,
+    fresh: Vec<FastArrival>,
+    /// The kernel clock's reading at the engines' `Instant::ZERO`.
+    kernel_zero_ns: u64,
+    next_meter: Instant,
+    /// When the kernel last forwarded to a local VM, as of the last read.
+    last_arrival: Option<Instant>,
+    /// Arrivals were metered since the last sync: the receivers' allotments, which set the
+    /// VMs' receive buckets, may have moved.
+    metered: bool,
 }
 
 impl FastPathLink {
@@ -54,6 +76,13 @@ impl FastPathLink {
             next_sync: now,
             next_refresh: now,
             pending: true,
+            arrived: HashMap::new(),
+            arrivals: Vec::new(),
+            fresh: Vec::new(),
+            kernel_zero_ns: kernel_clock_ns().saturating_sub(now.as_nanos()),
+            next_meter: now,
+            last_arrival: None,
+            metered: false,
         };
         link.refresh(engine, ports)?;
         Ok(link)
@@ -126,7 +155,12 @@ impl FastPathLink {
                                 dst_ip: peer.underlay_ip,
                                 src_mac: this.mac.0,
                                 dst_mac: peer.mac.0,
-                                limited: engine.destination_limited(v),
+                                limit: engine.destination_rate(v).map(|bytes_per_sec| {
+                                    DestinationLimit {
+                                        bucket: v as u32,
+                                        bytes_per_sec,
+                                    }
+                                }),
                             })
                         }
                         _ => None,
@@ -150,6 +184,50 @@ impl FastPathLink {
         Ok(())
     }
 
+    /// Before a pass: what the kernel forwarded to local VMs since the last read, metered by
+    /// the EyeQ receivers (EyeQ 3.2), at most every [`METER_EVERY`].
+    pub(crate) fn meter(&mut self, engine: &mut Engine, now: Instant, pool: &mut FramePool) {
+        if now < self.next_meter {
+            return;
+        }
+        self.next_meter = now + METER_EVERY;
+        self.kernel.arrivals(&mut self.arrivals);
+        self.fresh.clear();
+        for a in &self.arrivals {
+            let key = (a.slot, a.src_ip, a.src_mac);
+            // Totals since the pair entered the map (an evicted pair starts from zero).
+            let (wire_bytes, packets, dropped) = match self.arrived.get(&key) {
+                Some(b) if a.packets >= b.packets => (
+                    a.bytes.saturating_sub(b.bytes),
+                    a.packets - b.packets,
+                    a.dropped.saturating_sub(b.dropped),
+                ),
+                _ => (a.bytes, a.packets, a.dropped),
+            };
+            if packets > 0 {
+                self.fresh.push(FastArrival {
+                    slot: a.slot as usize,
+                    from: a.src_ip,
+                    src_mac: a.src_mac,
+                    wire_bytes,
+                    dropped,
+                    last: Instant::from_nanos(a.last_ns.saturating_sub(self.kernel_zero_ns)),
+                });
+            }
+        }
+        if !self.fresh.is_empty() {
+            self.last_arrival = Some(now);
+            self.metered = true;
+            engine.meter_fast_arrivals(now, &self.fresh, pool);
+        }
+        self.arrived.clear();
+        self.arrived.extend(
+            self.arrivals
+                .iter()
+                .map(|a| ((a.slot, a.src_ip, a.src_mac), *a)),
+        );
+    }
+
     /// After a pass: hands VMs back to the kernel, or takes them away, as the engine allows.
     /// `busy`: the pass handled frames (a hand-over may have happened).
     pub(crate) fn sync(
@@ -163,10 +241,11 @@ impl FastPathLink {
             self.next_refresh = now + REFRESH_EVERY;
             self.refresh(engine, ports)?;
         }
-        if !(busy || self.pending) || now < self.next_sync {
+        if !(busy || self.pending || self.metered) || now < self.next_sync {
             return Ok(());
         }
         self.next_sync = now + SYNC_EVERY;
+        self.metered = false;
         engine.fast_path_wants(now, &mut self.wants);
         self.rings.clear();
         for (slot, port) in ports.iter().enumerate() {
@@ -208,8 +287,18 @@ impl FastPathLink {
         }
     }
 
-    /// How long the loop may wait: short while a VM waits to be handed back.
-    pub(crate) fn wait_cap(&self) -> Option<Duration> {
-        self.pending.then_some(SYNC_EVERY)
+    /// How long the loop may wait: short while a VM waits to be handed back, and at most
+    /// [`METER_WAKE`] while the kernel forwards to local VMs (its arrivals are metered).
+    pub(crate) fn wait_cap(&self, now: Instant) -> Option<Duration> {
+        if self.pending {
+            Some(SYNC_EVERY)
+        } else if self
+            .last_arrival
+            .is_some_and(|t| now.saturating_since(t) < METER_QUIET)
+        {
+            Some(METER_WAKE)
+        } else {
+            None
+        }
     }
 }

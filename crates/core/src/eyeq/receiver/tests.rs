@@ -523,3 +523,48 @@ fn catching_up_a_long_silence_takes_a_few_steps() {
     assert!(ep.active);
     assert_eq!(ep.advertised, ep.allowed);
 }
+
+/// Arrivals counted on another path (a kernel fast path) and read every 1.5 ms, longer than
+/// the 1 ms active set: with their own last arrival the overloaded endpoint stays active and
+/// RCP holds its rate down; counted as packets at the reads, it is taken for idle at each
+/// read and restarts fresh at its whole allotment.
+#[test]
+fn arrivals_read_late_keep_an_overloaded_endpoint_active() {
+    // (advertised, allotted) of endpoint 1 after each read.
+    let run = |late_reads_as_packets: bool| -> Vec<(u64, u64)> {
+        let mut rx = receiver();
+        rx.add_endpoint(1, guarantee(100 * MBPS)).unwrap();
+        rx.add_endpoint(2, guarantee(100 * MBPS)).unwrap();
+        let mut seen = Vec::new();
+        // Endpoint 1 receives at the link's rate (twice its half), endpoint 2 at a quarter
+        // of it; read every 1.5 ms, the last arrival just before each read.
+        for read in 1..=40u64 {
+            let now = Instant::from_nanos(read * 1_500_000);
+            let last = Instant::from_nanos(read * 1_500_000 - 10_000);
+            let link = 1000 * MBPS * 3 / 2000; // 1.5 ms of the link
+            let reads = [(1, link), (2, link / 4)];
+            if !late_reads_as_packets {
+                for (ep, _) in reads {
+                    rx.received_until(ep, last);
+                }
+            }
+            for (ep, units) in reads {
+                rx.on_packet(now, ep, (), units).unwrap();
+            }
+            let stats = rx.endpoint(1).unwrap();
+            seen.push((stats.advertised, stats.allowed));
+        }
+        seen
+    };
+    let kept = run(false);
+    let restarted = run(true);
+    // Kept active: RCP holds it at most at its fair floor, 3/4 of its allotment, from the
+    // tenth read on.
+    assert!(
+        kept[10..].iter().all(|&(r, c)| r <= c * 3 / 4),
+        "kept: {kept:?}"
+    );
+    // Without the arrival times it restarts at its whole allotment at most reads.
+    let fresh = restarted[10..].iter().filter(|&&(r, c)| r >= c).count();
+    assert!(fresh >= 20, "restarted: {restarted:?}");
+}
