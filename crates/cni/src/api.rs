@@ -47,10 +47,8 @@ impl Answer {
             400..=499 => code::INVALID_CONFIG,
             _ => code::IO,
         };
-        CniError::new(c, format!("the switch refused {what}")).with_details(format!(
-            "HTTP {}: {message}",
-            self.status
-        ))
+        CniError::new(c, format!("the switch refused {what}"))
+            .with_details(format!("HTTP {}: {message}", self.status))
     }
 }
 
@@ -92,11 +90,17 @@ impl Api {
                     self.socket.display()
                 ),
             )
-            .with_details("is the switch running with switch.api set to this path (netconf 'socket')?")
+            .with_details(
+                "is the switch running with switch.api set to this path (netconf 'socket')?",
+            )
         };
         let mut stream = UnixStream::connect(&self.socket).map_err(unreachable)?;
-        stream.set_read_timeout(Some(TIMEOUT)).map_err(unreachable)?;
-        stream.set_write_timeout(Some(TIMEOUT)).map_err(unreachable)?;
+        stream
+            .set_read_timeout(Some(TIMEOUT))
+            .map_err(unreachable)?;
+        stream
+            .set_write_timeout(Some(TIMEOUT))
+            .map_err(unreachable)?;
         let request = format!(
             "{method} {path} HTTP/1.1\r\nHost: picnic\r\nConnection: close\r\n\
              Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",

@@ -56,7 +56,10 @@ pub fn delegate(command: &str, ipam: &Value, env: &Env, stdin: &[u8]) -> Result<
                 v["code"].as_u64().unwrap_or(code::IO as u64) as u32,
                 v["msg"].as_str().unwrap_or("").to_string(),
             ),
-            None => (code::IO, String::from_utf8_lossy(&out.stderr).trim().to_string()),
+            None => (
+                code::IO,
+                String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            ),
         };
         return Err(CniError::new(
             c,

@@ -80,9 +80,9 @@ pub fn ip(args: &[&str]) -> Result<String> {
 }
 
 fn run(mut cmd: Command, args: &[&str]) -> Result<String> {
-    let out = cmd.output().map_err(|e| {
-        CniError::new(code::IO, format!("cannot run ip (iproute2): {e}"))
-    })?;
+    let out = cmd
+        .output()
+        .map_err(|e| CniError::new(code::IO, format!("cannot run ip (iproute2): {e}")))?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
         let hint = if stderr.contains("Operation not permitted") {
@@ -90,11 +90,10 @@ fn run(mut cmd: Command, args: &[&str]) -> Result<String> {
         } else {
             ""
         };
-        return Err(CniError::new(
-            code::IO,
-            format!("`ip {}` failed{hint}", args.join(" ")),
-        )
-        .with_details(stderr));
+        return Err(
+            CniError::new(code::IO, format!("`ip {}` failed{hint}", args.join(" ")))
+                .with_details(stderr),
+        );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -125,7 +124,12 @@ pub fn link_json(ns: Option<&Netns>, name: &str) -> Result<Option<Value>> {
 
 /// The pair: `host` here, up; `pod` in `ns` with `mtu` (both ends), not yet up. Returns the
 /// MACs (host, pod).
-pub fn create_veth(host: &str, ns: &Netns, pod: &str, mtu: Option<u32>) -> Result<(String, String)> {
+pub fn create_veth(
+    host: &str,
+    ns: &Netns,
+    pod: &str,
+    mtu: Option<u32>,
+) -> Result<(String, String)> {
     let mut args = vec!["link", "add", host];
     let mtu_text = mtu.map(|m| m.to_string());
     if let Some(m) = &mtu_text {

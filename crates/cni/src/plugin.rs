@@ -52,9 +52,9 @@ pub fn add(conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<Value> {
     let api = Api::new(&conf.socket);
     // Ask the switch first: if it is not there, nothing is created.
     let config = api.get_json("/config")?;
-    let host_id = config["switch"]["host_id"].as_u64().ok_or_else(|| {
-        CniError::new(code::IO, "the switch's /config has no switch.host_id")
-    })?;
+    let host_id = config["switch"]["host_id"]
+        .as_u64()
+        .ok_or_else(|| CniError::new(code::IO, "the switch's /config has no switch.host_id"))?;
     check_tenant(conf, &config)?;
     let netns = Netns::open(env.netns.as_deref().expect("ADD has CNI_NETNS"))?;
     let name = vm_name(&env.container_id, &env.ifname);
@@ -143,7 +143,11 @@ fn attach(
     let mut ipv6 = Vec::new();
     for ip in &ips {
         let cidr = ip["address"].as_str().unwrap_or("");
-        match cidr.split('/').next().and_then(|a| a.parse::<IpAddr>().ok()) {
+        match cidr
+            .split('/')
+            .next()
+            .and_then(|a| a.parse::<IpAddr>().ok())
+        {
             Some(IpAddr::V4(a)) if ipv4.is_none() => ipv4 = Some(a),
             Some(IpAddr::V4(a)) => {
                 return Err(CniError::new(
@@ -252,7 +256,12 @@ fn register(api: &Api, vm: &mut Value) -> Result<()> {
         let vms = api.get_json("/vms")?;
         let top = vms
             .as_array()
-            .map(|vms| vms.iter().filter_map(|v| v["id"].as_u64()).max().unwrap_or(0))
+            .map(|vms| {
+                vms.iter()
+                    .filter_map(|v| v["id"].as_u64())
+                    .max()
+                    .unwrap_or(0)
+            })
             .unwrap_or(0);
         vm["id"] = (top + 1).into();
         let answer = api.post("/vms", vm)?;
@@ -284,7 +293,10 @@ pub fn del(conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<()> {
 
 pub fn check(conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<()> {
     let prev = conf.prev_result.as_ref().ok_or_else(|| {
-        CniError::new(code::INVALID_CONFIG, "CHECK needs prevResult in the network config")
+        CniError::new(
+            code::INVALID_CONFIG,
+            "CHECK needs prevResult in the network config",
+        )
     })?;
     ipam::delegate("CHECK", ipam_of(conf)?, env, stdin)?;
     let drift = |what: String| CniError::new(code::DRIFT, what);
@@ -295,7 +307,10 @@ pub fn check(conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<()> {
     // The pod's end: its MAC, up, every address of the result.
     let expected_mac = prev["interfaces"]
         .as_array()
-        .and_then(|is| is.iter().find(|i| i["name"] == pod && i["sandbox"].is_string()))
+        .and_then(|is| {
+            is.iter()
+                .find(|i| i["name"] == pod && i["sandbox"].is_string())
+        })
         .and_then(|i| i["mac"].as_str())
         .ok_or_else(|| drift(format!("prevResult has no interface {pod} in a sandbox")))?;
     let link = link::link_json(Some(&netns), pod)?
@@ -336,8 +351,8 @@ pub fn check(conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<()> {
     // The switch's record: this pod, its MAC and addresses, on this port, in this tenant.
     let api = Api::new(&conf.socket);
     let name = vm_name(&env.container_id, &env.ifname);
-    let vm = find_vm(&api, &name)?
-        .ok_or_else(|| drift(format!("the switch has no VM '{name}'")))?;
+    let vm =
+        find_vm(&api, &name)?.ok_or_else(|| drift(format!("the switch has no VM '{name}'")))?;
     let ipv4 = prev["ips"]
         .as_array()
         .into_iter()
@@ -368,9 +383,10 @@ fn is_up(link: &Value) -> bool {
 }
 
 pub fn status(conf: &NetConf) -> Result<()> {
-    Api::new(&conf.socket).get_json("/vms").map(drop).map_err(|e| {
-        CniError::new(code::NOT_AVAILABLE, e.msg).with_details(e.details)
-    })
+    Api::new(&conf.socket)
+        .get_json("/vms")
+        .map(drop)
+        .map_err(|e| CniError::new(code::NOT_AVAILABLE, e.msg).with_details(e.details))
 }
 
 /// Removes the pods of this network's tenant that the plugin attached and the runtime no

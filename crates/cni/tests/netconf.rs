@@ -46,10 +46,26 @@ fn version_lists_the_spec_versions_spoken() {
 fn malformed_input_gets_the_spec_error_codes() {
     let cases: [(&[u8], u32, &str); 5] = [
         (b"{not json", code::DECODE, "network config"),
-        (&conf(json!({ "tennant": "x" })), code::INVALID_CONFIG, "unknown field `tennant`"),
-        (&conf(json!({ "cniVersion": "0.3.1" })), code::INCOMPATIBLE_VERSION, "0.3.1"),
-        (&conf(json!({ "slo": { "max_loss": 2.0 } })), code::INVALID_CONFIG, "max_loss"),
-        (&conf(json!({ "pod": { "max_mbs": 5 } })), code::INVALID_CONFIG, "max_mbs"),
+        (
+            &conf(json!({ "tennant": "x" })),
+            code::INVALID_CONFIG,
+            "unknown field `tennant`",
+        ),
+        (
+            &conf(json!({ "cniVersion": "0.3.1" })),
+            code::INCOMPATIBLE_VERSION,
+            "0.3.1",
+        ),
+        (
+            &conf(json!({ "slo": { "max_loss": 2.0 } })),
+            code::INVALID_CONFIG,
+            "max_loss",
+        ),
+        (
+            &conf(json!({ "pod": { "max_mbs": 5 } })),
+            code::INVALID_CONFIG,
+            "max_mbs",
+        ),
     ];
     for (stdin, want, text) in cases {
         let e = picnic_cni::run(env("ADD"), stdin).unwrap_err();
@@ -78,7 +94,11 @@ fn missing_or_odd_environment_is_named() {
         other => env("ADD")(other),
     };
     let e = picnic_cni::run(no_ifname, &conf(json!({}))).unwrap_err();
-    assert_eq!((e.code, e.msg.contains("CNI_IFNAME")), (code::INVALID_ENV, true), "{e}");
+    assert_eq!(
+        (e.code, e.msg.contains("CNI_IFNAME")),
+        (code::INVALID_ENV, true),
+        "{e}"
+    );
     let slashed = |name: &str| match name {
         "CNI_CONTAINERID" => Some("../x".into()),
         other => env("DEL")(other),
