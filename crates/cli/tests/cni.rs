@@ -7,8 +7,8 @@
 //! the switch's records (tenants, SLO, VMs, limits), a1 and a2 ping each other over IPv4 and
 //! IPv6 and move 1 MB of TCP through picnic (its counters show it), b1 cannot reach a1,
 //! CHECK passes and finds a pod's interface set down, a malformed netconf gets a spec error
-//! and creates nothing, and DEL removes the veths, the addresses and the switch's VM records
-//! (and succeeds again when repeated). Addresses: 198.18.10.0/24 and 2001:db8:10::/64, only
+//! and creates nothing, STATUS passes, DEL and GC (of a pod the runtime lost track of) remove
+//! the veths, the addresses and the switch's VM records, and DEL succeeds again when repeated. Addresses: 198.18.10.0/24 and 2001:db8:10::/64, only
 //! inside the test's namespaces. Needs root and cnitool; skips and says so otherwise.
 
 use std::io::{Read, Write};
@@ -426,18 +426,48 @@ fn cnitool_attaches_pods_with_their_slos_that_talk_through_picnic_and_del_cleans
     assert_eq!(pod_veths(&switch_ns).len(), 3);
     assert_eq!(vms(&sock).len(), 3);
 
-    // DEL: the switch's records, the veths and the pods' interfaces go; DEL again succeeds.
-    for (network, pod) in [("red", &a1), ("red", &a2), ("blue", &b1)] {
-        cni.ok("del", network, pod, None);
+    // STATUS: the switch answers.
+    let status = Command::new("ip")
+        .args(["netns", "exec", &switch_ns])
+        .arg(&cni.tool)
+        .args(["status", "red", &a1.path()])
+        .env("NETCONFPATH", &cni.netconfs)
+        .env("CNI_PATH", &cni.plugins)
+        .output()
+        .unwrap();
+    assert!(status.status.success(), "{status:?}");
+
+    // DEL: the switch's records, the veths and the pods' interfaces go.
+    let gone = |pod: &Pod| {
         let out = pod.exec(&["ip", "link", "show", "eth0"]);
         assert!(!out.status.success(), "{}'s eth0 is still there", pod.0);
+    };
+    for (network, pod) in [("red", &a1), ("blue", &b1)] {
+        cni.ok("del", network, pod, None);
+        gone(pod);
     }
+    // GC: a pod the runtime lost track of (its cached result gone) is removed with the ones
+    // the runtime no longer lists (cnitool lists none: its DELs go to a2 through libcni's
+    // cache, the plugin's GC finds the stray one in the switch).
+    let (stray_ip, _) = addresses(&cni.ok("add", "red", &stray, None));
+    let stray_vm = vms(&sock)
+        .into_iter()
+        .find(|v| v["ip"] == stray_ip.as_str())
+        .unwrap();
+    // The switch's name is cni:CONTAINERID:IFNAME, libcni's file NETWORK-CONTAINERID-IFNAME.
+    let stray_name = stray_vm["name"].as_str().unwrap();
+    let cached = format!("red-{}", stray_name["cni:".len()..].replace(':', "-"));
+    std::fs::remove_file(Path::new("/var/lib/cni/results").join(&cached)).unwrap();
+    cni.ok("gc", "red", &stray, None);
+    gone(&a2);
+    gone(&stray);
     assert!(vms(&sock).is_empty(), "{:?}", vms(&sock));
     assert!(
         pod_veths(&switch_ns).is_empty(),
         "{:?}",
         pod_veths(&switch_ns)
     );
+    // DEL again succeeds.
     cni.ok("del", "red", &a1, None);
     // The addresses went back to host-local (it keeps a file per address in use).
     for network in ["red", "blue"] {

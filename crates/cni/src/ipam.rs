@@ -34,10 +34,27 @@ fn binary(ipam: &Value, env: &Env) -> Result<PathBuf> {
         })
 }
 
-/// Runs the IPAM plugin for `command` (ADD, DEL, CHECK) with `stdin`; its result for ADD.
+/// Runs the IPAM plugin for `command` (ADD, DEL, CHECK, GC) with `stdin`; its result for ADD.
 pub fn delegate(command: &str, ipam: &Value, env: &Env, stdin: &[u8]) -> Result<Value> {
+    delegate_for(command, ipam, env, stdin, None)
+}
+
+/// As [`delegate`], for the attachment `of` (container id, interface name) instead of the
+/// one in the environment (GC's DEL of an attachment the runtime no longer lists).
+pub fn delegate_for(
+    command: &str,
+    ipam: &Value,
+    env: &Env,
+    stdin: &[u8],
+    of: Option<(&str, &str)>,
+) -> Result<Value> {
     let path = binary(ipam, env)?;
-    let mut child = Command::new(&path)
+    let mut cmd = Command::new(&path);
+    if let Some((container_id, ifname)) = of {
+        cmd.env("CNI_CONTAINERID", container_id)
+            .env("CNI_IFNAME", ifname);
+    }
+    let mut child = cmd
         .env("CNI_COMMAND", command)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -12,9 +12,6 @@ use serde_json::Value;
 
 use crate::error::{code, CniError, Result};
 
-/// Prefix of the host ends of the pods' veths.
-pub const HOST_PREFIX: &str = "pc";
-
 /// The host end's name for a pod's interface: `pc` and 12 hex digits of a hash of the
 /// container id and interface name (15 bytes at most, the kernel's limit; stable, so DEL finds
 /// it from the same variables).
@@ -25,7 +22,7 @@ pub fn host_ifname(container_id: &str, ifname: &str) -> String {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
-    format!("{HOST_PREFIX}{:012x}", h >> 16)
+    format!("pc{:012x}", h >> 16)
 }
 
 /// An open network namespace (`CNI_NETNS`).

@@ -50,6 +50,20 @@ pub struct NetConf {
     pub prev_result: Option<Value>,
     #[serde(default)]
     pub args: Option<Value>,
+    /// GC: the attachments the runtime still has (libcni sends the list under both names).
+    #[serde(default, rename = "cni.dev/valid-attachments")]
+    pub valid_attachments: Option<Vec<Attachment>>,
+    #[serde(default, rename = "cni.dev/attachments")]
+    pub attachments: Option<Vec<Attachment>>,
+}
+
+/// A pod's attachment: its container id and interface name.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Attachment {
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    pub ifname: String,
 }
 
 /// A pod's limits: `min_mbps`, `max_mbps`, `max_pps`, `min_pps` of its `[[vms]]` entry

@@ -11,11 +11,16 @@ use crate::link::{self, Netns};
 use crate::netconf::{Env, NetConf};
 
 /// Prefix of the switch's VM names for pods this plugin attached.
-const VM_PREFIX: &str = "cni-";
+const VM_PREFIX: &str = "cni:";
 
-/// The switch's name for the pod's VM: `cni-CONTAINERID-IFNAME`.
+/// The switch's name for the pod's VM: `cni:CONTAINERID:IFNAME` (neither has a `:`).
 fn vm_name(container_id: &str, ifname: &str) -> String {
-    format!("{VM_PREFIX}{container_id}-{ifname}")
+    format!("{VM_PREFIX}{container_id}:{ifname}")
+}
+
+/// The attachment (container id, interface name) a VM name of [`vm_name`] stands for.
+fn attachment_of(vm_name: &str) -> Option<(&str, &str)> {
+    vm_name.strip_prefix(VM_PREFIX)?.rsplit_once(':')
 }
 
 fn ipam_of(conf: &NetConf) -> Result<&Value> {
@@ -390,36 +395,33 @@ pub fn status(conf: &NetConf) -> Result<()> {
 }
 
 /// Removes the pods of this network's tenant that the plugin attached and the runtime no
-/// longer lists (`cni.dev/valid-attachments`), with their veths; then the IPAM plugin's GC.
+/// longer lists (`cni.dev/valid-attachments`; none listed: all), with their veths and
+/// addresses (IPAM DEL: host-local has no GC of its own); then the IPAM plugin's GC.
 pub fn gc(conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<()> {
-    let valid: Vec<String> = conf
-        .args
+    let ipam = ipam_of(conf)?;
+    let valid = conf
+        .valid_attachments
         .as_ref()
-        .and_then(|a| a["cni.dev/valid-attachments"].as_array().cloned())
-        .unwrap_or_default()
-        .iter()
-        .map(|a| {
-            vm_name(
-                a["containerID"].as_str().unwrap_or(""),
-                a["ifname"].as_str().unwrap_or(""),
-            )
-        })
-        .collect();
+        .or(conf.attachments.as_ref())
+        .cloned()
+        .unwrap_or_default();
     let api = Api::new(&conf.socket);
     let vms = api.get_json("/vms")?;
     for vm in vms.as_array().into_iter().flatten() {
         let name = vm["name"].as_str().unwrap_or("");
-        let ours = name.starts_with(VM_PREFIX) && vm["tenant"] == conf.tenant.as_str();
-        if ours && !valid.iter().any(|v| v == name) {
-            remove_vm(&api, name)?;
-            let port = vm["port"]["ifname"].as_str().unwrap_or("");
-            if port.starts_with(link::HOST_PREFIX) {
-                link::delete(port)?;
-            }
+        let Some((container_id, ifname)) = attachment_of(name) else {
+            continue;
+        };
+        let listed = valid
+            .iter()
+            .any(|a| a.container_id == container_id && a.ifname == ifname);
+        if vm["tenant"] != conf.tenant.as_str() || listed {
+            continue;
         }
+        remove_vm(&api, name)?;
+        link::delete(&link::host_ifname(container_id, ifname))?;
+        ipam::delegate_for("DEL", ipam, env, stdin, Some((container_id, ifname)))?;
     }
-    if let Some(ipam) = &conf.ipam {
-        ipam::delegate("GC", ipam, env, stdin)?;
-    }
+    ipam::delegate("GC", ipam, env, stdin)?;
     Ok(())
 }

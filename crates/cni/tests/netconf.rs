@@ -130,3 +130,19 @@ fn pod_limits_come_from_netconf_then_bandwidth_then_picnic_capability() {
         }
     );
 }
+
+#[test]
+fn gc_reads_the_valid_attachments_under_both_names_libcni_sends() {
+    let list = json!([{ "containerID": "c1", "ifname": "eth0" }]);
+    let c = NetConf::parse(&conf(json!({
+        "cni.dev/valid-attachments": list,
+        "cni.dev/attachments": list,
+    })))
+    .unwrap();
+    let valid = c.valid_attachments.unwrap();
+    assert_eq!(
+        (valid[0].container_id.as_str(), valid[0].ifname.as_str()),
+        ("c1", "eth0")
+    );
+    assert_eq!(c.attachments.unwrap().len(), 1);
+}
