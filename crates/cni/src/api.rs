@@ -83,12 +83,20 @@ impl Api {
     /// One request on a fresh connection (`Connection: close`: the body ends at EOF).
     fn request(&self, method: &str, path: &str, body: &str) -> Result<Answer> {
         let unreachable = |e: std::io::Error| {
+            let socket = self.socket.display();
+            if e.kind() == std::io::ErrorKind::PermissionDenied {
+                // Not a switch starting: retrying will not help.
+                return CniError::new(
+                    code::IO,
+                    format!("the picnic switch's API at {socket}: {e}"),
+                )
+                .with_details(
+                    "the socket is owner-only (switch.api_socket_mode): run the plugin as root",
+                );
+            }
             CniError::new(
                 code::TRY_AGAIN,
-                format!(
-                    "the picnic switch's API at {} does not answer: {e}",
-                    self.socket.display()
-                ),
+                format!("the picnic switch's API at {socket} does not answer: {e}"),
             )
             .with_details(
                 "is the switch running with switch.api set to this path (netconf 'socket')?",
