@@ -146,3 +146,15 @@ fn gc_reads_the_valid_attachments_under_both_names_libcni_sends() {
     );
     assert_eq!(c.attachments.unwrap().len(), 1);
 }
+
+#[test]
+fn the_example_netconf_parses() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cni");
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let c = NetConf::parse(&std::fs::read(&path).unwrap())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!(c.plugin, "picnic-cni", "{}", path.display());
+        assert!(c.ipam.is_some() && c.slo.is_some(), "{}", path.display());
+    }
+}
