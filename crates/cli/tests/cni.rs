@@ -275,16 +275,22 @@ fn cnitool_attaches_pods_with_their_slos_that_talk_through_picnic_and_del_cleans
         [("red", &a1), ("red", &a2), ("blue", &b1), ("red", &stray)],
     );
 
-    // ADD: a1 with a per-pod cap (the bandwidth capability) and packet rate (picnic's).
+    // ADD, the three at once as a runtime may (tenant red created once, distinct VM ids): a1
+    // with a per-pod cap (the bandwidth capability) and packet rate (picnic's).
     let caps = json!({
         "bandwidth": { "ingressRate": 200_000_000, "egressRate": 300_000_000,
                        "ingressBurst": 1_000_000, "egressBurst": 1_000_000 },
         "picnic": { "max_pps": 50_000 },
     });
-    let a1_result = cni.ok("add", "red", &a1, Some(&caps));
+    let (a1_result, a2_result, b1_result) = std::thread::scope(|s| {
+        let a1 = s.spawn(|| cni.ok("add", "red", &a1, Some(&caps)));
+        let a2 = s.spawn(|| cni.ok("add", "red", &a2, None));
+        let b1 = s.spawn(|| cni.ok("add", "blue", &b1, None));
+        (a1.join().unwrap(), a2.join().unwrap(), b1.join().unwrap())
+    });
     let (a1_ip, a1_ip6) = addresses(&a1_result);
-    let (a2_ip, a2_ip6) = addresses(&cni.ok("add", "red", &a2, None));
-    let (b1_ip, _) = addresses(&cni.ok("add", "blue", &b1, None));
+    let (a2_ip, a2_ip6) = addresses(&a2_result);
+    let (b1_ip, _) = addresses(&b1_result);
     println!("a1 {a1_ip} {a1_ip6:?}, a2 {a2_ip} {a2_ip6:?}, b1 {b1_ip}");
 
     // The switch's records: the tenants the plugin created with their SLO, the pods as VMs.
@@ -301,6 +307,10 @@ fn cnitool_attaches_pods_with_their_slos_that_talk_through_picnic_and_del_cleans
     assert_eq!(red["slo"]["max_loss"], 0.01, "{red}");
     let recorded = vms(&sock);
     assert_eq!(recorded.len(), 3, "{recorded:?}");
+    let mut ids: Vec<u64> = recorded.iter().map(|v| v["id"].as_u64().unwrap()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 3, "VM ids {ids:?}");
     let vm_of = |ip: &str| recorded.iter().find(|v| v["ip"] == ip).unwrap().clone();
     let (a1_vm, a2_vm) = (vm_of(&a1_ip), vm_of(&a2_ip));
     assert_eq!(a1_vm["tenant"], "red");
