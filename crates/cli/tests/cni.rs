@@ -260,7 +260,7 @@ fn cnitool_attaches_pods_with_their_slos_that_talk_through_picnic_and_del_cleans
         Pod::new("b1"),
         Pod::new("x1"),
     );
-    let _switch = KillOnDrop(sw.switch(&cfg));
+    let switch = KillOnDrop(sw.switch(&cfg));
     wait_for_api(&sock);
     let cni = Cnitool {
         tool: tools.join("cnitool"),
@@ -437,15 +437,7 @@ fn cnitool_attaches_pods_with_their_slos_that_talk_through_picnic_and_del_cleans
     assert_eq!(vms(&sock).len(), 3);
 
     // STATUS: the switch answers.
-    let status = Command::new("ip")
-        .args(["netns", "exec", &switch_ns])
-        .arg(&cni.tool)
-        .args(["status", "red", &a1.path()])
-        .env("NETCONFPATH", &cni.netconfs)
-        .env("CNI_PATH", &cni.plugins)
-        .output()
-        .unwrap();
-    assert!(status.status.success(), "{status:?}");
+    cni.ok("status", "red", &a1, None);
 
     // DEL: the switch's records, the veths and the pods' interfaces go.
     let gone = |pod: &Pod| {
@@ -491,6 +483,15 @@ fn cnitool_attaches_pods_with_their_slos_that_talk_through_picnic_and_del_cleans
             "{network}: host-local still holds {held:?}"
         );
     }
+
+    // STATUS with the switch stopped: not available.
+    drop(switch);
+    let out = cni.run("status", "red", &a1, None);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("does not answer"),
+        "{said}"
+    );
 }
 
 /// DELs the pods when the test ends, failed or not (a DEL of a pod gone succeeds).
