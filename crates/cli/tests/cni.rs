@@ -436,6 +436,16 @@ fn cnitool_attaches_pods_with_their_slos_that_talk_through_picnic_and_del_cleans
     assert_eq!(pod_veths(&switch_ns).len(), 3);
     assert_eq!(vms(&sock).len(), 3);
 
+    // CHECK finds a pod the switch lost (a restart without its state file): a2's record
+    // removed by hand. (GC below cleans a2 up.)
+    let a2_name = a2_vm["name"].as_str().unwrap();
+    let (status, body) = api(&sock, "DELETE", &format!("/vms/{a2_name}"), "");
+    assert_eq!(status, 200, "{body}");
+    let out = cni.run("check", "red", &a2, None);
+    let said = String::from_utf8_lossy(&out.stderr);
+    let drift = format!("the switch has no VM '{a2_name}'");
+    assert!(!out.status.success() && said.contains(&drift), "{said}");
+
     // STATUS: the switch answers.
     cni.ok("status", "red", &a1, None);
 

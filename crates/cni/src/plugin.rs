@@ -425,3 +425,16 @@ pub fn gc(conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<()> {
     ipam::delegate("GC", ipam, env, stdin)?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_vm_name_gives_back_its_attachment() {
+        let name = vm_name("cnitool-0e92.2a6-b", "eth0");
+        assert_eq!(name, "cni:cnitool-0e92.2a6-b:eth0");
+        assert_eq!(attachment_of(&name), Some(("cnitool-0e92.2a6-b", "eth0")));
+        assert_eq!(attachment_of("red1"), None);
+    }
+}
