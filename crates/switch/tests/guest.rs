@@ -40,6 +40,8 @@ const TCP_BYTES: usize = 1 << 20;
 const MTU: u32 = 1400;
 /// The whole boot-check-poweroff, TCG included.
 const GUEST_DEADLINE: Duration = Duration::from_secs(150);
+/// How long the guest stays up after its checks, for the container to ping it.
+const HOLD_S: u64 = 4;
 /// How long KVM gets to show the kernel's first line before TCG is used instead.
 const KVM_PROBE: Duration = Duration::from_secs(15);
 
@@ -124,7 +126,7 @@ fn start_guest(ns: &Netns, kernel: &Path, initrd: &Path, serial: &Path, kvm: boo
     let append = format!(
         "console=ttyS0 earlyprintk=serial panic=-1 picnic.ip={GUEST_IP}/24 \
          picnic.peer={CTR_IP} picnic.tcp={CTR_IP}:{TCP_PORT} picnic.ip6={GUEST_IP6}/64 \
-         picnic.peer6={CTR_IP6} picnic.tcp6=[{CTR_IP6}]:{TCP_PORT}"
+         picnic.peer6={CTR_IP6} picnic.tcp6=[{CTR_IP6}]:{TCP_PORT} picnic.hold={HOLD_S}"
     );
     let machine = if kvm {
         "q35,accel=kvm"
@@ -195,6 +197,25 @@ fn wait_for(qemu: &mut Qemu, serial: &Path, what: &str, timeout: Duration) -> bo
         std::thread::sleep(Duration::from_millis(100));
     }
     false
+}
+
+/// The container pings the guest over IPv4 and IPv6; what ping said of each that failed.
+fn ping_guest(ctr: &Netns) -> Vec<String> {
+    [GUEST_IP, GUEST_IP6]
+        .into_iter()
+        .filter_map(|addr| {
+            let out = Command::new("ip")
+                .args([
+                    "netns", "exec", &ctr.name, "ping", "-c", "3", "-i", "0.2", "-W", "2",
+                ])
+                .arg(addr)
+                .output()
+                .expect("run ping in the container");
+            let said = String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr);
+            (!out.status.success()).then(|| format!("{addr}: {said}"))
+        })
+        .collect()
 }
 
 /// The container's TCP server: echoes what it reads until [`TCP_BYTES`] went back, then
@@ -371,23 +392,31 @@ fn boot_and_exchange(config: &str) -> Option<std::sync::Arc<picnic_switch::runne
     });
     let deadline = started + GUEST_DEADLINE;
     let guest_done = AtomicBool::new(false);
-    let (echoed, echoed6, published) = std::thread::scope(|s| {
+    let (echoed, echoed6, published, pinged) = std::thread::scope(|s| {
         let server = s.spawn(|| echo_server(listener, deadline, &guest_done));
         let server6 = s.spawn(|| echo_server(listener6, deadline, &guest_done));
-        let published = host.enter(|| {
+        let (published, pinged) = host.enter(|| {
             let mut switch = Switch::open(Config::parse(config).unwrap())
                 .expect("picnic attaches to the TAP QEMU holds");
             let (stop, shared) = (switch.stop_flag(), switch.shared());
             let dataplane = std::thread::spawn(move || switch.run());
+            // The container pings the guest while it holds (its checks done, STATS printed).
+            let pinged = wait_for(&mut qemu, &serial, "PICNIC-STATS", GUEST_DEADLINE)
+                .then(|| ping_guest(&ctr));
             let done = wait_for(&mut qemu, &serial, "PICNIC-DONE", GUEST_DEADLINE);
             guest_done.store(true, Ordering::Relaxed);
             std::thread::sleep(Duration::from_millis(250));
             stop.store(true, Ordering::Relaxed);
             dataplane.join().unwrap().expect("the switch ran");
             assert!(done, "the guest did not finish:\n{}", diagnostics(&serial));
-            shared.latest().expect("a snapshot")
+            (shared.latest().expect("a snapshot"), pinged)
         });
-        (server.join().unwrap(), server6.join().unwrap(), published)
+        (
+            server.join().unwrap(),
+            server6.join().unwrap(),
+            published,
+            pinged,
+        )
     });
     let out = diagnostics(&serial);
     let report: Vec<&str> = out.lines().filter(|l| l.contains("PICNIC-")).collect();
@@ -422,6 +451,11 @@ fn boot_and_exchange(config: &str) -> Option<std::sync::Arc<picnic_switch::runne
     assert_eq!(
         echoed6, TCP_BYTES,
         "the container echoed the guest's MiB over IPv6"
+    );
+    let failed = pinged.expect("the guest printed no PICNIC-STATS");
+    assert!(
+        failed.is_empty(),
+        "the container could not ping the guest: {failed:?}"
     );
     // The guest's and the container's neighbour solicitations, answered by the switch.
     let nd_replies = published.switch.switch.nd_replies;
