@@ -296,15 +296,17 @@ fn cnitool_attaches_pods_with_their_slos_that_talk_through_picnic_and_del_cleans
     // The switch's records: the tenants the plugin created with their SLO, the pods as VMs.
     let (_, tenants) = api(&sock, "GET", "/tenants", "");
     let tenants: Value = serde_json::from_str(&tenants).unwrap();
-    let red = tenants
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["name"] == "red")
-        .unwrap();
-    assert_eq!(red["vni"], 100);
-    assert_eq!(red["slo"]["min_bps"], 10_000_000, "{red}");
-    assert_eq!(red["slo"]["max_loss"], 0.01, "{red}");
+    for (name, vni) in [("red", 100), ("blue", 200)] {
+        let t = tenants
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == name)
+            .unwrap_or_else(|| panic!("no tenant {name}: {tenants}"));
+        assert_eq!(t["vni"], vni, "{t}");
+        assert_eq!(t["slo"]["min_bps"], 10_000_000, "{t}");
+        assert_eq!(t["slo"]["max_loss"], 0.01, "{t}");
+    }
     let recorded = vms(&sock);
     assert_eq!(recorded.len(), 3, "{recorded:?}");
     let mut ids: Vec<u64> = recorded.iter().map(|v| v["id"].as_u64().unwrap()).collect();
@@ -385,8 +387,19 @@ fn cnitool_attaches_pods_with_their_slos_that_talk_through_picnic_and_del_cleans
         String::from_utf8_lossy(&out.stdout)
     );
 
-    // The switch carried it: a1's and a2's counters hold the transfer (1 MB each way).
+    // The switch carried it: a1's and a2's counters hold the transfer (1 MB each way); it
+    // judges both tenants' SLOs.
     std::thread::sleep(Duration::from_millis(250));
+    let (_, slo) = api(&sock, "GET", "/slo", "");
+    let slo: Value = serde_json::from_str(&slo).unwrap();
+    for name in ["red", "blue"] {
+        let judged = slo["tenants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["tenant"] == name);
+        assert!(judged, "/slo has no tenant {name}: {slo}");
+    }
     let (_, stats) = api(&sock, "GET", "/stats", "");
     let stats: Value = serde_json::from_str(&stats).unwrap();
     for name in [&a1_vm["name"], &a2_vm["name"]] {
