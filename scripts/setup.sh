@@ -48,3 +48,9 @@ cargo build --release --bin picnic
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   bash scripts/guest.sh || echo "setup: the test guest was not built (scripts/guest.sh); the QEMU test skips" >&2
 fi
+
+# The CNI test's tools (crates/cli/tests/cni.rs): the CNI project's cnitool and host-local,
+# built from their Go modules into /usr/local/lib/picnic/cni (about a minute, once).
+if [ "$(id -u)" = 0 ]; then
+  bash scripts/setup_cni.sh || echo "setup: cnitool was not built (scripts/setup_cni.sh); the CNI test skips" >&2
+fi

@@ -29,9 +29,17 @@ enum Command {
     Sim(picnic_sim::SimCommand),
     /// Forwarding benchmark: picnic against the raw AF_PACKET limit, a Linux bridge and OVS.
     Bench(picnic_bench::BenchArgs),
+    /// The CNI plugin (CNI_* variables, netconf on stdin); runtimes run it through a symlink
+    /// named picnic-cni in their CNI_PATH (docs/cni.md).
+    Cni,
 }
 
 fn main() {
+    // Installed as the CNI plugin `picnic-cni`, runtimes exec it with no arguments.
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    if std::path::Path::new(&argv0).file_name() == Some("picnic-cni".as_ref()) {
+        std::process::exit(picnic_cni::plugin_main());
+    }
     let cli = Cli::parse();
     let code = match cli.command {
         Command::Switch(args) => match switch_cmd::run(args) {
@@ -56,6 +64,7 @@ fn main() {
                 2
             }
         },
+        Command::Cni => picnic_cni::plugin_main(),
         Command::Model(args) => match picnic_model::run_cli(args) {
             Ok(()) => 0,
             Err(e) => {
