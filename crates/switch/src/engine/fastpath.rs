@@ -6,10 +6,13 @@
 //! A VM's frames take the fast path while the engines would do nothing but forward them:
 //! no shaped class, no encryption, no offload program, its tenant within its CPU allocation
 //! and the VM within its packet budget, and nothing of it queued here. Its buckets in the
-//! kernel run at its share of the link (weights = min guarantees, as the engines' WFQ), capped
-//! by its `max_bps`/`max_pps`: within them it is within its allocation (PicNIC 2.1, "shaping
-//! never blocks the fast path"); beyond them its frames come to the engines, which share what
-//! is left of the link work-conservingly.
+//! kernel run at its share of the link (weights = min guarantees, as the engines' WFQ;
+//! receiving, at least its EyeQ allotment), capped by its `max_bps`/`max_pps`: within them it
+//! is within its allocation (PicNIC 2.1, "shaping never blocks the fast path"); beyond them
+//! its frames come to the engines, which share what is left of the link work-conservingly.
+//! What the kernel forwards is metered by the engines' EyeQ receivers
+//! ([`Engine::meter_fast_arrivals`]), and the rates receivers ask for become buckets per
+//! destination in the kernel ([`Engine::destination_rate`]).
 //!
 //! The kernel bumps a VM's epoch at every frame it hands over; the fast path runs only while
 //! the epoch granted here is current. [`Handback`] grants an epoch only once every frame
