@@ -135,6 +135,11 @@ impl Engine {
         }
     }
 
+    /// The access link's capacity, bytes/s.
+    pub fn access_link_bytes_per_sec(&self) -> u64 {
+        self.link_bytes
+    }
+
     /// This host's id in the directory.
     pub fn host_id(&self) -> u32 {
         self.host_id
