@@ -93,7 +93,7 @@ impl TcpSender {
     /// The segment the window allows next, if any.
     pub fn next_to_send(&self) -> Option<u64> {
         let in_window = (self.next_seq - self.snd_una) < self.cwnd.max(1.0) as u64;
-        let has_data = self.total.is_none_or(|t| self.next_seq < t);
+        let has_data = self.total.map_or(true, |t| self.next_seq < t);
         (in_window && has_data).then_some(self.next_seq)
     }
 
@@ -175,7 +175,7 @@ impl TcpSender {
     /// Fires the retransmission timer if due at `now`: go back to the oldest unacknowledged
     /// segment with a window of one. Returns whether it fired.
     pub fn on_timeout(&mut self, now: Nanos) -> bool {
-        if self.rto_deadline.is_none_or(|d| d > now) {
+        if self.rto_deadline.map_or(true, |d| d > now) {
             return false;
         }
         self.timeouts += 1;

@@ -251,7 +251,7 @@ impl Net {
     fn wake_host(&mut self, h: u32, now: Nanos) {
         let host = &mut self.hosts[h as usize];
         let at = now.max(host.busy_until);
-        if host.pending.is_none_or(|p| p > at) {
+        if host.pending.map_or(true, |p| p > at) {
             host.gen += 1;
             host.pending = Some(at);
             self.queue.push(at, Event::HostPoll(h, host.gen));
@@ -640,7 +640,7 @@ rate_pps = 1
         net.host_poll(1, at);
         let host = &net.hosts[1];
         assert!(
-            host.pending.is_none_or(|p| p > host.busy_until),
+            host.pending.map_or(true, |p| p > host.busy_until),
             "an empty pass: asleep until the engine's deadline, not {:?}",
             host.pending
         );
