@@ -32,7 +32,7 @@ pub use self::stats::{Conservation, ConvergenceResult, RunStats, ShuffleResult};
 
 use self::apps::{App, TcpParams};
 use self::fabric::Fabric;
-use self::host::{Delivery, Host, VmLoc, POOL_CHUNK};
+use self::host::{Delivery, Host, PollSchedule, VmLoc, POOL_CHUNK};
 use self::stats::{convergence_results, queue_quantiles, shuffle_results, Measurements};
 use crate::event::{Event, EventQueue, Nanos};
 use crate::spec::{Convergence, CostModel, Spec};
@@ -50,6 +50,8 @@ const TICK_NS: Nanos = 10_000_000;
 struct Net {
     queue: EventQueue,
     hosts: Vec<Host>,
+    /// Per host, when it polls next.
+    sched: Vec<PollSchedule>,
     fabric: Fabric,
     pool: FramePool,
     /// Most frames the pool may grow to.
@@ -97,6 +99,7 @@ impl World {
         let fabric = Fabric::build(sim, total_hosts as u32, access, queue_bytes);
         let net = Net {
             queue: EventQueue::default(),
+            sched: vec![PollSchedule::default(); total_hosts],
             hosts: built.hosts,
             fabric,
             pool: FramePool::new(POOL_CHUNK.min(budget)),
@@ -146,7 +149,7 @@ impl World {
             let (now, ev) = self.net.queue.pop().expect("peeked");
             match ev {
                 Event::HostPoll(h, gen) => {
-                    if self.net.hosts[h as usize].gen == gen {
+                    if self.net.sched[h as usize].gen == gen {
                         self.net.host_poll(h, now);
                         self.after_poll(now);
                     }
