@@ -315,17 +315,24 @@ impl Net {
         self.pool.get()
     }
 
-    /// A frame off the fabric reaches host `h`'s NIC: dropped (counted) when the receive
-    /// ring is full, else CE copied to the inner header (RFC 6040) and the host woken.
-    pub fn nic_receive(&mut self, h: u32, mut frame: Frame, now: Nanos) {
-        let host = &mut self.hosts[h as usize];
-        if host.nic_rx.len() >= NIC_RX_RING {
+    /// A packet off the fabric reaches host `h`'s NIC: dropped (counted) when the receive
+    /// ring is full or no frame is left within the pool's budget (also counted as
+    /// `pool_exhausted`), else copied into a frame with CE copied to the inner header
+    /// (RFC 6040) and the host woken.
+    pub fn nic_receive(&mut self, h: u32, mut bytes: Box<[u8]>, now: Nanos) {
+        if self.hosts[h as usize].nic_rx.len() >= NIC_RX_RING {
             self.cons.nic_rx_drops += 1;
-            self.pool.put(frame);
             return;
         }
-        packet::copy_ce_in(frame.data_mut());
-        host.nic_rx.push_back(frame);
+        let Some(mut frame) = self.take_frame() else {
+            self.pool_exhausted += 1;
+            self.cons.nic_rx_drops += 1;
+            return;
+        };
+        packet::copy_ce_in(&mut bytes);
+        let fits = frame.fill_from(&bytes);
+        debug_assert!(fits, "a fabric packet came from a frame");
+        self.hosts[h as usize].nic_rx.push_back(frame);
         self.wake_host(h, now);
     }
 
@@ -498,8 +505,13 @@ impl Io for HostIo<'_> {
             let dst = local * self.replicas + self.replica;
             let hash = packet::outer_flow_hash(frame.data());
             let up = self.fabric.host_up[self.host as usize];
-            let pkt = Pkt { frame, dst, hash };
-            self.fabric.enqueue(up, pkt, self.now, self.queue, pool);
+            let pkt = Pkt {
+                bytes: frame.data().into(),
+                dst,
+                hash,
+            };
+            pool.put(frame);
+            self.fabric.enqueue(up, pkt, self.now, self.queue);
         }
         Ok(())
     }
@@ -635,10 +647,7 @@ rate_pps = 1
     fn a_pass_that_only_received_is_followed_by_one_more_before_the_host_sleeps() {
         let mut w = testing::world(ONE_STREAM, "picnic");
         let net = &mut w.net;
-        let mut frame = net.take_frame().unwrap();
-        frame.buf_for_rx()[..64].fill(0);
-        frame.set_len(64);
-        net.nic_receive(1, frame, 100);
+        net.nic_receive(1, vec![0; 64].into(), 100);
         net.host_poll(1, 100);
         let sched = net.sched[1];
         assert_eq!(
@@ -660,10 +669,7 @@ rate_pps = 1
         let mut w = testing::world(ONE_STREAM, "picnic-off");
         let net = &mut w.net;
         for _ in 0..=NIC_RX_RING {
-            let mut frame = net.take_frame().unwrap();
-            frame.buf_for_rx()[..64].fill(0);
-            frame.set_len(64);
-            net.nic_receive(1, frame, 100);
+            net.nic_receive(1, vec![0; 64].into(), 100);
         }
         assert_eq!(net.cons.nic_rx_drops, 1);
         let host = &net.hosts[1];

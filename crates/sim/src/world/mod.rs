@@ -225,11 +225,9 @@ impl World {
 impl Net {
     /// The oldest packet in flight on link `l` arrives at a switch (forwarded) or a host.
     fn link_arrive(&mut self, l: u32, now: Nanos) {
-        let arrived = self
-            .fabric
-            .arrive(l, now, &mut self.queue, &mut self.pool, &mut self.rng);
-        if let Some((h, frame)) = arrived {
-            self.nic_receive(h, frame, now);
+        let arrived = self.fabric.arrive(l, now, &mut self.queue, &mut self.rng);
+        if let Some((h, bytes)) = arrived {
+            self.nic_receive(h, bytes, now);
         }
     }
 }
@@ -268,7 +266,8 @@ impl World {
                 cons.fabric_drops.insert(class.name().to_owned(), n);
             }
         }
-        cons.in_flight = (net.pool.capacity() - net.pool.available()) as u64;
+        // Frames out of the pool (rings, engine queues) and packets in the fabric.
+        cons.in_flight = (net.pool.capacity() - net.pool.available()) as u64 + net.fabric.held();
         let out = cons.delivered
             + cons.feedback_consumed
             + cons.engine_drops.values().sum::<u64>()
