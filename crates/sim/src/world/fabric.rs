@@ -5,8 +5,8 @@
 //! The fabric only moves [`Pkt`]s between link queues; a packet that reaches a host is handed
 //! back to the caller (the host's NIC, see `host.rs`). A packet in the fabric holds its bytes
 //! in an allocation of its own size, not in one of the hosts' pool frames (2 KiB each,
-//! `picnic_switch::frame::FRAME_CAP`): full core queues of 64-byte floods held 2 KiB per
-//! packet, most of the memory of a 10,000-host run.
+//! `picnic_switch::frame::FRAME_CAP`): in frames, a queue of 64-byte floods held 2 KiB per
+//! packet.
 
 use std::collections::VecDeque;
 
