@@ -189,9 +189,11 @@ impl World {
         )
     }
 
-    /// The lab's workload results, one list per replica (the report's repetitions).
-    pub fn results(&self) -> Vec<Vec<WorkloadResult>> {
-        self.meas.results.clone()
+    /// The lab's workload results, one list per replica (the report's repetitions), taken
+    /// out of the run rather than copied: their latency histograms are 213 KB each, 710 MB
+    /// for the 3,334 of the 10,000-host run.
+    pub fn take_results(&mut self) -> Vec<Vec<WorkloadResult>> {
+        std::mem::take(&mut self.meas.results)
     }
 
     /// CPU the hosts' engines charged each tenant (their modelled poll time, split by
