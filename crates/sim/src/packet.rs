@@ -63,6 +63,7 @@ pub struct Addr {
 
 /// Writes a tenant frame `src -> dst` with `payload` bytes of payload (at least
 /// [`META_LEN`]) into `frame`; `ect` marks it ECN-capable. Returns false if it does not fit.
+#[allow(clippy::too_many_arguments)]
 pub fn build(
     frame: &mut Frame,
     src: Addr,

@@ -58,7 +58,8 @@ pub fn run(spec: &Spec, seed: u64, out: Option<&Path>, progress: bool) -> Result
         for line in extra_lines(&s) {
             say(&format!("mode {name}: {line}"));
         }
-        let mut report = ModeReport::new(&spec.scenario, name, mode.attackers, world.results())?;
+        let mut report =
+            ModeReport::new(&spec.scenario, name, mode.attackers, world.take_results())?;
         report.add_cpu_share_error(&spec.scenario, &[world.tenant_cpu_ns()]);
         report.add_switch_slo(&spec.scenario, &[world.tenant_slo()]);
         reports.push(report);

@@ -93,7 +93,7 @@ impl TcpSender {
     /// The segment the window allows next, if any.
     pub fn next_to_send(&self) -> Option<u64> {
         let in_window = (self.next_seq - self.snd_una) < self.cwnd.max(1.0) as u64;
-        let has_data = self.total.is_none_or(|t| self.next_seq < t);
+        let has_data = self.total.map_or(true, |t| self.next_seq < t);
         (in_window && has_data).then_some(self.next_seq)
     }
 
@@ -149,6 +149,12 @@ impl TcpSender {
                     self.cwnd = (self.cwnd - newly as f64 + 1.0).max(1.0);
                     return self.next_hole();
                 }
+                // After an ECN cut the window does not grow until the data sent before the cut
+                // is acknowledged (RFC 3168 6.1.2: one reduction per window; Linux's and
+                // ns-3's CWR state). Growing on the cutting ACK itself gave back 1/cwnd, a
+                // whole segment at a window of one: eight DCTCP connections then held two
+                // segments each in a 25 KB queue whatever the marking threshold.
+                None if ack < self.cwr_until => {}
                 // Appropriate byte counting, L = 2 (RFC 3465).
                 None if self.cwnd < self.ssthresh => self.cwnd += newly.min(2) as f64,
                 None => self.cwnd += newly as f64 / self.cwnd,
@@ -175,7 +181,7 @@ impl TcpSender {
     /// Fires the retransmission timer if due at `now`: go back to the oldest unacknowledged
     /// segment with a window of one. Returns whether it fired.
     pub fn on_timeout(&mut self, now: Nanos) -> bool {
-        if self.rto_deadline.is_none_or(|d| d > now) {
+        if self.rto_deadline.map_or(true, |d| d > now) {
             return false;
         }
         self.timeouts += 1;
@@ -321,6 +327,26 @@ mod tests {
         // alpha starts at 1: the first marked window halves.
         s.on_ack(10, 1, 0, true, 0);
         assert!((s.cwnd - 50.0).abs() < 1.0, "{}", s.cwnd);
+    }
+
+    /// The window cut by a mark stays cut until the data sent before the cut is acknowledged,
+    /// then grows again; at a window of one the cutting ACK's growth would have undone the cut.
+    #[test]
+    fn dctcp_does_not_grow_the_window_it_just_cut() {
+        let mut s = TcpSender::new(CongestionControl::Dctcp, None, 1_000_000);
+        s.cwnd = 2.0;
+        s.ssthresh = 2.0;
+        while let Some(q) = s.next_to_send() {
+            s.on_sent(0, q);
+        }
+        assert_eq!(s.high_seq, 2);
+        // A marked ACK of segment 0: alpha 1 halves the window to one segment, and it stays.
+        s.on_ack(10, 1, 0, true, 0);
+        assert_eq!(s.cwnd, 1.0);
+        assert_eq!(s.next_to_send(), None, "one segment still in flight");
+        // The ACK of segment 1, the last sent before the cut, ends the round: growth resumes.
+        s.on_ack(20, 2, 1, false, 0);
+        assert_eq!(s.cwnd, 2.0);
     }
 
     #[test]

@@ -66,6 +66,33 @@ fn every_frame_is_delivered_dropped_with_a_reason_or_still_in_flight() {
     assert!(on.conservation.feedback_created > 0);
 }
 
+/// Every scenario file in scenarios/sim (sweep files aside) loads and validates: the files
+/// docs/sim.md quotes figures from, the 10,000-host run and the speed benchmark's among them.
+#[test]
+fn every_shipped_simulator_scenario_loads() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/sim");
+    let mut loaded = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if !name.ends_with(".toml") || name.ends_with("-sweep.toml") {
+            continue;
+        }
+        Spec::load(&path).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        loaded.push(name);
+    }
+    for shipped in [
+        "ingress-flood-10000.toml",
+        "speed-bench.toml",
+        "bottleneck-dctcp.toml",
+    ] {
+        assert!(
+            loaded.iter().any(|n| n == shipped),
+            "{shipped} not in {loaded:?}"
+        );
+    }
+}
+
 const TCP: &str = r#"
 name = "tcp-link"
 duration_ms = 600

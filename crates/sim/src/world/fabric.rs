@@ -3,13 +3,15 @@
 //! leaf-spine fabric with ECMP at the leaves, and ECN marking above a threshold.
 //!
 //! The fabric only moves [`Pkt`]s between link queues; a packet that reaches a host is handed
-//! back to the caller (the host's NIC, see `host.rs`).
+//! back to the caller (the host's NIC, see `host.rs`). A packet in the fabric holds its bytes
+//! in an allocation of its own size, not in one of the hosts' pool frames (2 KiB each,
+//! `picnic_switch::frame::FRAME_CAP`): in frames, a queue of 64-byte floods held 2 KiB per
+//! packet.
 
 use std::collections::VecDeque;
 
 use hdrhistogram::Histogram;
 use picnic_core::Rate;
-use picnic_switch::frame::{Frame, FramePool};
 use rand::rngs::SmallRng;
 use rand::Rng;
 use serde::Serialize;
@@ -52,7 +54,8 @@ pub(super) enum To {
 
 /// A frame in the fabric with what the fabric needs to forward it.
 pub(super) struct Pkt {
-    pub frame: Frame,
+    /// The frame's bytes, outer headers first.
+    pub bytes: Box<[u8]>,
     /// Destination host (global index).
     pub dst: u32,
     /// Flow hash for per-flow ECMP (rotated at every switch so hops choose independently).
@@ -234,6 +237,14 @@ impl Fabric {
         f
     }
 
+    /// Packets queued or in flight on any link.
+    pub fn held(&self) -> u64 {
+        self.links
+            .iter()
+            .map(|l| (l.queue.len() + l.flight.len()) as u64)
+            .sum()
+    }
+
     /// Records every queue's occupancy (host NIC queues included) in its class.
     pub fn sample_queues(&mut self) {
         for link in &self.links {
@@ -241,18 +252,11 @@ impl Fabric {
         }
     }
 
-    /// Puts a packet on link `l`'s queue, or drops it (counted, frame back to `pool`) when
-    /// the queue's bound or its switch's free buffer is exceeded.
-    pub fn enqueue(
-        &mut self,
-        l: u32,
-        mut pkt: Pkt,
-        now: Nanos,
-        queue: &mut EventQueue,
-        pool: &mut FramePool,
-    ) {
+    /// Puts a packet on link `l`'s queue, or drops it (counted) when the queue's bound or
+    /// its switch's free buffer is exceeded.
+    pub fn enqueue(&mut self, l: u32, mut pkt: Pkt, now: Nanos, queue: &mut EventQueue) {
         let link = &mut self.links[l as usize];
-        let len = pkt.frame.len() as u64;
+        let len = pkt.bytes.len() as u64;
         let mut fits = link.bytes + len <= link.cap_bytes && link.queue.len() < link.cap_frames;
         if let Some(o) = link.owner {
             let sw = &self.switches[o as usize];
@@ -264,12 +268,11 @@ impl Fabric {
         let class = link.class;
         if !fits {
             self.drops[class as usize] += 1;
-            pool.put(pkt.frame);
             return;
         }
         let _ = self.queue_hist[class as usize].record(link.bytes + 1);
         if let (Some(k), Some(_)) = (self.ecn_k, link.owner) {
-            if link.bytes > k && picnic_wire::ecn::mark_ce(pkt.frame.data_mut()) {
+            if link.bytes > k && picnic_wire::ecn::mark_ce(&mut pkt.bytes) {
                 self.ecn_marks += 1;
             }
         }
@@ -292,7 +295,7 @@ impl Fabric {
             link.busy = false;
             return;
         };
-        let len = pkt.frame.len() as u64;
+        let len = pkt.bytes.len() as u64;
         link.bytes -= len;
         if let Some(o) = link.owner {
             self.switches[o as usize].used -= len;
@@ -301,7 +304,7 @@ impl Fabric {
         queue.push(now + link.delay, Event::LinkArrive(l));
         match link.queue.front() {
             Some(next) => {
-                let at = now + ser_ns(next.frame.len(), link.rate);
+                let at = now + ser_ns(next.bytes.len(), link.rate);
                 queue.push(at, Event::LinkTxDone(l));
             }
             None => link.busy = false,
@@ -309,23 +312,22 @@ impl Fabric {
     }
 
     /// The oldest packet in flight on link `l` arrives: a switch forwards it to its next
-    /// link; at a host, `(host, frame)` is returned for its NIC.
+    /// link; at a host, `(host, bytes)` is returned for its NIC.
     pub fn arrive(
         &mut self,
         l: u32,
         now: Nanos,
         queue: &mut EventQueue,
-        pool: &mut FramePool,
         rng: &mut SmallRng,
-    ) -> Option<(u32, Frame)> {
+    ) -> Option<(u32, Box<[u8]>)> {
         let link = &mut self.links[l as usize];
         let (_, mut pkt) = link.flight.pop_front()?;
         match link.to {
-            To::Host(h) => Some((h, pkt.frame)),
+            To::Host(h) => Some((h, pkt.bytes)),
             To::Switch(s) => {
                 let next = self.route(s, &pkt, rng);
                 pkt.hash = pkt.hash.rotate_left(7);
-                self.enqueue(next, pkt, now, queue, pool);
+                self.enqueue(next, pkt, now, queue);
                 None
             }
         }
@@ -358,6 +360,7 @@ impl Fabric {
 mod tests {
     use super::*;
     use crate::packet::{self, Addr, Kind, Meta, Proto};
+    use picnic_switch::frame::FramePool;
     use rand::SeedableRng;
 
     const GBPS: Rate = Rate::from_gbps(1);
@@ -370,24 +373,24 @@ mod tests {
     }
 
     /// A packet of `len` bytes of zeros to host `dst`.
-    fn pkt(pool: &mut FramePool, len: usize, dst: u32, hash: u32) -> Pkt {
-        let mut frame = pool.get().expect("a free frame");
-        frame.buf_for_rx()[..len].fill(0);
-        frame.set_len(len);
-        Pkt { frame, dst, hash }
+    fn pkt(len: usize, dst: u32, hash: u32) -> Pkt {
+        Pkt {
+            bytes: vec![0; len].into(),
+            dst,
+            hash,
+        }
     }
 
     /// Runs the fabric's events until none is left; every arrival at a host as (time, host).
-    fn drain(f: &mut Fabric, q: &mut EventQueue, pool: &mut FramePool) -> Vec<(Nanos, u32)> {
+    fn drain(f: &mut Fabric, q: &mut EventQueue) -> Vec<(Nanos, u32)> {
         let mut rng = SmallRng::seed_from_u64(0);
         let mut arrivals = Vec::new();
         while let Some((now, ev)) = q.pop() {
             match ev {
                 Event::LinkTxDone(l) => f.tx_done(l, now, q),
                 Event::LinkArrive(l) => {
-                    if let Some((h, frame)) = f.arrive(l, now, q, pool, &mut rng) {
+                    if let Some((h, _)) = f.arrive(l, now, q, &mut rng) {
                         arrivals.push((now, h));
-                        pool.put(frame);
                     }
                 }
                 other => panic!("not a fabric event: {other:?}"),
@@ -399,28 +402,28 @@ mod tests {
     #[test]
     fn a_link_serializes_back_to_back_at_its_rate_then_adds_its_delay() {
         let mut f = Fabric::build(&sim(|_| {}), 2, GBPS, 1_000_000);
-        let (mut q, mut pool) = (EventQueue::default(), FramePool::new(8));
+        let mut q = EventQueue::default();
         let down = f.host_down[1];
         for _ in 0..3 {
-            let p = pkt(&mut pool, 1250, 1, 0);
-            f.enqueue(down, p, 0, &mut q, &mut pool);
+            let p = pkt(1250, 1, 0);
+            f.enqueue(down, p, 0, &mut q);
         }
         // 1250 B at 1 Gb/s is 10 us each, then 1 us of propagation.
-        let arrivals = drain(&mut f, &mut q, &mut pool);
+        let arrivals = drain(&mut f, &mut q);
         assert_eq!(arrivals, vec![(11_000, 1), (21_000, 1), (31_000, 1)]);
         assert_eq!(f.links[down as usize].bytes, 0);
         assert_eq!(f.switches[0].used, 0);
-        assert_eq!(pool.available(), 8);
+        assert_eq!(f.held(), 0);
     }
 
     #[test]
     fn a_packet_crosses_nic_switch_and_access_link_in_the_sum_of_their_times() {
         let mut f = Fabric::build(&sim(|_| {}), 2, GBPS, 1_000_000);
-        let (mut q, mut pool) = (EventQueue::default(), FramePool::new(1));
-        let p = pkt(&mut pool, 1250, 1, 0);
-        f.enqueue(f.host_up[0], p, 5_000, &mut q, &mut pool);
+        let mut q = EventQueue::default();
+        let p = pkt(1250, 1, 0);
+        f.enqueue(f.host_up[0], p, 5_000, &mut q);
         // NIC 10 Gb/s: 1 us + 1 us delay; access 1 Gb/s: 10 us + 1 us delay.
-        assert_eq!(drain(&mut f, &mut q, &mut pool), vec![(18_000, 1)]);
+        assert_eq!(drain(&mut f, &mut q), vec![(18_000, 1)]);
     }
 
     #[test]
@@ -436,43 +439,44 @@ mod tests {
             (f.switches.len(), f.leaf_up.len(), f.spine_down.len()),
             (6, 2, 4)
         );
-        let (mut q, mut pool) = (EventQueue::default(), FramePool::new(2));
-        let far = pkt(&mut pool, 1250, 3, 0);
-        f.enqueue(f.host_up[0], far, 0, &mut q, &mut pool);
-        let near = pkt(&mut pool, 1250, 1, 0);
-        f.enqueue(f.host_up[0], near, 0, &mut q, &mut pool);
+        let mut q = EventQueue::default();
+        let far = pkt(1250, 3, 0);
+        f.enqueue(f.host_up[0], far, 0, &mut q);
+        let near = pkt(1250, 1, 0);
+        f.enqueue(f.host_up[0], near, 0, &mut q);
         // Near (same leaf): NIC 1 us behind the first, +1 us, access 10 + 1 us = 14 us.
         // Far: NIC 1 + 1, core 20 + 1, core 20 + 1, access 10 + 1 = 55 us.
-        let arrivals = drain(&mut f, &mut q, &mut pool);
+        let arrivals = drain(&mut f, &mut q);
         assert_eq!(arrivals, vec![(14_000, 1), (55_000, 3)]);
     }
 
     #[test]
-    fn a_switch_port_drops_beyond_its_byte_bound_and_returns_the_frame() {
+    fn a_switch_port_drops_beyond_its_byte_bound() {
         let s = sim(|s| s.switch_buffer_kb = 0);
         let mut f = Fabric::build(&s, 2, GBPS, 3000);
-        let (mut q, mut pool) = (EventQueue::default(), FramePool::new(4));
+        let mut q = EventQueue::default();
         let down = f.host_down[1];
         for _ in 0..4 {
-            let p = pkt(&mut pool, 1000, 1, 0);
-            f.enqueue(down, p, 0, &mut q, &mut pool);
+            let p = pkt(1000, 1, 0);
+            f.enqueue(down, p, 0, &mut q);
         }
         assert_eq!(f.drops, [0, 1, 0]);
-        assert_eq!(pool.available(), 1, "the dropped frame is back in the pool");
-        assert_eq!(drain(&mut f, &mut q, &mut pool).len(), 3);
+        assert_eq!(f.held(), 3, "the dropped packet is gone");
+        assert_eq!(drain(&mut f, &mut q).len(), 3);
+        assert_eq!(f.held(), 0);
     }
 
     #[test]
     fn a_nic_queue_drops_beyond_its_frame_bound() {
         let s = sim(|s| s.nic_queue_frames = 2);
         let mut f = Fabric::build(&s, 2, GBPS, 1_000_000);
-        let (mut q, mut pool) = (EventQueue::default(), FramePool::new(3));
+        let mut q = EventQueue::default();
         for _ in 0..3 {
-            let p = pkt(&mut pool, 64, 1, 0);
-            f.enqueue(f.host_up[0], p, 0, &mut q, &mut pool);
+            let p = pkt(64, 1, 0);
+            f.enqueue(f.host_up[0], p, 0, &mut q);
         }
         assert_eq!(f.drops, [1, 0, 0]);
-        assert_eq!(drain(&mut f, &mut q, &mut pool).len(), 2);
+        assert_eq!(drain(&mut f, &mut q).len(), 2);
     }
 
     #[test]
@@ -481,10 +485,10 @@ mod tests {
         // then gets 1,000 B of the 2,000 left.
         let s = sim(|s| s.switch_buffer_kb = 4);
         let mut f = Fabric::build(&s, 2, GBPS, 1_000_000);
-        let (mut q, mut pool) = (EventQueue::default(), FramePool::new(8));
+        let mut q = EventQueue::default();
         for dst in [1, 1, 1, 0, 0] {
-            let p = pkt(&mut pool, 1000, dst, 0);
-            f.enqueue(f.host_down[dst as usize], p, 0, &mut q, &mut pool);
+            let p = pkt(1000, dst, 0);
+            f.enqueue(f.host_down[dst as usize], p, 0, &mut q);
         }
         assert_eq!(f.links[f.host_down[1] as usize].bytes, 2000);
         assert_eq!(f.links[f.host_down[0] as usize].bytes, 1000);
@@ -496,7 +500,7 @@ mod tests {
     fn switches_mark_ect_frames_ce_above_the_threshold_and_nothing_else() {
         let s = sim(|s| s.ecn_threshold_kb = Some(1));
         let mut f = Fabric::build(&s, 2, GBPS, 1_000_000);
-        let (mut q, mut pool) = (EventQueue::default(), FramePool::new(8));
+        let mut q = EventQueue::default();
         let addr = |i| Addr {
             mac: [2, 0, 0, 0, 0, i],
             ip: [10, 0, 0, i],
@@ -510,6 +514,7 @@ mod tests {
             sack: 0,
         };
         // 1,000-byte IPv4/UDP frames; the third and fourth find 2,000 and 3,000 B queued.
+        let mut pool = FramePool::new(1);
         let mut send = |f: &mut Fabric, link: u32, ect: bool| {
             let mut frame = pool.get().unwrap();
             assert!(packet::build(
@@ -523,16 +528,17 @@ mod tests {
                 &meta
             ));
             assert_eq!(frame.len(), 1000);
+            let bytes = frame.data().into();
+            pool.put(frame);
             f.enqueue(
                 link,
                 Pkt {
-                    frame,
+                    bytes,
                     dst: 1,
                     hash: 0,
                 },
                 0,
                 &mut q,
-                &mut pool,
             );
         };
         let down = f.host_down[1];
@@ -548,7 +554,7 @@ mod tests {
         let ce: Vec<bool> = f.links[down as usize]
             .queue
             .iter()
-            .map(|p| packet::parse(p.frame.data()).unwrap().1)
+            .map(|p| packet::parse(&p.bytes).unwrap().1)
             .collect();
         assert_eq!(ce, [false, false, true, false]);
     }
@@ -566,10 +572,9 @@ mod tests {
     #[test]
     fn per_flow_ecmp_picks_the_uplink_by_the_flow_hash() {
         let f = leaf_spine(Ecmp::PerFlow);
-        let mut pool = FramePool::new(1);
         let mut rng = SmallRng::seed_from_u64(0);
         for hash in [0, 1, 2, 3, 7, 0x8000_0001, u32::MAX] {
-            let p = pkt(&mut pool, 64, 3, hash);
+            let p = pkt(64, 3, hash);
             let up = f.route(0, &p, &mut rng);
             assert_eq!(up, f.leaf_up[0][hash as usize % 4], "hash {hash:#x}");
             // Same hash, same uplink: a flow stays on one path.
@@ -577,15 +582,13 @@ mod tests {
             // The destination's own leaf sends it down; a spine to the destination's leaf.
             assert_eq!(f.route(1, &p, &mut rng), f.host_down[3]);
             assert_eq!(f.route(2 + 3, &p, &mut rng), f.spine_down[3][1]);
-            pool.put(p.frame);
         }
     }
 
     #[test]
     fn per_packet_ecmp_sprays_from_the_rng_so_a_seed_repeats_its_choices() {
         let f = leaf_spine(Ecmp::PerPacket);
-        let mut pool = FramePool::new(1);
-        let p = pkt(&mut pool, 64, 3, 42);
+        let p = pkt(64, 3, 42);
         let choices = |seed| {
             let mut rng = SmallRng::seed_from_u64(seed);
             (0..64)

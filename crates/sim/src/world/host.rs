@@ -61,21 +61,28 @@ pub(super) struct Host {
     /// Per engine port (the uplink's slot unused).
     ports: Vec<VmRing>,
     nic_rx: VecDeque<Frame>,
-    /// The CPU is busy with the last poll's work until then.
-    busy_until: Nanos,
     /// Share of a core the switch is given (`[picnic] cpu_cores`, at most 1): a poll's
     /// CPU time takes 1/share of wall time.
     cpu_share: f64,
-    /// Generation of the scheduled poll (stale polls are skipped).
-    pub gen: u32,
-    /// When the next poll is scheduled, if one is.
-    pending: Option<Nanos>,
     /// The switch's run-loop policy, taking `batch` frames per port and poll.
     driver: Driver,
     /// CPU time the switch has spent, ns (its polls' modelled cost).
     cpu_ns: u64,
     /// The switch charges its work to the tenants' CPU allocations (Iron 3.2).
     charges_tenants: bool,
+}
+
+/// When a host polls next. Kept apart from [`Host`], whose engine spans kilobytes, in one
+/// small array ([`Net::sched`]): the checks most events make (is this poll stale, is one due
+/// sooner than a wake-up) then touch a few bytes of it, not a cold host.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct PollSchedule {
+    /// Generation of the scheduled poll (stale polls are skipped).
+    pub gen: u32,
+    /// When the next poll is scheduled, if one is.
+    pending: Option<Nanos>,
+    /// The CPU is busy with the last poll's work until then.
+    busy_until: Nanos,
 }
 
 /// A tenant's CPU as its host's switch sees it ([`Host::tenant_cpu`]).
@@ -206,10 +213,7 @@ pub(super) fn build_hosts(
                 replica: r,
                 ports,
                 nic_rx: VecDeque::new(),
-                busy_until: 0,
                 cpu_share: sc.picnic.cpu_cores.map_or(1.0, |c| c.min(1.0)),
-                gen: 0,
-                pending: None,
                 driver: Driver::new(cfg.switch.batch),
                 cpu_ns: 0,
                 charges_tenants: cfg.isolation.cpu_accounting,
@@ -249,12 +253,12 @@ fn host_frame_budget(
 impl Net {
     /// Schedules host `h`'s poll at `now` or when its CPU is free, unless one is due sooner.
     fn wake_host(&mut self, h: u32, now: Nanos) {
-        let host = &mut self.hosts[h as usize];
-        let at = now.max(host.busy_until);
-        if host.pending.is_none_or(|p| p > at) {
-            host.gen += 1;
-            host.pending = Some(at);
-            self.queue.push(at, Event::HostPoll(h, host.gen));
+        let sched = &mut self.sched[h as usize];
+        let at = now.max(sched.busy_until);
+        if sched.pending.map_or(true, |p| p > at) {
+            sched.gen += 1;
+            sched.pending = Some(at);
+            self.queue.push(at, Event::HostPoll(h, sched.gen));
         }
     }
 
@@ -311,17 +315,24 @@ impl Net {
         self.pool.get()
     }
 
-    /// A frame off the fabric reaches host `h`'s NIC: dropped (counted) when the receive
-    /// ring is full, else CE copied to the inner header (RFC 6040) and the host woken.
-    pub fn nic_receive(&mut self, h: u32, mut frame: Frame, now: Nanos) {
-        let host = &mut self.hosts[h as usize];
-        if host.nic_rx.len() >= NIC_RX_RING {
+    /// A packet off the fabric reaches host `h`'s NIC: dropped (counted) when the receive
+    /// ring is full or no frame is left within the pool's budget (also counted as
+    /// `pool_exhausted`), else copied into a frame with CE copied to the inner header
+    /// (RFC 6040) and the host woken.
+    pub fn nic_receive(&mut self, h: u32, mut bytes: Box<[u8]>, now: Nanos) {
+        if self.hosts[h as usize].nic_rx.len() >= NIC_RX_RING {
             self.cons.nic_rx_drops += 1;
-            self.pool.put(frame);
             return;
         }
-        packet::copy_ce_in(frame.data_mut());
-        host.nic_rx.push_back(frame);
+        let Some(mut frame) = self.take_frame() else {
+            self.pool_exhausted += 1;
+            self.cons.nic_rx_drops += 1;
+            return;
+        };
+        packet::copy_ce_in(&mut bytes);
+        let fits = frame.fill_from(&bytes);
+        debug_assert!(fits, "a fabric packet came from a frame");
+        self.hosts[h as usize].nic_rx.push_back(frame);
         self.wake_host(h, now);
     }
 
@@ -334,7 +345,8 @@ impl Net {
         self.reserve_frames(POLL_RESERVE);
         let t = Instant::from_nanos(now);
         let host = &mut self.hosts[h as usize];
-        host.pending = None;
+        let sched = &mut self.sched[h as usize];
+        sched.pending = None;
         let mut io = HostIo {
             host: h,
             replica: host.replica,
@@ -367,22 +379,22 @@ impl Net {
         // loop time: split over the VMs whose frames it handled (Iron 3.1).
         host.engine.charge_cpu(t, cost);
         host.cpu_ns += cost;
-        host.busy_until = now + (cost as f64 / host.cpu_share) as Nanos;
+        sched.busy_until = now + (cost as f64 / host.cpu_share) as Nanos;
         // As the switch's loop (`runner`, `worker`): after a pass that received or processed
         // anything it passes again, and it sleeps only after a pass that found nothing
         // (`Engine::note_empty_pass`, where the EyeQ receivers' idle time starts). A pass
         // that only received (feedback, a frame for a limiter or a full queue) is work too.
         let next = if more || pass.busy() > 0 {
-            Some(host.busy_until)
+            Some(sched.busy_until)
         } else {
             host.engine
                 .poll_at()
-                .map(|p| p.as_nanos().max(host.busy_until))
+                .map(|p| p.as_nanos().max(sched.busy_until))
         };
         if let Some(at) = next {
-            host.gen += 1;
-            host.pending = Some(at);
-            self.queue.push(at, Event::HostPoll(h, host.gen));
+            sched.gen += 1;
+            sched.pending = Some(at);
+            self.queue.push(at, Event::HostPoll(h, sched.gen));
         }
     }
 }
@@ -493,8 +505,13 @@ impl Io for HostIo<'_> {
             let dst = local * self.replicas + self.replica;
             let hash = packet::outer_flow_hash(frame.data());
             let up = self.fabric.host_up[self.host as usize];
-            let pkt = Pkt { frame, dst, hash };
-            self.fabric.enqueue(up, pkt, self.now, self.queue, pool);
+            let pkt = Pkt {
+                bytes: frame.data().into(),
+                dst,
+                hash,
+            };
+            pool.put(frame);
+            self.fabric.enqueue(up, pkt, self.now, self.queue);
         }
         Ok(())
     }
@@ -600,7 +617,11 @@ rate_pps = 1
             [7],
             "registered once, 8 did not wait"
         );
-        assert_eq!(host.pending, Some(0), "one poll due now");
+        assert_eq!(
+            net.sched[src.host as usize].pending,
+            Some(0),
+            "one poll due now"
+        );
 
         net.host_poll(src.host, 0);
         let host = &net.hosts[src.host as usize];
@@ -609,10 +630,11 @@ rate_pps = 1
         assert_eq!(net.wake, [7]);
         // Busy at least for the loop overhead and the pre-queue work of the batch.
         let least = POLL_OVERHEAD_NS + batch as u64 * net.cost.base_ns / 4;
-        assert!(host.busy_until >= least, "{} < {least}", host.busy_until);
+        let sched = &net.sched[src.host as usize];
+        assert!(sched.busy_until >= least, "{} < {least}", sched.busy_until);
         assert_eq!(
-            host.pending,
-            Some(host.busy_until),
+            sched.pending,
+            Some(sched.busy_until),
             "more to do: next poll when free"
         );
     }
@@ -625,24 +647,20 @@ rate_pps = 1
     fn a_pass_that_only_received_is_followed_by_one_more_before_the_host_sleeps() {
         let mut w = testing::world(ONE_STREAM, "picnic");
         let net = &mut w.net;
-        let mut frame = net.take_frame().unwrap();
-        frame.buf_for_rx()[..64].fill(0);
-        frame.set_len(64);
-        net.nic_receive(1, frame, 100);
+        net.nic_receive(1, vec![0; 64].into(), 100);
         net.host_poll(1, 100);
-        let host = &net.hosts[1];
+        let sched = net.sched[1];
         assert_eq!(
-            host.pending,
-            Some(host.busy_until),
+            sched.pending,
+            Some(sched.busy_until),
             "it received: one more pass"
         );
-        let at = host.busy_until;
-        net.host_poll(1, at);
-        let host = &net.hosts[1];
+        net.host_poll(1, sched.busy_until);
+        let sched = net.sched[1];
         assert!(
-            host.pending.is_none_or(|p| p > host.busy_until),
+            sched.pending.map_or(true, |p| p > sched.busy_until),
             "an empty pass: asleep until the engine's deadline, not {:?}",
-            host.pending
+            sched.pending
         );
     }
 
@@ -651,15 +669,12 @@ rate_pps = 1
         let mut w = testing::world(ONE_STREAM, "picnic-off");
         let net = &mut w.net;
         for _ in 0..=NIC_RX_RING {
-            let mut frame = net.take_frame().unwrap();
-            frame.buf_for_rx()[..64].fill(0);
-            frame.set_len(64);
-            net.nic_receive(1, frame, 100);
+            net.nic_receive(1, vec![0; 64].into(), 100);
         }
         assert_eq!(net.cons.nic_rx_drops, 1);
         let host = &net.hosts[1];
         assert_eq!(host.nic_rx.len(), NIC_RX_RING);
-        assert_eq!((host.gen, host.pending), (1, Some(100)));
+        assert_eq!((net.sched[1].gen, net.sched[1].pending), (1, Some(100)));
         net.host_poll(1, 100);
         let host = &net.hosts[1];
         // The switch's policy: the uplink ring is read several batches deep per poll.

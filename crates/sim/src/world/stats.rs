@@ -30,11 +30,12 @@ pub struct Conservation {
     pub engine_drops: BTreeMap<String, u64>,
     /// Frames dropped by fabric queues (buffer full), by link class.
     pub fabric_drops: BTreeMap<String, u64>,
-    /// Frames dropped at a full NIC receive ring.
+    /// Frames dropped at a full NIC receive ring, or with no pool frame to receive into.
     pub nic_rx_drops: u64,
     /// Frames dropped at a full NIC transmit queue.
     pub nic_tx_drops: u64,
-    /// Frames still held somewhere at the end (the pool's missing frames).
+    /// Frames still held somewhere at the end (the pool's missing frames and the packets
+    /// in the fabric).
     pub in_flight: u64,
     /// Whether created == delivered + consumed + drops + in flight.
     pub balanced: bool,

@@ -115,7 +115,7 @@ impl TcpFlow {
             self.sender.on_sent(now, seq);
         }
         if let Some(d) = self.sender.rto_deadline {
-            if self.timer.is_none_or(|s| s > d) {
+            if self.timer.map_or(true, |s| s > d) {
                 self.gen += 1;
                 self.timer = Some(d);
                 net.queue.push(d, Event::App(a, self.gen));
