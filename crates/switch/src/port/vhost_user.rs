@@ -56,7 +56,9 @@ use virtio_bindings::virtio_net::{
 use virtio_queue::{DescriptorChain, QueueT};
 use vm_memory::{Address, Bytes, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
-use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier};
+use vmm_sys_util::event::{
+    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
+};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::vnet::VnetRx;
@@ -148,7 +150,7 @@ impl VhostUserBackend for NetDevice {
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
-        VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::REPLY_ACK
+        VhostUserProtocolFeatures::empty()
     }
 
     fn set_event_idx(&self, _enabled: bool) {
@@ -178,7 +180,12 @@ impl VhostUserBackend for NetDevice {
             .unwrap_or_else(|e| e.into_inner())
             .is_some();
         if !known {
-            let mem = self.shared.mem.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let mem = self
+                .shared
+                .mem
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
             if let (Some(mem), [rx, tx, ..]) = (mem, vrings) {
                 self.shared.set_conn(Some(Conn {
                     rx: rx.clone(),
@@ -337,7 +344,11 @@ fn serve(mut listener: Listener, shared: &Arc<Shared>, name: &str, socket: &Path
                 log(format!("a VMM connected on {}", socket.display()));
                 let result = daemon.wait();
                 let how = match result {
-                    Ok(()) => "it disconnected".to_string(),
+                    Ok(())
+                    | Err(vhost_user_backend::Error::HandleRequest(
+                        vhost::vhost_user::Error::Disconnected
+                        | vhost::vhost_user::Error::PartialMessage,
+                    )) => "it disconnected".to_string(),
                     Err(e) => format!("it broke the protocol ({e})"),
                 };
                 if !shared.stop.load(Ordering::Acquire) {
@@ -418,9 +429,7 @@ fn gather(
             };
             mem.read_slice(dst, addr).map_err(|_| ChainError::Bad)?;
             left -= dst.len();
-            addr = addr
-                .checked_add(dst.len() as u64)
-                .ok_or(ChainError::Bad)?;
+            addr = addr.checked_add(dst.len() as u64).ok_or(ChainError::Bad)?;
         }
     }
     Ok(())
