@@ -7,6 +7,8 @@
 //! first buffer it posts, after a virtio-net header; a second VMM connects after the first
 //! went. No root needed.
 
+mod common;
+
 use std::fs::File;
 use std::os::fd::FromRawFd;
 use std::path::Path;
@@ -247,4 +249,190 @@ fn a_vmm_on_the_port_exchanges_frames_through_the_rings() {
     assert_eq!(port.connections(), 2);
     drop(port);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The cap of the VM in the backpressure test (`max_pps`: its packet budget, which holds for
+/// traffic to a VM on the same host too), and the UDP frames it sends.
+const CAP_PPS: u64 = 1200;
+const UDP_PAYLOAD: usize = 1000;
+const GUEST_IP: [u8; 4] = [198, 18, 6, 2];
+const GUEST_MAC: [u8; 6] = [2, 0, 0, 0, 6, 2];
+const CTR_IP: [u8; 4] = [198, 18, 6, 3];
+const CTR_MAC: [u8; 6] = [2, 0, 0, 0, 6, 3];
+const SINK_PORT: u16 = 9000;
+
+const CAP_CONFIG: &str = r#"
+[switch]
+host_id = 1
+workers = 1
+[uplink]
+ifname = "pnvup"
+backend = "af_packet"
+[[hosts]]
+id = 1
+underlay_ip = "198.19.0.1"
+mac = "02:00:00:00:01:01"
+[[tenants]]
+name = "t"
+vni = 100
+[[vms]]
+name = "guest"
+id = 1
+tenant = "t"
+host = 1
+mac = "02:00:00:00:06:02"
+ip = "198.18.6.2"
+max_pps = 1200
+port = { ifname = "pnvu0", backend = "vhost_user", socket = "@SOCKET@" }
+[[vms]]
+name = "ctr"
+id = 2
+tenant = "t"
+host = 1
+mac = "02:00:00:00:06:03"
+ip = "198.18.6.3"
+port = { ifname = "pnvv0" }
+"#;
+
+/// What the VMM's guest managed to send while offering a rate.
+struct Offered {
+    posted: u64,
+    /// Times the guest found its transmit ring full (its driver would stop its queue).
+    ring_full: u64,
+}
+
+impl Vmm {
+    /// Offers `frame` on the transmit ring at `pps` for `how_long`, one buffer per ring
+    /// slot, reusing a slot once the switch gave it back; a full ring waits.
+    fn offer(&self, frame: &[u8], pps: u64, how_long: Duration) -> Offered {
+        let gap = Duration::from_nanos(1_000_000_000 / pps);
+        let mut offered = Offered {
+            posted: 0,
+            ring_full: 0,
+        };
+        let start = Instant::now();
+        let mut next = start;
+        let mut was_full = false;
+        while start.elapsed() < how_long {
+            let now = Instant::now();
+            if now < next {
+                std::thread::sleep((next - now).min(Duration::from_micros(100)));
+                continue;
+            }
+            let avail: u16 = self.mem.read_obj(GuestAddress(TX_RING.1 + 2)).unwrap();
+            let used = self.used(TX_RING).0;
+            if avail.wrapping_sub(used) >= QUEUE_SIZE {
+                offered.ring_full += u64::from(!was_full);
+                was_full = true;
+                std::thread::sleep(Duration::from_micros(50));
+                continue;
+            }
+            was_full = false;
+            let slot = avail % QUEUE_SIZE;
+            let at = 0x10000 + u64::from(slot) * 0x1000;
+            self.mem
+                .write_slice(&[0; HDR_LEN], GuestAddress(at))
+                .unwrap();
+            self.mem
+                .write_slice(frame, GuestAddress(at + HDR_LEN as u64))
+                .unwrap();
+            self.post(1, TX_RING, slot, at, (HDR_LEN + frame.len()) as u32, 0);
+            offered.posted += 1;
+            next += gap;
+        }
+        offered
+    }
+}
+
+/// PicNIC's backpressure to the VM (issue 31): a VM on vhost-user offered UDP at twice its
+/// cap (`max_pps`) gets its cap, and the rest waits in its own transmit ring (its driver
+/// would stop its queue), not dropped in the switch: every frame it managed to post reaches
+/// the container. Root: the switch's uplink and the container are veths in namespaces.
+#[test]
+fn root_a_vm_offered_twice_its_cap_gets_its_cap_with_no_drops_in_the_switch() {
+    use picnic_switch::config::Config;
+    use picnic_switch::runner::Switch;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    if !common::is_root() {
+        return;
+    }
+    let host = common::Netns::new();
+    let ctr = common::Netns::new();
+    host.veth_pair("pnvup", "pnvfab");
+    host.ip("link add pnvv0 type veth peer name pnvc0");
+    host.ip(&format!("link set pnvc0 netns {}", ctr.name));
+    host.ip("link set pnvv0 up");
+    ctr.ip("link set pnvc0 address 02:00:00:00:06:03 up");
+    ctr.ip("addr add 198.18.6.3/24 dev pnvc0");
+    let dir = std::env::temp_dir().join(format!("picnic-vhost-cap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("vm.sock");
+    let config = CAP_CONFIG.replace("@SOCKET@", &socket.to_string_lossy());
+
+    let sink = ctr.enter(|| {
+        std::net::UdpSocket::bind((std::net::Ipv4Addr::from(CTR_IP), SINK_PORT)).unwrap()
+    });
+    sink.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let receiver = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let (mut frames, mut buf) = (0u64, [0u8; 2048]);
+            while !done.load(Ordering::Relaxed) {
+                if sink.recv(&mut buf).is_ok() {
+                    frames += 1;
+                }
+            }
+            frames
+        })
+    };
+    let mut frame = Vec::new();
+    etherparse::PacketBuilder::ethernet2(GUEST_MAC, CTR_MAC)
+        .ipv4(GUEST_IP, CTR_IP, 64)
+        .udp(5000, SINK_PORT)
+        .write(&mut frame, &[7u8; UDP_PAYLOAD])
+        .unwrap();
+    let window = Duration::from_secs(2);
+
+    let (offered, published) = host.enter(|| {
+        let mut switch = Switch::open(Config::parse(&config).unwrap()).expect("switch");
+        let (stop, shared) = (switch.stop_flag(), switch.shared());
+        let dataplane = std::thread::spawn(move || switch.run());
+        let vmm = Vmm::connect(&socket);
+        let offered = vmm.offer(&frame, 2 * CAP_PPS, window);
+        // What the guest posted drains at the cap.
+        std::thread::sleep(Duration::from_millis(500));
+        stop.store(true, Ordering::Relaxed);
+        dataplane.join().unwrap().expect("the switch ran");
+        (offered, shared.latest().expect("a snapshot"))
+    });
+    done.store(true, Ordering::Relaxed);
+    let received = receiver.join().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let guest = published
+        .switch
+        .vms
+        .iter()
+        .find(|v| v.name == "guest")
+        .expect("the guest VM");
+    let pps = offered.posted * 1000 / window.as_millis() as u64;
+    println!(
+        "offered {} frames/s for {window:?}: the guest posted {} ({pps}/s), found its ring \
+         full {} times; the container got {received}; the guest's drops in the switch: {}",
+        2 * CAP_PPS,
+        offered.posted,
+        offered.ring_full,
+        guest.counters.drops.total()
+    );
+    assert!(
+        (CAP_PPS * 3 / 4..=CAP_PPS * 5 / 4).contains(&pps),
+        "the guest got {pps} frames/s, its cap is {CAP_PPS}"
+    );
+    assert!(offered.ring_full > 0, "the guest never saw a full ring");
+    assert_eq!(guest.counters.drops.total(), 0, "no drops in the switch");
+    assert_eq!(received, offered.posted, "every frame posted was delivered");
 }
