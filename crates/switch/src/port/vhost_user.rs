@@ -105,6 +105,9 @@ struct Shared {
     acked: AtomicU64,
     /// VMM connections accepted so far.
     connections: AtomicU64,
+    /// Which daemon serves the socket now (each connection gets its own): a late event from
+    /// the threads of one that went is ignored.
+    serving: AtomicU64,
     /// Ends a connection being served, for [`VhostUserPort`]'s drop.
     shutdown: Mutex<Option<ShutdownHandle>>,
     stop: AtomicBool,
@@ -127,6 +130,14 @@ impl Shared {
 #[derive(Clone)]
 struct NetDevice {
     shared: Arc<Shared>,
+    /// This daemon's number (`Shared::serving`).
+    daemon: u64,
+}
+
+impl NetDevice {
+    fn current(&self) -> bool {
+        self.shared.serving.load(Ordering::Acquire) == self.daemon
+    }
 }
 
 impl VhostUserBackend for NetDevice {
@@ -146,7 +157,9 @@ impl VhostUserBackend for NetDevice {
     }
 
     fn acked_features(&self, features: u64) {
-        self.shared.acked.store(features, Ordering::Release);
+        if self.current() {
+            self.shared.acked.store(features, Ordering::Release);
+        }
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
@@ -173,6 +186,9 @@ impl VhostUserBackend for NetDevice {
         vrings: &[Vring],
         _thread_id: usize,
     ) -> io::Result<()> {
+        if !self.current() {
+            return Ok(());
+        }
         let known = self
             .shared
             .conn
@@ -259,6 +275,7 @@ impl VhostUserPort {
             generation: AtomicU64::new(0),
             acked: AtomicU64::new(0),
             connections: AtomicU64::new(0),
+            serving: AtomicU64::new(0),
             shutdown: Mutex::new(None),
             stop: AtomicBool::new(false),
         });
@@ -324,6 +341,7 @@ fn serve(mut listener: Listener, shared: &Arc<Shared>, name: &str, socket: &Path
         let mem = GuestMem::new(GuestMemoryMmap::new());
         let device = NetDevice {
             shared: shared.clone(),
+            daemon: shared.serving.fetch_add(1, Ordering::AcqRel) + 1,
         };
         let mut daemon = match VhostUserDaemon::new(name.to_string(), device, mem.clone()) {
             Ok(d) => d,
