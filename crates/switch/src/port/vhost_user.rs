@@ -37,8 +37,8 @@
 use std::fs;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::FileTypeExt;
-use std::os::unix::net::UnixStream;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -225,6 +225,8 @@ pub struct VhostUserPort {
     generation: u64,
     stats: PortStats,
     vnet: VnetRx,
+    /// The listening socket (a duplicate), to end the serving thread's accept(2).
+    accepting: UnixListener,
     server: Option<JoinHandle<()>>,
 }
 
@@ -258,7 +260,7 @@ impl VhostUserPort {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(os_error(e, ctx("stat"))),
         }
-        let listener = Listener::new(socket, false).map_err(|e| {
+        let bound = UnixListener::bind(socket).map_err(|e| {
             io::Error::new(
                 io::ErrorKind::InvalidInput,
                 ctx(&format!(
@@ -267,6 +269,13 @@ impl VhostUserPort {
                 )),
             )
         })?;
+        let file = socket_file(socket);
+        let accepting = bound
+            .try_clone()
+            .map_err(|e| os_error(e, ctx("dup of the socket")))?;
+        // Without a path: the port removes its socket file itself, and only if it is still its
+        // own (a port opened later on the same path replaced it).
+        let listener = Listener::from(bound);
         let wake = EventFd::new(EFD_NONBLOCK).map_err(|e| os_error(e, ctx("eventfd")))?;
         let shared = Arc::new(Shared {
             wake,
@@ -283,7 +292,12 @@ impl VhostUserPort {
             let (shared, name, socket) = (shared.clone(), name.to_string(), socket.to_owned());
             std::thread::Builder::new()
                 .name(format!("vhost-{name}"))
-                .spawn(move || serve(listener, &shared, &name, &socket))
+                .spawn(move || {
+                    serve(listener, &shared, &name, &socket);
+                    if file.is_some() && socket_file(&socket) == file {
+                        let _ = fs::remove_file(&socket);
+                    }
+                })
                 .map_err(|e| os_error(e, ctx("spawning its thread")))?
         };
         Ok(VhostUserPort {
@@ -294,6 +308,7 @@ impl VhostUserPort {
             generation: 0,
             stats: PortStats::default(),
             vnet: VnetRx::new(max_frame),
+            accepting,
             server: Some(server),
         })
     }
@@ -332,6 +347,11 @@ impl VhostUserPort {
             VNET_HDR_LEN
         }
     }
+}
+
+/// The file at `path` (device and inode), if any.
+fn socket_file(path: &Path) -> Option<(u64, u64)> {
+    fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 /// Accepts one VMM at a time on `listener` and serves it until it goes, until the port stops.
@@ -377,6 +397,7 @@ fn serve(mut listener: Listener, shared: &Arc<Shared>, name: &str, socket: &Path
                 daemon.request_shutdown();
                 let _ = daemon.wait();
             }
+            Err(_) if stopping || shared.stop.load(Ordering::Acquire) => {}
             Err(e) => {
                 log(format!("accept failed: {e}"));
                 std::thread::sleep(std::time::Duration::from_millis(100));
@@ -404,8 +425,9 @@ impl Drop for VhostUserPort {
         {
             handle.shutdown();
         }
-        // A thread waiting in accept(2) wakes for a connection: make one.
-        let _ = UnixStream::connect(&self.socket);
+        // A thread waiting in accept(2) gets an error once the socket is shut down.
+        // SAFETY: shutdown(2) on a descriptor this port owns.
+        unsafe { libc::shutdown(self.accepting.as_raw_fd(), libc::SHUT_RDWR) };
         if let Some(server) = self.server.take() {
             let _ = server.join();
         }
@@ -665,6 +687,24 @@ mod tests {
 
     /// Without a VMM the port listens, reads nothing and drops what is sent to it (counted);
     /// a stale socket is replaced; dropping the port stops its thread and removes the socket.
+    /// A port opened on the path of one still open (a VM removed and added in one live
+    /// change) takes the path over; closing the old one leaves the new one's socket.
+    #[test]
+    fn a_port_closing_leaves_the_socket_of_a_newer_port_on_its_path() {
+        let dir = std::env::temp_dir().join(format!("picnic-vhost-swap-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join("vm1.sock");
+        let old = VhostUserPort::open("vm1", &socket, 1514).unwrap();
+        let new = VhostUserPort::open("vm1", &socket, 1514).unwrap();
+        // Both threads waiting for a VMM: closing the old port ends its own.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        drop(old);
+        assert!(socket.exists(), "the new port's socket stays");
+        drop(new);
+        assert!(!socket.exists());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn without_a_vmm_the_port_listens_and_drops_frames_for_the_guest() {
         let dir = std::env::temp_dir().join(format!("picnic-vhost-idle-{}", std::process::id()));
