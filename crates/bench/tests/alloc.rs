@@ -109,6 +109,7 @@ fn forwarding_allocates_nothing_per_packet_after_warm_up() {
                     ifname: TENANT_DEV.into(),
                     backend: Default::default(),
                     create: false,
+                    socket: None,
                     cpus: Vec::new(),
                 });
                 let mut h1 = Engine::new(&cfg1, Instant::from_nanos(0)).unwrap();

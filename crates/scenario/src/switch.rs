@@ -96,6 +96,7 @@ pub fn switch_config(
                     // The lab's TAP VMs: the switch holds the queue and the lab moves the
                     // netdev into the VM's namespace.
                     create: false,
+                    socket: None,
                     backend: if vm.tap {
                         Backend::TapQueue
                     } else {

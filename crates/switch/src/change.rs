@@ -169,6 +169,7 @@ mod tests {
             ifname: "b1".into(),
             backend: Default::default(),
             create: false,
+            socket: None,
             cpus: Vec::new(),
         });
         added.vms.push(vm.clone());

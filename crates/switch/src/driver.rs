@@ -174,7 +174,7 @@ impl Driver {
                     pool.put(f);
                 }
                 for _ in 0..excess {
-                    engine.counters.drops.add(DropReason::NoBuffer);
+                    engine.counters.drops.add(DropReason::TxQueueFull);
                 }
             }
         }
@@ -345,7 +345,7 @@ mod tests {
         let kept = engine.tx_queue(UPLINK).len();
         assert_eq!(kept, 4 * TX_QUEUE_BATCHES);
         assert_eq!(
-            engine.counters.drops.get(DropReason::NoBuffer),
+            engine.counters.drops.get(DropReason::TxQueueFull),
             40 - kept as u64
         );
     }

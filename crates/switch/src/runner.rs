@@ -37,7 +37,7 @@ pub(crate) use idle::{ring_wait, IdlePolicy};
 pub(crate) use live::take_named;
 pub use live::{CommandSender, Reconfigure};
 use live::{Opening, PortKeeper};
-pub use ports::{open_port, open_uplinks, vm_max_frame, PortOpener, PortSpec};
+pub use ports::{open_port, open_uplinks, open_vm_port, vm_max_frame, PortOpener, PortSpec};
 use ports::{tenant_ports, vm_max_frame_of, PortIo};
 pub(crate) use publish::CommitClock;
 pub use publish::{CommitTimes, HandoffCounters, PortView, Published, Shared, WorkerView};
@@ -163,13 +163,14 @@ impl Switch {
         let mut ports = uplinks;
         for (i, vm) in cfg.vms.iter().enumerate() {
             if let Some(p) = vm.port.as_ref().filter(|_| vm.host == cfg.switch.host_id) {
-                ports.push(open_port(
-                    &p.ifname,
-                    p.backend,
-                    p.create,
-                    &format!("vms[{i}].port.ifname"),
-                    vm_max_frame_of(&cfg, &vm.tenant),
-                )?);
+                ports.push(open_vm_port(&PortSpec {
+                    ifname: p.ifname.clone(),
+                    backend: p.backend,
+                    create: p.create,
+                    socket: p.socket.clone(),
+                    field: format!("vms[{i}].port.ifname"),
+                    max_frame: vm_max_frame_of(&cfg, &vm.tenant),
+                })?);
             }
         }
         let softirq = crate::workers::wants_softirq(&cfg);

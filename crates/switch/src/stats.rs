@@ -61,10 +61,14 @@ pub enum DropReason {
     HandoffFull,
     /// Queued for a VM or in a shaped class that a live change removed meanwhile.
     Removed,
+    /// A port's transmit queue already held `driver::TX_QUEUE_BATCHES` batches: the
+    /// destination did not take them (a vhost-user guest's full receive ring, a kernel send
+    /// buffer), so the oldest were dropped.
+    TxQueueFull,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 26] = [
+    pub const ALL: [DropReason; 27] = [
         DropReason::Malformed,
         DropReason::Spoofed,
         DropReason::UnknownDestination,
@@ -91,6 +95,7 @@ impl DropReason {
         DropReason::OffloadTrap,
         DropReason::HandoffFull,
         DropReason::Removed,
+        DropReason::TxQueueFull,
     ];
     pub fn as_str(self) -> &'static str {
         match self {
@@ -120,6 +125,7 @@ impl DropReason {
             DropReason::OffloadTrap => "offload_trap",
             DropReason::HandoffFull => "handoff_full",
             DropReason::Removed => "removed",
+            DropReason::TxQueueFull => "tx_queue_full",
         }
     }
 }

@@ -23,6 +23,9 @@ pub enum Backend {
     /// A TAP device whose queue the switch holds itself through /dev/net/tun (it is the VM's
     /// side: the netdev is the tenant's interface, e.g. moved into a container's namespace).
     TapQueue,
+    /// vhost-user: the switch listens on `port.socket`, a VMM (QEMU, Cloud Hypervisor)
+    /// connects, and the switch serves the guest's virtio-net queues from its shared memory.
+    VhostUser,
     /// In-process queues fed and drained through a [`crate::port::MemoryPortHandle`] (tests and
     /// benchmarks; never in a config).
     #[serde(skip)]
@@ -43,6 +46,10 @@ impl fmt::Display for Backend {
             Backend::TapQueue => {
                 "tap_queue (the TAP's queue held by the switch: /dev/net/tun \
                  IFF_TAP|IFF_NO_PI|IFF_VNET_HDR, readv/writev per frame, offloads completed)"
+            }
+            Backend::VhostUser => {
+                "vhost_user (the guest's virtio-net rings served from its shared memory over a \
+                 vhost-user socket, offloads completed)"
             }
             Backend::Memory => "memory (in-process bounded queues)",
         })

@@ -499,11 +499,15 @@ fn default_min_mbps() -> u64 {
 pub struct PortEntry {
     pub ifname: String,
     /// `af_packet` (default: a veth or NIC), `af_xdp`, `tap` (the host side of a TAP a VMM
-    /// holds: QEMU, libvirt, Firecracker, Cloud Hypervisor) or `tap_queue` (a TAP whose queue
-    /// the switch holds, its netdev being the tenant's interface); docs/switch.md "Attaching
-    /// a VM".
+    /// holds: QEMU, libvirt, Firecracker, Cloud Hypervisor), `tap_queue` (a TAP whose queue
+    /// the switch holds, its netdev being the tenant's interface) or `vhost_user` (the switch
+    /// serves the VM's virtio-net queues on `socket`, `ifname` only names the port);
+    /// docs/switch.md "Attaching a VM".
     #[serde(default)]
     pub backend: Backend,
+    /// With `vhost_user` (and only then): the Unix socket the switch listens on for the VMM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket: Option<std::path::PathBuf>,
     /// Only with `tap` or `tap_queue`: create the TAP if it is missing (otherwise it must
     /// exist). With `tap` it is created persistent and up, for a VMM to attach to, and
     /// outlives the switch; with `tap_queue` the switch owns it and it goes when the switch

@@ -1,6 +1,7 @@
 //! Config parsing and validation.
 
 use super::*;
+use std::path::Path;
 
 pub(crate) const EXAMPLE: &str = r#"
 [switch]
@@ -58,6 +59,29 @@ fn af_xdp_backend_parses() {
     let c = Config::parse(&text).unwrap();
     let port = c.vms[0].port.as_ref().unwrap();
     assert_eq!(port.backend, Backend::AfXdp);
+}
+
+/// A vhost_user port needs an absolute socket path, and only it has one.
+#[test]
+fn vhost_user_ports_take_a_socket() {
+    let with = |port: &str| EXAMPLE.replace("port = { ifname = \"a1\" }", port);
+    let c = Config::parse(&with(
+        r#"port = { ifname = "a1", backend = "vhost_user", socket = "/run/picnic/a1.sock" }"#,
+    ))
+    .unwrap();
+    let port = c.vms[0].port.as_ref().unwrap();
+    assert_eq!(port.backend, Backend::VhostUser);
+    assert_eq!(
+        port.socket.as_deref(),
+        Some(Path::new("/run/picnic/a1.sock"))
+    );
+    for bad in [
+        r#"port = { ifname = "a1", backend = "vhost_user" }"#,
+        r#"port = { ifname = "a1", backend = "vhost_user", socket = "a1.sock" }"#,
+        r#"port = { ifname = "a1", socket = "/run/picnic/a1.sock" }"#,
+    ] {
+        expect_field(&with(bad), "vms[0].port.socket");
+    }
 }
 
 fn expect_field(text: &str, field: &str) {

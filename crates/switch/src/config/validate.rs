@@ -353,6 +353,25 @@ impl Config {
                              veth or NIC must exist",
                         ));
                     }
+                    match (p.backend == Backend::VhostUser, &p.socket) {
+                        (true, None) => {
+                            return Err(err(
+                                f("port.socket"),
+                                "backend = \"vhost_user\" needs the socket path the VMM \
+                                 connects to",
+                            ))
+                        }
+                        (true, Some(path)) if !path.is_absolute() => {
+                            return Err(err(f("port.socket"), "must be an absolute path"))
+                        }
+                        (false, Some(_)) => {
+                            return Err(err(
+                                f("port.socket"),
+                                "only a vhost_user port has a socket",
+                            ))
+                        }
+                        _ => {}
+                    }
                     if !p.cpus.is_empty() && self.switch.cpus.is_none() {
                         return Err(err(
                             f("port.cpus"),

@@ -387,6 +387,7 @@ fn only_drops_of_frames_the_switch_should_carry_are_loss() {
         DropReason::PpsLimit,
         DropReason::NoBuffer,
         DropReason::HandoffFull,
+        DropReason::TxQueueFull,
     ] {
         assert!(is_loss(r), "{r:?}");
     }

@@ -6,8 +6,9 @@
 //! one-off `ppoll` form) (Rizzo et al.: spin briefly, then block).
 //! Backends: [`AfPacketPort`] for veths and NICs, [`AfXdpPort`] for the same where XDP is
 //! allowed (faster), [`TapHostPort`] for the host side of a TAP device a VMM holds (AF_PACKET
-//! on its netdev), [`TapPort`] for a TAP whose queue the switch holds itself, [`MemoryPort`]
-//! for tests and the simulator.
+//! on its netdev), [`TapPort`] for a TAP whose queue the switch holds itself,
+//! [`VhostUserPort`] for a VM whose virtio-net queues the switch serves over vhost-user,
+//! [`MemoryPort`] for tests and the simulator.
 //! [`QueueSet`] reads several queue sockets of one interface as one port (a worker owning
 //! several of the uplink's AF_XDP queues).
 
@@ -18,6 +19,7 @@ mod queues;
 pub(crate) mod sys;
 mod tap;
 mod taphost;
+mod vhost_user;
 mod vnet;
 mod waitset;
 
@@ -27,6 +29,7 @@ pub use memory::{MemoryPort, MemoryPortHandle};
 pub use queues::QueueSet;
 pub use tap::TapPort;
 pub use taphost::{create_persistent_tap, tap_state, TapHostPort, TapState};
+pub use vhost_user::VhostUserPort;
 pub use waitset::WaitSet;
 
 pub use crate::config::Backend;
@@ -72,6 +75,9 @@ pub struct PortStats {
     pub tx_bytes: u64,
     /// Frames the kernel refused for good (too big, link down, ...), dropped.
     pub tx_errors: u64,
+    /// vhost-user: descriptor chains the guest posted that could not be used (buffers outside
+    /// its memory, shorter than the virtio-net header), given back unused.
+    pub ring_errors: u64,
 }
 
 /// A switch port: non-blocking batched receive and send of frames.

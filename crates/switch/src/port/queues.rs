@@ -103,6 +103,7 @@ fn sum(a: PortStats, b: PortStats) -> PortStats {
         tx_frames,
         tx_bytes,
         tx_errors,
+        ring_errors,
     } = b;
     PortStats {
         rx_frames: a.rx_frames + rx_frames,
@@ -117,6 +118,7 @@ fn sum(a: PortStats, b: PortStats) -> PortStats {
         tx_frames: a.tx_frames + tx_frames,
         tx_bytes: a.tx_bytes + tx_bytes,
         tx_errors: a.tx_errors + tx_errors,
+        ring_errors: a.ring_errors + ring_errors,
     }
 }
 

@@ -198,6 +198,7 @@ fn port_specs(old: &Config, cfg: &Config, changes: &[Change]) -> Vec<PortSpec> {
             ifname: p.ifname.clone(),
             backend: p.backend,
             create: p.create,
+            socket: p.socket.clone(),
             field: format!("vms[{i}].port.ifname"),
             max_frame: vm_max_frame_of(cfg, &vm.tenant),
         });
@@ -815,6 +816,7 @@ mod tests {
             ifname: ifname.into(),
             backend: Backend::AfPacket,
             create: false,
+            socket: None,
             field: "vms[0].port.ifname".into(),
             max_frame: 1500,
         }

@@ -16,7 +16,7 @@ use crate::engine::Work;
 use crate::frame::{Frame, FramePool};
 use crate::port::{
     tap_state, AfPacketOptions, AfPacketPort, AfXdpOptions, AfXdpPort, Port, QueueSet, TapHostPort,
-    TapPort, TapState,
+    TapPort, TapState, VhostUserPort,
 };
 
 /// The ports as the driver's [`Io`]: each read feeds the adaptive wait of the port's ring.
@@ -110,11 +110,31 @@ pub fn open_port(
                     .with_context(|| format!("{field}: cannot open TAP '{ifname}'"))?,
             )
         }
+        Backend::VhostUser => {
+            anyhow::bail!("{field}: '{ifname}': a vhost_user port is opened with its socket")
+        }
         Backend::Memory => {
             anyhow::bail!("{field}: '{ifname}': memory ports are made in-process, not opened")
         }
     };
     Ok(port)
+}
+
+/// Opens a VM's port: on its socket for `vhost_user`, else as [`open_port`] does.
+pub fn open_vm_port(spec: &PortSpec) -> anyhow::Result<Box<dyn Port>> {
+    match (spec.backend, &spec.socket) {
+        (Backend::VhostUser, Some(socket)) => Ok(Box::new(
+            VhostUserPort::open(&spec.ifname, socket, spec.max_frame)
+                .with_context(|| format!("{}: cannot serve vhost-user", spec.field))?,
+        )),
+        _ => open_port(
+            &spec.ifname,
+            spec.backend,
+            spec.create,
+            &spec.field,
+            spec.max_frame,
+        ),
+    }
 }
 
 /// The longest frame a VM may send that still fits the uplink once encapsulated (the
@@ -152,6 +172,8 @@ pub struct PortSpec {
     pub backend: Backend,
     /// Create the TAP if missing (`port.create`).
     pub create: bool,
+    /// The socket of a `vhost_user` port (`port.socket`).
+    pub socket: Option<std::path::PathBuf>,
     pub field: String,
     pub max_frame: usize,
 }
@@ -163,9 +185,7 @@ pub type PortOpener =
 
 /// The opener of real ports.
 pub(super) fn real_opener() -> PortOpener {
-    std::sync::Arc::new(|s: &PortSpec| {
-        open_port(&s.ifname, s.backend, s.create, &s.field, s.max_frame)
-    })
+    std::sync::Arc::new(open_vm_port)
 }
 
 /// The uplink's ports (one per worker where the backend allows it) and, for AF_XDP, the
