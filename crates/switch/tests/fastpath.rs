@@ -217,20 +217,13 @@ fn frames_within_their_allocation_take_the_kernel_path_both_ways() {
         }
 
         // a3 -> a1 from host 2: decapsulated to a1.
-        let outer = OuterHeaders {
-            src_mac: [2, 0, 0, 0, 1, 2],
-            dst_mac: [2, 0, 0, 0, 1, 1],
-            src_ip: std::net::Ipv4Addr::new(198, 19, 0, 2),
-            dst_ip: std::net::Ipv4Addr::new(198, 19, 0, 1),
-            src_port: 50000,
-            ttl: 64,
-        };
         for i in 0..50 {
-            let inner = numbered(3, 1, i);
-            let mut buf = vec![0u8; 256];
-            let n = encap(&outer, &GeneveRepr::ethernet(100), &inner, &mut buf).unwrap();
-            buf.truncate(n);
-            send(&mut h2, &mut pool, &[buf]);
+            from_host2(
+                &mut h2,
+                &mut pool,
+                &GeneveRepr::ethernet(100),
+                &numbered(3, 1, i),
+            );
             std::thread::sleep(Duration::from_micros(100));
         }
         let got = receive(&mut a1, &mut pool, 50);
@@ -312,16 +305,20 @@ fn a_vm_over_its_budget_is_handed_over_and_back_in_order() {
     );
 }
 
-/// Host 2's tunnel headers towards this switch.
-fn from_host2() -> OuterHeaders {
-    OuterHeaders {
+/// Sends `inner` (with `geneve`) from host 2 to this switch over the uplink.
+fn from_host2(uplink: &mut AfPacketPort, pool: &mut FramePool, geneve: &GeneveRepr, inner: &[u8]) {
+    let outer = OuterHeaders {
         src_mac: [2, 0, 0, 0, 1, 2],
         dst_mac: [2, 0, 0, 0, 1, 1],
         src_ip: std::net::Ipv4Addr::new(198, 19, 0, 2),
         dst_ip: std::net::Ipv4Addr::new(198, 19, 0, 1),
         src_port: 50000,
         ttl: 64,
-    }
+    };
+    let mut buf = vec![0u8; 256];
+    let n = encap(&outer, geneve, inner, &mut buf).unwrap();
+    buf.truncate(n);
+    send(uplink, pool, &[buf]);
 }
 
 /// The feedback options among `frames` (Geneve from the uplink).
@@ -347,16 +344,12 @@ fn arrivals_in_the_kernel_are_metered_and_fed_back() {
     let mut fed_back = Vec::new();
     let run = with_switch(&ns, &cfg, || {
         for i in 0..200 {
-            let mut buf = vec![0u8; 256];
-            let n = encap(
-                &from_host2(),
+            from_host2(
+                &mut h2,
+                &mut pool,
                 &GeneveRepr::ethernet(100),
                 &numbered(3, 1, i),
-                &mut buf,
-            )
-            .unwrap();
-            buf.truncate(n);
-            send(&mut h2, &mut pool, &[buf]);
+            );
             std::thread::sleep(Duration::from_micros(100));
         }
         assert_eq!(receive(&mut a1, &mut pool, 200).len(), 200, "a3 -> a1: all");
@@ -397,10 +390,7 @@ fn a_destination_held_by_feedback_is_paced_by_the_engines() {
             rate_bps: 2_000_000,
             seq: 1,
         };
-        let mut buf = vec![0u8; 256];
-        let n = encap(&from_host2(), &standalone_feedback(100, fb), &[], &mut buf).unwrap();
-        buf.truncate(n);
-        send(&mut h2, &mut pool, &[buf]);
+        from_host2(&mut h2, &mut pool, &standalone_feedback(100, fb), &[]);
         std::thread::sleep(Duration::from_millis(20));
         // 100 frames of 60 B at once: about 10 kB, 40 ms at 2 Mb/s.
         let burst: Vec<Vec<u8>> = (0..100).map(|i| numbered(1, 3, i)).collect();
