@@ -560,7 +560,7 @@ impl Engine {
             if let Some(bp) = self.ingress.backpressure.as_mut() {
                 bp.refused(w);
             }
-            if let (Some((source, _)), true) = (source, link_sample) {
+            if let Some((source, _)) = source.filter(|_| link_sample) {
                 self.feed_back(now, w, source, pool);
             }
             return self.drop_frame(now, pool, frame, Some(w), reason);
