@@ -192,6 +192,7 @@ pub struct KernelFastPath {
     handover: Array<MapData, Handover>,
     counts: PerCpuArray<MapData, u64>,
     arrivals: PerCpuHashMap<MapData, ArrivalKey, ArrivalCounts>,
+    dest_tat: Array<MapData, u64>,
     /// Devices the hop is attached to, by name.
     attached: Vec<String>,
 }
@@ -227,6 +228,8 @@ impl KernelFastPath {
             PerCpuArray::try_from(take("fp_counts")?).map_err(|e| aya_error(e, "fp_counts"))?;
         let arrivals = PerCpuHashMap::try_from(take("fp_arrivals")?)
             .map_err(|e| aya_error(e, "fp_arrivals"))?;
+        let dest_tat =
+            Array::try_from(take("fp_dest_tat")?).map_err(|e| aya_error(e, "fp_dest_tat"))?;
         Ok(KernelFastPath {
             bpf,
             ports,
@@ -236,6 +239,7 @@ impl KernelFastPath {
             handover,
             counts,
             arrivals,
+            dest_tat,
             attached: Vec::new(),
         })
     }
@@ -374,6 +378,23 @@ impl KernelFastPath {
         self.dests
             .insert(key, value, 0)
             .map_err(|e| aya_error(e, "fp_dests"))
+    }
+
+    /// Takes the burst of a remote destination's bucket (`DestinationLimit::bucket`): frames
+    /// to it pass at its rate from now, as they left the engines' limiter. A frame the
+    /// kernel admits between the read and the write keeps the later of the two times.
+    pub fn spend_destination_burst(&mut self, bucket: u32) -> io::Result<()> {
+        if bucket as usize >= MAX_DEST_BUCKETS {
+            return Ok(());
+        }
+        let spent = kernel_clock_ns() + BURST_NS;
+        let tat = self.dest_tat.get(&bucket, 0).unwrap_or(0);
+        if tat >= spent {
+            return Ok(());
+        }
+        self.dest_tat
+            .set(bucket, spent, 0)
+            .map_err(|e| aya_error(e, "fp_dest_tat"))
     }
 
     /// Writes a VM's grant.

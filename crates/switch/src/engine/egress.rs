@@ -61,6 +61,10 @@ pub struct Egress {
     /// never blocks the VM's fast path. BTreeMap: deterministic service order.
     shapers: BTreeMap<(VmIdx, ShapeKey), Shaper<Outbound>>,
     shaped_queue_packets: usize,
+    /// The kernel fast path forwards within the destinations' rates: a destination's
+    /// limiter here starts without a burst, since the kernel spent it (one budget across
+    /// both paths, docs/switch.md "Two paths").
+    pub(super) kernel_spends_bursts: bool,
     next_gc: Instant,
     /// Frames picked in one poll, before their outer headers are written, and where each
     /// waited (reused buffers).
@@ -220,6 +224,7 @@ impl Egress {
             admission,
             shapers: BTreeMap::new(),
             shaped_queue_packets: cfg.egress.shaped_queue_packets,
+            kernel_spends_bursts: false,
             next_gc: now,
             scratch: Vec::with_capacity(cfg.switch.batch),
             scratch_waited: Vec::with_capacity(cfg.switch.batch),
@@ -340,6 +345,21 @@ impl Egress {
             .range((vm, ShapeKey::Class(0))..)
             .take_while(|((v, _), _)| *v == vm)
             .any(|(_, s)| !s.is_empty())
+    }
+
+    /// Forgets `vm`'s limiters of destinations with nothing queued, as its frames go back to
+    /// the kernel fast path; returns those destinations' endpoints. Its next frames handed
+    /// over meet new limiters that start without a burst.
+    pub(super) fn release_destination_limiters(&mut self, vm: VmIdx) -> Vec<u32> {
+        let mut released = Vec::new();
+        self.shapers.retain(|(v, key), s| match key {
+            ShapeKey::Destination(d) if *v == vm && s.is_empty() => {
+                released.push(*d);
+                false
+            }
+            _ => true,
+        });
+        released
     }
 
     pub(super) fn queue_len(&self, vm: VmIdx) -> usize {
@@ -504,12 +524,13 @@ impl Engine {
         };
         if let Some((key, rate)) = key {
             let cap = eg.shaped_queue_packets;
+            let spent = eg.kernel_spends_bursts && matches!(key, ShapeKey::Destination(_));
             let shaper = eg.shapers.entry((vm, key)).or_insert_with(|| {
-                Shaper::new(
-                    TokenBucket::new(rate, burst_for(rate), now),
-                    cap,
-                    cap as u64 * 2048,
-                )
+                let mut bucket = TokenBucket::new(rate, burst_for(rate), now);
+                if spent {
+                    bucket.force_consume(now, burst_for(rate));
+                }
+                Shaper::new(bucket, cap, cap as u64 * 2048)
             });
             // Admission control: in-profile traffic with nothing queued ahead takes the fast
             // path; the rest waits in the class's own queue (PicNIC 2.1, EyeQ 3.3).

@@ -109,6 +109,29 @@ impl Engine {
 }
 
 impl Engine {
+    /// The kernel fast path is linked: it forwards within the destinations' rates (EyeQ 3.3),
+    /// so the limiters here, which pace what it hands over, start without a burst.
+    pub fn link_fast_path(&mut self) {
+        self.egress.kernel_spends_bursts = true;
+    }
+
+    /// The VM in port `slot` goes back to the kernel for what it sends: its destinations'
+    /// limiters with nothing queued are forgotten, and the directory indices of those
+    /// destinations returned, whose kernel buckets must not start with a burst either. One
+    /// budget per destination across both paths: else each hand-over and hand-back adds a
+    /// burst, and a VM sending on and off overruns the receiver's access link.
+    pub fn fast_path_resumes_tx(&mut self, slot: usize) -> Vec<u32> {
+        let Some(v) = self.dir.port_vm.get(slot).copied().flatten() else {
+            return Vec::new();
+        };
+        self.egress
+            .release_destination_limiters(v)
+            .into_iter()
+            .filter_map(|endpoint| self.dir.vm_by_id(endpoint))
+            .map(|w| w as u32)
+            .collect()
+    }
+
     /// The kernel fast path's counters for the VM in port `slot`, as the program has them
     /// now: kept for /stats, and what it forwarded since `before` counted as offered to and
     /// delivered by the switch for the tenants' SLOs (no latency sample: the kernel path

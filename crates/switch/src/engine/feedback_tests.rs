@@ -369,3 +369,55 @@ fn a_vm_capped_by_backpressure_is_fed_back_every_interval_not_as_quiet() {
     slow(&mut h1, &mut h2, &mut now, 20);
     assert_eq!(limit(&h1), Some(900_000_000));
 }
+
+/// With the kernel fast path linked, frames handed over to a destination's limiter meet no
+/// burst (the kernel forwarded up to the rate and spent it), and once the VM goes back to the
+/// kernel its empty limiters are forgotten and their destinations named, so the kernel's
+/// buckets start without a burst too: one budget across both paths (EyeQ 3.3).
+#[test]
+fn with_the_fast_path_a_destination_limiter_holds_no_burst_across_the_hand_overs() {
+    let waited = |fast: bool| {
+        let mut h1 = Host::new(1, 1000);
+        if fast {
+            h1.engine.link_fast_path();
+        }
+        let t = Instant::ZERO;
+        // 100 Mb/s for a2: a 1 ms bucket (14 kB) holds 9 of a1's 1.5 kB frames.
+        h1.inject(
+            t,
+            UPLINK,
+            &feedback_packet(HOST2_IP, 100, 3, 100_000_000, 1, None),
+        );
+        (limited_frames(&mut h1, t), h1)
+    };
+    let (engines_only, _) = waited(false);
+    assert_eq!(
+        engines_only, 11,
+        "the engines alone: a full bucket lets 9 of 20 through"
+    );
+    let (handed_over, mut h1) = waited(true);
+    assert_eq!(
+        handed_over, 20,
+        "after the kernel's burst, every frame waits its turn"
+    );
+    // Still queued: nothing to release, the VM stays with the engines.
+    let slot = h1.port_of("a1");
+    assert!(h1.engine.fast_path_resumes_tx(slot).is_empty());
+    let a2 = h1
+        .engine
+        .dir
+        .vms
+        .iter()
+        .position(|v| v.name == "a2")
+        .unwrap() as u32;
+    // The limiter sends them out at 100 Mb/s (2.4 ms).
+    for ms in 1..=5 {
+        h1.poll(Instant::from_nanos(ms * 1_000_000));
+        h1.take(UPLINK);
+    }
+    assert_eq!(h1.engine.fast_path_resumes_tx(slot), vec![a2]);
+    assert!(
+        h1.engine.fast_path_resumes_tx(slot).is_empty(),
+        "forgotten once"
+    );
+}
