@@ -27,7 +27,7 @@ const CTL_RX: u32 = 2;
 const CTL_RX_DROP: u32 = 4;
 
 /// Counters per slot, in `fastpath.bpf.c`'s order.
-pub const COUNTERS: usize = 12;
+pub const COUNTERS: usize = 13;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -60,6 +60,8 @@ struct Dest {
     src_mac: [u8; 6],
     dst_mac: [u8; 6],
     bucket: u32,
+    drop_beyond: u32,
+    pad: u32,
     ps_per_byte: u64,
 }
 
@@ -176,6 +178,9 @@ pub enum Destination {
 pub struct DestinationLimit {
     pub bucket: u32,
     pub bytes_per_sec: u64,
+    /// The engines' limiter of it overflows: frames beyond the rate are dropped in the
+    /// kernel, on the sender's CPU, instead of handed over (Iron 3.3).
+    pub drop_beyond: bool,
 }
 
 /// How long a VM's token buckets may run ahead: 1 ms, what a timer waking late must not lose
@@ -369,6 +374,8 @@ impl KernelFastPath {
                     src_mac,
                     dst_mac,
                     bucket: bucketed.map_or(0, |l| l.bucket),
+                    drop_beyond: u32::from(bucketed.is_some_and(|l| l.drop_beyond)),
+                    pad: 0,
                     ps_per_byte: bucketed.map_or(0, |l| {
                         crate::engine::fastpath::ps_per_byte(l.bytes_per_sec.max(1))
                     }),

@@ -191,6 +191,7 @@ pub(super) fn metrics(published: &Published) -> String {
         fast_tx_bytes.get_or_create(&l).inc_by(f.tx_bytes);
         for (reason, n) in [
             ("rx_dropped", f.rx_dropped),
+            ("tx_dropped", f.tx_dropped),
             ("not_granted", f.handed_not_granted),
             ("tokens", f.handed_tokens),
             ("not_unicast_ipv4", f.handed_not_unicast_ipv4),

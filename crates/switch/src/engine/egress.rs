@@ -4,7 +4,7 @@
 //! tenant -> shaped class or admission limiter (own queue each, PicNIC 2.1) or fast path ->
 //! root WFQ over tenants and VMs weighted by min guarantee, capped by max -> encap -> uplink.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use etherparse::{ArpOperation, IpNumber};
 
@@ -65,6 +65,8 @@ pub struct Egress {
     /// limiter here starts without a burst, since the kernel spent it (one budget across
     /// both paths, docs/switch.md "Two paths").
     pub(super) kernel_spends_bursts: bool,
+    /// Destination endpoints whose limiter queue overflowed and has not emptied since.
+    overflowing: BTreeSet<u32>,
     next_gc: Instant,
     /// Frames picked in one poll, before their outer headers are written, and where each
     /// waited (reused buffers).
@@ -225,6 +227,7 @@ impl Egress {
             shapers: BTreeMap::new(),
             shaped_queue_packets: cfg.egress.shaped_queue_packets,
             kernel_spends_bursts: false,
+            overflowing: BTreeSet::new(),
             next_gc: now,
             scratch: Vec::with_capacity(cfg.switch.batch),
             scratch_waited: Vec::with_capacity(cfg.switch.batch),
@@ -345,6 +348,12 @@ impl Egress {
             .range((vm, ShapeKey::Class(0))..)
             .take_while(|((v, _), _)| *v == vm)
             .any(|(_, s)| !s.is_empty())
+    }
+
+    /// Whether a limiter of destination `endpoint` overflowed and has not emptied since: its
+    /// VMs send far beyond the rate its receiver asked for.
+    pub(super) fn destination_overflowing(&self, endpoint: u32) -> bool {
+        self.overflowing.contains(&endpoint)
     }
 
     /// Forgets `vm`'s limiters of destinations with nothing queued, as its frames go back to
@@ -554,6 +563,9 @@ impl Engine {
                         }
                     }
                     Err(item) => {
+                        if let ShapeKey::Destination(d) = key {
+                            eg.overflowing.insert(d);
+                        }
                         self.drop_frame(now, pool, item.0, Some(vm), DropReason::ShapedQueueFull)
                     }
                 };
@@ -606,6 +618,14 @@ impl Engine {
                 picked.push(item);
                 waited.push(via);
             }
+        }
+        if !eg.overflowing.is_empty() {
+            let shapers = &eg.shapers;
+            eg.overflowing.retain(|&d| {
+                shapers
+                    .iter()
+                    .any(|((_, key), s)| *key == ShapeKey::Destination(d) && !s.is_empty())
+            });
         }
         // Packet-rate guarantees: each such VM's queued frames up to its rate, on top of
         // its share (PicNIC's pps SLO), as the uplink allows.

@@ -156,6 +156,11 @@ impl Engine {
         if rx > 0 {
             self.slo.delivered_untimed(now, tenant, rx_packets, rx);
         }
+        // Dropped beyond a destination's rate: what the overflowing limiter would have lost.
+        let tx_dropped = counters.tx_dropped.saturating_sub(before.tx_dropped);
+        if tx_dropped > 0 {
+            self.slo.lost_n(now, tenant, tx_dropped);
+        }
     }
 
     /// The access link's capacity, bytes/s.
@@ -174,6 +179,13 @@ impl Engine {
     pub fn destination_rate(&self, vm: VmIdx) -> Option<u64> {
         let endpoint = self.dir.vms[vm].id;
         self.egress.admission.as_ref()?.rate_for(endpoint)
+    }
+
+    /// Whether the limiter of remote VM `vm` overflows (its local senders go far beyond the
+    /// rate its receiver asked for): the kernel then drops what is beyond that rate before
+    /// any work, on the senders' CPUs, instead of handing it over (Iron 3.3).
+    pub fn destination_overflowing(&self, vm: VmIdx) -> bool {
+        self.egress.destination_overflowing(self.dir.vms[vm].id)
     }
 
     /// What the kernel forwarded from the uplink to local VMs since the last call, metered by

@@ -421,3 +421,55 @@ fn with_the_fast_path_a_destination_limiter_holds_no_burst_across_the_hand_overs
         "forgotten once"
     );
 }
+
+/// A destination whose limiter queue overflowed is named as overflowing (the kernel then
+/// drops what goes beyond its rate before any work, Iron 3.3) until that queue empties.
+#[test]
+fn a_destination_limiter_that_overflowed_is_overflowing_until_its_queue_empties() {
+    let mut h1 = Host::new(1, 1000);
+    let t = Instant::ZERO;
+    h1.inject(
+        t,
+        UPLINK,
+        &feedback_packet(HOST2_IP, 100, 3, 10_000_000, 1, None),
+    );
+    let a2 = h1
+        .engine
+        .dir
+        .vms
+        .iter()
+        .position(|v| v.name == "a2")
+        .unwrap();
+    let frame = udp(A1, A2, IP_A1, IP_A2, 7, 1400);
+    let a1 = h1.port_of("a1");
+    for _ in 0..200 {
+        h1.inject(t, a1, &frame);
+    }
+    h1.poll(t);
+    h1.take(UPLINK);
+    assert!(
+        !h1.engine.destination_overflowing(a2),
+        "200 frames fit its 256"
+    );
+    for _ in 0..200 {
+        h1.inject(t, a1, &frame);
+    }
+    h1.poll(t);
+    h1.take(UPLINK);
+    assert!(h1.engine.destination_overflowing(a2));
+    // 10 Mb/s, fed back every 50 ms, drains the 256 queued 1.5 kB frames in about 0.3 s.
+    for ms in 1..=600 {
+        let now = Instant::from_nanos(ms * 1_000_000);
+        if ms % 50 == 0 {
+            let seq = 1 + ms as u32 / 50;
+            h1.inject(
+                now,
+                UPLINK,
+                &feedback_packet(HOST2_IP, 100, 3, 10_000_000, seq, None),
+            );
+        }
+        h1.poll(now);
+        h1.take(UPLINK);
+    }
+    assert!(!h1.engine.destination_overflowing(a2));
+}

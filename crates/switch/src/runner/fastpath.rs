@@ -171,6 +171,7 @@ impl FastPathLink {
                                     DestinationLimit {
                                         bucket: v as u32,
                                         bytes_per_sec,
+                                        drop_beyond: engine.destination_overflowing(v),
                                     }
                                 }),
                             })
