@@ -18,240 +18,29 @@
 //! /var/cache/picnic/guest). `PICNIC_GUEST_ACCEL=tcg|kvm` forces the accelerator.
 
 mod common;
+mod qemu;
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6, TcpListener};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::net::{SocketAddrV4, SocketAddrV6, TcpListener};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{is_root, Netns};
 use picnic_switch::config::Config;
 use picnic_switch::runner::Switch;
+use qemu::{
+    diagnostics, guest_image, namespaces, reports, vhost_config, wait_for, Accel, Attach, Boot,
+    CONFIG, CTR_IP, CTR_IP6, GUEST_IP, GUEST_IP6, MTU, TAP,
+};
 
-const TAP: &str = "pngtap0";
-const GUEST_MAC: &str = "02:00:00:00:05:02";
-const GUEST_IP: &str = "198.18.5.2";
-const CTR_MAC: &str = "02:00:00:00:05:03";
-const CTR_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 5, 3);
-/// IPv6 addresses (documentation prefix), only inside the test's namespaces.
-const GUEST_IP6: &str = "2001:db8:5::2";
-const CTR_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 5, 0, 0, 0, 0, 3);
 const TCP_PORT: u16 = 7777;
 /// What the guest sends and expects back (scripts/guest.sh: 16 x 64 KiB).
 const TCP_BYTES: usize = 1 << 20;
-/// Tenant MTU: the uplink's 1500 less the overlay (docs/switch.md "MTU").
-const MTU: u32 = 1400;
 /// The whole boot-check-poweroff, TCG included.
 const GUEST_DEADLINE: Duration = Duration::from_secs(150);
 /// How long the guest stays up after its checks, for the container to ping it.
 const HOLD_S: u64 = 4;
-/// How long KVM gets to show the kernel's first line before TCG is used instead.
-const KVM_PROBE: Duration = Duration::from_secs(15);
-
-const CONFIG: &str = r#"
-[switch]
-host_id = 1
-workers = 1
-[uplink]
-ifname = "pngup"
-backend = "af_packet"
-[[hosts]]
-id = 1
-underlay_ip = "198.19.0.1"
-mac = "02:00:00:00:01:01"
-[[tenants]]
-name = "t"
-vni = 100
-[[vms]]
-name = "guest"
-id = 1
-tenant = "t"
-host = 1
-mac = "02:00:00:00:05:02"
-ip = "198.18.5.2"
-ipv6 = ["2001:db8:5::2"]
-port = { ifname = "pngtap0", backend = "tap" }
-[[vms]]
-name = "ctr"
-id = 2
-tenant = "t"
-host = 1
-mac = "02:00:00:00:05:03"
-ip = "198.18.5.3"
-ipv6 = ["2001:db8:5::3"]
-port = { ifname = "pngv0" }
-"#;
-
-/// The guest image, or why the test skips.
-fn guest_image() -> Result<(PathBuf, PathBuf), String> {
-    let qemu = Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
-    if !qemu.is_ok_and(|s| s.success()) {
-        return Err("qemu-system-x86_64 not found (apt-get install qemu-system-x86)".into());
-    }
-    let dir = std::env::var_os("PICNIC_GUEST_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/picnic/guest"));
-    let (kernel, initrd) = (dir.join("vmlinuz"), dir.join("initrd.img"));
-    if !kernel.is_file() || !initrd.is_file() {
-        return Err(format!(
-            "no guest image in {} (build it: bash scripts/guest.sh)",
-            dir.display()
-        ));
-    }
-    // Format 2's guest runs the IPv6 TCP check (picnic.tcp6).
-    let version = std::fs::read_to_string(dir.join("VERSION")).unwrap_or_default();
-    if !version.lines().any(|l| l == "format 2") {
-        return Err(format!(
-            "the guest image in {} is older than format 2 (rebuild it: bash scripts/guest.sh)",
-            dir.display()
-        ));
-    }
-    Ok((kernel, initrd))
-}
-
-/// The vhost-user variant of [`CONFIG`]: the guest's port served on a socket (its path
-/// replaces `@SOCKET@`).
-fn vhost_config(config: &str) -> String {
-    config.replace(
-        r#"port = { ifname = "pngtap0", backend = "tap" }"#,
-        r#"port = { ifname = "pngvu0", backend = "vhost_user", socket = "@SOCKET@" }"#,
-    )
-}
-
-/// How the guest's virtio-net device reaches picnic.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Attach {
-    /// A TAP QEMU holds, whose host side picnic attaches to.
-    Tap,
-    /// vhost-user on a socket picnic listens on (the guest's memory shared).
-    VhostUser,
-}
-
-/// A QEMU process, killed when dropped.
-struct Qemu(Child);
-
-impl Drop for Qemu {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts the guest in namespace `ns` on [`TAP`] or on vhost-user socket `socket`, its
-/// serial console written to `serial`.
-fn start_guest(
-    ns: &Netns,
-    (kernel, initrd): (&Path, &Path),
-    serial: &Path,
-    kvm: bool,
-    (attach, socket): (Attach, &Path),
-) -> Qemu {
-    let _ = std::fs::remove_file(serial);
-    let append = format!(
-        "console=ttyS0 earlyprintk=serial panic=-1 picnic.ip={GUEST_IP}/24 \
-         picnic.peer={CTR_IP} picnic.tcp={CTR_IP}:{TCP_PORT} picnic.ip6={GUEST_IP6}/64 \
-         picnic.peer6={CTR_IP6} picnic.tcp6=[{CTR_IP6}]:{TCP_PORT} picnic.hold={HOLD_S}"
-    );
-    let machine = if kvm {
-        "q35,accel=kvm"
-    } else {
-        "q35,accel=tcg"
-    };
-    let cpu = if kvm { "host" } else { "max" };
-    // QEMU 7.2 under TCG dereferences its absent KVM irqfd table when it starts a vhost
-    // device with MSI-X (a segfault in msix_set_vector_notifiers): legacy interrupts there.
-    let tcg_vhost = if attach == Attach::VhostUser && !kvm {
-        ",vectors=0"
-    } else {
-        ""
-    };
-    let child = Command::new("ip")
-        .args(["netns", "exec", &ns.name, "qemu-system-x86_64"])
-        .args(["-machine", machine, "-cpu", cpu, "-m", "256", "-smp", "1"])
-        .args([
-            "-nodefaults",
-            "-no-reboot",
-            "-display",
-            "none",
-            "-monitor",
-            "none",
-        ])
-        .arg("-kernel")
-        .arg(kernel)
-        .arg("-initrd")
-        .arg(initrd)
-        .args(["-append", &append])
-        .args(["-serial", &format!("file:{}", serial.display())])
-        .args(match attach {
-            Attach::Tap => vec![
-                "-netdev".to_string(),
-                format!("tap,id=n0,ifname={TAP},script=no,downscript=no,vnet_hdr=on"),
-            ],
-            // vhost-user needs the guest's RAM in shared memory the switch can map.
-            Attach::VhostUser => [
-                "-object",
-                "memory-backend-memfd,id=mem,size=256M,share=on",
-                "-numa",
-                "node,memdev=mem",
-                "-chardev",
-                &format!("socket,id=c0,path={}", socket.display()),
-                "-netdev",
-                "vhost-user,id=n0,chardev=c0",
-            ]
-            .map(String::from)
-            .to_vec(),
-        })
-        .args([
-            "-device",
-            // host_mtu: the guest learns its MTU from the device (VIRTIO_NET_F_MTU). No option
-            // ROM: iPXE only slows the boot.
-            &format!("virtio-net-pci,netdev=n0,mac={GUEST_MAC},host_mtu={MTU},romfile={tcg_vhost}"),
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(
-            std::fs::File::create(serial.with_extension("qemu-stderr"))
-                .map(Stdio::from)
-                .unwrap_or_else(|_| Stdio::null()),
-        )
-        .spawn()
-        .expect("spawn qemu-system-x86_64");
-    Qemu(child)
-}
-
-/// The serial console so far.
-fn console(serial: &Path) -> String {
-    std::fs::read(serial)
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default()
-}
-
-/// The console and QEMU's own messages, for a failure.
-fn diagnostics(serial: &Path) -> String {
-    let stderr = std::fs::read_to_string(serial.with_extension("qemu-stderr")).unwrap_or_default();
-    format!("{}\n--- qemu stderr:\n{stderr}", console(serial))
-}
-
-/// Waits until the console shows `what` or `timeout` passes (or QEMU exits).
-fn wait_for(qemu: &mut Qemu, serial: &Path, what: &str, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if console(serial).contains(what) {
-            return true;
-        }
-        if let Ok(Some(_)) = qemu.0.try_wait() {
-            return console(serial).contains(what);
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    false
-}
 
 /// The container pings the guest over IPv4 and IPv6; what ping said of each that failed.
 fn ping_guest(ctr: &Netns) -> Vec<String> {
@@ -413,65 +202,35 @@ fn boot_and_exchange(
     if !is_root() {
         return None;
     }
-    let (kernel, initrd) = match guest_image() {
+    let (kernel, initrd) = match guest_image(2) {
         Ok(image) => image,
         Err(why) => {
             println!("skipped: {why}");
             return None;
         }
     };
-    let host = Netns::new();
-    let ctr = Netns::new();
-    host.veth_pair("pngup", "pngfab");
-    // The container tenant: a veth with its default offloads, its end in its namespace.
-    host.ip("link add pngv0 type veth peer name pngc0");
-    host.ip(&format!("link set pngc0 netns {}", ctr.name));
-    host.ip("link set pngv0 up");
-    ctr.ip(&format!("link set pngc0 address {CTR_MAC} mtu {MTU} up"));
-    ctr.ip(&format!("addr add {CTR_IP}/24 dev pngc0"));
-    if attach == Attach::Tap {
-        // The guest's TAP, as an operator makes it for QEMU's script=no (persistent, up);
-        // the namespace's deletion removes it.
-        host.ip(&format!("tuntap add dev {TAP} mode tap"));
-        host.ip(&format!("link set {TAP} up"));
-    }
+    let (host, ctr) = namespaces(attach);
 
     let tmp = std::env::temp_dir().join(format!("picnic-guest-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).unwrap();
     let serial = tmp.join("serial.log");
     let socket = tmp.join("guest.sock");
     let config = config.replace("@SOCKET@", &socket.to_string_lossy());
-
-    let forced = std::env::var("PICNIC_GUEST_ACCEL").ok();
-    let kvm_usable = Path::new("/dev/kvm").exists() && forced.as_deref() != Some("tcg");
-    let kvm = std::sync::atomic::AtomicBool::new(kvm_usable || forced.as_deref() == Some("kvm"));
-    let accel = || {
-        if kvm.load(Ordering::Relaxed) {
-            "kvm"
-        } else {
-            "tcg"
-        }
+    let append = format!(
+        "picnic.ip={GUEST_IP}/24 picnic.peer={CTR_IP} picnic.tcp={CTR_IP}:{TCP_PORT} \
+         picnic.ip6={GUEST_IP6}/64 picnic.peer6={CTR_IP6} picnic.tcp6=[{CTR_IP6}]:{TCP_PORT} \
+         picnic.hold={HOLD_S}"
+    );
+    let boot = Boot {
+        image: (&kernel, &initrd),
+        serial: &serial,
+        attach,
+        socket: &socket,
+        append: &append,
+        device: "",
     };
-    // Starts the guest, on TCG when KVM does not start its kernel in time.
-    let mut launch = || {
-        let image = (kernel.as_path(), initrd.as_path());
-        let net = (attach, socket.as_path());
-        let mut qemu = start_guest(&host, image, &serial, kvm.load(Ordering::Relaxed), net);
-        if kvm.load(Ordering::Relaxed)
-            && forced.is_none()
-            && !wait_for(&mut qemu, &serial, "Linux version", KVM_PROBE)
-        {
-            println!(
-                "KVM did not start the guest's kernel within {KVM_PROBE:?} (nested \
-                 virtualization?): using TCG"
-            );
-            drop(qemu);
-            kvm.store(false, Ordering::Relaxed);
-            qemu = start_guest(&host, image, &serial, false, net);
-        }
-        println!("guest accelerator: {}", accel());
-        qemu
-    };
+    let mut accel = Accel::new();
+    let mut launch = || accel.launch(&host, &boot);
     // On a TAP, the VMM first: picnic attaches to a TAP QEMU already holds. On vhost-user,
     // picnic first: QEMU connects to the socket it listens on.
     let mut first = (attach == Attach::Tap).then(&mut launch);
@@ -530,13 +289,9 @@ fn boot_and_exchange(
             drop(qemu);
             let out = diagnostics(&serial);
             println!(
-                "guest ({}) done in {:.1} s:\n{}",
-                accel(),
+                "guest done in {:.1} s:\n{}",
                 started.elapsed().as_secs_f64(),
-                out.lines()
-                    .filter(|l| l.contains("PICNIC-"))
-                    .collect::<Vec<_>>()
-                    .join("\n")
+                reports(&out)
             );
             runs.push((done, out, echoed, echoed6, pinged));
             if !done {
