@@ -44,7 +44,8 @@ mkdir -p "$DIR/debs"
 DIR=$(cd "$DIR" && pwd)
 
 # The image's format, recorded in VERSION: an image of an older format (its /init lacks a
-# check the tests ask for) is rebuilt from the cached packages. 2: picnic.tcp6. 3: picnic.bench.
+# check the tests ask for) is rebuilt from the cached packages. 2: picnic.tcp6. 3: picnic.bench,
+# the queues in PICNIC-UP.
 FORMAT=3
 if [[ -s "$DIR/vmlinuz" && -s "$DIR/initrd.img" ]] && grep -qx "format $FORMAT" "$DIR/VERSION" 2>/dev/null; then
     echo "guest.sh: $DIR is complete ($(head -1 "$DIR/VERSION")); delete it to rebuild"
@@ -160,7 +161,9 @@ if [ -n "$IP6" ]; then
 fi
 # The features the driver negotiated (bit 0 CSUM: the guest hands over partial checksums; bit
 # 11 HOST_TSO4: the guest sends TSO super-frames), as a bit string.
-say "UP mac=$(cat /sys/class/net/eth0/address) mtu=$(cat /sys/class/net/eth0/mtu) features=$(cat /sys/class/net/eth0/device/features)"
+# The queues the driver uses (rx-0,rx-1,...: more than one pair with multiqueue and vCPUs).
+QUEUES=$(ls /sys/class/net/eth0/queues | tr '\n' , | sed 's/,$//')
+say "UP mac=$(cat /sys/class/net/eth0/address) mtu=$(cat /sys/class/net/eth0/mtu) features=$(cat /sys/class/net/eth0/device/features) queues=$QUEUES"
 if [ -n "$PEER" ]; then
     if ping -c 3 -W 3 "$PEER" >/tmp/ping 2>&1 || ping -c 3 -W 3 "$PEER" >/tmp/ping 2>&1; then
         say "PING4 ok $(grep -o '[0-9]* packets received' /tmp/ping)"

@@ -202,7 +202,7 @@ fn boot_and_exchange(
     if !is_root() {
         return None;
     }
-    let (kernel, initrd) = match guest_image(2) {
+    let (kernel, initrd) = match guest_image(3) {
         Ok(image) => image,
         Err(why) => {
             println!("skipped: {why}");
@@ -228,12 +228,21 @@ fn boot_and_exchange(
         socket: &socket,
         append: &append,
         device: "",
+        queues: 1,
     };
     let mut accel = Accel::new();
-    let mut launch = || accel.launch(&host, &boot);
+    // Guest `i`: on vhost-user the second has two queue pairs (multiqueue) and two vCPUs.
+    let mut launch = |i: usize| {
+        let queues = if attach == Attach::VhostUser && i == 1 {
+            2
+        } else {
+            1
+        };
+        accel.launch(&host, &Boot { queues, ..boot })
+    };
     // On a TAP, the VMM first: picnic attaches to a TAP QEMU already holds. On vhost-user,
     // picnic first: QEMU connects to the socket it listens on.
-    let mut first = (attach == Attach::Tap).then(&mut launch);
+    let mut first = (attach == Attach::Tap).then(|| launch(0));
     let guests = if attach == Attach::VhostUser { 2 } else { 1 };
 
     let (listener, listener6) = ctr.enter(|| {
@@ -261,8 +270,8 @@ fn boot_and_exchange(
             Switch::open(Config::parse(&config).unwrap()).expect("picnic opens the guest's port");
         let (stop, shared) = (switch.stop_flag(), switch.shared());
         let dataplane = std::thread::spawn(move || switch.run());
-        for _ in 0..guests {
-            let mut qemu = first.take().unwrap_or_else(&mut launch);
+        for i in 0..guests {
+            let mut qemu = first.take().unwrap_or_else(|| launch(i));
             let started = Instant::now();
             let deadline = started + GUEST_DEADLINE;
             let guest_done = AtomicBool::new(false);
@@ -305,7 +314,7 @@ fn boot_and_exchange(
     });
     let _ = std::fs::remove_dir_all(&tmp);
 
-    for (done, out, echoed, echoed6, pinged) in runs {
+    for (i, (done, out, echoed, echoed6, pinged)) in runs.into_iter().enumerate() {
         assert!(done, "the guest did not finish:\n{out}");
         // The guest's virtio-net kept its default offloads: CSUM (bit 0) and HOST_TSO4
         // (bit 11) negotiated.
@@ -316,6 +325,14 @@ fn boot_and_exchange(
             .unwrap_or_else(|| panic!("no PICNIC-UP line:\n{out}"));
         let bit = |i: usize| features.as_bytes().get(i) == Some(&b'1');
         assert!(bit(0) && bit(11), "guest offloads off: {features}");
+        if attach == Attach::VhostUser && i == 1 {
+            // Multiqueue (VIRTIO_NET_F_MQ, bit 22) negotiated, both pairs in the driver's use.
+            assert!(bit(22), "no MQ: {features}");
+            assert!(
+                out.contains("queues=rx-0,rx-1,tx-0,tx-1"),
+                "the guest does not use two queue pairs:\n{out}"
+            );
+        }
         assert!(
             out.contains(&format!("mtu={MTU} ")),
             "the guest took its MTU from host_mtu:\n{out}"

@@ -266,6 +266,7 @@ fn run_case(
         socket: &socket,
         append: &append,
         device: if case.offloads { "" } else { OFFLOADS_OFF },
+        queues: 1,
     };
     let bytes = mib << 20;
     let mut outcome = Outcome::default();

@@ -135,6 +135,8 @@ pub struct Boot<'a> {
     pub append: &'a str,
     /// Appended to the virtio-net device's options (`,csum=off,...`).
     pub device: &'a str,
+    /// Queue pairs of a vhost-user device (more than 1: multiqueue, as many vCPUs).
+    pub queues: u16,
 }
 
 /// Starts the guest in namespace `ns`, on KVM or TCG.
@@ -156,7 +158,8 @@ fn start_guest(ns: &Netns, boot: &Boot, kvm: bool) -> Qemu {
     };
     let child = Command::new("ip")
         .args(["netns", "exec", &ns.name, "qemu-system-x86_64"])
-        .args(["-machine", machine, "-cpu", cpu, "-m", "256", "-smp", "1"])
+        .args(["-machine", machine, "-cpu", cpu, "-m", "256"])
+        .args(["-smp", &boot.queues.max(1).to_string()])
         .args([
             "-nodefaults",
             "-no-reboot",
@@ -185,7 +188,7 @@ fn start_guest(ns: &Netns, boot: &Boot, kvm: bool) -> Qemu {
                 "-chardev",
                 &format!("socket,id=c0,path={}", boot.socket.display()),
                 "-netdev",
-                "vhost-user,id=n0,chardev=c0",
+                &format!("vhost-user,id=n0,chardev=c0,queues={}", boot.queues.max(1)),
             ]
             .map(String::from)
             .to_vec(),
@@ -195,7 +198,8 @@ fn start_guest(ns: &Netns, boot: &Boot, kvm: bool) -> Qemu {
             // host_mtu: the guest learns its MTU from the device (VIRTIO_NET_F_MTU). No option
             // ROM: iPXE only slows the boot.
             &format!(
-                "virtio-net-pci,netdev=n0,mac={GUEST_MAC},host_mtu={MTU},romfile={tcg_vhost}{}",
+                "virtio-net-pci,netdev=n0,mac={GUEST_MAC},host_mtu={MTU},romfile={tcg_vhost}{}{}",
+                if boot.queues > 1 { ",mq=on" } else { "" },
                 boot.device
             ),
         ])
