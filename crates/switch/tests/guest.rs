@@ -10,8 +10,9 @@
 //!
 //! The same guest on vhost-user (`backend = "vhost_user"`: picnic serves the guest's
 //! virtio-net queues from its shared memory, `-netdev vhost-user` with a memfd memory
-//! backend) runs the same checks, then a second QEMU on the same socket runs them again:
-//! the port listened again when the first went away.
+//! backend) runs the same checks, then a second QEMU on the same socket, with two queue pairs
+//! (multiqueue) and two vCPUs, runs them again: the port listened again when the first went
+//! away. And a guest on vhost-user outlives a restart of the switch (QEMU's `reconnect=1`).
 //!
 //! Skipped, saying why, without root, without `qemu-system-x86_64` (Debian: qemu-system-x86)
 //! or without the guest image (`bash scripts/guest.sh`; `PICNIC_GUEST_DIR` or
@@ -41,6 +42,10 @@ const TCP_BYTES: usize = 1 << 20;
 const GUEST_DEADLINE: Duration = Duration::from_secs(150);
 /// How long the guest stays up after its checks, for the container to ping it.
 const HOLD_S: u64 = 4;
+
+/// One guest at a time: two TCG guests on this machine's two cores would each take the
+/// other's time, and they share the process's id in their scratch directories' names.
+static ONE_GUEST: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The container pings the guest over IPv4 and IPv6; what ping said of each that failed.
 fn ping_guest(ctr: &Netns) -> Vec<String> {
@@ -195,9 +200,6 @@ fn boot_and_exchange(
     config: &str,
     attach: Attach,
 ) -> Option<std::sync::Arc<picnic_switch::runner::Published>> {
-    // One guest at a time: two TCG guests on this machine's two cores would each take the
-    // other's time, and they share the process's id in their scratch directories' names.
-    static ONE_GUEST: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one = ONE_GUEST.lock().unwrap_or_else(|e| e.into_inner());
     if !is_root() {
         return None;
@@ -229,6 +231,7 @@ fn boot_and_exchange(
         append: &append,
         device: "",
         queues: 1,
+        reconnect: false,
     };
     let mut accel = Accel::new();
     // Guest `i`: on vhost-user the second has two queue pairs (multiqueue) and two vCPUs.
@@ -359,4 +362,99 @@ fn boot_and_exchange(
     let nd_replies = published.switch.switch.nd_replies;
     assert!(nd_replies >= 2, "nd_replies {nd_replies}");
     Some(published)
+}
+
+/// Whether the container's pings of the guest's IPv4 address (`count`, 0.2 s apart) were
+/// answered.
+fn ping4(ctr: &Netns, count: &str) -> bool {
+    Command::new("ip")
+        .args([
+            "netns", "exec", &ctr.name, "ping", "-c", count, "-i", "0.2", "-W", "1",
+        ])
+        .arg(GUEST_IP)
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// The switch restarts under a running guest on vhost-user (an upgrade, a crash): QEMU
+/// (`-chardev socket,...,reconnect=1`) connects to the new switch's socket, hands it the
+/// guest's memory and rings again, and the guest, never restarted, answers the container's
+/// pings again.
+#[test]
+fn root_a_qemu_guest_on_vhost_user_is_served_again_after_the_switch_restarts() {
+    let _one = ONE_GUEST.lock().unwrap_or_else(|e| e.into_inner());
+    if !is_root() {
+        return;
+    }
+    let (kernel, initrd) = match guest_image(3) {
+        Ok(image) => image,
+        Err(why) => {
+            println!("skipped: {why}");
+            return;
+        }
+    };
+    let (host, ctr) = namespaces(Attach::VhostUser);
+    let tmp = std::env::temp_dir().join(format!("picnic-guest-re-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let serial = tmp.join("serial.log");
+    let socket = tmp.join("guest.sock");
+    let config = vhost_config(CONFIG).replace("@SOCKET@", &socket.to_string_lossy());
+    // The guest pings the container once up, then stays up (the test kills it sooner).
+    let append = format!("picnic.ip={GUEST_IP}/24 picnic.peer={CTR_IP} picnic.hold=120");
+    let boot = Boot {
+        image: (&kernel, &initrd),
+        serial: &serial,
+        attach: Attach::VhostUser,
+        socket: &socket,
+        append: &append,
+        device: "",
+        queues: 1,
+        reconnect: true,
+    };
+    let mut accel = Accel::new();
+    let (first, second, pinged_before, pinged_after) = host.enter(|| {
+        let start = || {
+            let mut switch = Switch::open(Config::parse(&config).unwrap()).expect("picnic opens");
+            let (stop, shared) = (switch.stop_flag(), switch.shared());
+            let dataplane = std::thread::spawn(move || switch.run());
+            move || {
+                stop.store(true, Ordering::Relaxed);
+                dataplane.join().unwrap().expect("the switch ran");
+                let published = shared.latest().expect("a snapshot");
+                let port = published.ports.iter().find(|p| p.name == "pngvu0");
+                port.expect("the vhost-user port").stats
+            }
+        };
+        let stop_first = start();
+        let mut qemu = accel.launch(&host, &boot);
+        let up = wait_for(&mut qemu, &serial, "PICNIC-STATS", GUEST_DEADLINE);
+        let pinged_before = up && ping4(&ctr, "3");
+        let first = stop_first();
+        // QEMU finds the socket gone and tries again each second; the new switch listens.
+        let stop_second = start();
+        let started = Instant::now();
+        let pinged_after = (0..30).any(|_| ping4(&ctr, "1"));
+        println!(
+            "after the restart: the container's ping answered: {pinged_after} ({:.1} s)",
+            started.elapsed().as_secs_f64()
+        );
+        drop(qemu);
+        (first, stop_second(), pinged_before, pinged_after)
+    });
+    let out = diagnostics(&serial);
+    let _ = std::fs::remove_dir_all(&tmp);
+    println!(
+        "{}\nfirst switch's port {first:?}\nsecond's {second:?}",
+        reports(&out)
+    );
+    assert!(
+        pinged_before,
+        "the guest did not answer before the restart:\n{out}"
+    );
+    assert!(
+        pinged_after,
+        "the guest did not answer after the restart:\n{out}"
+    );
+    assert!(second.rx_frames > 0 && second.tx_frames > 0, "{second:?}");
+    assert_eq!(second.ring_errors, 0);
 }

@@ -267,6 +267,7 @@ fn run_case(
         append: &append,
         device: if case.offloads { "" } else { OFFLOADS_OFF },
         queues: 1,
+        reconnect: false,
     };
     let bytes = mib << 20;
     let mut outcome = Outcome::default();

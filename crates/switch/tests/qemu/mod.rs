@@ -137,6 +137,9 @@ pub struct Boot<'a> {
     pub device: &'a str,
     /// Queue pairs of a vhost-user device (more than 1: multiqueue, as many vCPUs).
     pub queues: u16,
+    /// QEMU connects again, each second, when the vhost-user socket's switch went
+    /// (`-chardev socket,...,reconnect=1`).
+    pub reconnect: bool,
 }
 
 /// Starts the guest in namespace `ns`, on KVM or TCG.
@@ -186,7 +189,11 @@ fn start_guest(ns: &Netns, boot: &Boot, kvm: bool) -> Qemu {
                 "-numa",
                 "node,memdev=mem",
                 "-chardev",
-                &format!("socket,id=c0,path={}", boot.socket.display()),
+                &format!(
+                    "socket,id=c0,path={}{}",
+                    boot.socket.display(),
+                    if boot.reconnect { ",reconnect=1" } else { "" }
+                ),
                 "-netdev",
                 &format!("vhost-user,id=n0,chardev=c0,queues={}", boot.queues.max(1)),
             ]
