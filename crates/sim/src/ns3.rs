@@ -14,8 +14,9 @@
 //! does not carry: the Geneve outer headers (ns-3's packets are 70 B shorter on the wire)
 //! and everything of the switch (the comparison is with isolation off, `picnic-off`).
 //! The program prints one JSON object: per workload its connections' goodput over its
-//! active period (the lab's and the simulator's definition), the aggregate, Jain's index and
-//! the bottleneck queue's occupancy sampled every 1 ms (quantile, KB).
+//! active period (the lab's and the simulator's definition), the aggregate, Jain's index, the
+//! senders' retransmission timeouts and retransmitted segments, and the bottleneck queue's
+//! occupancy sampled every 1 ms (quantile, KB).
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -210,6 +211,24 @@ void Sample(ns3::Ptr<ns3::QueueDisc> q, ns3::Time every, ns3::Time until) {{
   if (ns3::Simulator::Now() + every <= until)
     ns3::Simulator::Schedule(every, &Sample, q, every, until);
 }}
+// Retransmission timeouts (entries into CA_LOSS) and retransmitted segments of the senders.
+uint64_t timeouts = 0, retransmissions = 0;
+void OnCongState(ns3::TcpSocketState::TcpCongState_t from, ns3::TcpSocketState::TcpCongState_t to) {{
+  if (to == ns3::TcpSocketState::CA_LOSS && from != ns3::TcpSocketState::CA_LOSS) timeouts++;
+}}
+void OnRetransmission(ns3::Ptr<const ns3::Packet>, const ns3::TcpHeader&, const ns3::Address&,
+                      const ns3::Address&, ns3::Ptr<const ns3::TcpSocketBase>) {{
+  retransmissions++;
+}}
+void WatchNow(ns3::Ptr<ns3::Application> app) {{
+  ns3::Ptr<ns3::Socket> s = ns3::DynamicCast<ns3::BulkSendApplication>(app)->GetSocket();
+  s->TraceConnectWithoutContext("CongState", ns3::MakeCallback(&OnCongState));
+  s->TraceConnectWithoutContext("Retransmission", ns3::MakeCallback(&OnRetransmission));
+}}
+// A BulkSend's socket exists once the application has started.
+void Watch(ns3::Ptr<ns3::Application> app, ns3::Time at) {{
+  ns3::Simulator::Schedule(at, &WatchNow, app);
+}}
 }}
 """)
 
@@ -303,6 +322,7 @@ def main():
         app = bulk.Install(nodes.Get(sender))
         app.Start(ns.MilliSeconds(start_ms))
         app.Stop(ns.MilliSeconds(stop_ms))
+        cppyy.gbl.picnic_probe.Watch(app.Get(0), ns.MilliSeconds(start_ms) + ns.NanoSeconds(1))
         sinks.append((name, start_ms, stop_ms, sink_app.Get(0)))
 
     cppyy.gbl.picnic_probe.Sample(bottleneck, ns.MilliSeconds(1), ns.MilliSeconds(DURATION_MS))
@@ -327,6 +347,8 @@ def main():
     jain = total * total / (len(per_flow) * squares) if squares > 0 else 0.0
     json.dump({{"simulator": "ns-3", "bottleneck_mbps": ACCESS_MBPS, "aggregate_mbps": total,
                "jain": jain, "flows_mbps": per_flow, "workloads": per_workload,
+               "timeouts": int(cppyy.gbl.picnic_probe.timeouts),
+               "retransmissions": int(cppyy.gbl.picnic_probe.retransmissions),
                "bottleneck_queue_kb_sampled_1ms": queue_kb}},
               sys.stdout, indent=1)
     print()

@@ -119,8 +119,12 @@ fn the_generated_program_runs_in_ns3_and_fills_the_bottleneck_fairly() {
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let agg = r["aggregate_mbps"].as_f64().unwrap();
     let jain = r["jain"].as_f64().unwrap();
-    // Goodput ceiling: 1390 of every 1432 bytes on the wire (IPv4/TCP and PPP headers).
-    assert!(agg > 80.0 && agg < 97.1, "{r}");
+    // Goodput ceiling: 1390 of every 1444 bytes on the wire (IPv4, TCP with the timestamp
+    // option, PPP: the queue's 1 ms samples are multiples of 1442 B).
+    assert!(agg > 80.0 && agg < 96.3, "{r}");
+    // The senders' counters are read: two connections into a 25 KB FIFO lose segments.
+    let rtx = r["retransmissions"].as_u64().unwrap();
+    assert!(rtx > 0 && r["timeouts"].as_u64().unwrap() <= rtx, "{r}");
     assert!(jain > 0.9, "{r}");
     assert_eq!(r["flows_mbps"].as_array().unwrap().len(), 2);
     // The bottleneck queue, sampled every 1 ms: at most its 25 KB, and not empty throughout
