@@ -35,7 +35,7 @@ fn the_bottleneck_scenario_maps_to_one_link_and_its_connections() {
         "DCTCP_THRESHOLD_KB = None",
         "SEGMENT = 1390",
         "RECEIVER = 4",
-        "    (\"t4\", 3, 20007, 0, 2000),",
+        "    (\"t4\", 3, 20007, 0, 2000, 0),",
         "    ns.RngSeedManager.SetRun(3)",
     ] {
         assert!(p.lines().any(|l| l == line), "missing {line:?} in\n{p}");
@@ -45,6 +45,31 @@ fn the_bottleneck_scenario_maps_to_one_link_and_its_connections() {
         .replace("[sim]", "[sim]\ncc = \"dctcp\"\necn_threshold_kb = 10");
     let b = Bottleneck::from_spec(&Spec::parse(&dctcp).unwrap()).unwrap();
     assert_eq!(b.dctcp_threshold_kb, Some(10));
+}
+
+#[test]
+fn the_incast_maps_its_transfers_to_whole_segments_with_their_completion() {
+    let spec = Spec::parse(&scenario("scenarios/sim/incast-transfer.toml")).unwrap();
+    let b = Bottleneck::from_spec(&spec).unwrap();
+    assert_eq!(b.flows.len(), 16);
+    // 131072 B is 94.3 segments of 1390: the simulator sends 95 whole ones, and so does ns-3.
+    assert!(b.flows.iter().all(|f| f.bytes == 95 * 1390));
+    assert!(b
+        .flows
+        .iter()
+        .all(|f| (f.start_ms, f.stop_ms) == (10, 1000)));
+    let p = generate(&spec, 1).unwrap();
+    for line in [
+        "    (\"b4\", 3, 20015, 10, 1000, 132050),",
+        "        bulk.SetAttribute(\"MaxBytes\", ns.UintegerValue(size))",
+        "            w[\"completion_ms\"] = None if None in w[\"fct_ms\"] else max(w[\"fct_ms\"])",
+    ] {
+        assert!(p.lines().any(|l| l == line), "missing {line:?} in\n{p}");
+    }
+    // A bulk connection sends until its stop.
+    let bulk = Spec::parse(&scenario("scenarios/sim/bottleneck-tcp.toml")).unwrap();
+    let b = Bottleneck::from_spec(&bulk).unwrap();
+    assert!(b.flows.iter().all(|f| f.bytes == 0));
 }
 
 #[test]
