@@ -1,8 +1,8 @@
 //! `picnic sim ns3 SCENARIO.toml`: writes an ns-3 program (Python, for PyPI's `ns3`
 //! package: `from ns import ns`) from a scenario file, so the same work runs in ns-3 with
 //! nothing tuned by hand for either side (issue 34). Only the single-bottleneck case exists:
-//! `tcp_bulk` workloads from any hosts to VMs on one receiver host, whose access link is the
-//! bottleneck; everything else is refused with the reason. docs/sim.md "ns-3" has the status.
+//! `tcp_bulk` and `transfer` (incast) workloads from any hosts to VMs on one receiver host,
+//! whose access link is the bottleneck; everything else is refused with the reason. docs/sim.md "ns-3" has the status.
 //!
 //! The mapping: one ns-3 node per scenario host and one for the fabric switch; each sender
 //! host's link to the switch at `sim.nic_mbps`, the switch's port toward the receiver at
@@ -14,8 +14,10 @@
 //! does not carry: the Geneve outer headers (ns-3's packets are 70 B shorter on the wire)
 //! and everything of the switch (the comparison is with isolation off, `picnic-off`).
 //! The program prints one JSON object: per workload its connections' goodput over its
-//! active period (the lab's and the simulator's definition), the aggregate, Jain's index and
-//! the bottleneck queue's occupancy sampled every 1 ms (quantile, KB).
+//! active period (the lab's and the simulator's definition) and a transfer's completion
+//! (its last connection's last byte at the receiver) and per-connection FCTs, the aggregate, Jain's index, the
+//! senders' retransmission timeouts and retransmitted segments, and the bottleneck queue's
+//! occupancy sampled every 1 ms (quantile, KB).
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -47,6 +49,9 @@ pub struct Ns3Args {
 pub struct Flow {
     /// Workload name.
     pub workload: String,
+    /// Bytes it sends: a `transfer`'s whole segments, as the simulator sends them (0: a
+    /// `tcp_bulk`, until its stop).
+    pub bytes: u64,
     /// Index of the sender host in the scenario's `hosts`.
     pub sender: usize,
     /// Port on the receiver.
@@ -107,13 +112,17 @@ impl Bottleneck {
         let mut flows = Vec::new();
         let mut port = picnic_scenario::BASE_PORT;
         for w in &s.workloads {
-            if w.kind != WorkloadKind::TcpBulk {
-                bail!(
-                    "workload `{}`: the ns-3 generator covers `tcp_bulk` only (the single-bottleneck case), not {:?}",
+            let bytes = match w.kind {
+                WorkloadKind::TcpBulk => 0,
+                WorkloadKind::Transfer => {
+                    w.bytes.unwrap_or(0).div_ceil(MSS as u64).max(1) * MSS as u64
+                }
+                _ => bail!(
+                    "workload `{}`: the ns-3 generator covers `tcp_bulk` and `transfer` only (one bottleneck, incast), not {:?}",
                     w.name,
                     w.kind
-                );
-            }
+                ),
+            };
             let from = vm_host(&w.from)?;
             let to = vm_host(&w.to)?;
             if from == to {
@@ -127,6 +136,7 @@ impl Bottleneck {
             for _ in 0..w.flows.unwrap_or(1) {
                 flows.push(Flow {
                     workload: w.name.clone(),
+                    bytes,
                     sender,
                     port,
                     start_ms: w.start_ms,
@@ -170,7 +180,8 @@ pub fn generate(spec: &Spec, seed: u64) -> Result<String> {
     let mut p = String::new();
     let _ = writeln!(
         p,
-        "#!/usr/bin/env python3\n\"\"\"ns-3 program written by `picnic sim ns3` from scenario {:?}.\n\nSingle bottleneck: {} TCP connections into host {} over a {} Mb/s link with a\n{} B FIFO{}. Prints one JSON object (per-workload goodput, aggregate, Jain's index).\nRun with PyPI's ns3 package: python3 THIS.py\n\"\"\"",
+        "#!/usr/bin/env python3\n\"\"\"ns-3 program written by `picnic sim ns3` from scenario {:?}.\n\nSingle bottleneck: {} TCP connections into host {} over a {} Mb/s link with a\n{} B FIFO{}. Prints one JSON object (per-workload goodput and transfer completion,
+aggregate, Jain's index, timeouts, retransmissions, queue).\nRun with PyPI's ns3 package: python3 THIS.py\n\"\"\"",
         spec.scenario.name,
         b.flows.len(),
         b.receiver,
@@ -186,8 +197,8 @@ pub fn generate(spec: &Spec, seed: u64) -> Result<String> {
         .iter()
         .map(|f| {
             format!(
-                "    ({:?}, {}, {}, {}, {}),",
-                f.workload, f.sender, f.port, f.start_ms, f.stop_ms
+                "    ({:?}, {}, {}, {}, {}, {}),",
+                f.workload, f.sender, f.port, f.start_ms, f.stop_ms, f.bytes
             )
         })
         .collect();
@@ -210,6 +221,39 @@ void Sample(ns3::Ptr<ns3::QueueDisc> q, ns3::Time every, ns3::Time until) {{
   if (ns3::Simulator::Now() + every <= until)
     ns3::Simulator::Schedule(every, &Sample, q, every, until);
 }}
+// Retransmission timeouts (entries into CA_LOSS) and retransmitted segments of the senders.
+uint64_t timeouts = 0, retransmissions = 0;
+void OnCongState(ns3::TcpSocketState::TcpCongState_t from, ns3::TcpSocketState::TcpCongState_t to) {{
+  if (to == ns3::TcpSocketState::CA_LOSS && from != ns3::TcpSocketState::CA_LOSS) timeouts++;
+}}
+void OnRetransmission(ns3::Ptr<const ns3::Packet>, const ns3::TcpHeader&, const ns3::Address&,
+                      const ns3::Address&, ns3::Ptr<const ns3::TcpSocketBase>) {{
+  retransmissions++;
+}}
+void WatchNow(ns3::Ptr<ns3::Application> app) {{
+  ns3::Ptr<ns3::Socket> s = ns3::DynamicCast<ns3::BulkSendApplication>(app)->GetSocket();
+  s->TraceConnectWithoutContext("CongState", ns3::MakeCallback(&OnCongState));
+  s->TraceConnectWithoutContext("Retransmission", ns3::MakeCallback(&OnRetransmission));
+}}
+// A BulkSend's socket exists once the application has started.
+void Watch(ns3::Ptr<ns3::Application> app, ns3::Time at) {{
+  ns3::Simulator::Schedule(at, &WatchNow, app);
+}}
+// When each sink has received its connection's bytes (a transfer's completion), ns.
+std::vector<uint64_t> received, target;
+std::vector<int64_t> done_ns;
+void OnRx(uint32_t i, ns3::Ptr<const ns3::Packet> p, const ns3::Address&) {{
+  received[i] += p->GetSize();
+  if (target[i] > 0 && received[i] >= target[i] && done_ns[i] < 0)
+    done_ns[i] = ns3::Simulator::Now().GetNanoSeconds();
+}}
+void WatchSink(ns3::Ptr<ns3::Application> sink, uint64_t bytes) {{
+  uint32_t i = received.size();
+  received.push_back(0);
+  target.push_back(bytes);
+  done_ns.push_back(-1);
+  sink->TraceConnectWithoutContext("Rx", ns3::MakeBoundCallback(&OnRx, i));
+}}
 }}
 """)
 
@@ -223,7 +267,8 @@ DCTCP_THRESHOLD_KB = {dctcp}
 MIN_RTO_US = {rto}
 DURATION_MS = {duration}
 SEGMENT = {mss}
-# (workload, sender host index, receiver port, start ms, stop ms) per connection
+# (workload, sender host index, receiver port, start ms, stop ms, bytes: 0 until stop) per
+# connection
 FLOWS = [
 {flows}
 ]
@@ -291,18 +336,20 @@ def main():
     ns.Ipv4GlobalRoutingHelper.PopulateRoutingTables()
 
     sinks = []
-    for (name, sender, port, start_ms, stop_ms) in FLOWS:
+    for (name, sender, port, start_ms, stop_ms, size) in FLOWS:
         any_addr = ns.InetSocketAddress(ns.Ipv4Address.GetAny(), port)
         sink = ns.PacketSinkHelper("ns3::TcpSocketFactory", any_addr.ConvertTo())
         sink_app = sink.Install(nodes.Get(RECEIVER))
         sink_app.Start(ns.MilliSeconds(0))
+        cppyy.gbl.picnic_probe.WatchSink(sink_app.Get(0), size)
         to = ns.InetSocketAddress(receiver_addr, port)
         bulk = ns.BulkSendHelper("ns3::TcpSocketFactory", to.ConvertTo())
-        bulk.SetAttribute("MaxBytes", ns.UintegerValue(0))
+        bulk.SetAttribute("MaxBytes", ns.UintegerValue(size))
         bulk.SetAttribute("SendSize", ns.UintegerValue(SEGMENT))
         app = bulk.Install(nodes.Get(sender))
         app.Start(ns.MilliSeconds(start_ms))
         app.Stop(ns.MilliSeconds(stop_ms))
+        cppyy.gbl.picnic_probe.Watch(app.Get(0), ns.MilliSeconds(start_ms) + ns.NanoSeconds(1))
         sinks.append((name, start_ms, stop_ms, sink_app.Get(0)))
 
     cppyy.gbl.picnic_probe.Sample(bottleneck, ns.MilliSeconds(1), ns.MilliSeconds(DURATION_MS))
@@ -310,7 +357,7 @@ def main():
     ns.Simulator.Run()
     per_flow = []
     per_workload = {{}}
-    for (name, start_ms, stop_ms, app) in sinks:
+    for i, (name, start_ms, stop_ms, app) in enumerate(sinks):
         rx = ns.DynamicCast[ns.PacketSink](app).GetTotalRx()
         mbps = rx * 8 / ((stop_ms - start_ms) / 1000.0) / 1e6
         per_flow.append(mbps)
@@ -318,6 +365,13 @@ def main():
         w["connections"] += 1
         w["bytes"] += rx
         w["mbps"] += mbps
+        if FLOWS[i][5] > 0:
+            done = int(cppyy.gbl.picnic_probe.done_ns[i])
+            w.setdefault("fct_ms", []).append(done / 1e6 - start_ms if done >= 0 else None)
+    for w in per_workload.values():
+        if "fct_ms" in w:
+            # A transfer completes with its last connection (the lab's completion_ms).
+            w["completion_ms"] = None if None in w["fct_ms"] else max(w["fct_ms"])
     samples = sorted(int(x) for x in cppyy.gbl.picnic_probe.samples)
     queue_kb = [[q, samples[min(len(samples) - 1, int(q * len(samples)))] / 1000.0]
                 for q in (0.5, 0.9, 0.99, 0.999, 1.0)] if samples else []
@@ -327,6 +381,8 @@ def main():
     jain = total * total / (len(per_flow) * squares) if squares > 0 else 0.0
     json.dump({{"simulator": "ns-3", "bottleneck_mbps": ACCESS_MBPS, "aggregate_mbps": total,
                "jain": jain, "flows_mbps": per_flow, "workloads": per_workload,
+               "timeouts": int(cppyy.gbl.picnic_probe.timeouts),
+               "retransmissions": int(cppyy.gbl.picnic_probe.retransmissions),
                "bottleneck_queue_kb_sampled_1ms": queue_kb}},
               sys.stdout, indent=1)
     print()

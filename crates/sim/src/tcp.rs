@@ -123,9 +123,10 @@ impl TcpSender {
         ece: bool,
         echo_ns: Nanos,
     ) -> Option<u64> {
-        if sack >= ack && sack < self.high_seq {
-            self.sacked.insert(sack);
-        }
+        // A duplicate ACK is one whose SACK reports a segment not reported before (RFC 6675
+        // section 2, ns-3's definition with SACK): the ACK of a segment the receiver already
+        // held (a spurious retransmission's echo, D-SACK in Linux) says nothing of a loss.
+        let newly_sacked = sack >= ack && sack < self.high_seq && self.sacked.insert(sack);
         if echo_ns <= now {
             self.rtt_sample(now - echo_ns);
         }
@@ -160,7 +161,7 @@ impl TcpSender {
                 None => self.cwnd += newly as f64 / self.cwnd,
             }
             None
-        } else if ack == self.snd_una && self.snd_una < self.high_seq {
+        } else if ack == self.snd_una && self.snd_una < self.high_seq && newly_sacked {
             self.dupacks += 1;
             if self.recovering.is_some() {
                 self.cwnd += 1.0;
@@ -300,6 +301,31 @@ mod tests {
         // The retransmission fills the hole: recovery ends at ssthresh.
         assert_eq!(s.on_ack(400, 30, 10, false, 300), None);
         assert_eq!(s.cwnd, 10.0);
+    }
+
+    /// ACKs of segments the receiver already held (the echoes of a spurious retransmission)
+    /// are not duplicate ACKs: before, three of them started a fast retransmission of data
+    /// that was not lost, and each partial ACK then resent the next segment, a cascade that
+    /// cost eight NewReno connections through a 100 KB queue a tenth of their goodput.
+    #[test]
+    fn acks_of_duplicate_segments_do_not_start_fast_retransmit() {
+        let mut s = TcpSender::new(CongestionControl::NewReno, None, 1_000_000);
+        while let Some(q) = s.next_to_send() {
+            s.on_sent(0, q);
+        }
+        // Segments 0-4 arrive; then three copies of segments 1-3 the receiver held already.
+        assert_eq!(s.on_ack(100, 5, 4, false, 0), None);
+        for dup in 1..4 {
+            assert_eq!(s.on_ack(110, 5, dup, false, 0), None, "copy of {dup}");
+        }
+        assert_eq!(s.recovering, None);
+        assert_eq!(s.retransmits, 0);
+        // Segment 5 lost: three ACKs reporting segments 6-8 are duplicates and retransmit it.
+        assert_eq!(s.on_ack(120, 5, 6, false, 0), None);
+        assert_eq!(s.on_ack(120, 5, 7, false, 0), None);
+        assert_eq!(s.on_ack(120, 5, 8, false, 0), Some(5));
+        // A second report of segment 8 is not another duplicate: no hole is sent for it.
+        assert_eq!(s.on_ack(130, 5, 8, false, 0), None);
     }
 
     #[test]

@@ -42,6 +42,13 @@ pub trait Io {
     /// The per-frame processing the engines charge to a frame's tenant (the switch's
     /// synthetic rule-set cost, the simulator's cost model).
     fn work(&mut self) -> &mut dyn Work;
+
+    /// False only when `port` certainly has nothing to read (the simulator's empty rings), so
+    /// [`Driver::iterate`] skips it without asking the engine ([`Engine::rx_ready`] is pure:
+    /// skipping it changes nothing). Ports that cannot tell cheaply keep the default, true.
+    fn maybe_ready(&self, _port: PortIdx) -> bool {
+        true
+    }
 }
 
 /// What one iteration did.
@@ -100,7 +107,7 @@ impl Driver {
         }
         let mut pass = Pass::default();
         for p in 0..engine.dir.port_count() {
-            if !engine.rx_ready(now, p, batch) {
+            if !io.maybe_ready(p) || !engine.rx_ready(now, p, batch) {
                 continue;
             }
             // The shared uplink ring is drained further than it is processed: reading and

@@ -519,6 +519,17 @@ impl Io for HostIo<'_> {
     fn work(&mut self) -> &mut dyn Work {
         &mut self.work
     }
+
+    /// An empty ring is skipped before the engine is asked (most VM rings are empty in a
+    /// pass; the engine's `rx_ready` was 11% of the time at 300 hosts, its first touch of a
+    /// host's state). Reading an empty ring has no effect, so results are unchanged.
+    fn maybe_ready(&self, port: PortIdx) -> bool {
+        if port == UPLINK {
+            !self.nic_rx.is_empty()
+        } else {
+            !self.rings[port].ring.is_empty()
+        }
+    }
 }
 
 #[cfg(test)]
