@@ -270,16 +270,15 @@ fn change(
 ) -> Reply {
     let (from, agent) = (&req.origin.from, &req.origin.agent);
     let reply = apply(state, running, edit);
-    match &reply {
-        Ok((reply, changes)) => {
-            info!(%from, %agent, request = %req.line, %changes, status = reply.0, "live change applied")
-        }
-        Err(reply) => {
-            warn!(%from, %agent, request = %req.line, status = reply.0, error = %reply.2, "live change refused")
-        }
-    }
     match reply {
-        Ok((reply, _)) | Err(reply) => reply,
+        Ok((reply, changes)) => {
+            info!(%from, %agent, request = %req.line, %changes, status = reply.0, "live change applied");
+            reply
+        }
+        Err((status, e)) => {
+            warn!(%from, %agent, request = %req.line, status, error = %e, "live change refused");
+            error(status, e)
+        }
     }
 }
 
@@ -312,23 +311,19 @@ fn describe(changes: &[Change]) -> String {
 }
 
 /// [`change`]'s work: Ok with the reply and what changed once applied (a 500 if it could not
-/// be persisted), Err with the refusal.
+/// be persisted), Err with the refusal's status and message.
 fn apply(
     state: &ApiState,
     running: &Arc<Config>,
     edit: impl FnOnce(&mut Config) -> Result<(), Refusal>,
-) -> Result<(Reply, String), Reply> {
+) -> Result<(Reply, String), Refusal> {
     let mut config = (**running).clone();
-    if let Err((status, e)) = edit(&mut config) {
-        return Err(error(status, e));
-    }
-    if let Err(e) = config.validate() {
-        return Err(error(400, e));
-    }
+    edit(&mut config)?;
+    config.validate().map_err(|e| (400, e.to_string()))?;
     // Diffed here, not on the dataplane (docs/switch.md "Live changes").
     let change = match Reconfigure::prepare(running.clone(), config.clone()) {
         Ok(change) => change,
-        Err(e) => return Err(error(400, format!("{e:#}"))),
+        Err(e) => return Err((400, format!("{e:#}"))),
     };
     let changes = describe(&change.changes);
     let (tx, rx) = mpsc::channel();
@@ -337,12 +332,12 @@ fn apply(
         .send(Command::Reconfigure(Box::new(change), tx))
         .is_err()
     {
-        return Err(error(503, "switch is stopping"));
+        return Err((503, "switch is stopping".into()));
     }
     match rx.recv_timeout(StdDuration::from_secs(5)) {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => return Err(error(400, format!("{e:#}"))),
-        Err(_) => return Err(error(504, "the switch did not apply the change in time")),
+        Ok(Err(e)) => return Err((400, format!("{e:#}"))),
+        Err(_) => return Err((504, "the switch did not apply the change in time".into())),
     }
     if let Some(path) = &state.state_file {
         if let Err(e) = crate::persist::save(path, &config) {
