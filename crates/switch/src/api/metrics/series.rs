@@ -418,6 +418,14 @@ fn ports_and_workers(reg: &mut Registry, p: &Published) {
             "port_rx_gso_frames",
             "Received TSO/USO super-frames, segmented by the port",
         ),
+        (
+            "port_rx_gso_segments",
+            "Frames made from those super-frames (also in rx_frames)",
+        ),
+        (
+            "port_rx_csum_partial_frames",
+            "Received frames whose partial L4 checksum the port completed",
+        ),
         ("port_tx_frames", "Frames sent on the port"),
         ("port_tx_bytes", "Bytes sent on the port"),
         (
@@ -440,6 +448,11 @@ fn ports_and_workers(reg: &mut Registry, p: &Published) {
         "port_wait_decisions",
         "Idle passes on which each receive ring's adaptive wait chose to spin or to block",
     );
+    let period = family::<Real, 2>(
+        r,
+        "port_producer_period_seconds",
+        "Estimated time between frames from each receive ring's producer; absent until estimated",
+    );
     for port in &p.ports {
         let l = [
             ("port", port.name.clone()),
@@ -453,6 +466,8 @@ fn ports_and_workers(reg: &mut Registry, p: &Published) {
             s.rx_oversize,
             s.rx_offload_errors,
             s.rx_gso_frames,
+            s.rx_gso_segments,
+            s.rx_csum_partial,
             s.tx_frames,
             s.tx_bytes,
             s.tx_errors,
@@ -460,6 +475,9 @@ fn ports_and_workers(reg: &mut Registry, p: &Published) {
         ];
         for (f, n) in counters.iter().zip(values) {
             f.get_or_create(&l).inc_by(n);
+        }
+        if let Some(ns) = port.producer_period_ns {
+            period.get_or_create(&l).set(secs(ns));
         }
         let name = ("port", port.name.clone());
         if let Some(regime) = &port.wait_regime {
@@ -484,6 +502,11 @@ fn ports_and_workers(reg: &mut Registry, p: &Published) {
         "Frames each worker handed to another (uplink frames for its VMs, frames for its \
          ports, feedback copies)",
     );
+    let received = family::<Count, 1>(
+        r,
+        "worker_handoff_received_frames",
+        "Frames other workers handed to this one",
+    );
     let lost = family::<Count, 2>(
         r,
         "worker_handoff_dropped_frames",
@@ -495,15 +518,31 @@ fn ports_and_workers(reg: &mut Registry, p: &Published) {
         "worker_live_commits",
         "Live changes the worker's loop applied that changed something",
     );
+    let commit_time = family::<Real, 2>(
+        r,
+        "worker_live_commit_seconds",
+        "Time the worker's loop took to apply a live change (its frames waited meanwhile), \
+         at a percentile (100: the longest) since start",
+    );
     for w in &p.workers {
         let l = [("worker", w.worker.to_string())];
         cpu.get_or_create(&l).inc_by(secs(w.cpu_ns));
         handoff.get_or_create(&l).inc_by(w.handoff.out);
+        received.get_or_create(&l).inc_by(w.handoff.r#in);
         for (why, n) in [("full", w.handoff.full), ("stale", w.handoff.stale)] {
             let [wl] = l.clone();
             lost.get_or_create(&[wl, ("reason", why.into())]).inc_by(n);
         }
-        commits.get_or_create(&l).inc_by(w.live_commits.commits);
+        let c = &w.live_commits;
+        commits.get_or_create(&l).inc_by(c.commits);
+        if c.commits > 0 {
+            for (percentile, us) in [("50", c.p50_us), ("99", c.p99_us), ("100", c.max_us)] {
+                let [wl] = l.clone();
+                commit_time
+                    .get_or_create(&[wl, ("percentile", percentile.into())])
+                    .set(us / 1e6);
+            }
+        }
     }
 }
 
