@@ -24,6 +24,10 @@
 #   picnic.ip6=fd00::2/64       IPv6 address of eth0 (with picnic.peer6=fd00::3: ping -6,
 #   picnic.peer6=fd00::3        PICNIC-PING6 ok|fail)
 #   picnic.tcp6=[fd00::3]:7777  as picnic.tcp, over IPv6 (PICNIC-TCP6 ok|fail)
+#   picnic.bench=198.18.0.3:7000:16:5
+#                               throughput rounds (crates/switch/tests/guest_bench.rs): each
+#                               round sends 16 MiB of zeros to port 7000, then reads port 7001
+#                               until the host closes; the host times both (PICNIC-BENCH done N)
 #   picnic.hold=5               seconds to stay up after the checks (to be pinged)
 #
 # Boot it, e.g. on a TAP attached to a picnic switch (docs/switch.md "Attaching a VM"):
@@ -40,8 +44,9 @@ mkdir -p "$DIR/debs"
 DIR=$(cd "$DIR" && pwd)
 
 # The image's format, recorded in VERSION: an image of an older format (its /init lacks a
-# check the tests ask for) is rebuilt from the cached packages. 2: picnic.tcp6.
-FORMAT=2
+# check the tests ask for) is rebuilt from the cached packages. 2: picnic.tcp6. 3: picnic.bench,
+# the queues in PICNIC-UP.
+FORMAT=3
 if [[ -s "$DIR/vmlinuz" && -s "$DIR/initrd.img" ]] && grep -qx "format $FORMAT" "$DIR/VERSION" 2>/dev/null; then
     echo "guest.sh: $DIR is complete ($(head -1 "$DIR/VERSION")); delete it to rebuild"
     exit 0
@@ -139,7 +144,7 @@ for m in $(cat /lib/modules/order); do
 done
 arg() { tr ' ' '\n' </proc/cmdline | sed -n "s/^picnic\.$1=//p" | head -1; }
 IP=$(arg ip); MTU=$(arg mtu); PEER=$(arg peer); TCP=$(arg tcp)
-IP6=$(arg ip6); PEER6=$(arg peer6); TCP6=$(arg tcp6); HOLD=$(arg hold)
+IP6=$(arg ip6); PEER6=$(arg peer6); TCP6=$(arg tcp6); HOLD=$(arg hold); BENCH=$(arg bench)
 i=0
 while [ ! -e /sys/class/net/eth0 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
 [ -e /sys/class/net/eth0 ] || { say "NO-ETH0"; done_; }
@@ -156,7 +161,9 @@ if [ -n "$IP6" ]; then
 fi
 # The features the driver negotiated (bit 0 CSUM: the guest hands over partial checksums; bit
 # 11 HOST_TSO4: the guest sends TSO super-frames), as a bit string.
-say "UP mac=$(cat /sys/class/net/eth0/address) mtu=$(cat /sys/class/net/eth0/mtu) features=$(cat /sys/class/net/eth0/device/features)"
+# The queues the driver uses (rx-0,rx-1,...: more than one pair with multiqueue and vCPUs).
+QUEUES=$(ls /sys/class/net/eth0/queues | tr '\n' , | sed 's/,$//')
+say "UP mac=$(cat /sys/class/net/eth0/address) mtu=$(cat /sys/class/net/eth0/mtu) features=$(cat /sys/class/net/eth0/device/features) queues=$QUEUES"
 if [ -n "$PEER" ]; then
     if ping -c 3 -W 3 "$PEER" >/tmp/ping 2>&1 || ping -c 3 -W 3 "$PEER" >/tmp/ping 2>&1; then
         say "PING4 ok $(grep -o '[0-9]* packets received' /tmp/ping)"
@@ -186,6 +193,22 @@ if [ -n "$TCP6" ]; then
     host6=${TCP6%]:*}
     tcp_echo TCP6 "${host6#[}" "${TCP6##*:}"
 fi
+# bench HOST PORT MIB ROUNDS: MIB MiB to PORT, then PORT+1 read until the host closes, ROUNDS
+# times (the host closes once the MiB are through: nc then sees the end).
+bench() {
+    dd if=/dev/zero of=/tmp/bench bs=65536 count=$(($3 * 16)) 2>/dev/null
+    r=0
+    while [ "$r" -lt "$4" ]; do
+        # cat writes the file to the socket, dd reads it in up to 1 MiB (nc's own loop copies 8 KiB
+        # at a time).
+        timeout 120 nc -w 30 "$1" "$2" -e cat /tmp/bench || say "BENCH-SEND fail round $r"
+        timeout 120 nc -w 30 "$1" $(($2 + 1)) -e sh -c 'dd of=/dev/null bs=1M 2>/dev/null' ||
+            say "BENCH-RECV fail round $r"
+        r=$((r + 1))
+    done
+    say "BENCH done $r"
+}
+[ -n "$BENCH" ] && bench $(echo "$BENCH" | tr ':' ' ')
 say "STATS rx=$(cat /sys/class/net/eth0/statistics/rx_packets) tx=$(cat /sys/class/net/eth0/statistics/tx_packets)"
 [ -n "$HOLD" ] && sleep "$HOLD"
 done_

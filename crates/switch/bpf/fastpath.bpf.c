@@ -64,6 +64,7 @@ enum {
 	R_DESTINATION,               /* unknown, or limited by feedback (EyeQ) */
 	R_OFFLOAD,                   /* GSO, or a partial checksum going to another host */
 	R_GENEVE_OPTIONS,            /* feedback rides on it: the switch reads it */
+	C_TX_DROPPED,                /* beyond a destination's rate while its limiter overflows */
 	COUNTERS,
 };
 
@@ -93,6 +94,8 @@ struct dest {
 	u8 src_mac[6];
 	u8 dst_mac[6];
 	u32 bucket;      /* remote: its feedback limiter's bucket in fp_dest_tat */
+	u32 drop_beyond; /* remote: the engines' limiter overflows: drop beyond the rate here */
+	u32 pad;
 	u64 ps_per_byte; /* remote: the rate the receiver asked for (EyeQ 3.3); 0: none */
 };
 
@@ -288,17 +291,32 @@ static __always_inline long from_vm(struct __sk_buff *skb, struct port *p)
 		return hand_over(skb, slot, R_NOT_UNICAST_IPV4, s, 0);
 	if (!mac_eq(data + 6, p->mac) || *(u32 *)(ip + 12) != p->ip)
 		return hand_over(skb, slot, R_SPOOFED, s, 0);
-	if (!granted(c, s, CTL_TX))
-		return hand_over(skb, slot, R_NOT_GRANTED, s, 0);
-
 	struct dest_key key = {.vni = p->vni};
 	__builtin_memcpy(key.mac, data, 6);
 	struct dest *d = bpf_map_lookup_elem(&fp_dests, &key);
+	u64 now = bpf_ktime_get_ns();
+	u64 len = skb->len;
+	/* A destination whose limiter in the switch overflows (its VMs send far beyond the rate
+	 * its receiver asked for, EyeQ 3.3): what goes beyond that rate is dropped here, on the
+	 * sender's CPU, before any work (Iron 3.3), as the limiter would drop it after the work
+	 * of handing it over; what is within the rate goes on as below. */
+	int charged = 0;
+	if (d && d->kind == DEST_REMOTE && d->drop_beyond && d->ps_per_byte) {
+		u32 b = d->bucket;
+		u64 *tat = bpf_map_lookup_elem(&fp_dest_tat, &b);
+		if (tat) {
+			if (!gcra(tat, now, (len + ENCAP_LEN) * d->ps_per_byte / 1000, c->burst_ns)) {
+				count(slot, C_TX_DROPPED, 1);
+				return TC_ACT_SHOT;
+			}
+			charged = 1;
+		}
+	}
+	if (!granted(c, s, CTL_TX))
+		return hand_over(skb, slot, R_NOT_GRANTED, s, 0);
 	if (!d || (d->kind == DEST_REMOTE && d->limited))
 		return hand_over(skb, slot, R_DESTINATION, s, 0);
 	u64 packets = skb->gso_segs ? skb->gso_segs : 1;
-	u64 now = bpf_ktime_get_ns();
-	u64 len = skb->len;
 
 	if (d->kind == DEST_LOCAL) {
 		u32 dslot = d->slot;
@@ -331,7 +349,7 @@ static __always_inline long from_vm(struct __sk_buff *skb, struct port *p)
 	u64 wire = len + ENCAP_LEN;
 	/* The receiver's rate (EyeQ 3.3), then the VM's own buckets: beyond either, the frame
 	 * goes to the switch, whose limiters pace it. */
-	if (d->ps_per_byte) {
+	if (d->ps_per_byte && !charged) {
 		u32 b = d->bucket;
 		u64 *tat = bpf_map_lookup_elem(&fp_dest_tat, &b);
 		if (!tat || !gcra(tat, now, wire * d->ps_per_byte / 1000, c->burst_ns))

@@ -27,7 +27,7 @@ const CTL_RX: u32 = 2;
 const CTL_RX_DROP: u32 = 4;
 
 /// Counters per slot, in `fastpath.bpf.c`'s order.
-pub const COUNTERS: usize = 12;
+pub const COUNTERS: usize = 13;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -60,6 +60,8 @@ struct Dest {
     src_mac: [u8; 6],
     dst_mac: [u8; 6],
     bucket: u32,
+    drop_beyond: u32,
+    pad: u32,
     ps_per_byte: u64,
 }
 
@@ -176,6 +178,9 @@ pub enum Destination {
 pub struct DestinationLimit {
     pub bucket: u32,
     pub bytes_per_sec: u64,
+    /// The engines' limiter of it overflows: frames beyond the rate are dropped in the
+    /// kernel, on the sender's CPU, instead of handed over (Iron 3.3).
+    pub drop_beyond: bool,
 }
 
 /// How long a VM's token buckets may run ahead: 1 ms, what a timer waking late must not lose
@@ -192,6 +197,7 @@ pub struct KernelFastPath {
     handover: Array<MapData, Handover>,
     counts: PerCpuArray<MapData, u64>,
     arrivals: PerCpuHashMap<MapData, ArrivalKey, ArrivalCounts>,
+    dest_tat: Array<MapData, u64>,
     /// Devices the hop is attached to, by name.
     attached: Vec<String>,
 }
@@ -227,6 +233,8 @@ impl KernelFastPath {
             PerCpuArray::try_from(take("fp_counts")?).map_err(|e| aya_error(e, "fp_counts"))?;
         let arrivals = PerCpuHashMap::try_from(take("fp_arrivals")?)
             .map_err(|e| aya_error(e, "fp_arrivals"))?;
+        let dest_tat =
+            Array::try_from(take("fp_dest_tat")?).map_err(|e| aya_error(e, "fp_dest_tat"))?;
         Ok(KernelFastPath {
             bpf,
             ports,
@@ -236,6 +244,7 @@ impl KernelFastPath {
             handover,
             counts,
             arrivals,
+            dest_tat,
             attached: Vec::new(),
         })
     }
@@ -365,6 +374,8 @@ impl KernelFastPath {
                     src_mac,
                     dst_mac,
                     bucket: bucketed.map_or(0, |l| l.bucket),
+                    drop_beyond: u32::from(bucketed.is_some_and(|l| l.drop_beyond)),
+                    pad: 0,
                     ps_per_byte: bucketed.map_or(0, |l| {
                         crate::engine::fastpath::ps_per_byte(l.bytes_per_sec.max(1))
                     }),
@@ -374,6 +385,23 @@ impl KernelFastPath {
         self.dests
             .insert(key, value, 0)
             .map_err(|e| aya_error(e, "fp_dests"))
+    }
+
+    /// Takes the burst of a remote destination's bucket (`DestinationLimit::bucket`): frames
+    /// to it pass at its rate from now, as they left the engines' limiter. A frame the
+    /// kernel admits between the read and the write keeps the later of the two times.
+    pub fn spend_destination_burst(&mut self, bucket: u32) -> io::Result<()> {
+        if bucket as usize >= MAX_DEST_BUCKETS {
+            return Ok(());
+        }
+        let spent = kernel_clock_ns() + BURST_NS;
+        let tat = self.dest_tat.get(&bucket, 0).unwrap_or(0);
+        if tat >= spent {
+            return Ok(());
+        }
+        self.dest_tat
+            .set(bucket, spent, 0)
+            .map_err(|e| aya_error(e, "fp_dest_tat"))
     }
 
     /// Writes a VM's grant.

@@ -230,11 +230,14 @@ pub struct FastPathCounters {
     pub handed_offload: u64,
     /// Handed over: a Geneve frame with options (feedback rides on it).
     pub handed_geneve_options: u64,
+    /// Frames of the VM dropped in the kernel before any work: beyond the rate a remote
+    /// receiver asked for, while the switch's limiter of that destination overflows.
+    pub tx_dropped: u64,
 }
 
 impl FastPathCounters {
     /// From the program's counters, in `fastpath.bpf.c`'s order.
-    pub fn from_kernel(c: &[u64; 12]) -> FastPathCounters {
+    pub fn from_kernel(c: &[u64; crate::fastpath::COUNTERS]) -> FastPathCounters {
         FastPathCounters {
             tx_packets: c[0],
             tx_bytes: c[1],
@@ -248,6 +251,7 @@ impl FastPathCounters {
             handed_destination: c[9],
             handed_offload: c[10],
             handed_geneve_options: c[11],
+            tx_dropped: c[12],
         }
     }
 }

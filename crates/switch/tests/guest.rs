@@ -10,248 +10,42 @@
 //!
 //! The same guest on vhost-user (`backend = "vhost_user"`: picnic serves the guest's
 //! virtio-net queues from its shared memory, `-netdev vhost-user` with a memfd memory
-//! backend) runs the same checks, then a second QEMU on the same socket runs them again:
-//! the port listened again when the first went away.
+//! backend) runs the same checks, then a second QEMU on the same socket, with two queue pairs
+//! (multiqueue) and two vCPUs, runs them again: the port listened again when the first went
+//! away. And a guest on vhost-user outlives a restart of the switch (QEMU's `reconnect=1`).
 //!
 //! Skipped, saying why, without root, without `qemu-system-x86_64` (Debian: qemu-system-x86)
 //! or without the guest image (`bash scripts/guest.sh`; `PICNIC_GUEST_DIR` or
 //! /var/cache/picnic/guest). `PICNIC_GUEST_ACCEL=tcg|kvm` forces the accelerator.
 
 mod common;
+mod qemu;
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6, TcpListener};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::net::{SocketAddrV4, SocketAddrV6, TcpListener};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{is_root, Netns};
 use picnic_switch::config::Config;
 use picnic_switch::runner::Switch;
+use qemu::{
+    diagnostics, guest_image, namespaces, reports, vhost_config, wait_for, Accel, Attach, Boot,
+    CONFIG, CTR_IP, CTR_IP6, GUEST_IP, GUEST_IP6, MTU, TAP,
+};
 
-const TAP: &str = "pngtap0";
-const GUEST_MAC: &str = "02:00:00:00:05:02";
-const GUEST_IP: &str = "198.18.5.2";
-const CTR_MAC: &str = "02:00:00:00:05:03";
-const CTR_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 5, 3);
-/// IPv6 addresses (documentation prefix), only inside the test's namespaces.
-const GUEST_IP6: &str = "2001:db8:5::2";
-const CTR_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 5, 0, 0, 0, 0, 3);
 const TCP_PORT: u16 = 7777;
 /// What the guest sends and expects back (scripts/guest.sh: 16 x 64 KiB).
 const TCP_BYTES: usize = 1 << 20;
-/// Tenant MTU: the uplink's 1500 less the overlay (docs/switch.md "MTU").
-const MTU: u32 = 1400;
 /// The whole boot-check-poweroff, TCG included.
 const GUEST_DEADLINE: Duration = Duration::from_secs(150);
 /// How long the guest stays up after its checks, for the container to ping it.
 const HOLD_S: u64 = 4;
-/// How long KVM gets to show the kernel's first line before TCG is used instead.
-const KVM_PROBE: Duration = Duration::from_secs(15);
 
-const CONFIG: &str = r#"
-[switch]
-host_id = 1
-workers = 1
-[uplink]
-ifname = "pngup"
-backend = "af_packet"
-[[hosts]]
-id = 1
-underlay_ip = "198.19.0.1"
-mac = "02:00:00:00:01:01"
-[[tenants]]
-name = "t"
-vni = 100
-[[vms]]
-name = "guest"
-id = 1
-tenant = "t"
-host = 1
-mac = "02:00:00:00:05:02"
-ip = "198.18.5.2"
-ipv6 = ["2001:db8:5::2"]
-port = { ifname = "pngtap0", backend = "tap" }
-[[vms]]
-name = "ctr"
-id = 2
-tenant = "t"
-host = 1
-mac = "02:00:00:00:05:03"
-ip = "198.18.5.3"
-ipv6 = ["2001:db8:5::3"]
-port = { ifname = "pngv0" }
-"#;
-
-/// The guest image, or why the test skips.
-fn guest_image() -> Result<(PathBuf, PathBuf), String> {
-    let qemu = Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
-    if !qemu.is_ok_and(|s| s.success()) {
-        return Err("qemu-system-x86_64 not found (apt-get install qemu-system-x86)".into());
-    }
-    let dir = std::env::var_os("PICNIC_GUEST_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/picnic/guest"));
-    let (kernel, initrd) = (dir.join("vmlinuz"), dir.join("initrd.img"));
-    if !kernel.is_file() || !initrd.is_file() {
-        return Err(format!(
-            "no guest image in {} (build it: bash scripts/guest.sh)",
-            dir.display()
-        ));
-    }
-    // Format 2's guest runs the IPv6 TCP check (picnic.tcp6).
-    let version = std::fs::read_to_string(dir.join("VERSION")).unwrap_or_default();
-    if !version.lines().any(|l| l == "format 2") {
-        return Err(format!(
-            "the guest image in {} is older than format 2 (rebuild it: bash scripts/guest.sh)",
-            dir.display()
-        ));
-    }
-    Ok((kernel, initrd))
-}
-
-/// The vhost-user variant of [`CONFIG`]: the guest's port served on a socket (its path
-/// replaces `@SOCKET@`).
-fn vhost_config(config: &str) -> String {
-    config.replace(
-        r#"port = { ifname = "pngtap0", backend = "tap" }"#,
-        r#"port = { ifname = "pngvu0", backend = "vhost_user", socket = "@SOCKET@" }"#,
-    )
-}
-
-/// How the guest's virtio-net device reaches picnic.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Attach {
-    /// A TAP QEMU holds, whose host side picnic attaches to.
-    Tap,
-    /// vhost-user on a socket picnic listens on (the guest's memory shared).
-    VhostUser,
-}
-
-/// A QEMU process, killed when dropped.
-struct Qemu(Child);
-
-impl Drop for Qemu {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts the guest in namespace `ns` on [`TAP`] or on vhost-user socket `socket`, its
-/// serial console written to `serial`.
-fn start_guest(
-    ns: &Netns,
-    (kernel, initrd): (&Path, &Path),
-    serial: &Path,
-    kvm: bool,
-    (attach, socket): (Attach, &Path),
-) -> Qemu {
-    let _ = std::fs::remove_file(serial);
-    let append = format!(
-        "console=ttyS0 earlyprintk=serial panic=-1 picnic.ip={GUEST_IP}/24 \
-         picnic.peer={CTR_IP} picnic.tcp={CTR_IP}:{TCP_PORT} picnic.ip6={GUEST_IP6}/64 \
-         picnic.peer6={CTR_IP6} picnic.tcp6=[{CTR_IP6}]:{TCP_PORT} picnic.hold={HOLD_S}"
-    );
-    let machine = if kvm {
-        "q35,accel=kvm"
-    } else {
-        "q35,accel=tcg"
-    };
-    let cpu = if kvm { "host" } else { "max" };
-    // QEMU 7.2 under TCG dereferences its absent KVM irqfd table when it starts a vhost
-    // device with MSI-X (a segfault in msix_set_vector_notifiers): legacy interrupts there.
-    let tcg_vhost = if attach == Attach::VhostUser && !kvm {
-        ",vectors=0"
-    } else {
-        ""
-    };
-    let child = Command::new("ip")
-        .args(["netns", "exec", &ns.name, "qemu-system-x86_64"])
-        .args(["-machine", machine, "-cpu", cpu, "-m", "256", "-smp", "1"])
-        .args([
-            "-nodefaults",
-            "-no-reboot",
-            "-display",
-            "none",
-            "-monitor",
-            "none",
-        ])
-        .arg("-kernel")
-        .arg(kernel)
-        .arg("-initrd")
-        .arg(initrd)
-        .args(["-append", &append])
-        .args(["-serial", &format!("file:{}", serial.display())])
-        .args(match attach {
-            Attach::Tap => vec![
-                "-netdev".to_string(),
-                format!("tap,id=n0,ifname={TAP},script=no,downscript=no,vnet_hdr=on"),
-            ],
-            // vhost-user needs the guest's RAM in shared memory the switch can map.
-            Attach::VhostUser => [
-                "-object",
-                "memory-backend-memfd,id=mem,size=256M,share=on",
-                "-numa",
-                "node,memdev=mem",
-                "-chardev",
-                &format!("socket,id=c0,path={}", socket.display()),
-                "-netdev",
-                "vhost-user,id=n0,chardev=c0",
-            ]
-            .map(String::from)
-            .to_vec(),
-        })
-        .args([
-            "-device",
-            // host_mtu: the guest learns its MTU from the device (VIRTIO_NET_F_MTU). No option
-            // ROM: iPXE only slows the boot.
-            &format!("virtio-net-pci,netdev=n0,mac={GUEST_MAC},host_mtu={MTU},romfile={tcg_vhost}"),
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(
-            std::fs::File::create(serial.with_extension("qemu-stderr"))
-                .map(Stdio::from)
-                .unwrap_or_else(|_| Stdio::null()),
-        )
-        .spawn()
-        .expect("spawn qemu-system-x86_64");
-    Qemu(child)
-}
-
-/// The serial console so far.
-fn console(serial: &Path) -> String {
-    std::fs::read(serial)
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default()
-}
-
-/// The console and QEMU's own messages, for a failure.
-fn diagnostics(serial: &Path) -> String {
-    let stderr = std::fs::read_to_string(serial.with_extension("qemu-stderr")).unwrap_or_default();
-    format!("{}\n--- qemu stderr:\n{stderr}", console(serial))
-}
-
-/// Waits until the console shows `what` or `timeout` passes (or QEMU exits).
-fn wait_for(qemu: &mut Qemu, serial: &Path, what: &str, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if console(serial).contains(what) {
-            return true;
-        }
-        if let Ok(Some(_)) = qemu.0.try_wait() {
-            return console(serial).contains(what);
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    false
-}
+/// One guest at a time: two TCG guests on this machine's two cores would each take the
+/// other's time, and they share the process's id in their scratch directories' names.
+static ONE_GUEST: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The container pings the guest over IPv4 and IPv6; what ping said of each that failed.
 fn ping_guest(ctr: &Netns) -> Vec<String> {
@@ -406,75 +200,52 @@ fn boot_and_exchange(
     config: &str,
     attach: Attach,
 ) -> Option<std::sync::Arc<picnic_switch::runner::Published>> {
-    // One guest at a time: two TCG guests on this machine's two cores would each take the
-    // other's time, and they share the process's id in their scratch directories' names.
-    static ONE_GUEST: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one = ONE_GUEST.lock().unwrap_or_else(|e| e.into_inner());
     if !is_root() {
         return None;
     }
-    let (kernel, initrd) = match guest_image() {
+    let (kernel, initrd) = match guest_image(3) {
         Ok(image) => image,
         Err(why) => {
             println!("skipped: {why}");
             return None;
         }
     };
-    let host = Netns::new();
-    let ctr = Netns::new();
-    host.veth_pair("pngup", "pngfab");
-    // The container tenant: a veth with its default offloads, its end in its namespace.
-    host.ip("link add pngv0 type veth peer name pngc0");
-    host.ip(&format!("link set pngc0 netns {}", ctr.name));
-    host.ip("link set pngv0 up");
-    ctr.ip(&format!("link set pngc0 address {CTR_MAC} mtu {MTU} up"));
-    ctr.ip(&format!("addr add {CTR_IP}/24 dev pngc0"));
-    if attach == Attach::Tap {
-        // The guest's TAP, as an operator makes it for QEMU's script=no (persistent, up);
-        // the namespace's deletion removes it.
-        host.ip(&format!("tuntap add dev {TAP} mode tap"));
-        host.ip(&format!("link set {TAP} up"));
-    }
+    let (host, ctr) = namespaces(attach);
 
     let tmp = std::env::temp_dir().join(format!("picnic-guest-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).unwrap();
     let serial = tmp.join("serial.log");
     let socket = tmp.join("guest.sock");
     let config = config.replace("@SOCKET@", &socket.to_string_lossy());
-
-    let forced = std::env::var("PICNIC_GUEST_ACCEL").ok();
-    let kvm_usable = Path::new("/dev/kvm").exists() && forced.as_deref() != Some("tcg");
-    let kvm = std::sync::atomic::AtomicBool::new(kvm_usable || forced.as_deref() == Some("kvm"));
-    let accel = || {
-        if kvm.load(Ordering::Relaxed) {
-            "kvm"
-        } else {
-            "tcg"
-        }
+    let append = format!(
+        "picnic.ip={GUEST_IP}/24 picnic.peer={CTR_IP} picnic.tcp={CTR_IP}:{TCP_PORT} \
+         picnic.ip6={GUEST_IP6}/64 picnic.peer6={CTR_IP6} picnic.tcp6=[{CTR_IP6}]:{TCP_PORT} \
+         picnic.hold={HOLD_S}"
+    );
+    let boot = Boot {
+        image: (&kernel, &initrd),
+        serial: &serial,
+        attach,
+        socket: &socket,
+        append: &append,
+        device: "",
+        queues: 1,
+        reconnect: false,
     };
-    // Starts the guest, on TCG when KVM does not start its kernel in time.
-    let mut launch = || {
-        let image = (kernel.as_path(), initrd.as_path());
-        let net = (attach, socket.as_path());
-        let mut qemu = start_guest(&host, image, &serial, kvm.load(Ordering::Relaxed), net);
-        if kvm.load(Ordering::Relaxed)
-            && forced.is_none()
-            && !wait_for(&mut qemu, &serial, "Linux version", KVM_PROBE)
-        {
-            println!(
-                "KVM did not start the guest's kernel within {KVM_PROBE:?} (nested \
-                 virtualization?): using TCG"
-            );
-            drop(qemu);
-            kvm.store(false, Ordering::Relaxed);
-            qemu = start_guest(&host, image, &serial, false, net);
-        }
-        println!("guest accelerator: {}", accel());
-        qemu
+    let mut accel = Accel::new();
+    // Guest `i`: on vhost-user the second has two queue pairs (multiqueue) and two vCPUs.
+    let mut launch = |i: usize| {
+        let queues = if attach == Attach::VhostUser && i == 1 {
+            2
+        } else {
+            1
+        };
+        accel.launch(&host, &Boot { queues, ..boot })
     };
     // On a TAP, the VMM first: picnic attaches to a TAP QEMU already holds. On vhost-user,
     // picnic first: QEMU connects to the socket it listens on.
-    let mut first = (attach == Attach::Tap).then(&mut launch);
+    let mut first = (attach == Attach::Tap).then(|| launch(0));
     let guests = if attach == Attach::VhostUser { 2 } else { 1 };
 
     let (listener, listener6) = ctr.enter(|| {
@@ -502,8 +273,8 @@ fn boot_and_exchange(
             Switch::open(Config::parse(&config).unwrap()).expect("picnic opens the guest's port");
         let (stop, shared) = (switch.stop_flag(), switch.shared());
         let dataplane = std::thread::spawn(move || switch.run());
-        for _ in 0..guests {
-            let mut qemu = first.take().unwrap_or_else(&mut launch);
+        for i in 0..guests {
+            let mut qemu = first.take().unwrap_or_else(|| launch(i));
             let started = Instant::now();
             let deadline = started + GUEST_DEADLINE;
             let guest_done = AtomicBool::new(false);
@@ -530,13 +301,9 @@ fn boot_and_exchange(
             drop(qemu);
             let out = diagnostics(&serial);
             println!(
-                "guest ({}) done in {:.1} s:\n{}",
-                accel(),
+                "guest done in {:.1} s:\n{}",
                 started.elapsed().as_secs_f64(),
-                out.lines()
-                    .filter(|l| l.contains("PICNIC-"))
-                    .collect::<Vec<_>>()
-                    .join("\n")
+                reports(&out)
             );
             runs.push((done, out, echoed, echoed6, pinged));
             if !done {
@@ -550,7 +317,7 @@ fn boot_and_exchange(
     });
     let _ = std::fs::remove_dir_all(&tmp);
 
-    for (done, out, echoed, echoed6, pinged) in runs {
+    for (i, (done, out, echoed, echoed6, pinged)) in runs.into_iter().enumerate() {
         assert!(done, "the guest did not finish:\n{out}");
         // The guest's virtio-net kept its default offloads: CSUM (bit 0) and HOST_TSO4
         // (bit 11) negotiated.
@@ -561,6 +328,14 @@ fn boot_and_exchange(
             .unwrap_or_else(|| panic!("no PICNIC-UP line:\n{out}"));
         let bit = |i: usize| features.as_bytes().get(i) == Some(&b'1');
         assert!(bit(0) && bit(11), "guest offloads off: {features}");
+        if attach == Attach::VhostUser && i == 1 {
+            // Multiqueue (VIRTIO_NET_F_MQ, bit 22) negotiated, both pairs in the driver's use.
+            assert!(bit(22), "no MQ: {features}");
+            assert!(
+                out.contains("queues=rx-0,rx-1,tx-0,tx-1"),
+                "the guest does not use two queue pairs:\n{out}"
+            );
+        }
         assert!(
             out.contains(&format!("mtu={MTU} ")),
             "the guest took its MTU from host_mtu:\n{out}"
@@ -587,4 +362,99 @@ fn boot_and_exchange(
     let nd_replies = published.switch.switch.nd_replies;
     assert!(nd_replies >= 2, "nd_replies {nd_replies}");
     Some(published)
+}
+
+/// Whether the container's pings of the guest's IPv4 address (`count`, 0.2 s apart) were
+/// answered.
+fn ping4(ctr: &Netns, count: &str) -> bool {
+    Command::new("ip")
+        .args([
+            "netns", "exec", &ctr.name, "ping", "-c", count, "-i", "0.2", "-W", "1",
+        ])
+        .arg(GUEST_IP)
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// The switch restarts under a running guest on vhost-user (an upgrade, a crash): QEMU
+/// (`-chardev socket,...,reconnect=1`) connects to the new switch's socket, hands it the
+/// guest's memory and rings again, and the guest, never restarted, answers the container's
+/// pings again.
+#[test]
+fn root_a_qemu_guest_on_vhost_user_is_served_again_after_the_switch_restarts() {
+    let _one = ONE_GUEST.lock().unwrap_or_else(|e| e.into_inner());
+    if !is_root() {
+        return;
+    }
+    let (kernel, initrd) = match guest_image(3) {
+        Ok(image) => image,
+        Err(why) => {
+            println!("skipped: {why}");
+            return;
+        }
+    };
+    let (host, ctr) = namespaces(Attach::VhostUser);
+    let tmp = std::env::temp_dir().join(format!("picnic-guest-re-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let serial = tmp.join("serial.log");
+    let socket = tmp.join("guest.sock");
+    let config = vhost_config(CONFIG).replace("@SOCKET@", &socket.to_string_lossy());
+    // The guest pings the container once up, then stays up (the test kills it sooner).
+    let append = format!("picnic.ip={GUEST_IP}/24 picnic.peer={CTR_IP} picnic.hold=120");
+    let boot = Boot {
+        image: (&kernel, &initrd),
+        serial: &serial,
+        attach: Attach::VhostUser,
+        socket: &socket,
+        append: &append,
+        device: "",
+        queues: 1,
+        reconnect: true,
+    };
+    let mut accel = Accel::new();
+    let (first, second, pinged_before, pinged_after) = host.enter(|| {
+        let start = || {
+            let mut switch = Switch::open(Config::parse(&config).unwrap()).expect("picnic opens");
+            let (stop, shared) = (switch.stop_flag(), switch.shared());
+            let dataplane = std::thread::spawn(move || switch.run());
+            move || {
+                stop.store(true, Ordering::Relaxed);
+                dataplane.join().unwrap().expect("the switch ran");
+                let published = shared.latest().expect("a snapshot");
+                let port = published.ports.iter().find(|p| p.name == "pngvu0");
+                port.expect("the vhost-user port").stats
+            }
+        };
+        let stop_first = start();
+        let mut qemu = accel.launch(&host, &boot);
+        let up = wait_for(&mut qemu, &serial, "PICNIC-STATS", GUEST_DEADLINE);
+        let pinged_before = up && ping4(&ctr, "3");
+        let first = stop_first();
+        // QEMU finds the socket gone and tries again each second; the new switch listens.
+        let stop_second = start();
+        let started = Instant::now();
+        let pinged_after = (0..30).any(|_| ping4(&ctr, "1"));
+        println!(
+            "after the restart: the container's ping answered: {pinged_after} ({:.1} s)",
+            started.elapsed().as_secs_f64()
+        );
+        drop(qemu);
+        (first, stop_second(), pinged_before, pinged_after)
+    });
+    let out = diagnostics(&serial);
+    let _ = std::fs::remove_dir_all(&tmp);
+    println!(
+        "{}\nfirst switch's port {first:?}\nsecond's {second:?}",
+        reports(&out)
+    );
+    assert!(
+        pinged_before,
+        "the guest did not answer before the restart:\n{out}"
+    );
+    assert!(
+        pinged_after,
+        "the guest did not answer after the restart:\n{out}"
+    );
+    assert!(second.rx_frames > 0 && second.tx_frames > 0, "{second:?}");
+    assert_eq!(second.ring_errors, 0);
 }

@@ -29,19 +29,31 @@ const TX_RING: (u64, u64, u64) = (0x3000, 0x4000, 0x5000);
 const HDR_LEN: usize = 12;
 const VRING_DESC_F_WRITE: u16 = 2;
 const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+const VIRTIO_NET_F_MQ: u64 = 1 << 22;
+
+/// Queue `q`'s ring layout: pair k's receive queue is 2k, its transmit queue 2k + 1.
+fn ring(q: usize) -> (u64, u64, u64) {
+    let base = q as u64 * 0x3000;
+    (base, base + 0x1000, base + 0x2000)
+}
 
 /// The VMM's side: the connection, the guest's memory, each queue's kick and call.
 struct Vmm {
     /// Kept open: dropping it is the VMM going away.
     _connection: Frontend,
     mem: GuestMemoryMmap,
-    kicks: [EventFd; 2],
-    calls: [EventFd; 2],
+    kicks: Vec<EventFd>,
+    calls: Vec<EventFd>,
 }
 
 impl Vmm {
     fn connect(socket: &Path) -> Vmm {
-        let frontend = Frontend::connect(socket, 2).expect("connect to the port");
+        Vmm::connect_pairs(socket, 1)
+    }
+
+    /// Connects with `pairs` queue pairs (more than one: `VIRTIO_NET_F_MQ` acknowledged).
+    fn connect_pairs(socket: &Path, pairs: usize) -> Vmm {
+        let frontend = Frontend::connect(socket, 2 * pairs as u64).expect("connect to the port");
         // SAFETY: memfd_create takes a valid C string; a non-negative return is ours.
         let fd = unsafe { libc::memfd_create(c"picnic-guest".as_ptr(), libc::MFD_CLOEXEC) };
         assert!(fd >= 0);
@@ -62,15 +74,16 @@ impl Vmm {
         frontend.set_owner().unwrap();
         let offered = frontend.get_features().unwrap();
         assert_ne!(offered & VIRTIO_F_VERSION_1, 0, "VERSION_1 offered");
+        let mq = if pairs > 1 { VIRTIO_NET_F_MQ } else { 0 };
+        assert_eq!(offered & mq, mq, "MQ offered");
         // Without PROTOCOL_FEATURES the rings run once the features are set.
-        frontend.set_features(VIRTIO_F_VERSION_1).unwrap();
+        frontend.set_features(VIRTIO_F_VERSION_1 | mq).unwrap();
         frontend.set_mem_table(&[region]).unwrap();
-        let kicks = [EventFd::new(0).unwrap(), EventFd::new(0).unwrap()];
-        let calls = [
-            EventFd::new(EFD_NONBLOCK).unwrap(),
-            EventFd::new(EFD_NONBLOCK).unwrap(),
-        ];
-        for (q, (desc, avail, used)) in [RX_RING, TX_RING].into_iter().enumerate() {
+        let kicks: Vec<_> = (0..2 * pairs).map(|_| EventFd::new(0).unwrap()).collect();
+        let calls: Vec<_> = (0..2 * pairs)
+            .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
+            .collect();
+        for (q, (desc, avail, used)) in (0..2 * pairs).map(|q| (q, ring(q))) {
             frontend.set_vring_num(q, QUEUE_SIZE).unwrap();
             frontend
                 .set_vring_addr(
@@ -247,6 +260,82 @@ fn a_vmm_on_the_port_exchanges_frames_through_the_rings() {
         std::thread::sleep(Duration::from_millis(5));
     }
     assert_eq!(port.connections(), 2);
+    drop(port);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Two queue pairs (`VIRTIO_NET_F_MQ`): the switch reads the second pair's transmit queue,
+/// and spreads frames to the guest over both receive queues by flow, each flow's frames on
+/// one queue.
+#[test]
+fn a_vmm_with_two_queue_pairs_is_served_on_both() {
+    let dir = std::env::temp_dir().join(format!("picnic-vhost-mq-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("vm.sock");
+    let mut port = VhostUserPort::open("vm1", &socket, 1514).unwrap();
+    let mut pool = FramePool::new(64);
+    let vmm = Vmm::connect_pairs(&socket, 2);
+
+    // The guest transmits on pair 1 (queue 3).
+    let f1 = frame(0xa1);
+    vmm.mem
+        .write_slice(&[0; HDR_LEN], GuestAddress(0x10000))
+        .unwrap();
+    vmm.mem
+        .write_slice(&f1, GuestAddress(0x10000 + HDR_LEN as u64))
+        .unwrap();
+    vmm.post(3, ring(3), 0, 0x10000, (HDR_LEN + f1.len()) as u32, 0);
+    let got = recv(&mut port, &mut pool, 1);
+    assert_eq!(got.len(), 1, "{:?}", port.stats());
+    assert_eq!(got[0].data(), &f1[..]);
+    assert_eq!(vmm.used(ring(3)).0, 1);
+    assert!(
+        vmm.calls[3].read().is_ok(),
+        "the guest was notified on queue 3"
+    );
+    got.into_iter().for_each(|f| pool.put(f));
+
+    // A full ring of buffers on each receive queue (0 and 2); eight flows, two frames each.
+    let buf = |q: usize, i: u16| 0x40000 + q as u64 * 0x10000 + u64::from(i) * 0x800;
+    for q in [0, 2] {
+        for i in 0..QUEUE_SIZE {
+            vmm.post(q, ring(q), i, buf(q, i), 0x800, VRING_DESC_F_WRITE);
+        }
+    }
+    let mut frames: Vec<Frame> = (0..16u8)
+        .map(|i| {
+            let mut f = pool.get().unwrap();
+            f.fill_from(&common::udp(10 + i % 8, 2, 100));
+            f
+        })
+        .collect();
+    let sent = port.send_batch(&mut frames, &mut pool).unwrap();
+    assert_eq!((sent, frames.len()), (16, 0), "{:?}", port.stats());
+    // Which queue each flow (its source address's last byte) landed on.
+    let mut flows = std::collections::HashMap::new();
+    for q in [0, 2] {
+        let (used, _) = vmm.used(ring(q));
+        assert!(used > 0, "queue {q} took none of the 8 flows");
+        assert!(
+            vmm.calls[q].read().is_ok(),
+            "the guest was notified on queue {q}"
+        );
+        for i in 0..used {
+            let entry = ring(q).2 + 4 + u64::from(i) * 8;
+            let id: u32 = vmm.mem.read_obj(GuestAddress(entry)).unwrap();
+            let mut head = [0u8; HDR_LEN + 30];
+            let at = GuestAddress(buf(q, id as u16));
+            vmm.mem.read_slice(&mut head, at).unwrap();
+            let src = head[HDR_LEN + 29];
+            assert_eq!(
+                *flows.entry(src).or_insert(q),
+                q,
+                "flow {src} on two queues"
+            );
+        }
+    }
+    assert_eq!(flows.len(), 8);
+    drop(vmm);
     drop(port);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -4,7 +4,7 @@
 //! tenant -> shaped class or admission limiter (own queue each, PicNIC 2.1) or fast path ->
 //! root WFQ over tenants and VMs weighted by min guarantee, capped by max -> encap -> uplink.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use etherparse::{ArpOperation, IpNumber};
 
@@ -61,6 +61,12 @@ pub struct Egress {
     /// never blocks the VM's fast path. BTreeMap: deterministic service order.
     shapers: BTreeMap<(VmIdx, ShapeKey), Shaper<Outbound>>,
     shaped_queue_packets: usize,
+    /// The kernel fast path forwards within the destinations' rates: a destination's
+    /// limiter here starts without a burst, since the kernel spent it (one budget across
+    /// both paths, docs/switch.md "Two paths").
+    pub(super) kernel_spends_bursts: bool,
+    /// Destination endpoints whose limiter queue overflowed and has not emptied since.
+    overflowing: BTreeSet<u32>,
     next_gc: Instant,
     /// Frames picked in one poll, before their outer headers are written, and where each
     /// waited (reused buffers).
@@ -220,6 +226,8 @@ impl Egress {
             admission,
             shapers: BTreeMap::new(),
             shaped_queue_packets: cfg.egress.shaped_queue_packets,
+            kernel_spends_bursts: false,
+            overflowing: BTreeSet::new(),
             next_gc: now,
             scratch: Vec::with_capacity(cfg.switch.batch),
             scratch_waited: Vec::with_capacity(cfg.switch.batch),
@@ -340,6 +348,27 @@ impl Egress {
             .range((vm, ShapeKey::Class(0))..)
             .take_while(|((v, _), _)| *v == vm)
             .any(|(_, s)| !s.is_empty())
+    }
+
+    /// Whether a limiter of destination `endpoint` overflowed and has not emptied since: its
+    /// VMs send far beyond the rate its receiver asked for.
+    pub(super) fn destination_overflowing(&self, endpoint: u32) -> bool {
+        self.overflowing.contains(&endpoint)
+    }
+
+    /// Forgets `vm`'s limiters of destinations with nothing queued, as its frames go back to
+    /// the kernel fast path; returns those destinations' endpoints. Its next frames handed
+    /// over meet new limiters that start without a burst.
+    pub(super) fn release_destination_limiters(&mut self, vm: VmIdx) -> Vec<u32> {
+        let mut released = Vec::new();
+        self.shapers.retain(|(v, key), s| match key {
+            ShapeKey::Destination(d) if *v == vm && s.is_empty() => {
+                released.push(*d);
+                false
+            }
+            _ => true,
+        });
+        released
     }
 
     pub(super) fn queue_len(&self, vm: VmIdx) -> usize {
@@ -504,12 +533,13 @@ impl Engine {
         };
         if let Some((key, rate)) = key {
             let cap = eg.shaped_queue_packets;
+            let spent = eg.kernel_spends_bursts && matches!(key, ShapeKey::Destination(_));
             let shaper = eg.shapers.entry((vm, key)).or_insert_with(|| {
-                Shaper::new(
-                    TokenBucket::new(rate, burst_for(rate), now),
-                    cap,
-                    cap as u64 * 2048,
-                )
+                let mut bucket = TokenBucket::new(rate, burst_for(rate), now);
+                if spent {
+                    bucket.force_consume(now, burst_for(rate));
+                }
+                Shaper::new(bucket, cap, cap as u64 * 2048)
             });
             // Admission control: in-profile traffic with nothing queued ahead takes the fast
             // path; the rest waits in the class's own queue (PicNIC 2.1, EyeQ 3.3).
@@ -533,6 +563,9 @@ impl Engine {
                         }
                     }
                     Err(item) => {
+                        if let ShapeKey::Destination(d) = key {
+                            eg.overflowing.insert(d);
+                        }
                         self.drop_frame(now, pool, item.0, Some(vm), DropReason::ShapedQueueFull)
                     }
                 };
@@ -585,6 +618,14 @@ impl Engine {
                 picked.push(item);
                 waited.push(via);
             }
+        }
+        if !eg.overflowing.is_empty() {
+            let shapers = &eg.shapers;
+            eg.overflowing.retain(|&d| {
+                shapers
+                    .iter()
+                    .any(|((_, key), s)| *key == ShapeKey::Destination(d) && !s.is_empty())
+            });
         }
         // Packet-rate guarantees: each such VM's queued frames up to its rate, on top of
         // its share (PicNIC's pps SLO), as the uplink allows.

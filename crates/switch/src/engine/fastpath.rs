@@ -109,6 +109,29 @@ impl Engine {
 }
 
 impl Engine {
+    /// The kernel fast path is linked: it forwards within the destinations' rates (EyeQ 3.3),
+    /// so the limiters here, which pace what it hands over, start without a burst.
+    pub fn link_fast_path(&mut self) {
+        self.egress.kernel_spends_bursts = true;
+    }
+
+    /// The VM in port `slot` goes back to the kernel for what it sends: its destinations'
+    /// limiters with nothing queued are forgotten, and the directory indices of those
+    /// destinations returned, whose kernel buckets must not start with a burst either. One
+    /// budget per destination across both paths: else each hand-over and hand-back adds a
+    /// burst, and a VM sending on and off overruns the receiver's access link.
+    pub fn fast_path_resumes_tx(&mut self, slot: usize) -> Vec<u32> {
+        let Some(v) = self.dir.port_vm.get(slot).copied().flatten() else {
+            return Vec::new();
+        };
+        self.egress
+            .release_destination_limiters(v)
+            .into_iter()
+            .filter_map(|endpoint| self.dir.vm_by_id(endpoint))
+            .map(|w| w as u32)
+            .collect()
+    }
+
     /// The kernel fast path's counters for the VM in port `slot`, as the program has them
     /// now: kept for /stats, and what it forwarded since `before` counted as offered to and
     /// delivered by the switch for the tenants' SLOs (no latency sample: the kernel path
@@ -133,6 +156,11 @@ impl Engine {
         if rx > 0 {
             self.slo.delivered_untimed(now, tenant, rx_packets, rx);
         }
+        // Dropped beyond a destination's rate: what the overflowing limiter would have lost.
+        let tx_dropped = counters.tx_dropped.saturating_sub(before.tx_dropped);
+        if tx_dropped > 0 {
+            self.slo.lost_n(now, tenant, tx_dropped);
+        }
     }
 
     /// The access link's capacity, bytes/s.
@@ -151,6 +179,13 @@ impl Engine {
     pub fn destination_rate(&self, vm: VmIdx) -> Option<u64> {
         let endpoint = self.dir.vms[vm].id;
         self.egress.admission.as_ref()?.rate_for(endpoint)
+    }
+
+    /// Whether the limiter of remote VM `vm` overflows (its local senders go far beyond the
+    /// rate its receiver asked for): the kernel then drops what is beyond that rate before
+    /// any work, on the senders' CPUs, instead of handing it over (Iron 3.3).
+    pub fn destination_overflowing(&self, vm: VmIdx) -> bool {
+        self.egress.destination_overflowing(self.dir.vms[vm].id)
     }
 
     /// What the kernel forwarded from the uplink to local VMs since the last call, metered by

@@ -369,3 +369,107 @@ fn a_vm_capped_by_backpressure_is_fed_back_every_interval_not_as_quiet() {
     slow(&mut h1, &mut h2, &mut now, 20);
     assert_eq!(limit(&h1), Some(900_000_000));
 }
+
+/// With the kernel fast path linked, frames handed over to a destination's limiter meet no
+/// burst (the kernel forwarded up to the rate and spent it), and once the VM goes back to the
+/// kernel its empty limiters are forgotten and their destinations named, so the kernel's
+/// buckets start without a burst too: one budget across both paths (EyeQ 3.3).
+#[test]
+fn with_the_fast_path_a_destination_limiter_holds_no_burst_across_the_hand_overs() {
+    let waited = |fast: bool| {
+        let mut h1 = Host::new(1, 1000);
+        if fast {
+            h1.engine.link_fast_path();
+        }
+        let t = Instant::ZERO;
+        // 100 Mb/s for a2: a 1 ms bucket (14 kB) holds 9 of a1's 1.5 kB frames.
+        h1.inject(
+            t,
+            UPLINK,
+            &feedback_packet(HOST2_IP, 100, 3, 100_000_000, 1, None),
+        );
+        (limited_frames(&mut h1, t), h1)
+    };
+    let (engines_only, _) = waited(false);
+    assert_eq!(
+        engines_only, 11,
+        "the engines alone: a full bucket lets 9 of 20 through"
+    );
+    let (handed_over, mut h1) = waited(true);
+    assert_eq!(
+        handed_over, 20,
+        "after the kernel's burst, every frame waits its turn"
+    );
+    // Still queued: nothing to release, the VM stays with the engines.
+    let slot = h1.port_of("a1");
+    assert!(h1.engine.fast_path_resumes_tx(slot).is_empty());
+    let a2 = h1
+        .engine
+        .dir
+        .vms
+        .iter()
+        .position(|v| v.name == "a2")
+        .unwrap() as u32;
+    // The limiter sends them out at 100 Mb/s (2.4 ms).
+    for ms in 1..=5 {
+        h1.poll(Instant::from_nanos(ms * 1_000_000));
+        h1.take(UPLINK);
+    }
+    assert_eq!(h1.engine.fast_path_resumes_tx(slot), vec![a2]);
+    assert!(
+        h1.engine.fast_path_resumes_tx(slot).is_empty(),
+        "forgotten once"
+    );
+}
+
+/// A destination whose limiter queue overflowed is named as overflowing (the kernel then
+/// drops what goes beyond its rate before any work, Iron 3.3) until that queue empties.
+#[test]
+fn a_destination_limiter_that_overflowed_is_overflowing_until_its_queue_empties() {
+    let mut h1 = Host::new(1, 1000);
+    let t = Instant::ZERO;
+    h1.inject(
+        t,
+        UPLINK,
+        &feedback_packet(HOST2_IP, 100, 3, 10_000_000, 1, None),
+    );
+    let a2 = h1
+        .engine
+        .dir
+        .vms
+        .iter()
+        .position(|v| v.name == "a2")
+        .unwrap();
+    let frame = udp(A1, A2, IP_A1, IP_A2, 7, 1400);
+    let a1 = h1.port_of("a1");
+    for _ in 0..200 {
+        h1.inject(t, a1, &frame);
+    }
+    h1.poll(t);
+    h1.take(UPLINK);
+    assert!(
+        !h1.engine.destination_overflowing(a2),
+        "200 frames fit its 256"
+    );
+    for _ in 0..200 {
+        h1.inject(t, a1, &frame);
+    }
+    h1.poll(t);
+    h1.take(UPLINK);
+    assert!(h1.engine.destination_overflowing(a2));
+    // 10 Mb/s, fed back every 50 ms, drains the 256 queued 1.5 kB frames in about 0.3 s.
+    for ms in 1..=600 {
+        let now = Instant::from_nanos(ms * 1_000_000);
+        if ms % 50 == 0 {
+            let seq = 1 + ms as u32 / 50;
+            h1.inject(
+                now,
+                UPLINK,
+                &feedback_packet(HOST2_IP, 100, 3, 10_000_000, seq, None),
+            );
+        }
+        h1.poll(now);
+        h1.take(UPLINK);
+    }
+    assert!(!h1.engine.destination_overflowing(a2));
+}

@@ -11,13 +11,18 @@
 //! wake-up of the run loop, which reads and writes the rings itself in `recv_batch` and
 //! `send_batch` (no frame crosses a thread).
 //!
-//! - **One queue pair**: queue 0 is the guest's receive queue, queue 1 its transmit queue.
+//! - **Queue pairs** (`VIRTIO_NET_F_MQ`, up to 8; QEMU `-netdev
+//!   vhost-user,queues=N` with `mq=on`): pair k's receive queue is 2k, its transmit queue
+//!   2k + 1. The transmit queues are read in turn, starting from a different one each batch;
+//!   a frame to the guest goes to a receive queue by its flow hash (as RSS spreads flows), so
+//!   a flow's frames stay in order. A frame whose queue has no buffer holds back the frames
+//!   after it, whatever their queue (the port's queue stays in order).
 //! - **Features**: `VIRTIO_F_VERSION_1` (a 12-byte virtio-net header), `VIRTIO_NET_F_MTU`
 //!   (QEMU's `host_mtu` reaches the guest), and the guest's transmit offloads: checksum
 //!   (`CSUM`), TSO (`HOST_TSO4`, `HOST_TSO6`, `HOST_ECN`) and USO (`HOST_USO`), finished by the
 //!   code every port shares (`port/vnet.rs`). Not offered: mergeable receive buffers, the
 //!   guest's receive offloads (frames reach it complete, one per buffer), event index,
-//!   indirect descriptors, more queue pairs.
+//!   indirect descriptors, the control queue (QEMU serves it).
 //! - **Backpressure** (PicNIC): the guest's transmit queue is read only when the run loop
 //!   calls `recv_batch`, which it does not for a VM over its rate, packet or CPU budget
 //!   (`Engine::rx_ready`): the descriptors stay in the ring, the ring fills and the guest's
@@ -51,10 +56,10 @@ use vhost_user_backend::{ShutdownHandle, VhostUserBackend, VhostUserDaemon, Vrin
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_CSUM, VIRTIO_NET_F_HOST_ECN, VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6,
-    VIRTIO_NET_F_HOST_USO, VIRTIO_NET_F_MRG_RXBUF, VIRTIO_NET_F_MTU,
+    VIRTIO_NET_F_HOST_USO, VIRTIO_NET_F_MQ, VIRTIO_NET_F_MRG_RXBUF, VIRTIO_NET_F_MTU,
 };
-use virtio_queue::{DescriptorChain, QueueT};
-use vm_memory::{Address, Bytes, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use virtio_queue::QueueT;
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
@@ -64,6 +69,9 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::vnet::VnetRx;
 use super::{os_error, Backend, Port, PortStats};
 use crate::frame::{Frame, FramePool, DATA_CAP};
+use chain::{gather, scatter, ChainError};
+
+mod chain;
 
 /// The guest's memory as the rings see it (replaced whole at each memory table the VMM sends).
 type GuestMem = GuestMemoryAtomic<GuestMemoryMmap>;
@@ -71,6 +79,8 @@ type Vring = VringRwLock<GuestMem>;
 
 /// The most descriptors a ring may have (QEMU's `rx_queue_size`/`tx_queue_size` go to 1024).
 const MAX_QUEUE_SIZE: usize = 1024;
+/// The most queue pairs a VMM may ask for (QEMU's `-netdev vhost-user,queues=N`).
+const MAX_QUEUE_PAIRS: usize = 8;
 /// The virtio-net header with `VIRTIO_F_VERSION_1`: the legacy 10 bytes and `num_buffers`.
 const HDR_LEN_V1: usize = 12;
 
@@ -81,13 +91,14 @@ const FEATURES: u64 = 1 << VIRTIO_F_VERSION_1
     | 1 << VIRTIO_NET_F_HOST_TSO4
     | 1 << VIRTIO_NET_F_HOST_TSO6
     | 1 << VIRTIO_NET_F_HOST_ECN
-    | 1 << VIRTIO_NET_F_HOST_USO;
+    | 1 << VIRTIO_NET_F_HOST_USO
+    | 1 << VIRTIO_NET_F_MQ;
 
 /// The rings and memory of the VMM connected now.
 #[derive(Clone)]
 struct Conn {
-    rx: Vring,
-    tx: Vring,
+    /// virtio-net's order: pair k's receive queue at 2k, its transmit queue at 2k + 1.
+    queues: Vec<Vring>,
     mem: GuestMem,
 }
 
@@ -145,7 +156,7 @@ impl VhostUserBackend for NetDevice {
     type Vring = Vring;
 
     fn num_queues(&self) -> usize {
-        2
+        2 * MAX_QUEUE_PAIRS
     }
 
     fn max_queue_size(&self) -> usize {
@@ -163,7 +174,8 @@ impl VhostUserBackend for NetDevice {
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
-        VhostUserProtocolFeatures::empty()
+        // MQ: the VMM asks how many queues there may be (GET_QUEUE_NUM).
+        VhostUserProtocolFeatures::MQ
     }
 
     fn set_event_idx(&self, _enabled: bool) {
@@ -202,10 +214,9 @@ impl VhostUserBackend for NetDevice {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone();
-            if let (Some(mem), [rx, tx, ..]) = (mem, vrings) {
+            if let Some(mem) = mem {
                 self.shared.set_conn(Some(Conn {
-                    rx: rx.clone(),
-                    tx: tx.clone(),
+                    queues: vrings.to_vec(),
                     mem,
                 }));
             }
@@ -223,6 +234,8 @@ pub struct VhostUserPort {
     /// The port's copy of `shared.conn`, as of `generation`.
     conn: Option<Conn>,
     generation: u64,
+    /// The transmit queue read first in the next batch (queue pairs taken in turn).
+    next_pair: usize,
     stats: PortStats,
     vnet: VnetRx,
     /// The listening socket (a duplicate), to end the serving thread's accept(2).
@@ -306,6 +319,7 @@ impl VhostUserPort {
             shared,
             conn: None,
             generation: 0,
+            next_pair: 0,
             stats: PortStats::default(),
             vnet: VnetRx::new(max_frame),
             accepting,
@@ -434,83 +448,6 @@ impl Drop for VhostUserPort {
     }
 }
 
-/// Why a descriptor chain could not be used.
-#[derive(Debug, PartialEq, Eq)]
-enum ChainError {
-    /// Shorter than the header, or a buffer outside the guest's memory.
-    Bad,
-    /// Longer than the largest super-frame (transmit) or too short for the frame (receive).
-    Size,
-}
-
-/// Copies the device-readable bytes of `chain` into `hdr` and then `body`; the bytes must fit
-/// exactly (the caller sized `body` from the chain).
-fn gather(
-    chain: DescriptorChain<&GuestMemoryMmap>,
-    mem: &GuestMemoryMmap,
-    hdr: &mut [u8],
-    body: &mut [u8],
-) -> Result<(), ChainError> {
-    let (mut in_hdr, mut in_body) = (0, 0);
-    for desc in chain.readable() {
-        let (mut addr, mut left) = (desc.addr(), desc.len() as usize);
-        while left > 0 {
-            let dst = if in_hdr < hdr.len() {
-                let n = left.min(hdr.len() - in_hdr);
-                in_hdr += n;
-                &mut hdr[in_hdr - n..in_hdr]
-            } else {
-                let n = left.min(body.len() - in_body);
-                if n == 0 {
-                    return Err(ChainError::Size);
-                }
-                in_body += n;
-                &mut body[in_body - n..in_body]
-            };
-            mem.read_slice(dst, addr).map_err(|_| ChainError::Bad)?;
-            left -= dst.len();
-            addr = addr.checked_add(dst.len() as u64).ok_or(ChainError::Bad)?;
-        }
-    }
-    Ok(())
-}
-
-/// Writes `hdr` and then `frame` into the device-writable buffers of `chain`; returns the
-/// bytes written.
-fn scatter(
-    chain: DescriptorChain<&GuestMemoryMmap>,
-    mem: &GuestMemoryMmap,
-    hdr: &[u8],
-    frame: &[u8],
-) -> Result<u32, ChainError> {
-    let room: u64 = chain.clone().writable().map(|d| u64::from(d.len())).sum();
-    let total = hdr.len() + frame.len();
-    if room < total as u64 {
-        return Err(ChainError::Size);
-    }
-    let mut done = 0;
-    for desc in chain.writable() {
-        let mut addr = desc.addr();
-        let mut left = (desc.len() as usize).min(total - done);
-        while left > 0 {
-            let src = if done < hdr.len() {
-                &hdr[done..hdr.len().min(done + left)]
-            } else {
-                let from = done - hdr.len();
-                &frame[from..from + left.min(frame.len() - from)]
-            };
-            mem.write_slice(src, addr).map_err(|_| ChainError::Bad)?;
-            done += src.len();
-            left -= src.len();
-            addr = addr.checked_add(src.len() as u64).ok_or(ChainError::Bad)?;
-        }
-        if done == total {
-            break;
-        }
-    }
-    Ok(total as u32)
-}
-
 /// The ring of `vring`, if the guest has it running.
 fn running(vring: &Vring) -> bool {
     let state = vring.get_ref();
@@ -538,72 +475,92 @@ impl Port for VhostUserPort {
         let Some(conn) = self.conn.as_ref() else {
             return Ok(n);
         };
-        if n >= max || self.vnet.busy() || !running(&conn.tx) {
-            return Ok(n);
-        }
         let hdr_len = self.hdr_len();
         let mem_guard = conn.mem.memory();
         let mem: &GuestMemoryMmap = &mem_guard;
-        let mut vring = conn.tx.get_mut();
-        let mut used = 0;
-        // A frame needs a pool frame, or the super-frame buffer and then pool frames.
-        while n < max && !self.vnet.busy() && pool.available() > 0 {
-            let Some(chain) = vring.get_queue_mut().pop_descriptor_chain(mem) else {
+        // The transmit queues in turn, from a different one each batch.
+        let pairs = conn.queues.len() / 2;
+        self.next_pair = (self.next_pair + 1) % pairs.max(1);
+        for k in 0..pairs {
+            if n >= max || self.vnet.busy() || pool.available() == 0 {
                 break;
-            };
-            let head = chain.head_index();
-            let total: u64 = chain.clone().readable().map(|d| u64::from(d.len())).sum();
-            let mut hdr = [0u8; HDR_LEN_V1];
-            let hdr = &mut hdr[..hdr_len];
-            match total.checked_sub(hdr_len as u64).map(|len| len as usize) {
-                None => self.stats.ring_errors += 1,
-                Some(len) if len <= DATA_CAP => {
-                    let mut frame = pool.get().expect("checked available");
-                    match gather(chain, mem, hdr, &mut frame.buf_for_rx()[..len]) {
-                        Ok(()) => {
-                            frame.set_len(len);
-                            let before = out.len();
-                            self.vnet.take_frame(hdr, frame, pool, out, &mut self.stats);
-                            n += out.len() - before;
-                        }
-                        Err(_) => {
-                            pool.put(frame);
-                            self.stats.ring_errors += 1;
+            }
+            let tx = &conn.queues[2 * ((self.next_pair + k) % pairs) + 1];
+            if !running(tx) {
+                continue;
+            }
+            let mut vring = tx.get_mut();
+            let mut used = 0;
+            // A frame needs a pool frame, or the super-frame buffer and then pool frames.
+            while n < max && !self.vnet.busy() && pool.available() > 0 {
+                let Some(chain) = vring.get_queue_mut().pop_descriptor_chain(mem) else {
+                    break;
+                };
+                let head = chain.head_index();
+                let total: u64 = chain.clone().readable().map(|d| u64::from(d.len())).sum();
+                let mut hdr = [0u8; HDR_LEN_V1];
+                let hdr = &mut hdr[..hdr_len];
+                match total.checked_sub(hdr_len as u64).map(|len| len as usize) {
+                    None => self.stats.ring_errors += 1,
+                    Some(len) if len <= DATA_CAP => {
+                        let mut frame = pool.get().expect("checked available");
+                        match gather(chain, mem, hdr, &mut frame.buf_for_rx()[..len]) {
+                            Ok(()) => {
+                                frame.set_len(len);
+                                let before = out.len();
+                                self.vnet.take_frame(hdr, frame, pool, out, &mut self.stats);
+                                n += out.len() - before;
+                            }
+                            Err(_) => {
+                                pool.put(frame);
+                                self.stats.ring_errors += 1;
+                            }
                         }
                     }
-                }
-                Some(len) if len <= GSO_MAX_FRAME => {
-                    match gather(chain, mem, hdr, &mut self.vnet.buf_mut()[..len]) {
-                        Ok(()) => {
-                            let before = out.len();
-                            self.vnet
-                                .take_buffered(hdr, len, pool, out, &mut self.stats);
-                            n += out.len() - before;
-                            n += self.vnet.drain(pool, out, max - n, &mut self.stats);
+                    Some(len) if len <= GSO_MAX_FRAME => {
+                        match gather(chain, mem, hdr, &mut self.vnet.buf_mut()[..len]) {
+                            Ok(()) => {
+                                let before = out.len();
+                                self.vnet
+                                    .take_buffered(hdr, len, pool, out, &mut self.stats);
+                                n += out.len() - before;
+                                n += self.vnet.drain(pool, out, max - n, &mut self.stats);
+                            }
+                            Err(_) => self.stats.ring_errors += 1,
                         }
-                        Err(_) => self.stats.ring_errors += 1,
                     }
+                    Some(_) => self.stats.rx_oversize += 1,
                 }
-                Some(_) => self.stats.rx_oversize += 1,
+                // Transmitted as far as the guest is concerned, whatever became of it.
+                if vring.add_used(head, 0).is_err() {
+                    self.stats.ring_errors += 1;
+                }
+                used += 1;
+                self.stats.rx_taken += 1;
             }
-            // Transmitted as far as the guest is concerned, whatever became of it.
-            if vring.add_used(head, 0).is_err() {
-                self.stats.ring_errors += 1;
+            if used > 0 && vring.needs_notification().unwrap_or(true) {
+                vring
+                    .signal_used_queue()
+                    .map_err(|e| os_error(e, format!("vhost-user port '{}': call", self.name)))?;
             }
-            used += 1;
-            self.stats.rx_taken += 1;
-        }
-        if used > 0 && vring.needs_notification().unwrap_or(true) {
-            vring
-                .signal_used_queue()
-                .map_err(|e| os_error(e, format!("vhost-user port '{}': call", self.name)))?;
         }
         Ok(n)
     }
 
     fn send_batch(&mut self, frames: &mut Vec<Frame>, pool: &mut FramePool) -> io::Result<usize> {
         self.refresh();
-        let Some(conn) = self.conn.as_ref().filter(|c| running(&c.rx)) else {
+        // The receive queues the guest has running (pair k's at 2k).
+        let mut running_rx = [0usize; MAX_QUEUE_PAIRS];
+        let mut count = 0;
+        if let Some(conn) = self.conn.as_ref() {
+            for (q, vring) in conn.queues.iter().enumerate().step_by(2) {
+                if count < MAX_QUEUE_PAIRS && running(vring) {
+                    running_rx[count] = q;
+                    count += 1;
+                }
+            }
+        }
+        let Some(conn) = self.conn.as_ref().filter(|_| count > 0) else {
             // No guest to take them (none connected, or its driver not started): dropped,
             // as a TAP without carrier drops them.
             self.stats.tx_errors += frames.len() as u64;
@@ -617,10 +574,18 @@ impl Port for VhostUserPort {
         let hdr = &hdr[..hdr_len];
         let mem_guard = conn.mem.memory();
         let mem: &GuestMemoryMmap = &mem_guard;
-        let mut vring = conn.rx.get_mut();
-        let (mut sent, mut done) = (0, 0);
+        let (mut sent, mut done, mut signal) = (0, 0, 0u32);
         for frame in frames.iter() {
-            // No buffer posted: the guest's ring is full, the rest waits.
+            // A flow's frames all go to one receive queue (by its hash, as RSS spreads them).
+            let q = match count {
+                1 => running_rx[0],
+                _ => {
+                    let hash = picnic_wire::classify(frame.data()).map_or(0, |f| f.flow_hash());
+                    running_rx[hash as usize % count]
+                }
+            };
+            let mut vring = conn.queues[q].get_mut();
+            // No buffer posted: that queue is full, the rest waits (in order).
             let Some(chain) = vring.get_queue_mut().pop_descriptor_chain(mem) else {
                 break;
             };
@@ -644,13 +609,16 @@ impl Port for VhostUserPort {
             if vring.add_used(head, written).is_err() {
                 self.stats.ring_errors += 1;
             }
+            signal |= 1 << (q / 2);
         }
-        if done > 0 && vring.needs_notification().unwrap_or(true) {
-            vring
-                .signal_used_queue()
-                .map_err(|e| os_error(e, format!("vhost-user port '{}': call", self.name)))?;
+        for pair in (0..MAX_QUEUE_PAIRS).filter(|p| signal & 1 << p != 0) {
+            let mut vring = conn.queues[2 * pair].get_mut();
+            if vring.needs_notification().unwrap_or(true) {
+                vring
+                    .signal_used_queue()
+                    .map_err(|e| os_error(e, format!("vhost-user port '{}': call", self.name)))?;
+            }
         }
-        drop(vring);
         for frame in frames.drain(..done) {
             pool.put(frame);
         }

@@ -96,6 +96,7 @@ impl FastPathLink {
             next_rates: now,
         };
         link.refresh(engine, ports)?;
+        engine.link_fast_path();
         Ok(link)
     }
 
@@ -170,6 +171,7 @@ impl FastPathLink {
                                     DestinationLimit {
                                         bucket: v as u32,
                                         bytes_per_sec,
+                                        drop_beyond: engine.destination_overflowing(v),
                                     }
                                 }),
                             })
@@ -284,7 +286,14 @@ impl FastPathLink {
                 continue;
             }
             let epochs = self.kernel.epochs(want.slot);
+            let resumed = !self.handback.in_force(want.slot, epochs);
             if let Step::Write(grant) = self.handback.step(*want, epochs, &self.rings) {
+                if resumed && grant.want.tx {
+                    // Back from the engines: one budget per destination across both paths.
+                    for bucket in engine.fast_path_resumes_tx(want.slot as usize) {
+                        self.kernel.spend_destination_burst(bucket)?;
+                    }
+                }
                 self.kernel.write_grant(&grant)?;
             }
             // A grant for epochs the kernel has moved past is no grant: keep syncing until

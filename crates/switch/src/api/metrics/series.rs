@@ -126,8 +126,8 @@ fn vms(reg: &mut Registry, p: &Published) {
     let handed = family::<Count, 3>(
         r,
         "vm_fast_path_handed_over",
-        "Frames the kernel fast path handed over to the engines (or dropped: reason \
-         rx_dropped), by reason",
+        "Frames the kernel fast path handed over to the engines (or dropped: reasons \
+         rx_dropped, tx_dropped), by reason",
     );
     for vm in &p.switch.vms {
         let l = vm_labels(vm);
@@ -166,6 +166,7 @@ fn vms(reg: &mut Registry, p: &Published) {
         fast_tx_bytes.get_or_create(&l).inc_by(f.tx_bytes);
         for (reason, n) in [
             ("rx_dropped", f.rx_dropped),
+            ("tx_dropped", f.tx_dropped),
             ("not_granted", f.handed_not_granted),
             ("tokens", f.handed_tokens),
             ("not_unicast_ipv4", f.handed_not_unicast_ipv4),
