@@ -5,10 +5,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
-for pair in ip:iproute2 tc:iproute2 bridge:iproute2 iperf3:iperf3 sockperf:sockperf memcached:memcached ethtool:ethtool ping:iputils-ping taskset:util-linux clang:clang qemu-system-x86_64:qemu-system-x86 dpkg-deb:dpkg; do
+for pair in ip:iproute2 tc:iproute2 bridge:iproute2 iperf3:iperf3 sockperf:sockperf memcached:memcached ethtool:ethtool ping:iputils-ping taskset:util-linux clang:clang qemu-system-x86_64:qemu-system-x86 dpkg-deb:dpkg promtool:prometheus; do
   cmd=${pair%%:*}; pkg=${pair##*:}
   command -v "$cmd" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
+# prometheus: promtool checks /metrics, and the metrics test scrapes a switch with a real
+# Prometheus (crates/cli/tests/metrics.rs). Debian's package would start its service where
+# an init system runs; the tests start their own on loopback.
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "setup: installing ${need_apt[*]}"

@@ -42,12 +42,10 @@ fn main() {
     }
     let cli = Cli::parse();
     let code = match cli.command {
+        // Errors are logged by the switch's subscriber.
         Command::Switch(args) => match switch_cmd::run(args) {
             Ok(()) => 0,
-            Err(e) => {
-                eprintln!("picnic switch: error: {e:#}");
-                2
-            }
+            Err(_) => 2,
         },
         Command::Lab(cmd) => lab_cmd::run(cmd),
         Command::Sim(args) => match picnic_sim::run_command(args) {

@@ -17,9 +17,41 @@ pub struct SwitchArgs {
     /// (no device is opened).
     #[arg(long)]
     pub check: bool,
+    /// Log lines as text (time, level, message, fields) or as one JSON object each.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Sends the switch's log events to stderr (for journald under systemd), info and above,
+/// each line with its time (UTC) and level.
+fn init_logs(format: LogFormat) {
+    let logs = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_target(false);
+    let _ = match format {
+        LogFormat::Text => logs.try_init(),
+        LogFormat::Json => logs.json().flatten_event(true).try_init(),
+    };
 }
 
 pub fn run(args: SwitchArgs) -> anyhow::Result<()> {
+    init_logs(args.log_format);
+    let result = run_switch(args);
+    if let Err(e) = &result {
+        tracing::error!("{e:#}");
+    }
+    result
+}
+
+fn run_switch(args: SwitchArgs) -> anyhow::Result<()> {
     let mut cfg = Config::load(&args.config)?;
     // The hosts, tenants and VMs the API last left, if the switch ran before.
     if let Some(state) = cfg.switch.state_file.clone() {
@@ -45,7 +77,7 @@ pub fn run(args: SwitchArgs) -> anyhow::Result<()> {
     let section = cfg.switch.clone();
     let mut switch = Switch::open(cfg).context("starting the switch")?;
     for line in switch.describe_ports() {
-        eprintln!("picnic switch: {line}");
+        tracing::info!("{line}");
     }
     let stop = switch.stop_flag();
     signal_hook::flag::register(signal_hook::consts::SIGINT, stop.clone())?;
@@ -53,14 +85,15 @@ pub fn run(args: SwitchArgs) -> anyhow::Result<()> {
     if section.api.is_some() {
         let commands = switch.command_channel();
         let api = picnic_switch::api::spawn(&section, switch.shared(), commands)?;
-        eprintln!(
-            "picnic switch: API on {} (/stats, /slo, /metrics, /config)",
-            api.listening
-        );
+        tracing::info!("API on {} (/stats, /slo, /metrics, /config)", api.listening);
     }
-    eprintln!("picnic switch: running (Ctrl-C to stop)");
+    if let Some(addr) = &section.metrics {
+        let metrics = picnic_switch::api::spawn_metrics(addr, switch.shared())?;
+        tracing::info!("metrics on {}", metrics.listening);
+    }
+    tracing::info!("running (Ctrl-C to stop)");
     switch.run()?;
     let _ = stop.load(Ordering::Relaxed);
-    eprintln!("picnic switch: stopped, ports released");
+    tracing::info!("stopped, ports released");
     Ok(())
 }

@@ -119,6 +119,28 @@ fn a_missing_config_file_is_named() {
 }
 
 #[test]
+fn the_switch_logs_with_time_and_level_or_as_json() {
+    let path = "/nonexistent/picnic-host.toml";
+    let (_, _, text) = check_switch_path(path);
+    let (time, rest) = text.trim().split_once(' ').unwrap();
+    assert!(time.starts_with("20") && time.ends_with('Z'), "{text}");
+    assert!(rest.trim_start().starts_with("ERROR"), "{text}");
+    let out = picnic(&[
+        "switch",
+        "--log-format",
+        "json",
+        "--check",
+        "--config",
+        path,
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let line: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
+    assert_eq!(line["level"], "ERROR");
+    assert!(line["timestamp"].as_str().unwrap().ends_with('Z'));
+    assert!(line["message"].as_str().unwrap().contains(path), "{line}");
+}
+
+#[test]
 fn scenario_errors_name_the_field() {
     let cases = [
         (

@@ -111,7 +111,9 @@ impl Api {
             .map_err(unreachable)?;
         let request = format!(
             "{method} {path} HTTP/1.1\r\nHost: picnic\r\nConnection: close\r\n\
-             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+             User-Agent: picnic-cni/{}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            env!("CARGO_PKG_VERSION"),
             body.len()
         );
         stream.write_all(request.as_bytes()).map_err(unreachable)?;

@@ -117,6 +117,7 @@ pub fn switch_config(
         switch: SwitchSection {
             host_id: host.index as u32 + 1,
             api: None,
+            metrics: None,
             api_socket_mode: 0o600,
             api_token_file: None,
             feedback_key_file: None,

@@ -378,7 +378,7 @@ impl Switch {
         let old = std::mem::replace(&mut self.cfg, cfg);
         self.shared.set_config(self.cfg.clone());
         if let Err(e) = self.kernel.set_ports(&self.vm_ports()) {
-            eprintln!("picnic switch: warning: softirq accounting: {e}");
+            tracing::warn!("softirq accounting: {e}");
         }
         if crate::workers::wants_softirq(&self.cfg) {
             let tids = team.thread_ids().unwrap_or_default();
@@ -436,7 +436,7 @@ impl Switch {
             let allocation = (IRON_PERIOD.as_nanos() as f64 * cores) as u64;
             let quota = Duration::from_nanos(allocation.saturating_sub(used));
             if let Err(e) = group.refill(quota, Duration::ZERO) {
-                eprintln!("picnic switch: warning: {e:#}");
+                tracing::warn!("{e:#}");
             }
         }
     }

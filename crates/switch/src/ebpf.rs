@@ -543,8 +543,8 @@ impl KernelLink {
             match SoftirqAccounting::open() {
                 Ok(s) => Some(s),
                 Err(e) => {
-                    eprintln!(
-                        "picnic switch: softirq accounting off: {e} (tenants are charged for \
+                    tracing::warn!(
+                        "softirq accounting off: {e} (tenants are charged for \
                          the switch's own work only)"
                     );
                     None
@@ -559,7 +559,7 @@ impl KernelLink {
             ..Default::default()
         };
         if let Err(e) = link.set_ports(ports) {
-            eprintln!("picnic switch: softirq accounting off: {e}");
+            tracing::warn!("softirq accounting off: {e}");
             link.softirq = None;
         }
         link
@@ -582,11 +582,11 @@ impl KernelLink {
                     [] => self.set_dataplane_thread(),
                     tids => self.set_dataplane_threads(tids),
                 }
-                eprintln!("picnic switch: softirq accounting (eBPF tracepoints): on");
+                tracing::info!("softirq accounting (eBPF tracepoints): on");
             }
             Err(e) => {
-                eprintln!(
-                    "picnic switch: softirq accounting off: {e} (tenants are charged for the \
+                tracing::warn!(
+                    "softirq accounting off: {e} (tenants are charged for the \
                      switch's own work only)"
                 );
                 self.softirq = None;
@@ -602,7 +602,7 @@ impl KernelLink {
     pub fn for_worker(&self, index: usize, owner: &[usize]) -> KernelLink {
         let early_drop = self.early_drop.as_ref().and_then(|e| {
             e.handle()
-                .map_err(|e| eprintln!("picnic switch: worker {index}: early drop off: {e}"))
+                .map_err(|e| tracing::warn!("worker {index}: early drop off: {e}"))
                 .ok()
         });
         KernelLink {
@@ -633,7 +633,7 @@ impl KernelLink {
         self.publish(engine, now);
         if let Some(early) = self.early_drop.as_mut() {
             if let Err(e) = early.apply(&[]) {
-                eprintln!("picnic switch: early drop: {e}");
+                tracing::warn!("early drop: {e}");
             }
         }
     }
@@ -674,7 +674,7 @@ impl KernelLink {
             // SAFETY: gettid has no arguments and cannot fail.
             let tid = unsafe { libc::gettid() } as u32;
             if let Err(e) = s.set_switch_thread(tid) {
-                eprintln!("picnic switch: warning: softirq accounting: {e}");
+                tracing::warn!("softirq accounting: {e}");
             }
         }
     }
@@ -683,7 +683,7 @@ impl KernelLink {
     pub fn set_dataplane_threads(&mut self, tids: &[u32]) {
         if let Some(s) = self.softirq.as_mut() {
             if let Err(e) = s.set_switch_threads(tids) {
-                eprintln!("picnic switch: warning: softirq accounting: {e}");
+                tracing::warn!("softirq accounting: {e}");
             }
         }
     }
@@ -706,7 +706,7 @@ impl KernelLink {
                 .retain(|t| Self::owns(worker, t.slot as usize));
             let early = self.early_drop.as_mut().expect("checked");
             if let Err(e) = early.apply(&self.throttles) {
-                eprintln!("picnic switch: early drop off: {e}");
+                tracing::warn!("early drop off: {e}");
                 self.early_drop = None;
             }
         }

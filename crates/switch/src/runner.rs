@@ -64,7 +64,7 @@ fn refill_cgroups(
     for (&(tenant, quota), &credit) in quotas.iter().zip(&credits) {
         if let Some(Some((_, group))) = cgroups.get_mut(tenant) {
             if let Err(e) = group.refill(quota, Duration::from_nanos(credit)) {
-                eprintln!("picnic switch: warning: {e:#}");
+                tracing::warn!("{e:#}");
             }
         }
     }
@@ -180,15 +180,15 @@ impl Switch {
         switch.kernel = kernel;
         if switch.cfg.fastpath.kernel {
             if workers > 1 {
-                eprintln!(
-                    "picnic switch: kernel fast path off: it runs with one dataplane worker \
+                tracing::warn!(
+                    "kernel fast path off: it runs with one dataplane worker \
                      (switch.workers = {workers})"
                 );
             } else {
                 let now = switch.clock.now();
                 match fastpath::FastPathLink::open(&mut switch.engine, &switch.ports, now) {
                     Ok(link) => switch.fastpath = Some(link),
-                    Err(e) => eprintln!("picnic switch: kernel fast path off: {e}"),
+                    Err(e) => tracing::warn!("kernel fast path off: {e}"),
                 }
             }
         }
@@ -305,7 +305,7 @@ impl Switch {
         // capacity.
         if self.accel.as_ref().is_some_and(Accel::is_inline) {
             if let Err(e) = crate::sched::set_timer_slack(1_000) {
-                eprintln!("picnic: warning: timer slack: {e}");
+                tracing::warn!("timer slack: {e}");
             }
         }
         self.wait_set.reset();
@@ -369,7 +369,7 @@ impl Switch {
             }
             if let Some(fp) = self.fastpath.as_mut() {
                 if let Err(e) = fp.sync(&mut self.engine, &self.ports, now, busy > 0) {
-                    eprintln!("picnic switch: kernel fast path off: {e}");
+                    tracing::warn!("kernel fast path off: {e}");
                     self.fastpath = None;
                 }
             }
@@ -468,7 +468,7 @@ impl Switch {
         if let Some(cores) = cores {
             let allocation = IRON_PERIOD.as_nanos() as f64 * cores;
             if let Err(e) = group.release(Duration::from_nanos(allocation as u64)) {
-                eprintln!("picnic switch: warning: restoring a tenant's quota: {e:#}");
+                tracing::warn!("restoring a tenant's quota: {e:#}");
             }
         }
     }

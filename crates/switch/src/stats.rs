@@ -269,9 +269,7 @@ impl VmCounters {
         self.softirq_packets += o.softirq_packets;
         self.softirq_kthread_ns += o.softirq_kthread_ns;
         self.softirq_in_switch_ns += o.softirq_in_switch_ns;
-        for (mine, theirs) in self.ingress_wait.0.iter_mut().zip(o.ingress_wait.0) {
-            *mine += theirs;
-        }
+        self.ingress_wait.add_all(&o.ingress_wait);
         self.waited_shaped_class += o.waited_shaped_class;
         self.waited_limiter += o.waited_limiter;
         // One switch reads the kernel's counters: taken as they are, not added.
@@ -282,31 +280,55 @@ impl VmCounters {
 }
 
 /// A histogram of waits in power-of-two microsecond buckets (bucket i holds waits below
-/// 2^i us): fixed size, no allocation, cheap enough for every frame.
+/// 2^i us, the last one the rest) and their sum: fixed size, no allocation, cheap enough for
+/// every frame.
 #[derive(Clone, Debug, Default)]
-pub struct WaitHistogram([u64; 24]);
+pub struct WaitHistogram {
+    buckets: [u64; 24],
+    sum_ns: u64,
+}
 
 impl WaitHistogram {
     pub fn record(&mut self, wait_ns: u64) {
         let us = wait_ns / 1_000;
-        let bucket = (64 - us.leading_zeros() as usize).min(self.0.len() - 1);
-        self.0[bucket] += 1;
+        let bucket = (64 - us.leading_zeros() as usize).min(self.buckets.len() - 1);
+        self.buckets[bucket] += 1;
+        self.sum_ns = self.sum_ns.saturating_add(wait_ns);
+    }
+    /// Adds every count of `o` (the same histogram kept by another worker).
+    pub fn add_all(&mut self, o: &WaitHistogram) {
+        for (mine, theirs) in self.buckets.iter_mut().zip(o.buckets) {
+            *mine += theirs;
+        }
+        self.sum_ns = self.sum_ns.saturating_add(o.sum_ns);
+    }
+    /// (upper bound in us, None for the last bucket's "and above"; waits in the bucket).
+    pub fn buckets(&self) -> impl Iterator<Item = (Option<u64>, u64)> + '_ {
+        let last = self.buckets.len() - 1;
+        self.buckets
+            .iter()
+            .enumerate()
+            .map(move |(i, &n)| ((i < last).then_some(1u64 << i), n))
+    }
+    /// Every wait recorded, summed, ns.
+    pub fn sum_ns(&self) -> u64 {
+        self.sum_ns
     }
     /// Upper bound of the bucket holding quantile `q` (0..=1), us; None when empty.
     pub fn quantile_us(&self, q: f64) -> Option<u64> {
-        let total: u64 = self.0.iter().sum();
+        let total: u64 = self.buckets.iter().sum();
         if total == 0 {
             return None;
         }
         let rank = ((total as f64 * q).ceil() as u64).max(1);
         let mut seen = 0;
-        for (i, n) in self.0.iter().enumerate() {
+        for (i, n) in self.buckets.iter().enumerate() {
             seen += n;
             if seen >= rank {
                 return Some(1u64 << i);
             }
         }
-        Some(1u64 << (self.0.len() - 1))
+        Some(1u64 << (self.buckets.len() - 1))
     }
 }
 

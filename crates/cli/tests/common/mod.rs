@@ -69,20 +69,24 @@ impl Netns {
     /// `picnic switch --config cfg` inside the namespace (`ip netns exec` execs it, so the
     /// child is the switch itself and `kill` is SIGKILL to it).
     pub fn switch(&self, cfg: &Path) -> Child {
-        Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &self.0,
-                env!("CARGO_BIN_EXE_picnic"),
-                "switch",
-            ])
-            .arg("--config")
-            .arg(cfg)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap()
+        self.switch_command(cfg).spawn().unwrap()
+    }
+
+    /// The command [`Netns::switch`] spawns, stderr inherited.
+    pub fn switch_command(&self, cfg: &Path) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args([
+            "netns",
+            "exec",
+            &self.0,
+            env!("CARGO_BIN_EXE_picnic"),
+            "switch",
+        ])
+        .arg("--config")
+        .arg(cfg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+        cmd
     }
 }
 

@@ -4,7 +4,8 @@
 //! | method and path        | what                                                     |
 //! |------------------------|----------------------------------------------------------|
 //! | GET /stats             | per-VM/tenant counters, queues, rates, port counters     |
-//! | GET /metrics           | the same in Prometheus text format, SLO state included   |
+//! | GET /metrics           | the same as Prometheus series (docs/operations.md); OpenMetrics |
+//! |                        | when the `Accept` header asks for it                    |
 //! | GET /slo               | per tenant with an SLO: met/violated, violations, why     |
 //! | GET /config            | the running config                                        |
 //! | GET /tenants, /vms, /hosts | one section of it                                    |
@@ -27,7 +28,7 @@
 //! are refused; every bad request gets a 4xx whose message names the field, header or path
 //! at fault (`body.min_mbps: invalid type ...`, `config field vms[3].max_mbps: ...`).
 
-mod metrics;
+pub mod metrics;
 mod routes;
 #[cfg(test)]
 mod tests;
@@ -41,7 +42,10 @@ use tiny_http::{Header, Response, Server};
 
 use crate::config::{read_secret, ApiListen, SwitchSection};
 use crate::runner::{CommandSender, Shared};
+use metrics::Format;
+#[cfg(test)]
 use routes::handle;
+use routes::{route, Origin};
 
 /// Largest request body accepted, bytes (a config entry is well under 4 KiB).
 pub const MAX_BODY: usize = 64 * 1024;
@@ -123,6 +127,34 @@ pub fn spawn(
     Ok(Api { listening, thread })
 }
 
+/// Starts the read-only metrics listener on `switch.metrics` (TCP `ADDR:PORT`): `GET
+/// /metrics` and nothing else, without a token, for a Prometheus server to scrape.
+pub fn spawn_metrics(addr: &str, shared: Arc<Shared>) -> anyhow::Result<Api> {
+    let server = Server::http(addr)
+        .map_err(|e| anyhow::anyhow!("switch.metrics: cannot listen on {addr}: {e}"))?;
+    let listening = server
+        .server_addr()
+        .to_ip()
+        .map_or(addr.to_string(), |a| format!("http://{a}/metrics"));
+    let thread = std::thread::Builder::new()
+        .name("picnic-metrics".into())
+        .spawn(move || {
+            for req in server.incoming_requests() {
+                let format = Format::negotiate(header(&req, "Accept"));
+                let path = req.url().split('?').next().unwrap_or("");
+                let reply = match (req.method(), path, shared.latest()) {
+                    (tiny_http::Method::Get, "/metrics", Some(p)) => {
+                        (200, format.content_type(), metrics::metrics(&p, format))
+                    }
+                    (tiny_http::Method::Get, "/metrics", None) => error(503, "no statistics yet"),
+                    _ => error(404, "path: this listener serves GET /metrics only"),
+                };
+                respond(req, reply);
+            }
+        })?;
+    Ok(Api { listening, thread })
+}
+
 /// Binds the API's Unix socket at `path` with file mode `mode`: created under a umask that
 /// leaves it owner-only, so it is never reachable by others, then set to `mode`. A socket
 /// left by a killed switch is replaced; any other file there is an error.
@@ -152,7 +184,11 @@ fn bind_unix(path: &Path, mode: u32) -> anyhow::Result<UnixListener> {
 
 /// Answers one request.
 fn serve(state: &ApiState, mut req: tiny_http::Request) {
-    let (status, content_type, text) = reply_to(state, &mut req);
+    let reply = reply_to(state, &mut req);
+    respond(req, reply);
+}
+
+fn respond(req: tiny_http::Request, (status, content_type, text): Reply) {
     let header = Header::from_bytes("Content-Type", content_type).expect("static header");
     let _ = req.respond(
         Response::from_string(text)
@@ -195,10 +231,25 @@ fn reply_to(state: &ApiState, req: &mut tiny_http::Request) -> Reply {
     if body.len() > MAX_BODY {
         return error(413, format!("body: larger than {MAX_BODY} bytes"));
     }
+    let format = Format::negotiate(header(req, "Accept"));
+    let origin = Origin {
+        from: req
+            .remote_addr()
+            .map_or("unix socket".into(), |a| format!("tcp {a}")),
+        agent: header(req, "User-Agent").unwrap_or("-").to_string(),
+    };
     match String::from_utf8(body) {
-        Ok(body) => handle(state, req.method(), req.url(), &body),
+        Ok(body) => route(state, req.method(), req.url(), &body, format, &origin),
         Err(_) => error(400, "body: not UTF-8"),
     }
+}
+
+/// The value of the request's header `name`, if any.
+fn header<'r>(req: &'r tiny_http::Request, name: &'static str) -> Option<&'r str> {
+    req.headers()
+        .iter()
+        .find(|h| h.field.equiv(name))
+        .map(|h| h.value.as_str())
 }
 
 /// Compares without an early exit on the first differing byte (the length is not secret).

@@ -5,9 +5,11 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration as StdDuration;
 
 use tiny_http::Method;
+use tracing::{info, warn};
 
-use super::metrics::metrics;
+use super::metrics::{metrics, Format};
 use super::{error, json, parse_body, ApiState, Reply};
+use crate::change::Change;
 use crate::config::{Config, HostEntry, TenantEntry, VmEntry};
 use crate::runner::{Command, Reconfigure, Shared};
 
@@ -18,7 +20,32 @@ fn not_found(what: String) -> Refusal {
     (404, what)
 }
 
+/// Where a request came from, for the log of changes: the listener and the peer's
+/// address when it has one, and its `User-Agent`.
+pub(super) struct Origin {
+    pub from: String,
+    pub agent: String,
+}
+
+/// As [`route`], answering `/metrics` in the classic format.
+#[cfg(test)]
 pub(super) fn handle(state: &ApiState, method: &Method, url: &str, body: &str) -> Reply {
+    let origin = Origin {
+        from: "test".into(),
+        agent: "-".into(),
+    };
+    route(state, method, url, body, Format::Classic, &origin)
+}
+
+/// Answers one request; `/metrics` in `format`.
+pub(super) fn route(
+    state: &ApiState,
+    method: &Method,
+    url: &str,
+    body: &str,
+    format: Format,
+    origin: &Origin,
+) -> Reply {
     let path: Vec<&str> = url
         .split('?')
         .next()
@@ -31,6 +58,10 @@ pub(super) fn handle(state: &ApiState, method: &Method, url: &str, body: &str) -
         return error(503, "switch starting");
     };
     let bad = |e: String| (400, e);
+    let request = Request {
+        line: format!("{method} /{}", path.join("/")),
+        origin,
+    };
     match (method, path.as_slice()) {
         (Method::Get, ["stats"]) => match shared.latest() {
             Some(published) => json(200, &*published),
@@ -40,29 +71,28 @@ pub(super) fn handle(state: &ApiState, method: &Method, url: &str, body: &str) -
             Some(published) => json(200, &published.slo),
             None => error(503, "no statistics yet"),
         },
-        (Method::Get, ["metrics"]) => (
-            200,
-            "text/plain; version=0.0.4",
-            shared.latest().map(|p| metrics(&p)).unwrap_or_default(),
-        ),
+        (Method::Get, ["metrics"]) => match shared.latest() {
+            Some(published) => (200, format.content_type(), metrics(&published, format)),
+            None => error(503, "no statistics yet"),
+        },
         (Method::Get, ["config"]) => json(200, redacted(&config)),
         (Method::Get, ["tenants"]) => json(200, &redacted(&config).tenants),
         (Method::Get, ["vms"]) => json(200, &config.vms),
         (Method::Get, ["hosts"]) => json(200, &config.hosts),
-        (Method::Post, ["tenants"]) => change(state, &config, |c| {
+        (Method::Post, ["tenants"]) => change(state, &config, &request, |c| {
             c.tenants
                 .push(parse_body::<TenantEntry>(body).map_err(bad)?);
             Ok(())
         }),
-        (Method::Post, ["vms"]) => change(state, &config, |c| {
+        (Method::Post, ["vms"]) => change(state, &config, &request, |c| {
             c.vms.push(parse_body::<VmEntry>(body).map_err(bad)?);
             Ok(())
         }),
-        (Method::Post, ["hosts"]) => change(state, &config, |c| {
+        (Method::Post, ["hosts"]) => change(state, &config, &request, |c| {
             c.hosts.push(parse_body::<HostEntry>(body).map_err(bad)?);
             Ok(())
         }),
-        (Method::Put, ["vms", name]) => change(state, &config, |c| {
+        (Method::Put, ["vms", name]) => change(state, &config, &request, |c| {
             let vm: VmEntry = parse_body(body).map_err(bad)?;
             if vm.name != *name {
                 return Err(bad(format!(
@@ -78,7 +108,7 @@ pub(super) fn handle(state: &ApiState, method: &Method, url: &str, body: &str) -
             *slot = vm;
             Ok(())
         }),
-        (Method::Put, ["tenants", name]) => change(state, &config, |c| {
+        (Method::Put, ["tenants", name]) => change(state, &config, &request, |c| {
             let tenant: TenantEntry = parse_body(body).map_err(bad)?;
             if tenant.name != *name {
                 return Err(bad(format!(
@@ -94,7 +124,7 @@ pub(super) fn handle(state: &ApiState, method: &Method, url: &str, body: &str) -
             *slot = tenant;
             Ok(())
         }),
-        (Method::Delete, ["vms", name]) => change(state, &config, |c| {
+        (Method::Delete, ["vms", name]) => change(state, &config, &request, |c| {
             let n = c.vms.len();
             c.vms.retain(|v| v.name != *name);
             if c.vms.len() == n {
@@ -103,9 +133,9 @@ pub(super) fn handle(state: &ApiState, method: &Method, url: &str, body: &str) -
             Ok(())
         }),
         (Method::Get | Method::Put, ["tenants", name, "key"]) => {
-            tenant_key(method, name, body, shared)
+            tenant_key(method, name, body, shared, &request)
         }
-        (Method::Put, ["tenants", name, "offload"]) => change(state, &config, |c| {
+        (Method::Put, ["tenants", name, "offload"]) => change(state, &config, &request, |c| {
             let entry: crate::offload::OffloadEntry = parse_body(body).map_err(bad)?;
             // A path would have the switch read (and quote in errors) any file it can.
             if entry.program.is_some() {
@@ -121,13 +151,13 @@ pub(super) fn handle(state: &ApiState, method: &Method, url: &str, body: &str) -
             tenant_mut(c, name)?.offload = Some(entry);
             Ok(())
         }),
-        (Method::Delete, ["tenants", name, "offload"]) => change(state, &config, |c| {
+        (Method::Delete, ["tenants", name, "offload"]) => change(state, &config, &request, |c| {
             match tenant_mut(c, name)?.offload.take() {
                 Some(_) => Ok(()),
                 None => Err(not_found(format!("path: tenant '{name}' has no program"))),
             }
         }),
-        (Method::Delete, ["tenants", name]) => change(state, &config, |c| {
+        (Method::Delete, ["tenants", name]) => change(state, &config, &request, |c| {
             if c.vms.iter().any(|v| v.tenant == *name) {
                 return Err((
                     409,
@@ -141,7 +171,7 @@ pub(super) fn handle(state: &ApiState, method: &Method, url: &str, body: &str) -
             }
             Ok(())
         }),
-        (Method::Delete, ["hosts", id]) => change(state, &config, |c| {
+        (Method::Delete, ["hosts", id]) => change(state, &config, &request, |c| {
             let id: u32 = id
                 .parse()
                 .map_err(|_| bad(format!("path: '{id}' is not a host id")))?;
@@ -187,7 +217,7 @@ struct KeyChange {
 /// Key rotation without loss (`accel::KeyRing`), applied at once by the engine's key
 /// rings (the run loop is not involved) and not persisted: update the config's key too.
 /// Keys are never shown, only their fingerprints.
-fn tenant_key(method: &Method, name: &str, body: &str, shared: &Shared) -> Reply {
+fn tenant_key(method: &Method, name: &str, body: &str, shared: &Shared, req: &Request) -> Reply {
     let Some(keys) = shared.accel_keys() else {
         return error(
             404,
@@ -208,51 +238,115 @@ fn tenant_key(method: &Method, name: &str, body: &str, shared: &Shared) -> Reply
             }),
         _ => Ok(()),
     };
+    if *method == Method::Put {
+        let (from, agent) = (&req.origin.from, &req.origin.agent);
+        match &result {
+            Ok(()) => info!(%from, %agent, request = %req.line, "key change applied"),
+            Err(e) => {
+                warn!(%from, %agent, request = %req.line, error = %format!("{e:#}"), "key change refused")
+            }
+        }
+    }
     match result.and_then(|()| keys.describe(name)) {
         Ok(view) => json(200, view),
         Err(e) => error(400, format!("{e:#}")),
     }
 }
 
+/// A change's request line and origin, for the log.
+struct Request<'a> {
+    line: String,
+    origin: &'a Origin,
+}
+
 /// Applies `edit` to a copy of the config, validates it, hands it to the run loop and, once
-/// applied, persists it to the state file before answering.
+/// applied, persists it to the state file before answering. Logs what changed and from
+/// where, or why it was refused.
 fn change(
     state: &ApiState,
     running: &Arc<Config>,
+    req: &Request,
     edit: impl FnOnce(&mut Config) -> Result<(), Refusal>,
 ) -> Reply {
+    let (from, agent) = (&req.origin.from, &req.origin.agent);
+    let reply = apply(state, running, edit);
+    match reply {
+        Ok((reply, changes)) => {
+            info!(%from, %agent, request = %req.line, %changes, status = reply.0, "live change applied");
+            reply
+        }
+        Err((status, e)) => {
+            warn!(%from, %agent, request = %req.line, status, error = %e, "live change refused");
+            error(status, e)
+        }
+    }
+}
+
+/// What a change did, one clause per host, tenant or VM (tenants' keys left out).
+fn describe(changes: &[Change]) -> String {
+    let entry = |v: serde_json::Result<String>| v.unwrap_or_default();
+    let tenant = |t: &TenantEntry| {
+        let mut t = t.clone();
+        t.key = t.key.as_ref().map(|_| "(redacted)".to_string());
+        entry(serde_json::to_string(&t))
+    };
+    let clauses: Vec<String> = changes
+        .iter()
+        .map(|c| match c {
+            Change::SetHost(h) => format!("set host {}", entry(serde_json::to_string(h))),
+            Change::RemoveHost(id) => format!("remove host {id}"),
+            Change::AddTenant(t) => format!("add tenant {}", tenant(t)),
+            Change::SetTenant(t) => format!("set tenant {}", tenant(t)),
+            Change::RemoveTenant(name) => format!("remove tenant {name}"),
+            Change::AddVm(v) => format!("add vm {}", entry(serde_json::to_string(v))),
+            Change::SetVm(v) => format!("set vm {}", entry(serde_json::to_string(v))),
+            Change::RemoveVm(name) => format!("remove vm {name}"),
+        })
+        .collect();
+    if clauses.is_empty() {
+        "nothing".into()
+    } else {
+        clauses.join("; ")
+    }
+}
+
+/// [`change`]'s work: Ok with the reply and what changed once applied (a 500 if it could not
+/// be persisted), Err with the refusal's status and message.
+fn apply(
+    state: &ApiState,
+    running: &Arc<Config>,
+    edit: impl FnOnce(&mut Config) -> Result<(), Refusal>,
+) -> Result<(Reply, String), Refusal> {
     let mut config = (**running).clone();
-    if let Err((status, e)) = edit(&mut config) {
-        return error(status, e);
-    }
-    if let Err(e) = config.validate() {
-        return error(400, e);
-    }
+    edit(&mut config)?;
+    config.validate().map_err(|e| (400, e.to_string()))?;
     // Diffed here, not on the dataplane (docs/switch.md "Live changes").
     let change = match Reconfigure::prepare(running.clone(), config.clone()) {
         Ok(change) => change,
-        Err(e) => return error(400, format!("{e:#}")),
+        Err(e) => return Err((400, format!("{e:#}"))),
     };
+    let changes = describe(&change.changes);
     let (tx, rx) = mpsc::channel();
     if state
         .commands
         .send(Command::Reconfigure(Box::new(change), tx))
         .is_err()
     {
-        return error(503, "switch is stopping");
+        return Err((503, "switch is stopping".into()));
     }
     match rx.recv_timeout(StdDuration::from_secs(5)) {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => return error(400, format!("{e:#}")),
-        Err(_) => return error(504, "the switch did not apply the change in time"),
+        Ok(Err(e)) => return Err((400, format!("{e:#}"))),
+        Err(_) => return Err((504, "the switch did not apply the change in time".into())),
     }
     if let Some(path) = &state.state_file {
         if let Err(e) = crate::persist::save(path, &config) {
-            return error(
+            let reply = error(
                 500,
                 format!("applied, but not persisted to switch.state_file: {e:#}"),
             );
+            return Ok((reply, changes));
         }
     }
-    json(200, serde_json::json!({ "ok": true }))
+    Ok((json(200, serde_json::json!({ "ok": true })), changes))
 }

@@ -13,6 +13,7 @@ use crate::config::{Config, SwitchSection};
 use crate::engine::{Engine, Work};
 use crate::frame::{Frame, FramePool};
 use crate::runner::{Command, CommandSender, Published};
+use metrics::Format;
 
 struct NoWork;
 impl Work for NoWork {
@@ -255,6 +256,152 @@ fn metrics_carry_the_slo_state_per_tenant() {
     ] {
         assert!(text.contains(line), "{line} missing from\n{text}");
     }
+}
+
+/// The value of the sample `series` (name and labels as written) in `text`.
+fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("{series} missing from\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn metrics_are_classic_by_default_and_openmetrics_when_asked() {
+    let state = api_state(shared(), None);
+    let origin = super::Origin {
+        from: "test".into(),
+        agent: "-".into(),
+    };
+    let get = |format| super::route(&state, &Method::Get, "/metrics", "", format, &origin);
+    let (status, content_type, classic) = get(Format::Classic);
+    assert_eq!(
+        (status, content_type),
+        (200, "text/plain; version=0.0.4; charset=utf-8")
+    );
+    assert!(classic.contains("# TYPE picnic_vm_rx_packets_total counter\n"));
+    assert!(classic.contains("# TYPE picnic_vm_cpu_seconds_total counter\n"));
+    assert!(!classic.contains("# EOF"));
+    let (_, content_type, open) = get(Format::OpenMetrics);
+    assert!(content_type.starts_with("application/openmetrics-text; version=1.0.0"));
+    assert!(open.contains("# TYPE picnic_vm_rx_packets counter\n"));
+    assert!(open.ends_with("# EOF\n"));
+    // The same samples in both.
+    let samples = |t: &str| {
+        let mut v: Vec<String> = t
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(String::from)
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(samples(&classic), samples(&open));
+    // No unit but seconds and bytes in a name.
+    for bad in ["_ns", "_us", "_bps", "_ms"] {
+        assert!(
+            !classic
+                .lines()
+                .any(|l| l.split(['{', ' ']).next().unwrap().contains(bad)),
+            "a name with {bad}"
+        );
+    }
+}
+
+#[test]
+fn the_ingress_wait_histogram_counts_every_frame_delivered_through_the_queue() {
+    let (_, _, text) = get(&shared(), "/metrics");
+    let blue1 = "{tenant=\"blue\",vm=\"blue1\"}";
+    let count = sample(
+        &text,
+        &format!("picnic_vm_ingress_wait_seconds_count{blue1}"),
+    );
+    let delivered = sample(&text, &format!("picnic_vm_rx_packets_total{blue1}"));
+    assert!(delivered > 0.0);
+    assert_eq!(count, delivered);
+    let inf = "{le=\"+Inf\",tenant=\"blue\",vm=\"blue1\"}";
+    assert_eq!(
+        sample(
+            &text,
+            &format!("picnic_vm_ingress_wait_seconds_bucket{inf}")
+        ),
+        count
+    );
+    // Cumulative buckets never fall; the sum lies within what the buckets allow.
+    let buckets: Vec<(f64, f64)> = text
+        .lines()
+        .filter(|l| l.starts_with("picnic_vm_ingress_wait_seconds_bucket{le="))
+        .filter(|l| l.contains(",tenant=\"blue\",vm=\"blue1\"}"))
+        .filter_map(|l| {
+            let le = l.split("le=\"").nth(1)?.split('"').next()?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, l.rsplit(' ').next()?.parse().ok()?))
+        })
+        .collect();
+    assert_eq!(buckets.len(), 24, "{buckets:?}");
+    assert!(buckets
+        .windows(2)
+        .all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1));
+    let sum = sample(&text, &format!("picnic_vm_ingress_wait_seconds_sum{blue1}"));
+    let upper: f64 = buckets[..23]
+        .iter()
+        .scan(0.0, |prev, &(le, n)| {
+            let here = (n - *prev) * le;
+            *prev = n;
+            Some(here)
+        })
+        .sum();
+    assert_eq!(buckets[22].1, count, "no wait of 4 s or more here");
+    assert!(
+        sum >= 0.0 && sum <= upper,
+        "sum {sum} above the buckets' bound {upper}"
+    );
+}
+
+#[test]
+fn the_classic_exposition_passes_promtool() {
+    let (_, _, text) = get(&shared(), "/metrics");
+    let Some(problems) = promtool_check(&text) else {
+        println!("skipped: promtool not found (Debian's prometheus package; scripts/setup.sh)");
+        return;
+    };
+    assert!(problems.is_empty(), "promtool check metrics:\n{problems}");
+}
+
+/// `promtool check metrics` of `text`: its complaints (empty when it passes); None without
+/// promtool.
+fn promtool_check(text: &str) -> Option<String> {
+    use std::io::Write;
+    use std::process::{Command as Cmd, Stdio};
+    let mut child = Cmd::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .ok()?;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(if out.status.success() {
+        String::new()
+    } else {
+        said
+    })
 }
 
 #[test]

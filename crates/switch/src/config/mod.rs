@@ -60,6 +60,10 @@ pub struct SwitchSection {
     /// which needs `api_token_file`. Off when absent.
     #[serde(default)]
     pub api: Option<String>,
+    /// Read-only Prometheus endpoint, TCP "ADDR:PORT" (e.g. "127.0.0.1:9464"): `GET /metrics`
+    /// only, no token (it changes nothing). Off when absent.
+    #[serde(default)]
+    pub metrics: Option<String>,
     /// File mode of the API's Unix socket: 0o600 (root only) or 0o660 (and the group).
     #[serde(default = "default_api_socket_mode")]
     pub api_socket_mode: u32,

@@ -111,6 +111,14 @@ impl Config {
                 Ok(_) => {}
             }
         }
+        if let Some(addr) = &self.switch.metrics {
+            if addr.parse::<std::net::SocketAddr>().is_err() {
+                return Err(err(
+                    "switch.metrics",
+                    format!("'{addr}' is not an IP address and port (127.0.0.1:9464)"),
+                ));
+            }
+        }
         if !matches!(self.switch.api_socket_mode, 0o600 | 0o660) {
             return Err(err(
                 "switch.api_socket_mode",

@@ -370,7 +370,7 @@ fn socket_file(path: &Path) -> Option<(u64, u64)> {
 
 /// Accepts one VMM at a time on `listener` and serves it until it goes, until the port stops.
 fn serve(mut listener: Listener, shared: &Arc<Shared>, name: &str, socket: &Path) {
-    let log = |what: String| eprintln!("picnic switch: vhost-user port '{name}': {what}");
+    let log = |what: String| tracing::info!("vhost-user port '{name}': {what}");
     while !shared.stop.load(Ordering::Acquire) {
         let mem = GuestMem::new(GuestMemoryMmap::new());
         let device = NetDevice {

@@ -415,7 +415,7 @@ impl Switch {
         self.wait_set.reset();
         // Without the eventfd a change waits for the loop's next wake-up (at most 5 ms).
         self.command_wake = command_eventfd()
-            .map_err(|e| eprintln!("picnic switch: warning: live changes wake nobody: {e}"))
+            .map_err(|e| tracing::warn!("live changes wake nobody: {e}"))
             .ok()
             .map(|fd| {
                 Arc::new(CommandWake {
@@ -425,7 +425,7 @@ impl Switch {
             });
         let keeper = self
             .port_keeper()
-            .map_err(|e| eprintln!("picnic switch: warning: the loop opens new ports itself: {e}"))
+            .map_err(|e| tracing::warn!("the loop opens new ports itself: {e}"))
             .ok()
             .cloned();
         CommandSender {
@@ -658,7 +658,7 @@ impl Switch {
         // Each step below costs system calls or threads: only what the change touched.
         if ports_changed {
             if let Err(e) = self.kernel.set_ports(&tenant_ports(&self.ports)) {
-                eprintln!("picnic switch: warning: softirq accounting: {e}");
+                tracing::warn!("softirq accounting: {e}");
             }
         }
         if crate::workers::wants_softirq(&cfg) && !self.kernel.softirq_on() {

@@ -208,8 +208,8 @@ pub fn open_uplinks(cfg: &Config, workers: usize) -> anyhow::Result<Uplinks> {
     let backend = match cfg.uplink.backend {
         Some(backend) => backend,
         None if !crate::ebpf::programs_built() => {
-            eprintln!(
-                "picnic switch: uplink '{ifname}': AF_PACKET (this build has no eBPF programs: \
+            tracing::warn!(
+                "uplink '{ifname}': AF_PACKET (this build has no eBPF programs: \
                  clang was missing; AF_XDP and early drop are off)"
             );
             Backend::AfPacket
@@ -217,8 +217,8 @@ pub fn open_uplinks(cfg: &Config, workers: usize) -> anyhow::Result<Uplinks> {
         None => match open_uplinks_with(cfg, Backend::AfXdp, workers) {
             Ok(uplinks) => return Ok(uplinks),
             Err(e) => {
-                eprintln!(
-                    "picnic switch: uplink '{ifname}': AF_XDP unavailable ({e:#}); using \
+                tracing::warn!(
+                    "uplink '{ifname}': AF_XDP unavailable ({e:#}); using \
                      AF_PACKET (set uplink.backend to choose)"
                 );
                 Backend::AfPacket

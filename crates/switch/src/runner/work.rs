@@ -94,15 +94,13 @@ pub(crate) fn setup_thread(cfg: &Config, cpus: Option<&[usize]>) -> anyhow::Resu
     }
     if let Some(nice) = cfg.switch.nice {
         if let Err(e) = crate::sched::set_thread_nice(nice.into()) {
-            eprintln!(
-                "picnic switch: warning: switch.nice {nice}: {e} (running at the inherited priority)"
-            );
+            tracing::warn!("switch.nice {nice}: {e} (running at the inherited priority)");
         }
     }
     if let Some(us) = cfg.switch.slice_us {
         if let Err(e) = crate::sched::set_thread_slice(us * 1000) {
-            eprintln!(
-                "picnic switch: warning: switch.slice_us {us}: {e} (needs Linux 6.12+; running with the kernel's slice)"
+            tracing::warn!(
+                "switch.slice_us {us}: {e} (needs Linux 6.12+; running with the kernel's slice)"
             );
         }
     }
