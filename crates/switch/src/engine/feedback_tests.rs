@@ -403,13 +403,7 @@ fn with_the_fast_path_a_destination_limiter_holds_no_burst_across_the_hand_overs
     // Still queued: nothing to release, the VM stays with the engines.
     let slot = h1.port_of("a1");
     assert!(h1.engine.fast_path_resumes_tx(slot).is_empty());
-    let a2 = h1
-        .engine
-        .dir
-        .vms
-        .iter()
-        .position(|v| v.name == "a2")
-        .unwrap() as u32;
+    let a2 = h1.vm("a2") as u32;
     // The limiter sends them out at 100 Mb/s (2.4 ms).
     for ms in 1..=5 {
         h1.poll(Instant::from_nanos(ms * 1_000_000));
@@ -433,13 +427,7 @@ fn a_destination_limiter_that_overflowed_is_overflowing_until_its_queue_empties(
         UPLINK,
         &feedback_packet(HOST2_IP, 100, 3, 10_000_000, 1, None),
     );
-    let a2 = h1
-        .engine
-        .dir
-        .vms
-        .iter()
-        .position(|v| v.name == "a2")
-        .unwrap();
+    let a2 = h1.vm("a2");
     let frame = udp(A1, A2, IP_A1, IP_A2, 7, 1400);
     let a1 = h1.port_of("a1");
     for _ in 0..200 {

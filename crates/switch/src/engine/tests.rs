@@ -8,7 +8,7 @@ use picnic_core::{Duration, Instant};
 
 use super::{Engine, Work};
 use crate::config::Config;
-use crate::directory::{PortIdx, TenantIdx, UPLINK};
+use crate::directory::{PortIdx, TenantIdx, VmIdx, UPLINK};
 use crate::frame::{Frame, FramePool};
 use crate::stats::DropReason;
 
@@ -146,15 +146,17 @@ impl Host {
         }
         out
     }
-    pub(super) fn drops(&self, vm: &str, r: DropReason) -> u64 {
-        let i = self
-            .engine
+    /// The directory index of VM `vm`.
+    pub(super) fn vm(&self, vm: &str) -> VmIdx {
+        self.engine
             .dir
             .vms
             .iter()
             .position(|v| v.name == vm)
-            .unwrap();
-        self.engine.vm_counters[i].drops.get(r)
+            .unwrap()
+    }
+    pub(super) fn drops(&self, vm: &str, r: DropReason) -> u64 {
+        self.engine.vm_counters[self.vm(vm)].drops.get(r)
     }
 }
 
@@ -532,14 +534,7 @@ fn cpu_fair_ingress_serves_a_light_vm_promptly_beside_an_expensive_flood() {
         h2.take(h2.port_of("a2"));
         h2.take(h2.port_of("b2"));
     }
-    let a2 = h2
-        .engine
-        .dir
-        .vms
-        .iter()
-        .position(|v| v.name == "a2")
-        .unwrap();
-    let wait = &h2.engine.vm_counters[a2].ingress_wait;
+    let wait = &h2.engine.vm_counters[h2.vm("a2")].ingress_wait;
     let p99 = wait.quantile_us(0.99).unwrap();
     assert!(
         p99 <= 256,
