@@ -504,7 +504,7 @@ mod tests {
         shortest_gap: Duration,
     }
 
-    /// An inline engine as `Accel` builds it for accel-hog (one "worker", the loop; 20% of
+    /// An inline engine as `Accel` builds one (one "worker", the loop; 20% of
     /// its time; 20 us jobs; buckets 500 us deep), on a virtual clock: tenant 0 keeps 64
     /// jobs queued, tenant 1 sends one job every 1 ms (an RPC). The caller runs a job
     /// whenever one is admitted, and when told to wait it comes back `late` after the time
