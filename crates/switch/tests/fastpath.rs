@@ -130,13 +130,17 @@ fn with_switch(ns: &Netns, cfg: &str, f: impl FnOnce() + Send) -> Run {
     }
 }
 
-fn testbed() -> Netns {
+/// The namespace with the test's veths, or None (saying why) without root or the programs.
+fn testbed() -> Option<Netns> {
+    if !is_root() || !have_ebpf() {
+        return None;
+    }
     let ns = Netns::new();
     // Switch side / other side: a1, a2 and the uplink to host 2.
     for (a, b) in [("pnfa", "pnfA"), ("pnfb", "pnfB"), ("pnfu", "pnfv")] {
         ns.veth_pair(a, b);
     }
-    ns
+    Some(ns)
 }
 
 fn open(ns: &Netns, ifname: &str) -> AfPacketPort {
@@ -175,10 +179,9 @@ fn send(port: &mut AfPacketPort, pool: &mut FramePool, frames: &[Vec<u8>]) {
 /// engines seeing none of it.
 #[test]
 fn frames_within_their_allocation_take_the_kernel_path_both_ways() {
-    if !is_root() || !have_ebpf() {
+    let Some(ns) = testbed() else {
         return;
-    }
-    let ns = testbed();
+    };
     let cfg = SWITCH.replace("MAX_PPS", "");
     let (mut a1, mut a2, mut h2) = (open(&ns, "pnfA"), open(&ns, "pnfB"), open(&ns, "pnfv"));
     let mut pool = FramePool::new(1024);
@@ -252,10 +255,9 @@ fn frames_within_their_allocation_take_the_kernel_path_both_ways() {
 /// runs dry, and back once its frames have left them; no frame is passed by a later one.
 #[test]
 fn a_vm_over_its_budget_is_handed_over_and_back_in_order() {
-    if !is_root() || !have_ebpf() {
+    let Some(ns) = testbed() else {
         return;
-    }
-    let ns = testbed();
+    };
     // a2 may receive 2,000 frames/s: a burst of 300 at once overruns its bucket in the kernel.
     let cfg = SWITCH.replace("MAX_PPS", "max_pps = 2000");
     let (mut a1, mut a2) = (open(&ns, "pnfA"), open(&ns, "pnfB"));
@@ -334,10 +336,9 @@ fn feedback_in(frames: &[Vec<u8>]) -> Vec<FeedbackOption> {
 /// its engines never saw one of them.
 #[test]
 fn arrivals_in_the_kernel_are_metered_and_fed_back() {
-    if !is_root() || !have_ebpf() {
+    let Some(ns) = testbed() else {
         return;
-    }
-    let ns = testbed();
+    };
     let cfg = SWITCH.replace("MAX_PPS", "");
     let (mut a1, mut h2) = (open(&ns, "pnfA"), open(&ns, "pnfv"));
     let mut pool = FramePool::new(1024);
@@ -375,10 +376,9 @@ fn arrivals_in_the_kernel_are_metered_and_fed_back() {
 /// once; nothing is lost or reordered.
 #[test]
 fn a_destination_held_by_feedback_is_paced_by_the_engines() {
-    if !is_root() || !have_ebpf() {
+    let Some(ns) = testbed() else {
         return;
-    }
-    let ns = testbed();
+    };
     let cfg = SWITCH.replace("MAX_PPS", "");
     let (mut a1, mut h2) = (open(&ns, "pnfA"), open(&ns, "pnfv"));
     let mut pool = FramePool::new(1024);
