@@ -66,8 +66,9 @@ pub struct Scenario {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PicnicSettings {
-    /// Nice value of the switch threads (they share the cores with the tenants here).
-    pub nice: i8,
+    /// Nice value of the switch threads (`switch.nice`). None: the switch's default
+    /// (`picnic_switch::config::default_nice`).
+    pub nice: Option<i8>,
     /// CPUs the switch threads run on; empty: wherever the scheduler puts them.
     pub cpus: Vec<usize>,
     /// CPU the switch of each host is given, in cores: a cgroup quota on its threads, the
@@ -100,7 +101,7 @@ pub struct PicnicSettings {
 impl Default for PicnicSettings {
     fn default() -> Self {
         PicnicSettings {
-            nice: -10,
+            nice: None,
             cpus: Vec::new(),
             cpu_cores: None,
             realtime_priority: None,

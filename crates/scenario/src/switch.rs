@@ -125,7 +125,7 @@ pub fn switch_config(
             frame_pool: 16384,
             batch: 64,
             spin_us: 0,
-            nice: Some(scenario.picnic.nice),
+            nice: scenario.picnic.nice,
             slice_us: (scenario.sched_slice_us > 0 && scenario.picnic.realtime_priority.is_none())
                 .then_some(scenario.sched_slice_us),
             realtime_priority: scenario.picnic.realtime_priority,

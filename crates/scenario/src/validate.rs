@@ -18,7 +18,7 @@ fn check_cpus(cpus: &[usize], online: usize, field: &str) -> Result<()> {
 impl Scenario {
     /// Checks cross-references and ranges; the error names the offending field.
     pub fn validate(&self) -> Result<()> {
-        if !(-20..=19).contains(&self.picnic.nice) {
+        if self.picnic.nice.is_some_and(|n| !(-20..=19).contains(&n)) {
             bail!("field `picnic.nice`: must be in -20..=19");
         }
         let online = std::thread::available_parallelism().map_or(1, |n| n.get());

@@ -18,9 +18,11 @@
  *
  * No reordering (PicNIC 2.1: "shaping never blocks the fast path", but a flow may not pass
  * its own queued frames): every hand-over of a VM's frame bumps its epoch (`vm_state`), and
- * the fast path runs only while the epoch user space granted (`vm_ctl`) is the current one.
- * User space grants it again only once every frame handed over before has left its ring and
- * the VM's queues are empty.
+ * the fast path runs only while the epoch user space granted (`vm_ctl`) is the current one,
+ * or while the kernel itself has resumed the VM at that epoch: at a frame that finds every
+ * frame it handed over let into the socket, and the switch's word (`fp_released`) that it
+ * has taken all of them from the ring and holds nothing of the VM. A VM sending faster than
+ * user space syncs is so handed back without racing it.
  *
  * Token buckets are GCRA (a theoretical arrival time per bucket) so that one compare-and-swap
  * updates them from any CPU; a lost race hands the frame over (never forwards beyond rate). */
@@ -65,6 +67,7 @@ enum {
 	R_OFFLOAD,                   /* GSO, or a partial checksum going to another host */
 	R_GENEVE_OPTIONS,            /* feedback rides on it: the switch reads it */
 	C_TX_DROPPED,                /* beyond a destination's rate while its limiter overflows */
+	C_TX_RESUMED,                /* the kernel handed the VM back itself (see the top) */
 	COUNTERS,
 };
 
@@ -118,6 +121,7 @@ struct state {
 	u64 tx_epoch;
 	u64 rx_epoch;
 	u64 tat[4]; /* tx bytes, tx packets, rx bytes, rx packets */
+	u64 tx_resumed; /* the tx epoch + 1 at which the kernel resumed the VM itself; 0: none */
 };
 
 /* Per port slot: frames handed over (hop), and handed-over frames let into the socket
@@ -196,6 +200,24 @@ struct {
 	__type(value, struct handover);
 } fp_handover SEC(".maps");
 
+/* Per VM slot, written by the switch after a pass that left nothing of the VM in it: the
+ * entries of the VM port's ring it had taken by then (every one handled). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_SLOTS);
+	__type(key, u32);
+	__type(value, u64);
+} fp_released SEC(".maps");
+
+/* Frames dropped beyond each remote destination's rate (`dest.bucket`), so the switch knows
+ * its senders still flood it while its own limiter is empty. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MAX_DEST_BUCKETS);
+	__type(key, u32);
+	__type(value, u64);
+} fp_dest_dropped SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, MAX_SLOTS * COUNTERS);
@@ -271,6 +293,29 @@ static __always_inline int granted(struct ctl *c, struct state *s, u32 flag)
 	return flag == CTL_TX ? c->tx_epoch == s->tx_epoch : c->rx_epoch == s->rx_epoch;
 }
 
+/* Whether a VM user space lets send on the fast path, but has not granted the current epoch,
+ * may resume here: every frame handed over has been let into the socket (`handed == tapped`)
+ * and taken from the ring by a pass after which the switch held nothing of the VM
+ * (`fp_released`). A hand-over since bumps the epoch and ends it. */
+static __always_inline int resumed(struct ctl *c, struct state *s, u32 slot)
+{
+	if (!(c->flags & CTL_TX))
+		return 0;
+	u64 epoch = s->tx_epoch;
+	if (s->tx_resumed == epoch + 1)
+		return 1;
+	struct handover *h = bpf_map_lookup_elem(&fp_handover, &slot);
+	u64 *released = bpf_map_lookup_elem(&fp_released, &slot);
+	if (!h || !released)
+		return 0;
+	u64 tapped = h->tapped;
+	if (h->handed != tapped || *released < tapped)
+		return 0;
+	s->tx_resumed = epoch + 1;
+	count(slot, C_TX_RESUMED, 1);
+	return 1;
+}
+
 /* Frames from a VM's port. */
 static __always_inline long from_vm(struct __sk_buff *skb, struct port *p)
 {
@@ -300,19 +345,23 @@ static __always_inline long from_vm(struct __sk_buff *skb, struct port *p)
 	 * its receiver asked for, EyeQ 3.3): what goes beyond that rate is dropped here, on the
 	 * sender's CPU, before any work (Iron 3.3), as the limiter would drop it after the work
 	 * of handing it over; what is within the rate goes on as below. */
+	/* Super-frames (TCP's) are left to the limiter, which segments and paces them. */
 	int charged = 0;
-	if (d && d->kind == DEST_REMOTE && d->drop_beyond && d->ps_per_byte) {
+	if (d && d->kind == DEST_REMOTE && d->drop_beyond && d->ps_per_byte && !skb->gso_size) {
 		u32 b = d->bucket;
 		u64 *tat = bpf_map_lookup_elem(&fp_dest_tat, &b);
 		if (tat) {
 			if (!gcra(tat, now, (len + ENCAP_LEN) * d->ps_per_byte / 1000, c->burst_ns)) {
+				u64 *dropped = bpf_map_lookup_elem(&fp_dest_dropped, &b);
+				if (dropped)
+					*dropped += 1;
 				count(slot, C_TX_DROPPED, 1);
 				return TC_ACT_SHOT;
 			}
 			charged = 1;
 		}
 	}
-	if (!granted(c, s, CTL_TX))
+	if (!granted(c, s, CTL_TX) && !resumed(c, s, slot))
 		return hand_over(skb, slot, R_NOT_GRANTED, s, 0);
 	if (!d || (d->kind == DEST_REMOTE && d->limited))
 		return hand_over(skb, slot, R_DESTINATION, s, 0);
@@ -339,14 +388,17 @@ static __always_inline long from_vm(struct __sk_buff *skb, struct port *p)
 		return bpf_redirect(d->ifindex, 0);
 	}
 
-	/* Another host: super-frames stay with the switch, which segments them to the underlay's
-	 * MTU. A partial checksum (transmit offload) travels as the skb's offload state: the
-	 * encapsulation flags below keep it valid for the uplink's device (a NIC completes it, a
-	 * veth passes it on), and the receiving host completes it, in its kernel path or from the
-	 * virtio-net header of its AF_PACKET uplink (docs/switch.md "Two paths"). */
-	if (skb->gso_size)
-		return hand_over(skb, slot, R_OFFLOAD, s, 0);
+	/* Another host. Offloads travel as the skb's offload state, kept valid by the
+	 * encapsulation flags below: a super-frame (TSO) becomes a Geneve super-frame, segmented
+	 * when it leaves the uplink (by a NIC, or by the kernel on this CPU: the switch turns a
+	 * virtual uplink's tunnel segmentation off, `port::features`); a partial checksum is
+	 * completed by the uplink's device or by the receiving host, in its kernel path or from
+	 * the virtio-net header of its AF_PACKET uplink (docs/switch.md "Two paths"). A
+	 * super-frame's segments each carry its headers (up to 66 bytes with TCP's options) and
+	 * the encapsulation: that is what the buckets count. */
 	u64 wire = len + ENCAP_LEN;
+	if (skb->gso_size)
+		wire = len + packets * ENCAP_LEN + (packets - 1) * 66;
 	/* The receiver's rate (EyeQ 3.3), then the VM's own buckets: beyond either, the frame
 	 * goes to the switch, whose limiters pace it. */
 	if (d->ps_per_byte && !charged) {
@@ -355,7 +407,7 @@ static __always_inline long from_vm(struct __sk_buff *skb, struct port *p)
 		if (!tat || !gcra(tat, now, wire * d->ps_per_byte / 1000, c->burst_ns))
 			return hand_over(skb, slot, R_TOKENS, s, 0);
 	}
-	if (!within(s, 0, c->tx_ps_per_byte, c->tx_ns_per_packet, c->burst_ns, now, wire, 1))
+	if (!within(s, 0, c->tx_ps_per_byte, c->tx_ns_per_packet, c->burst_ns, now, wire, packets))
 		return hand_over(skb, slot, R_TOKENS, s, 0);
 
 	/* Headers: outer Ethernet, IPv4, UDP, Geneve, then the frame's own Ethernet header. */
@@ -367,7 +419,10 @@ static __always_inline long from_vm(struct __sk_buff *skb, struct port *p)
 	__builtin_memcpy(hdr + 6, d->src_mac, 6);
 	*(u16 *)(hdr + 12) = bswap16(ETH_P_IPV4);
 	u8 *oip = hdr + 14;
+	/* A super-frame's length may not fit: segmentation writes each segment's own. */
 	u32 ip_len = len - 14 + ENCAP_LEN;
+	if (ip_len > 0xffff)
+		ip_len = 0xffff;
 	oip[0] = 0x45;
 	oip[1] = 0;
 	*(u16 *)(oip + 2) = bswap16((u16)ip_len);
@@ -412,7 +467,7 @@ static __always_inline long from_vm(struct __sk_buff *skb, struct port *p)
 		return hand_over(skb, slot, R_OFFLOAD, s, 0);
 	if (bpf_skb_store_bytes(skb, 0, hdr, 64, 0))
 		return TC_ACT_SHOT;
-	count(slot, C_TX_PACKETS, 1);
+	count(slot, C_TX_PACKETS, packets);
 	count(slot, C_TX_BYTES, len);
 	return bpf_redirect(ifindex, 0);
 }

@@ -27,7 +27,7 @@ const CTL_RX: u32 = 2;
 const CTL_RX_DROP: u32 = 4;
 
 /// Counters per slot, in `fastpath.bpf.c`'s order.
-pub const COUNTERS: usize = 13;
+pub const COUNTERS: usize = 14;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -103,6 +103,7 @@ struct State {
     tx_epoch: u64,
     rx_epoch: u64,
     tat: [u64; 4],
+    tx_resumed: u64,
 }
 
 #[repr(C)]
@@ -198,6 +199,8 @@ pub struct KernelFastPath {
     counts: PerCpuArray<MapData, u64>,
     arrivals: PerCpuHashMap<MapData, ArrivalKey, ArrivalCounts>,
     dest_tat: Array<MapData, u64>,
+    released: Array<MapData, u64>,
+    dest_dropped: PerCpuArray<MapData, u64>,
     /// Devices the hop is attached to, by name.
     attached: Vec<String>,
 }
@@ -235,6 +238,10 @@ impl KernelFastPath {
             .map_err(|e| aya_error(e, "fp_arrivals"))?;
         let dest_tat =
             Array::try_from(take("fp_dest_tat")?).map_err(|e| aya_error(e, "fp_dest_tat"))?;
+        let released =
+            Array::try_from(take("fp_released")?).map_err(|e| aya_error(e, "fp_released"))?;
+        let dest_dropped = PerCpuArray::try_from(take("fp_dest_dropped")?)
+            .map_err(|e| aya_error(e, "fp_dest_dropped"))?;
         Ok(KernelFastPath {
             bpf,
             ports,
@@ -245,6 +252,8 @@ impl KernelFastPath {
             counts,
             arrivals,
             dest_tat,
+            released,
+            dest_dropped,
             attached: Vec::new(),
         })
     }
@@ -292,7 +301,8 @@ impl KernelFastPath {
             .map_err(|e| aya_error(e, "keeping the gate's link"))
     }
 
-    /// Registers a VM's port device: from then on the hop decides for its frames.
+    /// Registers a VM's port device: from then on the hop decides for its frames. Its slot's
+    /// hand-over counts start again from zero, as its new socket's ring does.
     pub fn set_vm_port(
         &mut self,
         ifindex: u32,
@@ -309,6 +319,10 @@ impl KernelFastPath {
             mac,
             pad: [0; 2],
         };
+        self.handover
+            .set(slot, Handover::default(), 0)
+            .map_err(|e| aya_error(e, "fp_handover"))?;
+        self.release(slot, 0)?;
         self.ports
             .insert(ifindex, entry, 0)
             .map_err(|e| aya_error(e, "fp_ports"))
@@ -426,15 +440,39 @@ impl KernelFastPath {
             .map_err(|e| aya_error(e, "fp_ctl"))
     }
 
-    /// A VM's epochs as the kernel keeps them.
-    pub fn epochs(&self, slot: u32) -> Epochs {
+    /// A VM's epochs as the kernel keeps them, and whether the kernel has resumed the VM's
+    /// frames itself at the current tx epoch (see [`KernelFastPath::release`]).
+    pub fn epochs(&self, slot: u32) -> (Epochs, bool) {
         self.state
             .get(&slot, 0)
-            .map(|s| Epochs {
-                tx: s.tx_epoch,
-                rx: s.rx_epoch,
+            .map(|s| {
+                let epochs = Epochs {
+                    tx: s.tx_epoch,
+                    rx: s.rx_epoch,
+                };
+                (epochs, s.tx_resumed == s.tx_epoch + 1)
             })
             .unwrap_or_default()
+    }
+
+    /// Tells the kernel that the switch has taken `taken` entries of VM port `slot`'s ring
+    /// and, after handling them, holds nothing of the VM: at the next frame that finds every
+    /// frame it handed over taken, the kernel resumes the VM's frames itself (if the VM may
+    /// send on the fast path at all), without waiting for a grant of its current epoch.
+    pub fn release(&mut self, slot: u32, taken: u64) -> io::Result<()> {
+        self.released
+            .set(slot, taken, 0)
+            .map_err(|e| aya_error(e, "fp_released"))
+    }
+
+    /// Frames dropped beyond remote destination `bucket`'s rate so far, summed over CPUs.
+    pub fn destination_dropped(&self, bucket: u32) -> u64 {
+        if bucket as usize >= MAX_DEST_BUCKETS {
+            return 0;
+        }
+        self.dest_dropped
+            .get(&bucket, 0)
+            .map_or(0, |v| v.iter().sum())
     }
 
     /// A port's hand-over counts (`taken` left 0 for the caller to fill).

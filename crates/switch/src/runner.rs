@@ -174,6 +174,8 @@ impl Switch {
             }
         }
         let softirq = crate::workers::wants_softirq(&cfg);
+        let fast_path = cfg.fastpath.kernel && workers <= 1;
+        cfg.switch.nice.get_or_insert(crate::config::default_nice(fast_path));
         let accel = Accel::from_config(&cfg)?;
         let mut switch = Self::with_ports(cfg, engine, ports, clock);
         let kernel = KernelLink::open(early_drop, softirq, &tenant_ports(&switch.ports));

@@ -233,6 +233,9 @@ pub struct FastPathCounters {
     /// Frames of the VM dropped in the kernel before any work: beyond the rate a remote
     /// receiver asked for, while the switch's limiter of that destination overflows.
     pub tx_dropped: u64,
+    /// Times the kernel handed the VM back to the fast path itself, at a frame that found
+    /// every frame it had handed over taken and nothing of the VM held by the switch.
+    pub tx_resumed: u64,
 }
 
 impl FastPathCounters {
@@ -252,6 +255,7 @@ impl FastPathCounters {
             handed_offload: c[10],
             handed_geneve_options: c[11],
             tx_dropped: c[12],
+            tx_resumed: c[13],
         }
     }
 }

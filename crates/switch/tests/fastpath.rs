@@ -428,3 +428,75 @@ fn a_destination_held_by_feedback_is_paced_by_the_engines() {
         "paced, not sent at once: {spread:?}"
     );
 }
+
+/// A VM flooding a destination its receiver holds to 20 Mb/s (a frame within it every
+/// 44 us, faster than the switch syncs): what goes beyond the rate is dropped in the kernel, at the sender, once the
+/// engines' limiter has overflowed, and the kernel hands the VM back to itself (the switch
+/// could never grant an epoch the flood has not moved past), so what is within the rate is
+/// forwarded in the kernel too, in order.
+#[test]
+fn a_flood_beyond_its_destination_rate_is_dropped_at_its_sender_and_the_rest_kept_in_the_kernel() {
+    let Some(ns) = testbed() else {
+        return;
+    };
+    let cfg = SWITCH.replace("MAX_PPS", "");
+    let (mut a1, mut h2) = (open(&ns, "pnfA"), open(&ns, "pnfv"));
+    let mut pool = FramePool::new(4096);
+    let mut got = Vec::new();
+    let run = with_switch(&ns, &cfg, || {
+        let mut batch: Vec<Frame> = Vec::new();
+        let mut next = 0u32;
+        // 600 ms at about 50,000 frames/s, 5 frames every 100 us, twice the rate; feedback
+        // every 20 ms.
+        let start = std::time::Instant::now();
+        let mut fed_back = 0;
+        while start.elapsed() < Duration::from_millis(600) {
+            let ms = start.elapsed().as_millis() as u32;
+            if ms >= fed_back * 20 {
+                fed_back += 1;
+                let fb = FeedbackOption {
+                    dst_endpoint: 3,
+                    rate_bps: 20_000_000,
+                    seq: fed_back,
+                };
+                from_host2(&mut h2, &mut pool, &standalone_feedback(100, fb), &[]);
+            }
+            let burst: Vec<Vec<u8>> = (next..next + 5).map(|i| numbered(1, 3, i)).collect();
+            next += 5;
+            send(&mut a1, &mut pool, &burst);
+            h2.recv_batch(&mut pool, &mut batch, 256).unwrap();
+            for f in batch.drain(..) {
+                if let Ok(t) = decap(f.data()) {
+                    if !t.inner.is_empty() {
+                        got.push(seq(t.inner));
+                    }
+                }
+                pool.put(f);
+            }
+            let until = std::time::Instant::now() + Duration::from_micros(100);
+            while std::time::Instant::now() < until {
+                std::hint::spin_loop();
+            }
+        }
+    });
+    let f = run.a1_fast;
+    println!(
+        "h2 got {} frames; engines saw a1 send {}; kernel {f:?}",
+        got.len(),
+        run.a1_tx_engine
+    );
+    assert!(got.windows(2).all(|w| w[0] < w[1]), "no frame passed an earlier one");
+    // 20 Mb/s of 110 B frames on the wire for 0.6 s is about 13,600 frames.
+    assert!(
+        (8_000..20_000).contains(&got.len()),
+        "about the destination's rate delivered: {}",
+        got.len()
+    );
+    assert!(f.tx_dropped > 5_000, "the flood dropped at the sender: {f:?}");
+    assert!(
+        f.tx_packets > run.a1_tx_engine,
+        "most of what went out went through the kernel: kernel {} engines {}",
+        f.tx_packets,
+        run.a1_tx_engine
+    );
+}

@@ -4,7 +4,7 @@
 //! tenant -> shaped class or admission limiter (own queue each, PicNIC 2.1) or fast path ->
 //! root WFQ over tenants and VMs weighted by min guarantee, capped by max -> encap -> uplink.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use etherparse::{ArpOperation, IpNumber};
 
@@ -14,7 +14,7 @@ use picnic_core::bucket::{Shaper, TokenBucket};
 use picnic_core::eyeq::Sender;
 use picnic_core::pool::TokenCache;
 use picnic_core::wfq::{Cap, CostKind};
-use picnic_core::{Instant, Rate};
+use picnic_core::{Duration, Instant, Rate};
 use picnic_wire::classify::{classify, FrameSummary, Network};
 use picnic_wire::ecn::mark_ce;
 use picnic_wire::ndp;
@@ -65,8 +65,8 @@ pub struct Egress {
     /// limiter here starts without a burst, since the kernel spent it (one budget across
     /// both paths, docs/switch.md "Two paths").
     pub(super) kernel_spends_bursts: bool,
-    /// Destination endpoints whose limiter queue overflowed and has not emptied since.
-    overflowing: BTreeSet<u32>,
+    /// Destination endpoints whose limiter queue overflowed (see [`Overflow`]).
+    overflowing: BTreeMap<u32, Overflow>,
     next_gc: Instant,
     /// Frames picked in one poll, before their outer headers are written, and where each
     /// waited (reused buffers).
@@ -121,6 +121,20 @@ impl Pacer {
 
 /// Queue length of a limiter at which ECN-capable frames are marked CE.
 const ECN_MARK_QUEUE_PACKETS: usize = 16;
+
+/// A destination whose limiter queue overflowed: when that, or the kernel dropping beyond
+/// its rate, was last seen, and the frames the kernel has dropped beyond its rate since it
+/// last overflowed (or its queue was last emptied).
+#[derive(Clone, Copy, Debug, Default)]
+struct Overflow {
+    seen: Instant,
+    kernel_drops: u64,
+}
+
+/// How long a destination stays overflowing after its limiter queue last overflowed or the
+/// kernel last dropped beyond its rate: its senders flood it steadily, so the kernel keeps
+/// dropping at their CPUs rather than handing the flood back to the engines at each lull.
+const OVERFLOW_HOLD: Duration = Duration::from_millis(20);
 
 /// The egress cap of a VM capped at `max`: bytes/s, or with the dominant-resource cost
 /// the same cap in ns of link time per second (a frame costs at least its link time, so the
@@ -227,7 +241,7 @@ impl Egress {
             shapers: BTreeMap::new(),
             shaped_queue_packets: cfg.egress.shaped_queue_packets,
             kernel_spends_bursts: false,
-            overflowing: BTreeSet::new(),
+            overflowing: BTreeMap::new(),
             next_gc: now,
             scratch: Vec::with_capacity(cfg.switch.batch),
             scratch_waited: Vec::with_capacity(cfg.switch.batch),
@@ -350,10 +364,19 @@ impl Egress {
             .any(|(_, s)| !s.is_empty())
     }
 
-    /// Whether a limiter of destination `endpoint` overflowed and has not emptied since: its
-    /// VMs send far beyond the rate its receiver asked for.
+    /// Whether a limiter of destination `endpoint` overflowed and has not been empty, with no
+    /// frame dropped beyond its rate in the kernel, for [`OVERFLOW_HOLD`]: its VMs send far
+    /// beyond the rate its receiver asked for.
     pub(super) fn destination_overflowing(&self, endpoint: u32) -> bool {
-        self.overflowing.contains(&endpoint)
+        self.overflowing.contains_key(&endpoint)
+    }
+
+    /// The kernel dropped `frames` beyond `endpoint`'s rate: it stays overflowing.
+    pub(super) fn still_overflowing(&mut self, endpoint: u32, now: Instant, frames: u64) {
+        if let Some(o) = self.overflowing.get_mut(&endpoint) {
+            o.seen = now;
+            o.kernel_drops += frames;
+        }
     }
 
     /// Forgets `vm`'s limiters of destinations with nothing queued, as its frames go back to
@@ -563,10 +586,10 @@ impl Engine {
                         }
                     }
                     Err(item) => {
+                        self.drop_frame(now, pool, item.0, Some(vm), DropReason::ShapedQueueFull);
                         if let ShapeKey::Destination(d) = key {
-                            eg.overflowing.insert(d);
+                            self.destination_overflowed(now, d);
                         }
-                        self.drop_frame(now, pool, item.0, Some(vm), DropReason::ShapedQueueFull)
                     }
                 };
             }
@@ -583,6 +606,42 @@ impl Engine {
         }
     }
 
+    /// Destination `d`'s limiter queue overflowed: it becomes (or stays) overflowing, and
+    /// with the fast path the kernel drops what goes beyond its rate (Iron 3.3), handing
+    /// over only what is within it.
+    fn destination_overflowed(&mut self, now: Instant, d: u32) {
+        let o = self.egress.overflowing.entry(d).or_default();
+        o.seen = now;
+        o.kernel_drops = 0;
+    }
+
+    /// Empties the limiter queues of overflowing destinations the kernel has dropped at
+    /// least a queue's worth of frames to since they last overflowed: a flood (TCP's
+    /// super-frames are not dropped there, and TCP backs off first). What such a queue holds
+    /// was sent within the rate alone and would never drain (it drains at that rate while
+    /// the kernel keeps handing over that much); dropped, its senders hold nothing here and
+    /// the kernel can resume them (`fastpath.bpf.c`'s `resumed`), forwarding within the
+    /// rate on their own CPUs.
+    fn flush_flooded_destinations(&mut self, now: Instant, pool: &mut FramePool) {
+        let eg = &mut self.egress;
+        let cap = eg.shaped_queue_packets as u64;
+        let mut flushed = Vec::new();
+        for (&d, o) in eg.overflowing.iter_mut() {
+            if o.kernel_drops < cap {
+                continue;
+            }
+            o.kernel_drops = 0;
+            for ((vm, key), shaper) in eg.shapers.iter_mut() {
+                if *key == ShapeKey::Destination(d) {
+                    flushed.extend(shaper.drain().map(|item| (*vm, item.0)));
+                }
+            }
+        }
+        for (vm, frame) in flushed {
+            self.drop_frame(now, pool, frame, Some(vm), DropReason::ShapedQueueFull);
+        }
+    }
+
     /// Serves shaped queues as their rates allow, then the root WFQ as the uplink allows.
     pub(super) fn egress_poll(
         &mut self,
@@ -590,6 +649,9 @@ impl Engine {
         budget: usize,
         pool: &mut FramePool,
     ) -> usize {
+        if !self.egress.overflowing.is_empty() {
+            self.flush_flooded_destinations(now, pool);
+        }
         let mut picked = std::mem::take(&mut self.egress.scratch);
         let mut waited = std::mem::take(&mut self.egress.scratch_waited);
         let encap_len = self.encap_len;
@@ -621,10 +683,11 @@ impl Engine {
         }
         if !eg.overflowing.is_empty() {
             let shapers = &eg.shapers;
-            eg.overflowing.retain(|&d| {
-                shapers
-                    .iter()
-                    .any(|((_, key), s)| *key == ShapeKey::Destination(d) && !s.is_empty())
+            eg.overflowing.retain(|&d, o| {
+                now.saturating_since(o.seen) < OVERFLOW_HOLD
+                    || shapers
+                        .iter()
+                        .any(|((_, key), s)| *key == ShapeKey::Destination(d) && !s.is_empty())
             });
         }
         // Packet-rate guarantees: each such VM's queued frames up to its rate, on top of

@@ -188,6 +188,15 @@ impl Engine {
         self.egress.destination_overflowing(self.dir.vms[vm].id)
     }
 
+    /// The kernel dropped `frames` beyond remote VM `vm`'s rate since the last call (its
+    /// local senders still flood it): its limiter here stays held, though its queue may be
+    /// empty, and is emptied once the kernel has dropped a queue's worth.
+    pub fn kernel_dropped_for(&mut self, vm: VmIdx, now: Instant, frames: u64) {
+        if let Some(endpoint) = self.dir.vms.get(vm).map(|v| v.id) {
+            self.egress.still_overflowing(endpoint, now, frames);
+        }
+    }
+
     /// What the kernel forwarded from the uplink to local VMs since the last call, metered by
     /// the EyeQ receivers as the frames the engines read are (EyeQ 3.2), with the feedback
     /// their sampling asks for sent now. Every VM is first marked as receiving until its

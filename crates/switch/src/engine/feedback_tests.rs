@@ -9,7 +9,7 @@ use picnic_wire::overlay::{encap, OuterHeaders};
 use super::feedback::{FeedbackAuthState, MAX_FEEDBACK_BPS};
 use super::tests::{carry, udp, Host, A1, A2, IP_A1, IP_A2};
 use crate::directory::UPLINK;
-use crate::stats::FeedbackRejects;
+use crate::stats::{DropReason, FeedbackRejects};
 
 const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
 /// The wall clock at the engines' zero in these tests: 2026-01-01.
@@ -460,4 +460,74 @@ fn a_destination_limiter_that_overflowed_is_overflowing_until_its_queue_empties(
         h1.take(UPLINK);
     }
     assert!(!h1.engine.destination_overflowing(a2));
+}
+
+/// A flood held by the kernel: the destination stays overflowing while the kernel drops
+/// beyond its rate, though the limiter here is empty, and once the kernel has dropped a
+/// queue's worth the limiter's queue is emptied (what it holds was sent within the rate
+/// alone and would never drain), so its senders can go back to the kernel. Without kernel
+/// drops (TCP's super-frames are not dropped there) the queue is left alone.
+#[test]
+fn a_flooded_destination_stays_held_while_the_kernel_drops_and_its_queue_is_emptied() {
+    for kernel_drops in [false, true] {
+        let mut h1 = Host::new(1, 1000);
+        let feedback = |h1: &mut Host, now: Instant, seq: u32| {
+            let f = feedback_packet(HOST2_IP, 100, 3, 10_000_000, seq, None);
+            h1.inject(now, UPLINK, &f);
+        };
+        let t = Instant::ZERO;
+        feedback(&mut h1, t, 1);
+        let (a1, a2) = (h1.vm("a1"), h1.vm("a2"));
+        let frame = udp(A1, A2, IP_A1, IP_A2, 7, 1400);
+        let port = h1.port_of("a1");
+        for _ in 0..300 {
+            h1.inject(t, port, &frame);
+        }
+        h1.poll(t);
+        h1.take(UPLINK);
+        assert!(h1.engine.destination_overflowing(a2), "300 frames overflow its 256");
+        let queued = h1.engine.egress.queue_len(a1);
+        assert!(queued >= 250, "{queued} queued");
+        if kernel_drops {
+            h1.engine.kernel_dropped_for(a2, t, 255);
+            h1.poll(t);
+            assert_eq!(h1.engine.egress.queue_len(a1), queued, "not yet a queue's worth");
+        }
+        let lost = h1.drops("a1", DropReason::ShapedQueueFull);
+        if kernel_drops {
+            h1.engine.kernel_dropped_for(a2, t, 1);
+        }
+        h1.poll(t);
+        let lost = h1.drops("a1", DropReason::ShapedQueueFull) - lost;
+        let left = h1.engine.egress.queue_len(a1);
+        if kernel_drops {
+            assert_eq!((lost, left), (queued as u64, 0), "emptied");
+        } else {
+            assert_eq!((lost, left), (0, queued), "left alone");
+        }
+        // The kernel keeps dropping until 1 s; the queue drains at 10 Mb/s within 0.3 s.
+        let mut held_until = 0;
+        for ms in 1..=1100u64 {
+            let now = Instant::from_nanos(ms * 1_000_000);
+            if ms % 50 == 0 {
+                feedback(&mut h1, now, 1 + ms as u32 / 50);
+            }
+            if kernel_drops && ms <= 1000 {
+                h1.engine.kernel_dropped_for(a2, now, 10);
+            }
+            h1.poll(now);
+            h1.take(UPLINK);
+            if h1.engine.destination_overflowing(a2) {
+                held_until = ms;
+            }
+        }
+        assert_eq!(h1.engine.egress.queue_len(a1), 0);
+        if kernel_drops {
+            // Held 20 ms past the kernel's last drop.
+            assert_eq!(held_until, 1019);
+        } else {
+            // Released once the queue drained (the last overflow was long before).
+            assert!((100..400).contains(&held_until), "held until {held_until} ms");
+        }
+    }
 }

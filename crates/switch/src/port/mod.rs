@@ -14,6 +14,7 @@
 
 mod afpacket;
 mod afxdp;
+pub(crate) mod features;
 mod memory;
 mod queues;
 pub(crate) mod sys;

@@ -61,7 +61,7 @@ struct EthtoolDrvinfo {
 const ETHTOOL_GDRVINFO: u32 = 0x3;
 
 /// A datagram socket to ask interface ioctls on (any socket of the namespace will do).
-fn ioctl_socket() -> io::Result<OwnedFd> {
+pub(super) fn ioctl_socket() -> io::Result<OwnedFd> {
     // SAFETY: socket(2) takes no pointers; a non-negative return is ours.
     let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if raw < 0 {
@@ -92,6 +92,19 @@ pub fn tap_state(ifname: &str) -> io::Result<TapState> {
     }
     // SAFETY: the kernel filled `ifru_flags` for SIOCGIFFLAGS.
     let up = unsafe { ifr.ifr_ifru.ifru_flags } & libc::IFF_UP as libc::c_short != 0;
+    // No driver information (e.g. loopback): certainly not a TAP.
+    match driver_info(ifname) {
+        Some(info) if c_str(&info.driver) == b"tun" && c_str(&info.bus_info) == b"tap" => {
+            Ok(TapState::Tap { up })
+        }
+        _ => Ok(TapState::NotTap),
+    }
+}
+
+/// Interface `ifname`'s driver information (ETHTOOL_GDRVINFO); None if it has none.
+fn driver_info(ifname: &str) -> Option<EthtoolDrvinfo> {
+    let cname = ifname_cstring(ifname).ok()?;
+    let sock = ioctl_socket().ok()?;
     // SAFETY: all-zero bytes are a valid EthtoolDrvinfo (plain C data).
     let mut info: EthtoolDrvinfo = unsafe { MaybeUninit::zeroed().assume_init() };
     info.cmd = ETHTOOL_GDRVINFO;
@@ -100,14 +113,14 @@ pub fn tap_state(ifname: &str) -> io::Result<TapState> {
     // SAFETY: SIOCETHTOOL with ETHTOOL_GDRVINFO writes one ethtool_drvinfo through
     // `ifru_data`, which points at `info`, live for the call.
     if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCETHTOOL, &mut ifr) } < 0 {
-        // No driver information (e.g. loopback): certainly not a TAP.
-        return Ok(TapState::NotTap);
+        return None;
     }
-    if c_str(&info.driver) == b"tun" && c_str(&info.bus_info) == b"tap" {
-        Ok(TapState::Tap { up })
-    } else {
-        Ok(TapState::NotTap)
-    }
+    Some(info)
+}
+
+/// Whether interface `ifname` is one end of a veth pair.
+pub(super) fn is_veth(ifname: &str) -> bool {
+    driver_info(ifname).is_some_and(|info| c_str(&info.driver) == b"veth")
 }
 
 /// Sets interface `ifname` administratively up.

@@ -66,6 +66,13 @@ pub(crate) struct FastPathLink {
     /// VMs' receive buckets, may have moved (written at most every [`RATES_EVERY`] for that).
     metered: bool,
     next_rates: Instant,
+    /// Per port slot: the ring entries last released to the kernel (`KernelFastPath::release`)
+    /// and the tx epoch at which the kernel's own resumption of the VM was last seen.
+    released: Vec<Option<u64>>,
+    resumed_at: Vec<Option<u64>>,
+    /// Frames the kernel had dropped beyond each held destination's rate (by bucket), at the
+    /// last refresh.
+    dest_dropped: HashMap<u32, u64>,
 }
 
 impl FastPathLink {
@@ -94,15 +101,24 @@ impl FastPathLink {
             last_read: now,
             metered: false,
             next_rates: now,
+            released: Vec::new(),
+            resumed_at: Vec::new(),
+            dest_dropped: HashMap::new(),
         };
-        link.refresh(engine, ports)?;
+        link.refresh(engine, ports, now)?;
         engine.link_fast_path();
         Ok(link)
     }
 
     /// Registers ports opened and forgets ports closed since the last call, and brings the
     /// destinations up to date.
-    fn refresh(&mut self, engine: &Engine, ports: &[Option<Box<dyn Port>>]) -> io::Result<()> {
+    fn refresh(
+        &mut self,
+        engine: &mut Engine,
+        ports: &[Option<Box<dyn Port>>],
+        now: Instant,
+    ) -> io::Result<()> {
+        self.note_destination_drops(engine, now);
         self.registered
             .resize(ports.len().max(self.registered.len()), None);
         let dir = &engine.dir;
@@ -125,6 +141,7 @@ impl FastPathLink {
                         self.kernel.attach_socket(fd)?;
                     }
                     if slot == 0 {
+                        crate::port::features::segment_tunnels_in_software(p.name())?;
                         self.kernel.set_uplink(index, host_mac)?;
                     } else if let Some(v) = vm {
                         let vm = &dir.vms[v];
@@ -140,6 +157,9 @@ impl FastPathLink {
                     self.kernel.remove_port(index);
                     self.registered[slot] = None;
                     self.handback.forget(slot as u32);
+                    if let Some(r) = self.released.get_mut(slot) {
+                        *r = None;
+                    }
                 }
                 _ => {}
             }
@@ -195,6 +215,28 @@ impl FastPathLink {
         }
         self.destinations = want;
         Ok(())
+    }
+
+    /// Tells the engine which held destinations the kernel still drops frames to (their
+    /// senders still flood them), so it keeps them held.
+    fn note_destination_drops(&mut self, engine: &mut Engine, now: Instant) {
+        let held: Vec<u32> = self
+            .destinations
+            .values()
+            .filter_map(|d| match d {
+                Destination::Remote {
+                    limit: Some(l), ..
+                } if l.drop_beyond => Some(l.bucket),
+                _ => None,
+            })
+            .collect();
+        for bucket in held {
+            let dropped = self.kernel.destination_dropped(bucket);
+            let before = self.dest_dropped.insert(bucket, dropped).unwrap_or(0);
+            if dropped > before {
+                engine.kernel_dropped_for(bucket as usize, now, dropped - before);
+            }
+        }
     }
 
     /// Before a pass: what the kernel forwarded to local VMs since the last read, metered by
@@ -258,7 +300,7 @@ impl FastPathLink {
     ) -> io::Result<()> {
         if now >= self.next_refresh {
             self.next_refresh = now + REFRESH_EVERY;
-            self.refresh(engine, ports)?;
+            self.refresh(engine, ports, now)?;
         }
         let rates_due = self.metered && now >= self.next_rates;
         if !(busy || self.pending || rates_due) || now < self.next_sync {
@@ -285,8 +327,27 @@ impl FastPathLink {
             {
                 continue;
             }
-            let epochs = self.kernel.epochs(want.slot);
-            let resumed = !self.handback.in_force(want.slot, epochs);
+            let slot = want.slot as usize;
+            let (epochs, kernel_resumed) = self.kernel.epochs(want.slot);
+            if self.released.len() <= slot {
+                self.released.resize(slot + 1, None);
+                self.resumed_at.resize(slot + 1, None);
+            }
+            // The kernel resumed the VM itself: its limiters here are done, as at a hand-back
+            // (its destinations' kernel buckets already pace it).
+            if kernel_resumed && self.resumed_at[slot] != Some(epochs.tx) {
+                self.resumed_at[slot] = Some(epochs.tx);
+                engine.fast_path_resumes_tx(slot);
+            }
+            // Nothing of the VM held here after every entry taken so far: the kernel may
+            // resume it at its next frame (a VM sending faster than this loop syncs never
+            // meets a grant of its current epoch).
+            let taken = self.rings.get(slot).map_or(0, |r| r.taken);
+            if want.tx && want.idle && self.released[slot] != Some(taken) {
+                self.kernel.release(want.slot, taken)?;
+                self.released[slot] = Some(taken);
+            }
+            let resumed = !self.handback.in_force(want.slot, epochs) && !kernel_resumed;
             if let Step::Write(grant) = self.handback.step(*want, epochs, &self.rings) {
                 if resumed && grant.want.tx {
                     // Back from the engines: one budget per destination across both paths.
