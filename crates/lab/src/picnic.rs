@@ -334,8 +334,9 @@ fn summary_lines(snap: &Snapshot) -> Vec<String> {
         .vms
         .iter()
         .map(|v| {
+            let k = &v.counters.fast_path;
             format!(
-                "{:<10} tx {:>8} rx {:>8} cost {:>6.1} ms ingress wait p99 < {} us limits {:?} waited in limiter {} drops [{}]",
+                "{:<10} tx {:>8} rx {:>8} cost {:>6.1} ms ingress wait p99 < {} us limits {:?} waited in limiter {} drops [{}] kernel tx {} rx {} dropped {} handed over {} (tokens {}, offload {}) resumed {}",
                 v.name,
                 v.counters.tx_packets,
                 v.counters.rx_packets,
@@ -343,7 +344,20 @@ fn summary_lines(snap: &Snapshot) -> Vec<String> {
                 v.counters.ingress_wait.quantile_us(0.99).unwrap_or(0),
                 v.applied_limits.iter().map(|(d, r)| (*d, r / 1_000_000)).collect::<Vec<_>>(),
                 v.counters.waited_limiter,
-                drops(&v.counters.drops)
+                drops(&v.counters.drops),
+                k.tx_packets,
+                k.rx_packets,
+                k.tx_dropped + k.rx_dropped,
+                k.handed_not_granted
+                    + k.handed_tokens
+                    + k.handed_not_unicast_ipv4
+                    + k.handed_spoofed
+                    + k.handed_destination
+                    + k.handed_offload
+                    + k.handed_geneve_options,
+                k.handed_tokens,
+                k.handed_offload,
+                k.tx_resumed,
             )
         })
         .collect();
