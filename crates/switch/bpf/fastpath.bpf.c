@@ -50,6 +50,7 @@
 #define CTL_TX 1      /* the VM's frames may take the fast path (from its port) */
 #define CTL_RX 2      /* frames to the VM may take the fast path (to its port) */
 #define CTL_RX_DROP 4 /* frames to the VM are dropped before any work (Iron, max_pps) */
+#define CTL_TX_DROP 8 /* frames from the VM are dropped before any work (Iron: over its CPU) */
 
 /* Counters per slot (per CPU), in this order; reasons of a hand-over from REASON_BASE. */
 enum {
@@ -66,7 +67,8 @@ enum {
 	R_DESTINATION,               /* unknown, or limited by feedback (EyeQ) */
 	R_OFFLOAD,                   /* GSO, or a partial checksum going to another host */
 	R_GENEVE_OPTIONS,            /* feedback rides on it: the switch reads it */
-	C_TX_DROPPED,                /* beyond a destination's rate while its limiter overflows */
+	C_TX_DROPPED,                /* beyond a destination's rate while its limiter overflows,
+				      * or sent while the tenant is over its CPU allocation */
 	C_TX_RESUMED,                /* the kernel handed the VM back itself (see the top) */
 	COUNTERS,
 };
@@ -324,6 +326,11 @@ static __always_inline long from_vm(struct __sk_buff *skb, struct port *p)
 	struct state *s = bpf_map_lookup_elem(&fp_state, &slot);
 	if (!c || !s)
 		return TC_ACT_OK;
+	/* A tenant over its CPU allocation: the switch would not read the frame (Iron 3.3). */
+	if (c->flags & CTL_TX_DROP) {
+		count(slot, C_TX_DROPPED, 1);
+		return TC_ACT_SHOT;
+	}
 	u8 *data = (u8 *)(long)skb->data;
 	u8 *end = (u8 *)(long)skb->data_end;
 	if (data + 34 > end)

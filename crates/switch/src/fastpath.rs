@@ -25,6 +25,7 @@ const DEST_REMOTE: u32 = 2;
 const CTL_TX: u32 = 1;
 const CTL_RX: u32 = 2;
 const CTL_RX_DROP: u32 = 4;
+const CTL_TX_DROP: u32 = 8;
 
 /// Counters per slot, in `fastpath.bpf.c`'s order.
 pub const COUNTERS: usize = 14;
@@ -423,7 +424,8 @@ impl KernelFastPath {
         let w = &grant.want;
         let flags = if w.tx { CTL_TX } else { 0 }
             | if w.rx { CTL_RX } else { 0 }
-            | if w.rx_drop { CTL_RX_DROP } else { 0 };
+            | if w.rx_drop { CTL_RX_DROP } else { 0 }
+            | if w.tx_drop { CTL_TX_DROP } else { 0 };
         let ctl = Ctl {
             flags,
             pad: 0,

@@ -231,7 +231,8 @@ pub struct FastPathCounters {
     /// Handed over: a Geneve frame with options (feedback rides on it).
     pub handed_geneve_options: u64,
     /// Frames of the VM dropped in the kernel before any work: beyond the rate a remote
-    /// receiver asked for, while the switch's limiter of that destination overflows.
+    /// receiver asked for, while the switch's limiter of that destination overflows, or
+    /// sent while its tenant is over its CPU allocation (Iron 3.3).
     pub tx_dropped: u64,
     /// Times the kernel handed the VM back to the fast path itself, at a frame that found
     /// every frame it had handed over taken and nothing of the VM held by the switch.

@@ -37,6 +37,9 @@ pub struct FastPathWant {
     pub rx: bool,
     /// Frames to it are dropped before any work (tenant over its CPU, VM over its `max_pps`).
     pub rx_drop: bool,
+    /// Frames from it are dropped before any work (tenant over its CPU: the engines would
+    /// not read them either, Iron 3.3).
+    pub tx_drop: bool,
     /// Nothing of it is queued in the engines.
     pub idle: bool,
     /// Bucket rates: picoseconds per byte, nanoseconds per packet (0: no bucket).
@@ -96,6 +99,7 @@ impl Engine {
                 tx: plain && vm.shaped.is_empty() && !throttled && !pps_out_debt,
                 rx: plain && !throttled && !pps_in_out,
                 rx_drop: throttled || pps_in_out,
+                tx_drop: throttled,
                 idle: self.egress.queue_len(v) == 0
                     && !self.egress.shaped_backlog(v)
                     && self.ingress.queue_len(v) == 0,
@@ -336,6 +340,7 @@ impl Handback {
             g.want.tx == grant.want.tx
                 && g.want.rx == grant.want.rx
                 && g.want.rx_drop == grant.want.rx_drop
+                && g.want.tx_drop == grant.want.tx_drop
                 && g.epochs == grant.epochs
                 && rates_equal(&g.want, &grant.want)
         });
@@ -459,8 +464,17 @@ mod tests {
         off.tx = false;
         off.rx = false;
         off.rx_drop = true;
+        off.tx_drop = true;
         match h.step(off, e, &ring(0, 0, 0)) {
-            Step::Write(g) => assert!(!g.want.tx && !g.want.rx && g.want.rx_drop),
+            Step::Write(g) => {
+                assert!(!g.want.tx && !g.want.rx && g.want.rx_drop && g.want.tx_drop)
+            }
+            other => panic!("expected a write, got {other:?}"),
+        }
+        // The tenant back within its CPU: its frames are no longer dropped at once.
+        off.tx_drop = false;
+        match h.step(off, e, &ring(0, 0, 0)) {
+            Step::Write(g) => assert!(!g.want.tx_drop && g.want.rx_drop),
             other => panic!("expected a write, got {other:?}"),
         }
     }
