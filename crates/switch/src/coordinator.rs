@@ -183,7 +183,7 @@ impl Switch {
                     std::thread::Builder::new()
                         .name(format!("picnic-w{}", w.index))
                         .spawn_scoped(s, move || {
-                            let r = setup_thread(&cfg, cpus.as_deref())
+                            let r = setup_thread(&cfg, cpus.as_deref(), false)
                                 .and_then(|_| w.run(team, &stop, clock, batch, spin, &mut work));
                             (w, r)
                         })

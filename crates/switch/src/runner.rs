@@ -174,8 +174,6 @@ impl Switch {
             }
         }
         let softirq = crate::workers::wants_softirq(&cfg);
-        let fast_path = cfg.fastpath.kernel && workers <= 1;
-        cfg.switch.nice.get_or_insert(crate::config::default_nice(fast_path));
         let accel = Accel::from_config(&cfg)?;
         let mut switch = Self::with_ports(cfg, engine, ports, clock);
         let kernel = KernelLink::open(early_drop, softirq, &tenant_ports(&switch.ports));
@@ -298,7 +296,11 @@ impl Switch {
         let mut fds = Vec::new();
         let mut idle = IdlePolicy::default();
         self.shared.set_config(self.cfg.clone());
-        setup_thread(&self.cfg, self.cfg.switch.cpus.as_deref())?;
+        setup_thread(
+            &self.cfg,
+            self.cfg.switch.cpus.as_deref(),
+            self.fastpath.is_some(),
+        )?;
         self.cgroups = self.open_cgroups()?;
         let mut quotas = Vec::new();
         self.kernel.set_dataplane_thread();

@@ -456,7 +456,12 @@ impl Accel {
             isolated: cfg.isolation.accel,
             sender_id: cfg.switch.host_id,
             job_work_ns: a.job_work_ns,
-            nice: cfg.switch.nice,
+            // Only a switch with one worker encrypts: the fast path is on if it is asked for.
+            nice: Some(
+                cfg.switch
+                    .nice
+                    .unwrap_or_else(|| crate::config::default_nice(cfg.fastpath.kernel)),
+            ),
             slice_us: cfg.switch.slice_us,
             realtime_priority: cfg.switch.realtime_priority,
         };

@@ -5,7 +5,7 @@ use std::time::Instant as StdInstant;
 use anyhow::Context;
 use picnic_core::Instant;
 
-use crate::config::Config;
+use crate::config::{default_nice, Config};
 use crate::directory::TenantIdx;
 use crate::engine::Work;
 use crate::frame::Frame;
@@ -80,9 +80,14 @@ impl Work for SpinWork {
     }
 }
 
-/// Applies `switch.nice`, `cpus` (the CPUs this thread may use) and `switch.slice_us`, or
+/// Applies `switch.nice` (unset: [`default_nice`] for a thread with or without the kernel
+/// fast path), `cpus` (the CPUs this thread may use) and `switch.slice_us`, or
 /// `switch.realtime_priority`, to the calling dataplane thread.
-pub(crate) fn setup_thread(cfg: &Config, cpus: Option<&[usize]>) -> anyhow::Result<()> {
+pub(crate) fn setup_thread(
+    cfg: &Config,
+    cpus: Option<&[usize]>,
+    fast_path: bool,
+) -> anyhow::Result<()> {
     if let Some(cpus) = cpus {
         crate::sched::set_thread_cpus(cpus).with_context(|| format!("switch.cpus {cpus:?}"))?;
     }
@@ -92,10 +97,9 @@ pub(crate) fn setup_thread(cfg: &Config, cpus: Option<&[usize]>) -> anyhow::Resu
             format!("switch.realtime_priority {priority}: SCHED_FIFO needs CAP_SYS_NICE")
         });
     }
-    if let Some(nice) = cfg.switch.nice {
-        if let Err(e) = crate::sched::set_thread_nice(nice.into()) {
-            tracing::warn!("switch.nice {nice}: {e} (running at the inherited priority)");
-        }
+    let nice = cfg.switch.nice.unwrap_or_else(|| default_nice(fast_path));
+    if let Err(e) = crate::sched::set_thread_nice(nice.into()) {
+        tracing::warn!("switch.nice {nice}: {e} (running at the inherited priority)");
     }
     if let Some(us) = cfg.switch.slice_us {
         if let Err(e) = crate::sched::set_thread_slice(us * 1000) {
