@@ -248,19 +248,41 @@ void OnCongState(ns3::TcpSocketState::TcpCongState_t from, ns3::TcpSocketState::
 }}
 void OnRetx(ns3::Ptr<const ns3::Packet>, const ns3::TcpHeader&, const ns3::Address&,
             const ns3::Address&, ns3::Ptr<const ns3::TcpSocketBase>) {{ retransmissions++; }}
-void WatchNow(ns3::Ptr<ns3::Application> app, uint32_t i) {{
-  ns3::Ptr<ns3::Socket> s = ns3::DynamicCast<ns3::BulkSendApplication>(app)->GetSocket();
+// A sender: connects at its start and writes its bytes as the send buffer frees, never
+// closing (ns-3 3.44's BulkSend closes after its last byte, and a SACK arriving in
+// FIN_WAIT crashed TcpTxBuffer::Update on this case).
+std::vector<ns3::Ptr<ns3::Socket>> sockets;
+std::vector<uint32_t> left;
+void Fill(uint32_t i, ns3::Ptr<ns3::Socket> s) {{
+  while (left[i] > 0) {{
+    uint32_t n = std::min(left[i], s->GetTxAvailable());
+    if (n == 0 || s->Send(ns3::Create<ns3::Packet>(n)) <= 0) break;
+    left[i] -= n;
+  }}
+}}
+void OnConnected(uint32_t i, ns3::Ptr<ns3::Socket> s) {{ Fill(i, s); }}
+void OnSendRoom(uint32_t i, ns3::Ptr<ns3::Socket> s, uint32_t) {{ Fill(i, s); }}
+void StartNow(ns3::Ptr<ns3::Node> node, ns3::Ipv4Address to, uint16_t port, uint32_t i) {{
+  ns3::Ptr<ns3::Socket> s = ns3::Socket::CreateSocket(node, ns3::TcpSocketFactory::GetTypeId());
   s->TraceConnectWithoutContext("Tx", ns3::MakeBoundCallback(&OnTx, i));
   s->TraceConnectWithoutContext("HighestRxAck", ns3::MakeBoundCallback(&OnAck, i));
   s->TraceConnectWithoutContext("CongState", ns3::MakeCallback(&OnCongState));
   s->TraceConnectWithoutContext("Retransmission", ns3::MakeCallback(&OnRetx));
+  s->Bind();
+  s->SetConnectCallback(ns3::MakeBoundCallback(&OnConnected, i),
+                        ns3::MakeNullCallback<void, ns3::Ptr<ns3::Socket>>());
+  s->SetSendCallback(ns3::MakeBoundCallback(&OnSendRoom, i));
+  s->Connect(ns3::InetSocketAddress(to, port));
+  sockets[i] = s;
 }}
-void Watch(ns3::Ptr<ns3::Application> app, uint32_t bytes, ns3::Time at) {{
+void Flow(ns3::Ptr<ns3::Node> node, ns3::Ipv4Address to, uint16_t port, uint32_t bytes, ns3::Time at) {{
   uint32_t i = target.size();
   target.push_back(bytes);
+  left.push_back(bytes);
   first_ns.push_back(-1);
   done_ns.push_back(-1);
-  ns3::Simulator::Schedule(at, &WatchNow, app, i);
+  sockets.push_back(nullptr);
+  ns3::Simulator::Schedule(at, &StartNow, node, to, port, i);
 }}
 void OnRx(ns3::Ptr<const ns3::Packet> p, const ns3::Address&) {{ delivered += p->GetSize(); }}
 void WatchSink(ns3::Ptr<ns3::Application> sink) {{
@@ -382,13 +404,7 @@ def main():
         sink = ns.PacketSinkHelper("ns3::TcpSocketFactory", any_addr.ConvertTo()).Install(hosts.Get(dst))
         sink.Start(ns.NanoSeconds(0))
         probe.WatchSink(sink.Get(0))
-        to = ns.InetSocketAddress(host_addr[dst], port)
-        bulk = ns.BulkSendHelper("ns3::TcpSocketFactory", to.ConvertTo())
-        bulk.SetAttribute("MaxBytes", ns.UintegerValue(size))
-        bulk.SetAttribute("SendSize", ns.UintegerValue(SEGMENT))
-        app = bulk.Install(hosts.Get(src))
-        app.Start(ns.NanoSeconds(start_ns))
-        probe.Watch(app.Get(0), size, ns.NanoSeconds(start_ns + 1))
+        probe.Flow(hosts.Get(src), host_addr[dst], port, size, ns.NanoSeconds(start_ns))
     probe.MarkAt(ns.MilliSeconds(WINDOW_MS[0]), ns.MilliSeconds(WINDOW_MS[1]))
     ns.Simulator.Stop(ns.MilliSeconds(END_MS))
     ns.Simulator.Run()
