@@ -50,7 +50,8 @@ def run(case, args):
         subprocess.run(nice + [args.sim, scen, "--seed", str(args.seed), "--out",
                                os.path.join(d, "sim")], check=False,
                        stdout=subprocess.DEVNULL, stderr=open(os.path.join(d, "sim.log"), "w"))
-    prog = os.path.join(d, "ns3.py")
+    # Not ns3.py: the program would import itself as the ns3 package.
+    prog = os.path.join(d, "program.py")
     subprocess.run([args.sim, "ns3", scen, "--seed", str(args.seed), "--out", prog], check=True)
     res = os.path.join(d, "ns3.json")
     if not os.path.exists(res) or os.path.getsize(res) == 0:

@@ -429,4 +429,4 @@ pub fn run_cli(args: Ns3Args) -> Result<i32> {
 
 #[cfg(test)]
 #[path = "ns3_tests.rs"]
-mod tests;
+pub(crate) mod tests;

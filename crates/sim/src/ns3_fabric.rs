@@ -450,3 +450,7 @@ if __name__ == "__main__":
         flows = flows,
     ))
 }
+
+#[cfg(test)]
+#[path = "ns3_fabric_tests.rs"]
+mod tests;

@@ -364,14 +364,14 @@ start_ms = 10
         assert!(stats
             .flows
             .iter()
-            .all(|(tag, bytes, _)| tag == "shuffle-t" && *bytes == flow_bytes));
+            .all(|f| f.tag == "shuffle-t" && f.bytes == flow_bytes));
         let job = &stats.shuffles[..];
         assert_eq!(job.len(), 1);
         assert_eq!(
             (job[0].job.as_str(), job[0].flows, job[0].completed),
             ("shuffle-t", 12, 12)
         );
-        let last = stats.flows.iter().map(|f| f.2).fold(0.0, f64::max);
+        let last = stats.flows.iter().map(|f| f.fct_us).fold(0.0, f64::max);
         assert_eq!(job[0].completion_ms, Some(last / 1e3));
         assert_eq!(stats.unfinished_flows, 0);
         let row = &w.meas.results[0][1];
