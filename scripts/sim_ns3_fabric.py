@@ -14,6 +14,7 @@ import argparse
 import csv
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -68,6 +69,13 @@ def quantile(xs, q):
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
 
 
+def bootstrap(xs, q, rounds=1000):
+    """The 95% bootstrap interval of quantile q of xs (how well these flows fix it)."""
+    rng = random.Random(1)
+    qs = sorted(quantile([rng.choice(xs) for _ in xs], q) for _ in range(rounds))
+    return qs[int(0.025 * rounds)], qs[int(0.975 * rounds)]
+
+
 def report(case, args):
     d = os.path.join(args.out, case)
     ns3 = json.load(open(os.path.join(d, "ns3.json")))
@@ -92,7 +100,7 @@ def report(case, args):
     print("\n### %s: %d flows, arrivals %d-%d ms" % (case, n, window[0], window[1]))
     print("\ncompleted: simulator %d, ns-3 %d of %d; ns-3 timeouts %d, retransmissions %d\n"
           % (len(sim_flows), len(ns_flows), n, ns3["timeouts"], ns3["retransmissions"]))
-    print("| | simulator | ns-3 | error |\n|---|---|---|---|")
+    print("| | simulator | ns-3 (95% bootstrap interval) | error |\n|---|---|---|---|")
     print("| aggregate throughput, Mb/s | %.1f | %.1f | %s |"
           % (sim_mbps, ns3["aggregate_mbps"], err(sim_mbps, ns3["aggregate_mbps"])))
     for lo, hi, name in BUCKETS:
@@ -101,9 +109,10 @@ def report(case, args):
         mark = "" if min(len(s), len(m)) >= MIN_FLOWS else " (< %d flows)" % MIN_FLOWS
         for q in (0.5, 0.99):
             a, b = quantile(s, q), quantile(m, q)
-            print("| %s p%d slowdown, %d / %d flows%s | %s | %s | %s |"
+            ci = " (%.2f-%.2f)" % bootstrap(m, q) if m else ""
+            print("| %s p%d slowdown, %d / %d flows%s | %s | %s%s | %s |"
                   % (name, q * 100, len(s), len(m), mark,
-                     "%.2f" % a if a else "-", "%.2f" % b if b else "-", err(a, b)))
+                     "%.2f" % a if a else "-", "%.2f" % b if b else "-", ci, err(a, b)))
 
 
 def main():
