@@ -98,8 +98,14 @@ impl Fabric {
         let fwd = self.path(src, dst);
         let back = self.path(dst, src);
         let slowest = fwd.iter().copied().min().unwrap_or(1);
-        let first: u64 = fwd.iter().map(|&r| self.delay_ns + ser_ns(SIM_DATA_FRAME, r)).sum();
-        let ack: u64 = back.iter().map(|&r| self.delay_ns + ser_ns(SIM_ACK_FRAME, r)).sum();
+        let first: u64 = fwd
+            .iter()
+            .map(|&r| self.delay_ns + ser_ns(SIM_DATA_FRAME, r))
+            .sum();
+        let ack: u64 = back
+            .iter()
+            .map(|&r| self.delay_ns + ser_ns(SIM_ACK_FRAME, r))
+            .sum();
         first + (segs - 1) * ser_ns(SIM_DATA_FRAME, slowest) + ack
     }
 
@@ -136,7 +142,9 @@ impl Fabric {
             min_rto_us: sim.min_rto_us,
             dctcp_threshold_kb: match sim.cc {
                 CongestionControl::Dctcp => Some(sim.ecn_threshold_kb.ok_or_else(|| {
-                    anyhow::anyhow!("cc = \"dctcp\" needs sim.ecn_threshold_kb for ns-3's RED marking")
+                    anyhow::anyhow!(
+                        "cc = \"dctcp\" needs sim.ecn_threshold_kb for ns-3's RED marking"
+                    )
                 })?),
                 CongestionControl::NewReno => None,
             },
@@ -161,15 +169,24 @@ impl Fabric {
             }
         }
         for (i, t) in sim.flows.iter().enumerate() {
-            let tenant = s.tenants.iter().find(|x| x.name == t.tenant).expect("validated");
-            let vms: Vec<usize> = tenant.vms.iter().map(|v| host_of(&v.name)).collect::<Result<_>>()?;
+            let tenant = s
+                .tenants
+                .iter()
+                .find(|x| x.name == t.tenant)
+                .expect("validated");
+            let vms: Vec<usize> = tenant
+                .vms
+                .iter()
+                .map(|v| host_of(&v.name))
+                .collect::<Result<_>>()?;
             let sizes = FlowSizes::load(&t.cdf)?;
             // The simulator's arrival rate (world/apps): mean size over load x access rate.
             let mean_gap_ns = sizes.mean() * 8.0 * 1e9 / (t.load * access_bps as f64);
             let (start, stop) = (t.start_ms, t.stop_ms.unwrap_or(s.duration_ms));
             f.window_ms = (f.window_ms.0.min(start), f.window_ms.1.max(stop));
             for src in 0..vms.len() {
-                let mut arrivals = Arrivals::new(seed, i, 0, src, vms.len(), start * 1_000_000, mean_gap_ns);
+                let mut arrivals =
+                    Arrivals::new(seed, i, 0, src, vms.len(), start * 1_000_000, mean_gap_ns);
                 loop {
                     let a = arrivals.next(&sizes);
                     if a.at >= stop * 1_000_000 {
@@ -215,7 +232,9 @@ pub fn generate(spec: &Spec, seed: u64) -> Result<String> {
             if x.reported { "True" } else { "False" }
         );
     }
-    let dctcp = f.dctcp_threshold_kb.map_or("None".into(), |k| k.to_string());
+    let dctcp = f
+        .dctcp_threshold_kb
+        .map_or("None".into(), |k| k.to_string());
     Ok(format!(
         r#"#!/usr/bin/env python3
 """ns-3 program written by `picnic sim ns3` from scenario {name:?} (seed {seed}).

@@ -13,7 +13,10 @@ fn small(stop_ms: u64, load: f64) -> Spec {
     )
     .unwrap()
     .replace("stop_ms = 1250", &format!("stop_ms = {stop_ms}"))
-    .replace("duration_ms = 1350", &format!("duration_ms = {}", stop_ms + 100))
+    .replace(
+        "duration_ms = 1350",
+        &format!("duration_ms = {}", stop_ms + 100),
+    )
     .replace("load = 0.5", &format!("load = {load}"));
     Spec::parse(&text).unwrap()
 }
@@ -23,13 +26,23 @@ fn the_fabric_case_maps_the_topology_and_draws_the_simulators_flows() {
     let spec = small(60, 0.5);
     let f = Fabric::from_spec(&spec, 1).unwrap();
     assert_eq!((f.hosts, f.hosts_per_leaf, f.spines), (16, 4, 2));
-    assert_eq!((f.access_bps, f.nic_bps, f.core_bps), (1_000_000_000, 10_000_000_000, 2_000_000_000));
-    assert_eq!((f.queue_bytes, f.window_ms, f.end_ms), (125_000, (0, 60), 360));
+    assert_eq!(
+        (f.access_bps, f.nic_bps, f.core_bps),
+        (1_000_000_000, 10_000_000_000, 2_000_000_000)
+    );
+    assert_eq!(
+        (f.queue_bytes, f.window_ms, f.end_ms),
+        (125_000, (0, 60), 360)
+    );
     // One segment across leaves alone: four hops out (NIC, two core, access) and the ACK's
     // four back, each the delay plus the frame's serialization.
     let one = 4 * 1000 + 1196 + 5976 * 2 + 11_952 + 4 * 1000 + 109 + 544 * 2 + 1088;
     assert_eq!(f.ideal_ns(0, 4, 1390), one);
-    assert_eq!(f.ideal_ns(0, 4, 2 * 1390), one + 11_952, "the rest at the access rate");
+    assert_eq!(
+        f.ideal_ns(0, 4, 2 * 1390),
+        one + 11_952,
+        "the rest at the access rate"
+    );
     assert!(f.ideal_ns(0, 1, 1390) < one, "within a leaf: two hops");
     // The simulator with the same seed runs exactly these flows (its flows.csv).
     let mut w = World::new(&spec, &Mode::named("picnic-off").unwrap(), 1).unwrap();
@@ -49,9 +62,17 @@ fn the_fabric_case_maps_the_topology_and_draws_the_simulators_flows() {
     assert!(drawn.len() >= 20, "{}", drawn.len());
     assert_eq!(stats.unfinished_flows, 0);
     assert_eq!(ran, drawn);
-    assert_ne!(Fabric::from_spec(&spec, 2).unwrap().flows, f.flows, "the seed draws");
+    assert_ne!(
+        Fabric::from_spec(&spec, 2).unwrap().flows,
+        f.flows,
+        "the seed draws"
+    );
     let p = generate(&spec, 1).unwrap();
-    for line in ["CORE_BPS = 2000000000", "WINDOW_MS = (0, 60)", "SCALE = 1444 / 1494"] {
+    for line in [
+        "CORE_BPS = 2000000000",
+        "WINDOW_MS = (0, 60)",
+        "SCALE = 1444 / 1494",
+    ] {
         assert!(p.contains(line), "{line}");
     }
 }
@@ -77,7 +98,11 @@ fn a_small_fabric_runs_in_ns3_as_in_the_simulator() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("fabric.py");
     std::fs::write(&file, generate(&spec, 1).unwrap()).unwrap();
-    if let Ok(o) = Command::new("python3").args(["-m", "py_compile"]).arg(&file).output() {
+    if let Ok(o) = Command::new("python3")
+        .args(["-m", "py_compile"])
+        .arg(&file)
+        .output()
+    {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     }
     let py = match crate::ns3::tests::ns3_python() {
@@ -111,6 +136,9 @@ fn a_small_fabric_runs_in_ns3_as_in_the_simulator() {
     ns.sort_by(f64::total_cmp);
     sim.sort_by(f64::total_cmp);
     let (a, b) = (sim[sim.len() / 2], ns[ns.len() / 2]);
-    assert!((a / b - 1.0).abs() < 0.1, "median slowdown sim {a} ns-3 {b}");
+    assert!(
+        (a / b - 1.0).abs() < 0.1,
+        "median slowdown sim {a} ns-3 {b}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

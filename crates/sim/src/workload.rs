@@ -145,7 +145,15 @@ pub struct Arrivals {
 
 impl Arrivals {
     /// Source `src` of `vms` VMs of `[[sim.flows]]` number `traffic` in replica `replica`.
-    pub fn new(seed: u64, traffic: usize, replica: u32, src: usize, vms: usize, start_ns: u64, mean_gap_ns: f64) -> Arrivals {
+    pub fn new(
+        seed: u64,
+        traffic: usize,
+        replica: u32,
+        src: usize,
+        vms: usize,
+        start_ns: u64,
+        mean_gap_ns: f64,
+    ) -> Arrivals {
         let place = ((traffic as u64) << 48) ^ ((replica as u64) << 24) ^ src as u64;
         Arrivals {
             rng: SmallRng::seed_from_u64(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ place),
@@ -166,7 +174,11 @@ impl Arrivals {
             }
         };
         let bytes = sizes.sample(&mut self.rng).max(1);
-        Arrival { at: self.at as u64 + 1, dst, bytes }
+        Arrival {
+            at: self.at as u64 + 1,
+            dst,
+            bytes,
+        }
     }
 }
 

@@ -132,7 +132,8 @@ impl World {
                 let mean_gap_ns = sizes.mean() * 8.0 * 1e9 / (f.load * access.bps() as f64);
                 let tag: Arc<str> = Arc::from(f.name.as_str());
                 for src in 0..vms.len() {
-                    let mut arrivals = Arrivals::new(seed, i, r, src, vms.len(), start, mean_gap_ns);
+                    let mut arrivals =
+                        Arrivals::new(seed, i, r, src, vms.len(), start, mean_gap_ns);
                     let next = arrivals.next(&sizes);
                     let app = FlowArrivals {
                         vms: vms.clone(),

@@ -283,8 +283,14 @@ mod tests {
         tagged.record_completion(2010, &mut meas);
         let rec = &meas.flows[..];
         assert_eq!(rec.len(), 1);
-        assert_eq!((rec[0].tag.as_str(), rec[0].bytes, rec[0].fct_us), ("web", 5000, 2.0));
-        assert_eq!((rec[0].src, rec[0].dst, rec[0].start_ns), (vm.host, vm.host, 10));
+        assert_eq!(
+            (rec[0].tag.as_str(), rec[0].bytes, rec[0].fct_us),
+            ("web", 5000, 2.0)
+        );
+        assert_eq!(
+            (rec[0].src, rec[0].dst, rec[0].start_ns),
+            (vm.host, vm.host, 10)
+        );
         assert_eq!(
             meas.transfer_flows_left[&slot], 0,
             "a tagged flow is no transfer's"
