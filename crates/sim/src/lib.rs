@@ -7,6 +7,7 @@
 
 pub mod event;
 pub mod ns3;
+pub mod ns3_fabric;
 pub mod packet;
 pub mod report;
 pub mod spec;
@@ -59,7 +60,7 @@ pub enum SimSub {
     /// Scenario x parameter x seed grid, in-process or on Ray, resumable, merged into one
     /// table with 95% confidence intervals across seeds (docs/sim.md "Sweeps").
     Sweep(sweep::SweepArgs),
-    /// Write an ns-3 program (Python, PyPI's `ns3`) for a single-bottleneck scenario
+    /// Write an ns-3 program (Python, PyPI's `ns3`) for a single-bottleneck or leaf-spine scenario
     /// (docs/sim.md "ns-3").
     Ns3(ns3::Ns3Args),
 }

@@ -1,8 +1,10 @@
 //! `picnic sim ns3 SCENARIO.toml`: writes an ns-3 program (Python, for PyPI's `ns3`
 //! package: `from ns import ns`) from a scenario file, so the same work runs in ns-3 with
-//! nothing tuned by hand for either side (issue 34). Only the single-bottleneck case exists:
+//! nothing tuned by hand for either side (issue 34). Two cases: here the single bottleneck,
 //! `tcp_bulk` and `transfer` (incast) workloads from any hosts to VMs on one receiver host,
-//! whose access link is the bottleneck; everything else is refused with the reason. docs/sim.md "ns-3" has the status.
+//! whose access link is the bottleneck; and a scenario with `[[sim.flows]]`, the leaf-spine
+//! fabric (`ns3_fabric.rs`). Everything else is refused with the reason. docs/sim.md "ns-3"
+//! has the status.
 //!
 //! The mapping: one ns-3 node per scenario host and one for the fabric switch; each sender
 //! host's link to the switch at `sim.nic_mbps`, the switch's port toward the receiver at
@@ -34,12 +36,14 @@ pub const MSS: u32 = 1390;
 /// Arguments of `picnic sim ns3`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Ns3Args {
-    /// Scenario file (single bottleneck: tcp_bulk workloads into one host).
+    /// Scenario file (single bottleneck: tcp_bulk workloads into one host; or a leaf-spine
+    /// fabric with [[sim.flows]]).
     pub scenario: PathBuf,
     /// Where to write the program (default: stdout).
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// ns-3's RngRun (ns-3's own random streams; the scenario's seed does not carry over).
+    /// ns-3's RngRun, and the seed the fabric case's flows are drawn with (the simulator's
+    /// `--seed`).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
 }
@@ -176,6 +180,9 @@ impl Bottleneck {
 
 /// The ns-3 program for `spec`, with ns-3's `RngRun` = `seed`.
 pub fn generate(spec: &Spec, seed: u64) -> Result<String> {
+    if !spec.sim.flows.is_empty() {
+        return crate::ns3_fabric::generate(spec, seed);
+    }
     let b = Bottleneck::from_spec(spec)?;
     let mut p = String::new();
     let _ = writeln!(
@@ -422,4 +429,4 @@ pub fn run_cli(args: Ns3Args) -> Result<i32> {
 
 #[cfg(test)]
 #[path = "ns3_tests.rs"]
-mod tests;
+pub(crate) mod tests;

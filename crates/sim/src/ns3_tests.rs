@@ -98,7 +98,7 @@ fn what_is_not_a_single_bottleneck_is_refused_with_the_reason() {
 }
 
 /// The Python that has ns-3: `$PICNIC_NS3_PYTHON`, else `python3`.
-fn ns3_python() -> std::result::Result<String, String> {
+pub(crate) fn ns3_python() -> std::result::Result<String, String> {
     let py = std::env::var("PICNIC_NS3_PYTHON").unwrap_or_else(|_| "python3".into());
     match Command::new(&py).args(["-c", "from ns import ns"]).output() {
         Ok(o) if o.status.success() => Ok(py),

@@ -135,7 +135,7 @@ fn write(dir: &Path, name: &str, text: &str) -> Result<()> {
 pub fn write_sim_outputs(dir: &Path, stats: &[RunStats]) -> Result<()> {
     write(dir, "sim.json", &serde_json::to_string_pretty(stats)?)?;
     let mut q = String::from("mode,sample,class,quantile,queue_kb\n");
-    let mut f = String::from("mode,tag,bytes,fct_us\n");
+    let mut f = String::from("mode,tag,bytes,fct_us,src,dst,start_ns\n");
     let mut r = String::from("mode,tenant,t_ms,mbps\n");
     for s in stats {
         for (sample, per_class) in [("arrival", &s.queue_kb), ("1ms", &s.queue_sampled_kb)] {
@@ -145,8 +145,12 @@ pub fn write_sim_outputs(dir: &Path, stats: &[RunStats]) -> Result<()> {
                 }
             }
         }
-        for (tag, bytes, fct) in &s.flows {
-            let _ = writeln!(f, "{},{tag},{bytes},{fct:.1}", s.mode);
+        for r in &s.flows {
+            let _ = writeln!(
+                f,
+                "{},{},{},{:.1},{},{},{}",
+                s.mode, r.tag, r.bytes, r.fct_us, r.src, r.dst, r.start_ns
+            );
         }
         for (tenant, bins) in &s.fine_series {
             for (i, b) in bins.iter().enumerate() {
@@ -352,8 +356,8 @@ fn eyeq_plots(dir: &Path, spec: &Spec, stats: &[RunStats]) -> Result<()> {
             let mut fcts: Vec<f64> = s
                 .flows
                 .iter()
-                .filter(|(tag, _, _)| *tag == j.job)
-                .map(|(_, _, us)| us / 1e3)
+                .filter(|r| r.tag == j.job)
+                .map(|r| r.fct_us / 1e3)
                 .collect();
             fcts.sort_by(f64::total_cmp);
             let n = j.flows.max(1) as f64;

@@ -164,8 +164,14 @@ impl TcpSender {
         } else if ack == self.snd_una && self.snd_una < self.high_seq && newly_sacked {
             self.dupacks += 1;
             if self.recovering.is_some() {
-                self.cwnd += 1.0;
-                return self.next_hole();
+                // One segment out per segment that left: a hole's retransmission, else one
+                // new segment through the inflated window (RFC 6675's pipe). Both, as
+                // before 2026-11-29, sent two per duplicate ACK into the congested queue.
+                let hole = self.next_hole();
+                if hole.is_none() {
+                    self.cwnd += 1.0;
+                }
+                return hole;
             } else if self.dupacks == self.dupack_threshold {
                 self.ssthresh = (self.flight() as f64 / 2.0).max(2.0);
                 self.cwnd = self.ssthresh + self.dupack_threshold as f64;
@@ -326,6 +332,29 @@ mod tests {
         assert_eq!(s.on_ack(120, 5, 8, false, 0), Some(5));
         // A second report of segment 8 is not another duplicate: no hole is sent for it.
         assert_eq!(s.on_ack(130, 5, 8, false, 0), None);
+    }
+
+    /// In recovery a duplicate ACK lets one segment out, a hole's retransmission or new
+    /// data: on the leaf-spine case the sender sent both, and lost 15x ns-3's segments.
+    #[test]
+    fn a_duplicate_ack_in_recovery_sends_one_segment_not_two() {
+        let mut s = TcpSender::new(CongestionControl::NewReno, None, 1_000_000);
+        s.cwnd = 20.0;
+        while let Some(q) = s.next_to_send() {
+            s.on_sent(0, q);
+        }
+        // Segments 0 and 1 lost; 2, 3, 4 arrive: fast retransmit of 0.
+        assert_eq!(s.on_ack(10, 0, 2, false, 0), None);
+        assert_eq!(s.on_ack(10, 0, 3, false, 0), None);
+        assert_eq!(s.on_ack(10, 0, 4, false, 0), Some(0));
+        let window = s.cwnd;
+        // The next duplicate ACK retransmits hole 1 and opens no room for new data.
+        assert_eq!(s.on_ack(11, 0, 5, false, 0), Some(1));
+        assert_eq!(s.cwnd, window);
+        s.on_sent(11, 1);
+        // With no hole left, a duplicate ACK inflates the window by the one that left.
+        assert_eq!(s.on_ack(12, 0, 6, false, 0), None);
+        assert_eq!(s.cwnd, window + 1.0);
     }
 
     #[test]

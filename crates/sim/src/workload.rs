@@ -3,7 +3,8 @@
 //! `BYTES CDF` lines.
 
 use anyhow::{bail, Context, Result};
-use rand::Rng;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 
 /// Segment size the standard CDFs are written in (bytes per packet in the originals).
 const CDF_PACKET: f64 = 1460.0;
@@ -114,6 +115,70 @@ impl FlowSizes {
             prev = (s, c);
         }
         prev.0 as u64
+    }
+}
+
+/// One flow of flow-size traffic: when it starts (ns), the destination (an index into the
+/// tenant's VMs) and its bytes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Arrival {
+    /// Start, ns.
+    pub at: u64,
+    /// Destination VM, an index into the tenant's VMs.
+    pub dst: usize,
+    /// Bytes (at least 1).
+    pub bytes: u64,
+}
+
+/// The Poisson arrivals of one source VM: exponential gaps of mean `mean_gap_ns` from
+/// `start`, destinations uniform over the tenant's other VMs, sizes from a CDF. Each source
+/// draws from its own stream, seeded from the run's seed and the source's place, so the
+/// ns-3 generator draws the same flows as a simulation with that seed.
+#[derive(Debug, Clone)]
+pub struct Arrivals {
+    rng: SmallRng,
+    at: f64,
+    mean_gap_ns: f64,
+    src: usize,
+    vms: usize,
+}
+
+impl Arrivals {
+    /// Source `src` of `vms` VMs of `[[sim.flows]]` number `traffic` in replica `replica`.
+    pub fn new(
+        seed: u64,
+        traffic: usize,
+        replica: u32,
+        src: usize,
+        vms: usize,
+        start_ns: u64,
+        mean_gap_ns: f64,
+    ) -> Arrivals {
+        let place = ((traffic as u64) << 48) ^ ((replica as u64) << 24) ^ src as u64;
+        Arrivals {
+            rng: SmallRng::seed_from_u64(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ place),
+            at: start_ns as f64,
+            mean_gap_ns,
+            src,
+            vms,
+        }
+    }
+
+    /// The next flow.
+    pub fn next(&mut self, sizes: &FlowSizes) -> Arrival {
+        self.at += -self.mean_gap_ns * (1.0 - self.rng.gen::<f64>()).ln();
+        let dst = loop {
+            let d = self.rng.gen_range(0..self.vms);
+            if d != self.src {
+                break d;
+            }
+        };
+        let bytes = sizes.sample(&mut self.rng).max(1);
+        Arrival {
+            at: self.at as u64 + 1,
+            dst,
+            bytes,
+        }
     }
 }
 

@@ -28,7 +28,7 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
 pub use self::fabric::LinkClass;
-pub use self::stats::{Conservation, ConvergenceResult, RunStats, ShuffleResult};
+pub use self::stats::{Conservation, ConvergenceResult, FlowRecord, RunStats, ShuffleResult};
 
 use self::apps::{App, TcpParams};
 use self::fabric::Fabric;
@@ -131,7 +131,7 @@ impl World {
             convergence: sim.convergence.clone(),
         };
         let vm_locs: &[HashMap<String, VmLoc>] = &built.vm_locs;
-        world.add_apps(spec, mode.attackers, vm_locs, access)?;
+        world.add_apps(spec, mode.attackers, vm_locs, access, seed)?;
         world.net.queue.push(0, Event::Tick);
         world.net.queue.push(0, Event::Sample);
         Ok(world)

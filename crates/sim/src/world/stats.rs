@@ -115,15 +115,32 @@ pub struct RunStats {
     pub shuffles: Vec<ShuffleResult>,
     /// Convergence measurements of the spec (`[[sim.convergence]]`).
     pub convergence: Vec<ConvergenceResult>,
-    /// Completed flows: (tag, bytes, completion time us); written to flows.csv.
+    /// Completed tagged flows; written to flows.csv.
     #[serde(skip)]
-    pub flows: Vec<(String, u64, f64)>,
+    pub flows: Vec<FlowRecord>,
     /// Flows started but not completed.
     pub unfinished_flows: u64,
     /// Per tenant, received payload bytes per [`FINE_BIN_NS`] bin (all replicas); written
     /// to rates.csv.
     #[serde(skip)]
     pub fine_series: BTreeMap<String, Vec<u64>>,
+}
+
+/// A completed tagged flow (flows.csv).
+#[derive(Clone, Debug, PartialEq)]
+pub struct FlowRecord {
+    /// Its traffic's or shuffle's tag.
+    pub tag: String,
+    /// Payload bytes.
+    pub bytes: u64,
+    /// Completion time (start to the last segment's ACK), us.
+    pub fct_us: f64,
+    /// Sender and receiver hosts (global indices) and the start, ns.
+    pub src: u32,
+    /// See `src`.
+    pub dst: u32,
+    /// See `src`.
+    pub start_ns: u64,
 }
 
 /// Where an application's results go: the lab's result slot `index` of replica `replica`.
@@ -139,8 +156,8 @@ pub(super) struct Measurements {
     pub results: Vec<Vec<WorkloadResult>>,
     /// Per tenant, received payload bytes per [`FINE_BIN_NS`] (all replicas).
     pub fine: Vec<Vec<u64>>,
-    /// Completed tagged flows: (tag, bytes, completion time us).
-    pub flows: Vec<(String, u64, f64)>,
+    /// Completed tagged flows.
+    pub flows: Vec<FlowRecord>,
     /// Flows of each lab `transfer` still sending: its completion is when the last one
     /// finishes, as in the lab.
     pub transfer_flows_left: BTreeMap<Slot, u32>,
@@ -233,18 +250,18 @@ pub(super) fn queue_quantiles(hists: &[Histogram<u64>]) -> BTreeMap<String, Vec<
 }
 
 /// Per shuffle job (flows tagged `shuffle-*`, one tag per flow in `tags`), its flows and
-/// their completion from the completed `flows` (tag, bytes, completion us).
+/// their completion from the completed `flows`.
 pub(super) fn shuffle_results<'a>(
     tags: impl Iterator<Item = &'a str>,
-    flows: &[(String, u64, f64)],
+    flows: &[FlowRecord],
 ) -> Vec<ShuffleResult> {
     let mut jobs: BTreeMap<&str, (u64, Vec<f64>)> = Default::default();
     for tag in tags.filter(|g| g.starts_with("shuffle-")) {
         jobs.entry(tag).or_default().0 += 1;
     }
-    for (tag, _, fct_us) in flows {
-        if let Some(j) = jobs.get_mut(tag.as_str()) {
-            j.1.push(fct_us / 1e3);
+    for f in flows {
+        if let Some(j) = jobs.get_mut(f.tag.as_str()) {
+            j.1.push(f.fct_us / 1e3);
         }
     }
     jobs.into_iter()
@@ -353,14 +370,22 @@ mod tests {
             "web",
         ];
         tags.extend(["shuffle-c"; 4]);
+        let rec = |tag: &str, fct_us| FlowRecord {
+            tag: tag.to_owned(),
+            bytes: 1,
+            fct_us,
+            src: 0,
+            dst: 1,
+            start_ns: 0,
+        };
         let mut flows = vec![
-            ("shuffle-a".to_owned(), 1, 1000.0),
-            ("shuffle-a".to_owned(), 1, 3000.0),
-            ("shuffle-b".to_owned(), 1, 500.0),
-            ("shuffle-a".to_owned(), 1, 2000.0),
-            ("web".to_owned(), 1, 9000.0),
+            rec("shuffle-a", 1000.0),
+            rec("shuffle-a", 3000.0),
+            rec("shuffle-b", 500.0),
+            rec("shuffle-a", 2000.0),
+            rec("web", 9000.0),
         ];
-        flows.extend([4000.0, 1000.0, 3000.0, 2000.0].map(|t| ("shuffle-c".to_owned(), 1, t)));
+        flows.extend([4000.0, 1000.0, 3000.0, 2000.0].map(|t| rec("shuffle-c", t)));
         let jobs = shuffle_results(tags.into_iter(), &flows);
         assert_eq!(jobs.len(), 3, "flows of other tags are no job");
         assert_eq!(

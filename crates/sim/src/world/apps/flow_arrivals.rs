@@ -3,14 +3,12 @@
 
 use std::sync::Arc;
 
-use rand::Rng;
-
 use super::super::host::VmLoc;
 use super::super::stats::Slot;
 use super::super::Net;
 use super::{TcpFlow, TcpParams};
 use crate::event::{Event, Nanos};
-use crate::workload::FlowSizes;
+use crate::workload::{Arrival, Arrivals, FlowSizes};
 
 /// The flow source on VM `vms[src]`.
 pub(in crate::world) struct FlowArrivals {
@@ -18,8 +16,10 @@ pub(in crate::world) struct FlowArrivals {
     pub vms: Arc<Vec<VmLoc>>,
     pub src: usize,
     pub slot: Slot,
-    /// Mean time between arrivals, ns.
-    pub mean_gap_ns: f64,
+    /// The source's arrivals (its own random stream: `workload::Arrivals`).
+    pub arrivals: Arrivals,
+    /// The flow its timer is set for.
+    pub next: Arrival,
     pub sizes: Arc<FlowSizes>,
     pub stop: Nanos,
     /// Tag of the flows in flows.csv.
@@ -27,8 +27,8 @@ pub(in crate::world) struct FlowArrivals {
 }
 
 impl FlowArrivals {
-    /// A flow arrives (app `a`): sets the next arrival and returns the new flow, which runs
-    /// until `end` at the latest.
+    /// The flow `next` arrives (app `a`): sets the timer for the one after it, if before
+    /// `stop`, and returns the new flow, which runs until `end` at the latest.
     pub fn on_timer(
         &mut self,
         a: u32,
@@ -40,17 +40,13 @@ impl FlowArrivals {
         if now >= self.stop {
             return None;
         }
-        let dst = loop {
-            let d = net.rng.gen_range(0..self.vms.len());
-            if d != self.src {
-                break d;
-            }
-        };
-        let bytes = self.sizes.sample(&mut net.rng).max(1);
-        let gap = -self.mean_gap_ns * (1.0 - net.rng.gen::<f64>()).ln();
-        net.queue.push(now + gap as u64 + 1, Event::App(a, 0));
-        let segs = bytes.div_ceil(tcp.mss as u64);
-        let (src, dst) = (self.vms[self.src], self.vms[dst]);
+        let this = self.next;
+        self.next = self.arrivals.next(&self.sizes);
+        if self.next.at < self.stop {
+            net.queue.push(self.next.at.max(now), Event::App(a, 0));
+        }
+        let segs = this.bytes.div_ceil(tcp.mss as u64);
+        let (src, dst) = (self.vms[self.src], self.vms[this.dst]);
         let mut flow = TcpFlow::new(src, dst, self.slot, Some(segs), (now, end), tcp);
         flow.tag = Some(self.tag.clone());
         Some(flow)
@@ -81,52 +77,51 @@ stop_ms = 100
 "#;
 
     #[test]
-    fn each_arrival_starts_a_tagged_flow_to_another_vm_and_sets_the_next() {
+    fn each_arrival_starts_the_sources_next_drawn_flow_and_sets_the_next() {
         let mut w = world(FLOWS, "picnic-off");
         let tcp = w.tcp;
         let sources: Vec<usize> = (0..w.apps.len())
             .filter(|&a| matches!(w.apps[a], App::FlowGen(_)))
             .collect();
         assert_eq!(sources.len(), 3, "one source per VM of the tenant");
-        let before = w.net.queue.processed;
-        for &source in &sources {
+        // Drain the first arrivals the world set, then count the timers each call sets.
+        while w.net.queue.pop().is_some() {}
+        for (i, &source) in sources.iter().enumerate() {
             let a = source as u32;
             let App::FlowGen(g) = &mut w.apps[source] else {
                 unreachable!()
             };
-            let mut seen = std::collections::BTreeSet::new();
-            for i in 0..100 {
-                let now = 10_000_000 + i;
+            // The source's own stream, seed 1, traffic 0, replica 0: what ns-3 is given.
+            let mean_gap = g.sizes.mean() * 8.0 * 1e9 / (0.5 * 1e9);
+            let mut same = Arrivals::new(1, 0, 0, i, 3, 10_000_000, mean_gap);
+            let mut expect = same.next(&g.sizes);
+            assert_eq!(g.next, expect);
+            let (mut seen, mut timers) = (std::collections::BTreeSet::new(), 0);
+            for k in 0..100 {
+                let now = 10_000_000 + k;
                 let flow = g
                     .on_timer(a, now, &mut w.net, &tcp, 999)
                     .expect("before stop");
                 assert_eq!(flow.src.host, g.vms[g.src].host);
-                assert_ne!(flow.dst.host, flow.src.host);
+                assert_eq!(flow.dst.host, g.vms[expect.dst].host);
+                assert_eq!(flow.bytes, expect.bytes.div_ceil(1390) * 1390);
                 seen.insert(flow.dst.host);
                 assert_eq!(flow.tag.as_deref(), Some("web"));
                 assert_eq!((flow.start, flow.stop), (now, 999));
-                assert_eq!(flow.bytes % tcp.mss as u64, 0);
-                assert!(flow.bytes > 0);
+                expect = same.next(&g.sizes);
+                timers += (expect.at < 100_000_000) as usize;
             }
             assert_eq!(seen.len(), 2, "both other VMs drawn");
-            let now = 100_000_000;
+            let mut set = 0;
+            while let Some((t, ev)) = w.net.queue.pop() {
+                assert!(matches!(ev, Event::App(x, 0) if x == a) && t >= 10_000_000);
+                set += 1;
+            }
+            assert_eq!(set, timers, "a timer for each next arrival before the stop");
             assert!(
-                g.on_timer(a, now, &mut w.net, &tcp, 999).is_none(),
+                g.on_timer(a, 100_000_000, &mut w.net, &tcp, 999).is_none(),
                 "stopped"
             );
         }
-        assert_eq!(w.net.queue.processed, before);
-        // Every call before the stop set one next arrival later than its `now` (plus each
-        // source's first arrival, set when the world was built).
-        let mut next = [0; 3];
-        while let Some((t, ev)) = w.net.queue.pop() {
-            if let Event::App(a, 0) = ev {
-                if let Some(i) = sources.iter().position(|&s| s == a as usize) {
-                    assert!(t > 10_000_000, "{t}");
-                    next[i] += 1;
-                }
-            }
-        }
-        assert_eq!(next, [101; 3]);
     }
 }

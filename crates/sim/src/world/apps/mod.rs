@@ -17,7 +17,6 @@ use std::sync::Arc;
 use anyhow::Result;
 use picnic_core::Rate;
 use picnic_scenario::{Protocol, Scenario, Workload, WorkloadKind};
-use rand::Rng;
 
 use self::cpu_burn::CpuBurn;
 use self::flow_arrivals::FlowArrivals;
@@ -29,7 +28,7 @@ use super::{Net, World};
 use crate::event::{Event, Nanos};
 use crate::packet::{Addr, Kind, Meta, Proto};
 use crate::spec::{CongestionControl, Spec};
-use crate::workload::FlowSizes;
+use crate::workload::{Arrivals, FlowSizes};
 
 /// RPC timeout default, ms.
 const RPC_TIMEOUT_MS: u64 = 100;
@@ -98,13 +97,14 @@ impl Net {
 impl World {
     /// Adds every application of the spec, replica by replica (`attackers`: include the
     /// scenario's attack workloads and other tenants' flows and shuffles), each with its
-    /// first timer.
+    /// first timer; flow-size traffic draws from streams of the run's `seed`.
     pub(super) fn add_apps(
         &mut self,
         spec: &Spec,
         attackers: bool,
         vm_locs: &[HashMap<String, VmLoc>],
         access: Rate,
+        seed: u64,
     ) -> Result<()> {
         let sc = &spec.scenario;
         let sim = &spec.sim;
@@ -115,7 +115,7 @@ impl World {
                     self.add_workload(sc, wl, r, locs, spec.sim.flood_pps)?;
                 }
             }
-            for f in &sim.flows {
+            for (i, f) in sim.flows.iter().enumerate() {
                 if !attackers && f.tenant != sc.victim {
                     continue;
                 }
@@ -132,19 +132,24 @@ impl World {
                 let mean_gap_ns = sizes.mean() * 8.0 * 1e9 / (f.load * access.bps() as f64);
                 let tag: Arc<str> = Arc::from(f.name.as_str());
                 for src in 0..vms.len() {
+                    let mut arrivals =
+                        Arrivals::new(seed, i, r, src, vms.len(), start, mean_gap_ns);
+                    let next = arrivals.next(&sizes);
                     let app = FlowArrivals {
                         vms: vms.clone(),
                         src,
                         slot,
-                        mean_gap_ns,
+                        arrivals,
+                        next,
                         sizes: sizes.clone(),
                         stop,
                         tag: tag.clone(),
                     };
-                    let a = self.apps.len() as u32;
-                    self.apps.push(App::FlowGen(app));
-                    let jitter = (self.net.rng.gen::<f64>() * mean_gap_ns) as u64;
-                    self.net.queue.push(start + jitter, Event::App(a, 0));
+                    if next.at < stop {
+                        self.spawn(App::FlowGen(app), next.at);
+                    } else {
+                        self.apps.push(App::FlowGen(app));
+                    }
                 }
             }
             for sh in &sim.shuffles {
@@ -360,14 +365,14 @@ start_ms = 10
         assert!(stats
             .flows
             .iter()
-            .all(|(tag, bytes, _)| tag == "shuffle-t" && *bytes == flow_bytes));
+            .all(|f| f.tag == "shuffle-t" && f.bytes == flow_bytes));
         let job = &stats.shuffles[..];
         assert_eq!(job.len(), 1);
         assert_eq!(
             (job[0].job.as_str(), job[0].flows, job[0].completed),
             ("shuffle-t", 12, 12)
         );
-        let last = stats.flows.iter().map(|f| f.2).fold(0.0, f64::max);
+        let last = stats.flows.iter().map(|f| f.fct_us).fold(0.0, f64::max);
         assert_eq!(job[0].completion_ms, Some(last / 1e3));
         assert_eq!(stats.unfinished_flows, 0);
         let row = &w.meas.results[0][1];

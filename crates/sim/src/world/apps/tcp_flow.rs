@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use super::super::host::{Delivery, VmLoc};
-use super::super::stats::{Measurements, Slot};
+use super::super::stats::{FlowRecord, Measurements, Slot};
 use super::super::Net;
 use super::TcpParams;
 use crate::event::{Event, Nanos};
@@ -184,8 +184,14 @@ impl TcpFlow {
     /// A tagged flow goes to flows.csv; the last flow of a lab transfer completes it.
     fn record_completion(&self, now: Nanos, meas: &mut Measurements) {
         if let Some(tag) = &self.tag {
-            let fct_us = (now - self.start) as f64 / 1e3;
-            meas.flows.push((tag.to_string(), self.bytes, fct_us));
+            meas.flows.push(FlowRecord {
+                tag: tag.to_string(),
+                bytes: self.bytes,
+                fct_us: (now - self.start) as f64 / 1e3,
+                src: self.src.host,
+                dst: self.dst.host,
+                start_ns: self.start,
+            });
         } else if let Some(left) = meas.transfer_flows_left.get_mut(&self.slot) {
             // The lab times the last byte's arrival; its ACK is here half an RTT later.
             *left -= 1;
@@ -275,7 +281,16 @@ mod tests {
         let mut tagged = TcpFlow::new(vm, vm, slot, Some(5), (10, 1000), &tcp);
         tagged.tag = Some("web".into());
         tagged.record_completion(2010, &mut meas);
-        assert_eq!(meas.flows, [("web".to_owned(), 5000, 2.0)]);
+        let rec = &meas.flows[..];
+        assert_eq!(rec.len(), 1);
+        assert_eq!(
+            (rec[0].tag.as_str(), rec[0].bytes, rec[0].fct_us),
+            ("web", 5000, 2.0)
+        );
+        assert_eq!(
+            (rec[0].src, rec[0].dst, rec[0].start_ns),
+            (vm.host, vm.host, 10)
+        );
         assert_eq!(
             meas.transfer_flows_left[&slot], 0,
             "a tagged flow is no transfer's"
