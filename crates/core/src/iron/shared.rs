@@ -227,6 +227,11 @@ impl Slice {
         self.stats
     }
 
+    /// Takes `other`'s counters over (a worker joins new accounts after a live change).
+    pub fn keep_stats(&mut self, other: &Slice) {
+        self.stats = other.stats;
+    }
+
     /// What the slice holds at `now` (nothing left from an earlier period).
     fn held(&mut self, now: Instant, account: &SharedAccount) -> u64 {
         let epoch = account.roll(now);
@@ -261,8 +266,13 @@ impl Slice {
     /// Whether the tenant is throttled: neither this slice nor the account has time left
     /// this period (Algorithm 2 hands out nothing). Looks at the account only when the
     /// slice is empty.
-    pub fn exhausted(&mut self, now: Instant, account: &SharedAccount) -> bool {
-        self.held(now, account) == 0 && account.available(now) == 0
+    pub fn exhausted(&self, now: Instant, account: &SharedAccount) -> bool {
+        let held = if account.roll(now) == self.epoch {
+            self.local
+        } else {
+            0
+        };
+        held == 0 && account.available(now) == 0
     }
 
     /// Decides before any work whether one of the tenant's packets may be processed, as
