@@ -123,7 +123,12 @@ impl SharedAccount {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
                 // Lines 5-7: a positive leftover is not carried. Line 8, once per boundary:
                 // from runtime <= 0, k refills give min(runtime + k * quota, quota).
-                Some(r.saturating_add(gained).min(0).saturating_add(add).min(quota))
+                Some(
+                    r.saturating_add(gained)
+                        .min(0)
+                        .saturating_add(add)
+                        .min(quota),
+                )
             });
     }
 
@@ -169,14 +174,15 @@ impl SharedAccount {
         if want == 0 {
             return from_gained;
         }
-        let from_runtime = match self
-            .runtime
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
-                (r > 0).then(|| r - r.min(want))
-            }) {
-            Ok(r) => r.min(want) as u64,
-            Err(_) => 0,
-        };
+        let from_runtime =
+            match self
+                .runtime
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
+                    (r > 0).then(|| r - r.min(want))
+                }) {
+                Ok(r) => r.min(want) as u64,
+                Err(_) => 0,
+            };
         from_gained + from_runtime
     }
 
@@ -280,7 +286,9 @@ impl Slice {
     /// threshold T a growing fraction dropped once less than T% of the quota is left (this
     /// slice and the account's), by deterministic error diffusion.
     pub fn admit(&mut self, now: Instant, account: &SharedAccount) -> Admission {
-        let left = self.held(now, account).saturating_add(account.available(now));
+        let left = self
+            .held(now, account)
+            .saturating_add(account.available(now));
         if left == 0 {
             self.stats.throttle_drops += 1;
             return Admission::Throttled;
@@ -404,7 +412,11 @@ mod tests {
         assert!(!a.exhausted(at_us(9_999), &shared), "a holds 300 us");
         assert_eq!(shared.available(at_us(10_000)), 1_000_000);
         a.release(at_us(10_001), &shared);
-        assert_eq!(shared.available(at_us(10_001)), 1_000_000, "nothing from period 0");
+        assert_eq!(
+            shared.available(at_us(10_001)),
+            1_000_000,
+            "nothing from period 0"
+        );
     }
 
     /// A new quota mid-period moves this period's runtime by the difference and keeps the

@@ -317,7 +317,11 @@ fn workers_share_a_tenants_iron_account_through_their_slices() {
     assert!(!w0.engine.rx_ready(before, b1, 64) && !w1.engine.rx_ready(before, b1, 64));
     let next = Instant::from_nanos(10_000_000);
     w0.poll(before);
-    assert_eq!(w0.engine.poll_at(), Some(next), "worker 0 wakes for the refill");
+    assert_eq!(
+        w0.engine.poll_at(),
+        Some(next),
+        "worker 0 wakes for the refill"
+    );
     assert!(w0.engine.rx_ready(next, b1, 64) && w1.engine.rx_ready(next, b1, 64));
     let account = budgets.account(1).unwrap();
     assert_eq!(account.available(next), 900_000);

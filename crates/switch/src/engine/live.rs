@@ -237,7 +237,7 @@ impl Engine {
                     Some(iron) => iron,
                     None => self.iron.insert(
                         CpuAccounts::new(now, super::budgets::iron_config(IRON_PERIOD))
-                        .map_err(ierr)?,
+                            .map_err(ierr)?,
                     ),
                 };
                 self.iron_index[idx] = Some(iron.add_tenant(q).map_err(ierr)?);

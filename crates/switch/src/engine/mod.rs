@@ -35,8 +35,8 @@ use std::sync::Arc;
 
 use picnic_core::bucket::TokenBucket;
 use picnic_core::eyeq;
-use picnic_core::iron::CpuAccounts;
 use picnic_core::iron::shared::Slice;
+use picnic_core::iron::CpuAccounts;
 use picnic_core::{Duration, Instant, Rate};
 use picnic_wire::feedback::FeedbackOption;
 use picnic_wire::geneve::standalone_feedback;

@@ -42,7 +42,10 @@ fn a_tenants_softirq_work_is_charged_to_its_cgroup_with_two_workers() {
         .replace("host_id = 1", "host_id = 1\nworkers = 2")
         .replacen(
             "vni = 100\ncpu_quota = 1.0",
-            &format!("vni = 100\ncpu_quota = 0.3\ncgroup = \"{}\"", group.display()),
+            &format!(
+                "vni = 100\ncpu_quota = 0.3\ncgroup = \"{}\"",
+                group.display()
+            ),
             1,
         );
     let cfg = picnic_switch::config::Config::parse(&text).unwrap();
@@ -103,8 +106,14 @@ fn a_tenants_softirq_work_is_charged_to_its_cgroup_with_two_workers() {
         allocation_ns / 1e6
     );
     assert_eq!(restored, 3000, "the allocation is given back at stop");
-    assert!(a.softirq_ns > 20_000_000, "2 s of flood cost > 20 ms of softirq");
-    assert!(a.cpu_charged_ns >= a.softirq_ns, "a's account has its softirq time");
+    assert!(
+        a.softirq_ns > 20_000_000,
+        "2 s of flood cost > 20 ms of softirq"
+    );
+    assert!(
+        a.cpu_charged_ns >= a.softirq_ns,
+        "a's account has its softirq time"
+    );
     assert!(lowest_quota < 3000, "the charges lowered a's cgroup budget");
     // The group's use and the switch's charge, less the softirq run in the group's thread
     // (credited), fill the allocation: within 25% below (the flooder's own slack: it yields
