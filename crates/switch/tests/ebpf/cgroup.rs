@@ -7,6 +7,15 @@ use std::time::Duration;
 use crate::common::{have_ebpf, is_root, Netns};
 use crate::softirq::{flood_from_a1, SWITCH};
 
+/// Sets the switch's stop flag when dropped.
+struct StopOnDrop(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// Tenant a (0.3 cores, a cgroup v1 group) floods from its VM a1 with a thread in its group,
 /// on a switch of two workers. The switch charges a's ports' softirq time and its own work
 /// for a to a's one account, and writes each period's budget as the allocation less that:
@@ -24,7 +33,8 @@ fn a_tenants_softirq_work_is_charged_to_its_cgroup_with_two_workers() {
     }
     let group = root.join(format!("picnic-softirq-cgroup-test-{}", std::process::id()));
     std::fs::create_dir_all(&group).unwrap();
-    let read = |f: &str| -> u64 {
+    // -1 (no limit) while the switch sets the group's period: read as signed.
+    let read = |f: &str| -> i64 {
         std::fs::read_to_string(group.join(f))
             .unwrap()
             .trim()
@@ -64,6 +74,8 @@ fn a_tenants_softirq_work_is_charged_to_its_cgroup_with_two_workers() {
             })
         });
         let (stop, shared, on) = rx.recv().unwrap();
+        // The switch stops even when an assertion below fails (else the scope waits on it).
+        let _stop = StopOnDrop(stop.clone());
         let started = std::time::Instant::now();
         let tasks = group.join("tasks");
         let (vm, flood_for) = (&vm, flood_for);
@@ -76,11 +88,14 @@ fn a_tenants_softirq_work_is_charged_to_its_cgroup_with_two_workers() {
                 picnic_switch::runner::thread_cpu_ns()
             })
         });
-        let mut lowest = u64::MAX;
+        let mut lowest = i64::MAX;
         while started.elapsed() < flood_for {
             std::thread::sleep(Duration::from_millis(3));
             if started.elapsed() > Duration::from_millis(200) {
-                lowest = lowest.min(read("cpu.cfs_quota_us"));
+                lowest = match read("cpu.cfs_quota_us") {
+                    -1 => lowest,
+                    q => lowest.min(q),
+                };
             }
         }
         let flooder_ns = flooder.join().unwrap();
