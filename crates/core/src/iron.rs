@@ -41,6 +41,8 @@
 
 use core::fmt;
 
+pub mod shared;
+
 use crate::time::{Duration, Instant};
 
 /// What the switch must do with a packet of a tenant, decided before any work is done on it.

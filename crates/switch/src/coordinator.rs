@@ -420,25 +420,26 @@ impl Switch {
             .collect()
     }
 
-    /// Iron 3.2 with several workers: each tenant's cgroup gets its allocation minus the switch
-    /// CPU every worker charged to it in the period that ended.
+    /// Iron 3.2 with several workers, as with one loop: each tenant's cgroup gets its
+    /// allocation minus the switch CPU every worker (and the ports' softirq time, charged
+    /// here) charged to its one account in the period that ended, and the softirq work the
+    /// kernel ran in the group's threads is credited ([`crate::runner::refill_cgroups`]).
     fn refill_cgroups(&mut self, team: &Team, charged_before: &mut Vec<u64>) {
         let budgets = team.budgets.load();
         charged_before.resize(budgets.charged.len(), 0);
+        let mut quotas = Vec::new();
         for (t, charged) in budgets.charged.iter().enumerate() {
             let total = charged.load(Ordering::Relaxed);
             let used = total.saturating_sub(charged_before[t]);
             charged_before[t] = total;
             let cores = self.engine.dir.tenants.get(t).and_then(|t| t.cpu_quota);
-            let (Some(Some((_, group))), Some(cores)) = (self.cgroups.get_mut(t), cores) else {
+            let (Some(Some(_)), Some(cores)) = (self.cgroups.get(t), cores) else {
                 continue;
             };
             let allocation = (IRON_PERIOD.as_nanos() as f64 * cores) as u64;
-            let quota = Duration::from_nanos(allocation.saturating_sub(used));
-            if let Err(e) = group.refill(quota, Duration::ZERO) {
-                tracing::warn!("{e:#}");
-            }
+            quotas.push((t, Duration::from_nanos(allocation.saturating_sub(used))));
         }
+        crate::runner::refill_cgroups(&mut self.cgroups, &quotas, &mut self.kernel);
     }
 
     /// The workers and their VMs, for the start-up report ([`Switch::describe_ports`]).

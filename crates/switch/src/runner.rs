@@ -47,7 +47,7 @@ pub use work::{thread_cpu_ns, Clock, SpinWork};
 /// Writes each tenant group's budget for the Iron period starting now, crediting what the
 /// kernel ran of the ports' softirq work in the group's threads (Iron's Algorithm 2; the
 /// switch charges that work to the ports' tenants).
-fn refill_cgroups(
+pub(crate) fn refill_cgroups(
     cgroups: &mut [Option<(std::path::PathBuf, CpuQuota)>],
     quotas: &[(TenantIdx, Duration)],
     kernel: &mut KernelLink,

@@ -1,18 +1,23 @@
 //! What the engines of several workers draw from together (docs/switch.md "Workers",
-//! [`crate::workers`]): the tenants' CPU budgets (Iron 3.2) and the uplink's pacing bucket,
-//! each a lock-free [`SharedBucket`] every worker borrows from through its own
-//! [`TokenCache`] (EyeQ 4's per-CPU token counts, FairNIC 4.4's per-core caches). Plain
-//! shared state without I/O: the coordinator builds it, each worker's engine draws from it.
+//! [`crate::workers`]): the tenants' CPU accounts (Iron 3.2: one [`SharedAccount`] per tenant
+//! for the whole host, refilled per period by Algorithm 1, from which each worker takes
+//! slices of its own, CFS's `rt_remain`) and the uplink's pacing bucket (a lock-free
+//! [`SharedBucket`] every worker borrows from through its own [`picnic_core::pool::TokenCache`], EyeQ 4's
+//! per-CPU token counts). Plain shared state without I/O: the coordinator builds it, each
+//! worker's engine draws from it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use picnic_core::pool::{SharedBucket, TokenCache};
+use picnic_core::iron::shared::{SharedAccount, Slice};
+use picnic_core::iron::{Admission, IronConfig};
+use picnic_core::pool::SharedBucket;
 use picnic_core::{Duration, Instant};
 
+use super::Engine;
 use crate::directory::TenantIdx;
 
-/// What all workers draw from (see the module doc): per tenant its CPU budget in ns, and the
+/// What all workers draw from (see the module doc): per tenant its CPU account in ns, and the
 /// uplink's pacing bucket in bytes.
 #[derive(Debug)]
 pub struct SharedBudgets {
@@ -21,35 +26,32 @@ pub struct SharedBudgets {
     pub link: Option<Arc<SharedBucket>>,
     /// What a worker's link cache borrows at once, bytes.
     pub link_chunk: u64,
-    /// Per tenant with a quota: its bucket, refilled at its allocation (quota per Iron period)
-    /// and holding one period's quota.
-    pub buckets: Vec<Option<Arc<SharedBucket>>>,
+    /// Per tenant with a quota: its one Iron account, refilled to its quota every period.
+    pub accounts: Vec<Option<Arc<SharedAccount>>>,
     /// Per tenant: ns charged by every worker since the start.
     pub charged: Vec<Arc<AtomicU64>>,
-    /// What a worker's cache borrows at once, ns.
+    /// What a worker's slice takes from an account at once, ns.
     pub chunk: u64,
 }
 
 impl SharedBudgets {
-    /// Budgets for the tenants with a quota of `quotas` (index = tenant), each `quota` ns of
-    /// CPU per `period`, starting full at `now`; caches of `workers` workers borrow 1/16 of a
-    /// period's smallest quota split over the workers, at most 100 us.
+    /// Accounts for the tenants with a quota of `quotas` (index = tenant), each `quota` ns of
+    /// CPU per `period` (early drops below 10% left, as the single loop's), the first period
+    /// starting full at `now`; workers' slices take 1/16 of a period's smallest quota split
+    /// over the workers, at most 100 us.
     pub fn new(
         quotas: &[Option<Duration>],
         period: Duration,
         workers: usize,
         now: Instant,
     ) -> Self {
-        let per_sec = |q: Duration| {
-            (q.as_nanos() as u128 * 1_000_000_000 / period.as_nanos().max(1) as u128) as u64
-        };
         let smallest = quotas.iter().flatten().map(|q| q.as_nanos()).min();
         SharedBudgets {
             link: None,
             link_chunk: 1,
-            buckets: quotas
+            accounts: quotas
                 .iter()
-                .map(|q| q.map(|q| Arc::new(SharedBucket::new(per_sec(q), q.as_nanos(), now))))
+                .map(|q| q.map(|q| Arc::new(SharedAccount::new(q, iron_config(period), now))))
                 .collect(),
             charged: quotas.iter().map(|_| Arc::default()).collect(),
             chunk: smallest
@@ -67,8 +69,9 @@ impl SharedBudgets {
     }
 
     /// The budgets after a live change left the tenants with `quotas`: a tenant whose quota
-    /// is unchanged keeps its bucket and its charges, the uplink its pacer (None: nothing
-    /// changed).
+    /// is unchanged keeps its account and its charges, one whose quota changed keeps its
+    /// account's debt and period ([`SharedAccount::with_quota`]), the uplink its pacer (None:
+    /// nothing changed).
     pub fn after_change(
         &self,
         quotas: &[Option<Duration>],
@@ -78,24 +81,26 @@ impl SharedBudgets {
     ) -> Option<SharedBudgets> {
         let mut new = SharedBudgets::new(quotas, period, workers, now);
         let same: Vec<bool> = (0..quotas.len())
-            .map(|t| match (self.bucket(t), new.bucket(t)) {
-                (Some(a), Some(b)) => a.rate() == b.rate() && a.burst() == b.burst(),
+            .map(|t| match (self.account(t), new.account(t)) {
+                (Some(a), Some(b)) => a.quota() == b.quota(),
                 (a, b) => a.is_none() && b.is_none(),
             })
             .collect();
-        if quotas.len() == self.buckets.len() && same.iter().all(|&s| s) {
+        if quotas.len() == self.accounts.len() && same.iter().all(|&s| s) {
             return None;
         }
         let kept = self
-            .buckets
+            .accounts
             .iter()
             .zip(&self.charged)
             .zip(&same)
             .take(quotas.len());
-        for (t, ((bucket, charged), &same)) in kept.enumerate() {
+        for (t, ((account, charged), &same)) in kept.enumerate() {
             new.charged[t] = charged.clone();
-            if same {
-                new.buckets[t] = bucket.clone();
+            match (account, quotas[t]) {
+                (Some(a), _) if same => new.accounts[t] = Some(a.clone()),
+                (Some(a), Some(q)) => new.accounts[t] = Some(Arc::new(a.with_quota(now, q))),
+                _ => {}
             }
         }
         new.link = self.link.clone();
@@ -103,9 +108,9 @@ impl SharedBudgets {
         Some(new)
     }
 
-    /// The tenant's bucket, if it has a quota.
-    pub fn bucket(&self, tenant: TenantIdx) -> Option<&SharedBucket> {
-        self.buckets.get(tenant).and_then(Option::as_deref)
+    /// The tenant's account, if it has a quota.
+    pub fn account(&self, tenant: TenantIdx) -> Option<&SharedAccount> {
+        self.accounts.get(tenant).and_then(Option::as_deref)
     }
 
     /// Notes `ns` charged to `tenant` by some worker.
@@ -116,28 +121,79 @@ impl SharedBudgets {
     }
 }
 
-/// One worker's share of the tenants' CPU budgets: the budgets every worker draws from and
-/// this worker's token cache of each.
+/// The single loop's Iron configuration ([`super::live`]): accounts of `period`, early drops
+/// below 10% of the quota left.
+pub(super) fn iron_config(period: Duration) -> IronConfig {
+    IronConfig {
+        period,
+        early_drop_percent: Some(10),
+    }
+}
+
+/// One worker's share of the tenants' CPU accounts: the accounts every worker draws from and
+/// this worker's slice of each.
 pub(super) struct WorkerBudgets {
     pub(super) budgets: Arc<SharedBudgets>,
-    pub(super) caches: Vec<TokenCache>,
-    /// Per tenant: frames this worker dropped because the shared budget was used up.
-    pub(super) throttle_drops: Vec<u64>,
+    pub(super) slices: Vec<Slice>,
+    /// When the earliest throttled tenant's account refills, as of the last pass.
+    pub(super) refill_at: Option<Instant>,
 }
 
 impl WorkerBudgets {
     pub(super) fn exhausted(&self, now: Instant, tenant: TenantIdx) -> bool {
-        self.budgets
-            .bucket(tenant)
-            .is_some_and(|b| self.caches[tenant].exhausted(now, b))
+        match self.budgets.account(tenant) {
+            Some(a) => self.slices[tenant].exhausted(now, a),
+            None => false,
+        }
     }
 
-    /// Charges `ns` to `tenant` after the work: what the cache cannot cover is debt on the
-    /// shared budget.
+    /// Whether one of `tenant`'s packets may be processed (Iron 3.2's drops before any work).
+    pub(super) fn admit(&mut self, now: Instant, tenant: TenantIdx) -> Admission {
+        match self.budgets.account(tenant) {
+            Some(a) => self.slices[tenant].admit(now, a),
+            None => Admission::Admit,
+        }
+    }
+
+    /// Charges `ns` to `tenant` after the work: what the worker's slice cannot cover is taken
+    /// from the shared account, as debt if need be.
     pub(super) fn charge(&mut self, now: Instant, tenant: TenantIdx, ns: u64) {
-        if let Some(bucket) = self.budgets.bucket(tenant) {
-            self.caches[tenant].charge(now, bucket, ns);
+        if let Some(account) = self.budgets.account(tenant) {
+            self.slices[tenant].charge(now, account, ns);
             self.budgets.note_charged(tenant, ns);
+        }
+    }
+
+    /// When the earliest throttled tenant's account refills (None: none is throttled).
+    pub(super) fn poll_at(&self, now: Instant) -> Option<Instant> {
+        (0..self.slices.len())
+            .filter(|&t| self.exhausted(now, t))
+            .filter_map(|t| Some(self.budgets.account(t)?.next_boundary(now)))
+            .min()
+    }
+}
+
+impl Engine {
+    /// Charges `ns` of CPU spent for `tenant` to its Iron account: the engine's own (one
+    /// loop), or its slice of the account every worker shares.
+    pub(super) fn charge_tenant_cpu(&mut self, now: Instant, tenant: TenantIdx, ns: u64) {
+        if let (Some(iron), Some(account)) = (self.iron.as_mut(), self.iron_index[tenant]) {
+            let _ = iron.charge(now, account, Duration::from_nanos(ns));
+        }
+        if let Some(b) = self.budgets.as_mut() {
+            b.charge(now, tenant, ns);
+        }
+    }
+
+    /// Whether one of `tenant`'s packets may be processed (Iron 3.2: a throttled tenant's
+    /// are dropped before any work, and some early as its quota runs out).
+    pub(super) fn admit_tenant(&mut self, now: Instant, tenant: TenantIdx) -> Admission {
+        if let (Some(iron), Some(account)) = (self.iron.as_mut(), self.iron_index[tenant]) {
+            return iron.admit(now, account).unwrap_or(Admission::Admit);
+        }
+        match self.budgets.as_mut() {
+            Some(b) => b.admit(now, tenant),
+            None => Admission::Admit,
         }
     }
 }
@@ -147,13 +203,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cpu_budgets_refill_at_the_allocation_and_hold_one_quota() {
+    fn cpu_accounts_hold_one_quota_per_period() {
         let period = Duration::from_millis(10);
         let quotas = [Some(Duration::from_millis(5)), None];
         let b = SharedBudgets::new(&quotas, period, 2, Instant::ZERO);
-        let bucket = b.bucket(0).unwrap();
-        assert!(b.bucket(1).is_none());
-        assert_eq!((bucket.rate(), bucket.burst()), (500_000_000, 5_000_000));
+        let account = b.account(0).unwrap();
+        assert!(b.account(1).is_none());
+        assert_eq!(account.quota(), Duration::from_millis(5));
+        assert_eq!(account.available(Instant::ZERO), 5_000_000);
         // 5 ms / 16 / 2 workers, capped at 100 us.
         assert_eq!(b.chunk, 100_000);
         b.note_charged(0, 7);
@@ -161,10 +218,10 @@ mod tests {
         assert_eq!(b.charged[0].load(Ordering::Relaxed), 12);
     }
 
-    /// A live change keeps the buckets and charges of tenants whose quota stayed, and reports
-    /// no change when no quota changed.
+    /// A live change keeps the accounts and charges of tenants whose quota stayed, and reports
+    /// no change when no quota changed; a changed quota keeps the tenant's debt.
     #[test]
-    fn budgets_after_a_change_keep_unchanged_tenants_buckets() {
+    fn budgets_after_a_change_keep_unchanged_tenants_accounts() {
         let ms = Duration::from_millis;
         let period = ms(10);
         let old = SharedBudgets::new(&[Some(ms(5)), None], period, 2, Instant::ZERO);
@@ -176,10 +233,17 @@ mod tests {
             .after_change(&[Some(ms(5)), Some(ms(2)), None], period, 2, Instant::ZERO)
             .unwrap();
         assert!(Arc::ptr_eq(
-            old.buckets[0].as_ref().unwrap(),
-            new.buckets[0].as_ref().unwrap()
+            old.accounts[0].as_ref().unwrap(),
+            new.accounts[0].as_ref().unwrap()
         ));
         assert_eq!(new.charged[0].load(Ordering::Relaxed), 7);
-        assert!(new.bucket(1).is_some() && new.bucket(2).is_none());
+        assert!(new.account(1).is_some() && new.account(2).is_none());
+        // 6 ms of debt on a 5 ms quota, then the quota halved: the debt stays.
+        let mut slice = Slice::new(1);
+        slice.charge(Instant::ZERO, new.account(0).unwrap(), 11_000_000);
+        let halved = new
+            .after_change(&[Some(ms(2)), Some(ms(2)), None], period, 2, Instant::ZERO)
+            .unwrap();
+        assert_eq!(halved.account(0).unwrap().debt(Instant::ZERO), 9_000_000);
     }
 }

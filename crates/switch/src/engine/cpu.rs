@@ -193,20 +193,17 @@ impl Engine {
         });
         // Extra processing was measured frame by frame: it goes to its VMs as measured.
         let mut direct_total = 0;
-        for &v in &ledger.touched {
-            let ns = ledger.direct[v].min(cpu_ns - direct_total);
+        for i in 0..ledger.touched.len() {
+            let v = self.cpu.touched[i];
+            let ns = self.cpu.direct[v].min(cpu_ns - direct_total);
             direct_total += ns;
             self.vm_counters[v].cost_ns += ns;
             let tenant = self.dir.vms[v].tenant;
-            if let (Some(iron), Some(account)) = (self.iron.as_mut(), self.iron_index[tenant]) {
-                let _ = iron.charge(now, account, Duration::from_nanos(ns));
-            }
-            if let Some(b) = self.budgets.as_mut() {
-                b.charge(now, tenant, ns);
-            }
-            ledger.direct[v] = 0;
+            self.charge_tenant_cpu(now, tenant, ns);
+            self.cpu.direct[v] = 0;
             self.share.charge(tenant, ns, 0);
         }
+        let ledger = &mut self.cpu;
         let cpu_ns = cpu_ns - direct_total;
         ledger.fit.observe(packets as u64, bytes, cpu_ns);
         if packets == 0 {
@@ -257,7 +254,8 @@ impl Engine {
         let (batch, model) = ledger.fit.split_model(cpu_ns);
         split_batch_cost(batch, model, &ledger.entries, &mut ledger.shares)
             .expect("entries are not empty and shares match them");
-        for (entry, &ns) in ledger.entries.iter().zip(&ledger.shares) {
+        for i in 0..ledger.entries.len() {
+            let (entry, ns) = (self.cpu.entries[i], self.cpu.shares[i]);
             if entry.tenant == usize::MAX {
                 self.counters.unattributed_ns += ns;
                 continue;
@@ -267,12 +265,7 @@ impl Engine {
             let tenant = self.dir.vms[v].tenant;
             let bytes = if with_bytes { entry.bytes } else { 0 };
             self.share.charge(tenant, ns, bytes);
-            if let (Some(iron), Some(account)) = (self.iron.as_mut(), self.iron_index[tenant]) {
-                let _ = iron.charge(now, account, Duration::from_nanos(ns));
-            }
-            if let Some(b) = self.budgets.as_mut() {
-                b.charge(now, tenant, ns);
-            }
+            self.charge_tenant_cpu(now, tenant, ns);
         }
     }
 }

@@ -264,10 +264,11 @@ fn cpu_fair_queuing_gives_equal_guarantees_equal_cpu_whatever_their_frame_size()
     println!("byte-fair CPU ratio 64 B / 1400 B tenant: {ratio:.2}");
 }
 
-/// Two workers' engines sharing tenant b's budget (crate::workers): what one worker charges
-/// throttles b on the other too, and the charges of both add up in the shared account.
+/// Two workers' engines sharing tenant b's one Iron account (crate::workers): what one worker
+/// charges throttles b on the other too, the charges of both add up in the shared account,
+/// and the debt carries into the next period.
 #[test]
-fn workers_share_a_tenants_cpu_budget_through_their_caches() {
+fn workers_share_a_tenants_iron_account_through_their_slices() {
     use super::SharedBudgets;
     use std::sync::Arc;
     let (mut w0, mut w1) = (with_b_quota(0.1), with_b_quota(0.1));
@@ -310,9 +311,20 @@ fn workers_share_a_tenants_cpu_budget_through_their_caches() {
     super::tests::carry(&mut h2, &mut w1, t);
     assert_eq!(w1.drops("b1", DropReason::CpuThrottled), 1);
     assert_eq!(w1.engine.snapshot().tenants[1].cpu_throttle_drops, 1);
-    // The 0.1 ms of debt is paid back at the allocation's rate: b is read again after it.
-    let later = Instant::from_nanos(100_000 + 1_100_000);
-    assert!(w0.engine.rx_ready(later, b1, 64) && w1.engine.rx_ready(later, b1, 64));
+    // Iron's Algorithm 1: throttled on both until the period ends, then refilled to the
+    // quota less the 0.1 ms of debt.
+    let before = Instant::from_nanos(9_999_999);
+    assert!(!w0.engine.rx_ready(before, b1, 64) && !w1.engine.rx_ready(before, b1, 64));
+    let next = Instant::from_nanos(10_000_000);
+    w0.poll(before);
+    assert_eq!(
+        w0.engine.poll_at(),
+        Some(next),
+        "worker 0 wakes for the refill"
+    );
+    assert!(w0.engine.rx_ready(next, b1, 64) && w1.engine.rx_ready(next, b1, 64));
+    let account = budgets.account(1).unwrap();
+    assert_eq!(account.available(next), 900_000);
 }
 
 #[test]

@@ -533,20 +533,7 @@ impl Engine {
         // whether it is refused below or not.
         let link_sample = source
             .is_some_and(|(source, wire_len)| self.meter_link(now, w, (source, src_mac), wire_len));
-        let refused =
-            if let (Some(iron), Some(account)) = (self.iron.as_mut(), self.iron_index[tenant]) {
-                !matches!(iron.admit(now, account), Ok(Admission::Admit))
-            } else {
-                false
-            };
-        let refused = if refused {
-            Some(DropReason::CpuThrottled)
-        } else if self.budget_exhausted(now, tenant) {
-            if let Some(b) = self.budgets.as_mut() {
-                if let Some(n) = b.throttle_drops.get_mut(tenant) {
-                    *n += 1;
-                }
-            }
+        let refused = if self.admit_tenant(now, tenant) != Admission::Admit {
             Some(DropReason::CpuThrottled)
         } else if self.pps_in[w]
             .as_mut()

@@ -13,7 +13,7 @@
 //!   [`Engine::charge_softirq`], like the switch's own measured work: it counts against the
 //!   tenant's Iron account and so lowers its cgroup quota.
 
-use picnic_core::{Duration, Instant};
+use picnic_core::Instant;
 
 use super::Engine;
 use crate::directory::PortIdx;
@@ -128,13 +128,7 @@ impl Engine {
         c.softirq_packets += d.packets;
         c.softirq_kthread_ns += d.kthread_ns;
         c.softirq_in_switch_ns += d.in_switch_ns;
-        let tenant = self.dir.vms[v].tenant;
-        if let (Some(iron), Some(account)) = (self.iron.as_mut(), self.iron_index[tenant]) {
-            let _ = iron.charge(now, account, Duration::from_nanos(ns));
-        }
-        if let Some(b) = self.budgets.as_mut() {
-            b.charge(now, tenant, ns);
-        }
+        self.charge_tenant_cpu(now, self.dir.vms[v].tenant, ns);
     }
 }
 

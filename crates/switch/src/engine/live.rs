@@ -7,7 +7,7 @@
 //! closes ports as [`PortChange`] says.
 
 use picnic_core::bucket::TokenBucket;
-use picnic_core::iron::{CpuAccounts, IronConfig};
+use picnic_core::iron::CpuAccounts;
 use picnic_core::Instant;
 
 use super::queues::{tenant_min_pps, tenant_weights};
@@ -220,6 +220,11 @@ impl Engine {
     /// Gives tenant `idx` the Iron account its `cpu_quota` asks for, in place: a new quota
     /// through `set_quota`, an account added or removed when the quota comes or goes.
     fn set_cpu_quota(&mut self, now: Instant, idx: TenantIdx) -> Result<(), String> {
+        if self.budgets.is_some() {
+            // One of several workers: the coordinator gives every worker the tenants' shared
+            // accounts after the change (`SharedBudgets::after_change`).
+            return Ok(());
+        }
         let quota = iron_quota(&self.dir.tenants[idx]).filter(|_| self.isolation.cpu_accounting);
         let ierr = |e: picnic_core::iron::IronError| format!("cpu_quota: {e}");
         match (self.iron_index[idx], quota) {
@@ -231,14 +236,8 @@ impl Engine {
                 let iron = match self.iron.as_mut() {
                     Some(iron) => iron,
                     None => self.iron.insert(
-                        CpuAccounts::new(
-                            now,
-                            IronConfig {
-                                period: IRON_PERIOD,
-                                early_drop_percent: Some(10),
-                            },
-                        )
-                        .map_err(ierr)?,
+                        CpuAccounts::new(now, super::budgets::iron_config(IRON_PERIOD))
+                            .map_err(ierr)?,
                     ),
                 };
                 self.iron_index[idx] = Some(iron.add_tenant(q).map_err(ierr)?);

@@ -35,8 +35,8 @@ use std::sync::Arc;
 
 use picnic_core::bucket::TokenBucket;
 use picnic_core::eyeq;
+use picnic_core::iron::shared::Slice;
 use picnic_core::iron::CpuAccounts;
-use picnic_core::pool::TokenCache;
 use picnic_core::{Duration, Instant, Rate};
 use picnic_wire::feedback::FeedbackOption;
 use picnic_wire::geneve::standalone_feedback;
@@ -265,37 +265,39 @@ impl Engine {
     }
 
     /// Makes this engine one of several workers': tenants' CPU is charged to and checked
-    /// against `budgets`, shared by every worker, through token caches of this engine's own,
-    /// and so is the uplink's pacing; the feedback it signs uses nonce lane `worker`.
+    /// against `budgets`' accounts, one per tenant for every worker (Iron 3.2), through slices
+    /// of this engine's own, which replace its own accounts; so is the uplink's pacing shared;
+    /// the feedback it signs uses nonce lane `worker`.
     pub fn join_workers(&mut self, budgets: Arc<SharedBudgets>, worker: usize) {
-        let caches = (0..self.dir.tenants.len())
-            .map(|_| TokenCache::new(budgets.chunk))
+        self.iron = None;
+        self.iron_index.fill(None);
+        let mut slices: Vec<_> = (0..self.dir.tenants.len())
+            .map(|_| Slice::new(budgets.chunk))
             .collect();
+        // Joining again (new budgets after a live change) keeps the counts so far.
+        if let Some(old) = self.budgets.take() {
+            for (new, old) in slices.iter_mut().zip(&old.slices) {
+                new.keep_stats(old);
+            }
+        }
         self.egress.share_pacer(&budgets);
-        // Joining again (new budgets after a live change) keeps the drops counted so far.
-        let mut throttle_drops = self
-            .budgets
-            .take()
-            .map(|b| b.throttle_drops)
-            .unwrap_or_default();
-        throttle_drops.resize(self.dir.tenants.len(), 0);
         self.budgets = Some(WorkerBudgets {
             budgets,
-            caches,
-            throttle_drops,
+            slices,
+            refill_at: None,
         });
         if let Some(auth) = self.feedback_auth.as_mut() {
             auth.set_lane(worker as u8);
         }
     }
 
-    /// Returns the tokens this worker's caches hold to the shared budgets (it stops).
+    /// Returns the time this worker's slices hold to the shared accounts (it stops).
     pub fn leave_workers(&mut self, now: Instant) {
         self.egress.release_pacer(now);
         if let Some(b) = self.budgets.as_mut() {
-            for (t, cache) in b.caches.iter_mut().enumerate() {
-                if let Some(bucket) = b.budgets.bucket(t) {
-                    cache.release(now, bucket);
+            for (t, slice) in b.slices.iter_mut().enumerate() {
+                if let Some(account) = b.budgets.account(t) {
+                    slice.release(now, account);
                 }
             }
         }
@@ -369,7 +371,10 @@ impl Engine {
     /// sendable, a cap lifts, a quota period starts). EyeQ's meter windows are not waited
     /// for: they are closed when read ([`Engine::catch_up`]).
     pub fn poll_at(&self) -> Option<Instant> {
-        let iron = self.iron.as_ref().and_then(|i| i.poll_at());
+        let iron = match self.budgets.as_ref() {
+            Some(b) => b.refill_at,
+            None => self.iron.as_ref().and_then(|i| i.poll_at()),
+        };
         // A port held back by its packet rate becomes readable when a token is back.
         let pps = self
             .pps_out
@@ -408,6 +413,9 @@ impl Engine {
         self.ingress.on_timeout(now);
         if let Some(iron) = self.iron.as_mut() {
             iron.on_timeout(now);
+        }
+        if let Some(b) = self.budgets.as_mut() {
+            b.refill_at = b.poll_at(now);
         }
         self.offload.on_timeout(now);
     }
@@ -554,6 +562,11 @@ impl Engine {
                     .as_ref()
                     .zip(self.iron_index[t])
                     .and_then(|(iron, i)| iron.stats(i).ok());
+                // With workers: what this worker's slice of the tenant's account counted.
+                let shared = self
+                    .budgets
+                    .as_ref()
+                    .and_then(|b| Some(b.slices.get(t)?.stats()));
                 TenantSnapshot {
                     name: tenant.name.clone(),
                     vni: tenant.vni,
@@ -568,11 +581,9 @@ impl Engine {
                     cpu_throttle_drops: stats
                         .map(|s| s.throttle_drops + s.early_drops)
                         .unwrap_or(0)
-                        + self
-                            .budgets
-                            .as_ref()
-                            .map_or(0, |b| b.throttle_drops.get(t).copied().unwrap_or(0)),
-                    cpu_charged_ns: stats.map(|s| s.charged_ns).unwrap_or(0),
+                        + shared.map_or(0, |s| s.throttle_drops + s.early_drops),
+                    cpu_charged_ns: stats.map(|s| s.charged_ns).unwrap_or(0)
+                        + shared.map_or(0, |s| s.charged_ns),
                     softirq_ns: self
                         .dir
                         .vms

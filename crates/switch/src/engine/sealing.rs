@@ -6,7 +6,7 @@
 //! A tenant that encrypts accepts only sealed packets that verify: a plain packet for it,
 //! or a sealed one for a tenant that does not encrypt, is dropped as `unsealed`.
 
-use picnic_core::{Duration, Instant};
+use picnic_core::Instant;
 use serde::Serialize;
 
 use super::{Completion, Engine, Job, Op, Outcome};
@@ -142,8 +142,6 @@ impl Engine {
         usage.frames += 1;
         usage.cpu_ns += cpu_ns;
         self.share.charge(tenant, cpu_ns, 0);
-        if let (Some(iron), Some(account)) = (self.iron.as_mut(), self.iron_index[tenant]) {
-            let _ = iron.charge(now, account, Duration::from_nanos(cpu_ns));
-        }
+        self.charge_tenant_cpu(now, tenant, cpu_ns);
     }
 }

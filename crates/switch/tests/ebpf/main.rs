@@ -3,10 +3,12 @@
 //! clang), each test prints why it skipped and passes.
 //!
 //! Split by program: `xdp.rs` tests the uplink's XDP early drop, `softirq.rs` the softirq
-//! accounting; this file builds the frames both send.
+//! accounting, `cgroup.rs` the softirq time charged to a tenant's cgroup with two workers;
+//! this file builds the frames they send.
 
 #[path = "../common/mod.rs"]
 mod common;
+mod cgroup;
 mod softirq;
 mod xdp;
 

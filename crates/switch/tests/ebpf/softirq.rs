@@ -37,7 +37,7 @@ fn flood(port: &mut AfPacketPort, pool: &mut FramePool, how_long: Duration) -> u
 
 /// From inside a VM's namespace: sends 64 B UDP frames from a1 (02:..:a1, 198.18.0.1) to a
 /// MAC nobody has (the switch drops them) through `ifname` for `how_long`.
-fn flood_from_a1(ifname: &str, how_long: Duration) {
+pub(crate) fn flood_from_a1(ifname: &str, how_long: Duration) {
     let mut frame = Vec::new();
     etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 0xa1], [2, 0, 0, 0, 0, 0xee])
         .ipv4([198, 18, 0, 1], [198, 18, 0, 99], 64)
@@ -187,7 +187,7 @@ fn softirq_time_is_attributed_to_the_port_and_direction_it_was_spent_for() {
 }
 
 /// A switch with an AF_PACKET uplink and two tenants of one VM each; `a1` is the flooder.
-const SWITCH: &str = r#"
+pub(crate) const SWITCH: &str = r#"
 [switch]
 host_id = 1
 [uplink]
