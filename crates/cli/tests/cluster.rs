@@ -333,9 +333,36 @@ fn three_switches_follow_etcd_a_moved_vm_and_a_restart_while_etcd_is_down() {
         ping(&vc, "198.18.0.1") && ping(&vc, "198.18.0.2"),
         "c reaches a and b"
     );
+    // An SLO set in etcd is held on every host; status shows it from each switch's API.
+    ctl_ok(
+        &etcd,
+        &[
+            "slo",
+            "set",
+            "t",
+            "--latency-us",
+            "5000",
+            "--percentile",
+            "99",
+        ],
+    );
     let status = ctl_ok(&etcd, &["status"]);
     println!("{status}");
     assert_eq!(status.matches("switch up").count(), 3, "{status}");
+    assert_eq!(status.matches("tenant t: SLO").count(), 3, "{status}");
+    // One switch through its API: what etcd put there.
+    let out = Command::new(env!("CARGO_BIN_EXE_picnic"))
+        .args(["ctl", "--api"])
+        .arg(dir.join("h1.sock"))
+        .args(["vm", "show", "c"])
+        .output()
+        .unwrap();
+    let c: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (c["host"].as_u64(), c["port"].is_null()),
+        (Some(3), true),
+        "{c}"
+    );
 
     // c moves from host 3 to host 2: its interface first (the VM's migration), then etcd.
     hosts[2].ip(&["link", "set", "dev", "c", "netns", &hosts[1].0]);

@@ -567,3 +567,6 @@ const POLL: Duration = Duration::from_millis(50);
 fn since(t: Instant) -> f64 {
     t.elapsed().as_secs_f64()
 }
+
+#[cfg(test)]
+mod tests;
