@@ -114,7 +114,7 @@ impl Watcher {
                     etcd = %self.endpoints.join(","),
                     error = %format!("{e:#}"),
                     revision = self.cache.revision,
-                    "control plane: etcd unreachable; running on the persisted state, retrying every 1 s"
+                    "control plane: etcd unreachable or the watch ended; running on the persisted state, retrying every 1 s"
                 );
                 down = true;
             }

@@ -457,9 +457,11 @@ fn vm(view: &Cluster, cmd: VmCmd, etcd: bool) -> anyhow::Result<Option<Edit>> {
             if let Some(v) = view.vms.values().find(|v| v.mac == mac) {
                 bail!("--mac {mac}: VM '{}' has it", v.name);
             }
-            let backend: Backend =
-                serde_json::from_value(Value::String(backend.clone())).map_err(|_| {
-                    anyhow::anyhow!("--backend {backend}: one of af_packet, af_xdp, tap")
+            let backend = serde_json::from_value(Value::String(backend.clone()))
+                .ok()
+                .filter(|b| *b != Backend::VhostUser)
+                .with_context(|| {
+                    format!("--backend {backend}: one of af_packet, af_xdp, tap, tap_queue (a vhost_user port's socket is set in the config or through the API)")
                 })?;
             let mut vm: VmEntry = serde_json::from_value(serde_json::json!({
                 "name": name, "id": id, "tenant": tenant, "host": host, "mac": mac, "ip": ip,
