@@ -53,6 +53,10 @@ struct Watcher {
     /// The records at the last revision seen (ahead of `cache.applied` while a change is
     /// refused).
     latest: Cluster,
+    /// The revision of `latest`.
+    seen: i64,
+    /// The revision whose change the switch refused last (logged once, retried).
+    refused: Option<i64>,
 }
 
 /// Starts the watcher of `cfg.control` for the switch whose state is `shared` and whose run
@@ -90,6 +94,8 @@ pub fn spawn(
         shared,
         commands,
         latest: cache.applied.clone(),
+        seen: cache.revision,
+        refused: None,
         cache,
     };
     Ok(std::thread::Builder::new()
@@ -150,7 +156,13 @@ impl Watcher {
         let mut tick = tokio::time::interval(Duration::from_secs(LEASE_TTL as u64 / 3));
         loop {
             tokio::select! {
-                _ = tick.tick() => keeper.keep_alive().await?,
+                _ = tick.tick() => {
+                    keeper.keep_alive().await?;
+                    // A refused change is tried again (a port may exist by now).
+                    if self.refused.is_some() && self.sync(self.seen) {
+                        self.publish(&mut client, lease).await?;
+                    }
+                }
                 ack = acks.message() => {
                     if ack?.is_none_or(|a| a.ttl() <= 0) {
                         bail!("the switch's lease expired");
@@ -173,7 +185,7 @@ impl Watcher {
                             warn!(from = "etcd", error = %e, "control plane: record ignored");
                         }
                     }
-                    let revision = resp.header().map_or(self.cache.revision, |h| h.revision());
+                    let revision = resp.header().map_or(self.seen, |h| h.revision());
                     if self.sync(revision) {
                         self.publish(&mut client, lease).await?;
                     }
@@ -183,10 +195,12 @@ impl Watcher {
     }
 
     /// Applies `latest` (at `revision`) over what was applied. True when the deployment
-    /// changed and was applied; a refused change is logged and waits for the next revision.
+    /// changed and was applied; a refused change is logged once and tried again.
     fn sync(&mut self, revision: i64) -> bool {
+        self.seen = revision;
         if self.cache.applied.same_deployment(&self.latest) {
             self.cache.revision = revision;
+            self.refused = None;
             return false;
         }
         let running = loop {
@@ -205,11 +219,15 @@ impl Watcher {
                 }
                 self.cache.applied = self.latest.clone();
                 self.cache.revision = revision;
+                self.refused = None;
                 self.save();
                 true
             }
             Err((_, e)) => {
-                warn!(from = "etcd", revision, error = %e, "live change refused; waiting for the next change in etcd");
+                if self.refused != Some(revision) {
+                    warn!(from = "etcd", revision, error = %e, "live change refused; tried again every 2 s and with the next change in etcd");
+                }
+                self.refused = Some(revision);
                 false
             }
         }

@@ -155,6 +155,13 @@ impl Target {
                     }
                     (_, None) => ("DELETE", format!("/{dir}/{name}"), None),
                     (_, Some(mut v)) => {
+                        // A VM of another host has no port on this one.
+                        if kind == Kind::Vm {
+                            let cfg = api.get("/config")?;
+                            if v["host"] != cfg["switch"]["host_id"] {
+                                v["port"] = Value::Null;
+                            }
+                        }
                         if kind == Kind::Tenant {
                             if v.get("key").is_some() {
                                 bail!("tenant '{name}' has a key: change it in the switch's config file");
