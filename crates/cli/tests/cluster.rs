@@ -346,7 +346,15 @@ fn three_switches_follow_etcd_a_moved_vm_and_a_restart_while_etcd_is_down() {
             "99",
         ],
     );
-    let status = ctl_ok(&etcd, &["status"]);
+    // The SLO report is published every 100 ms: read status until every host shows it.
+    let end = Instant::now() + Duration::from_secs(2);
+    let status = loop {
+        let status = ctl_ok(&etcd, &["status"]);
+        if status.matches("tenant t: SLO").count() == 3 || Instant::now() > end {
+            break status;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     println!("{status}");
     assert_eq!(status.matches("switch up").count(), 3, "{status}");
     assert_eq!(status.matches("tenant t: SLO").count(), 3, "{status}");
