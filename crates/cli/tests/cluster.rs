@@ -432,7 +432,15 @@ fn three_switches_follow_etcd_a_moved_vm_and_a_restart_while_etcd_is_down() {
         t.as_secs_f64() * 1e3
     );
     assert!(ping(&vd, "198.18.0.3"), "d -> c (c on host 2)");
-    let log = std::fs::read_to_string(&logs[1]).unwrap();
+    // Logged once the records applied are persisted, after the change itself.
+    let end = Instant::now() + Duration::from_secs(2);
+    let log = loop {
+        let log = std::fs::read_to_string(&logs[1]).unwrap();
+        if log.contains("resumed=true") || Instant::now() > end {
+            break log;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     for line in log.lines().filter(|l| l.contains("control plane")) {
         println!("host 2: {line}");
     }
