@@ -9,6 +9,7 @@
 //!   keeps no port for it;
 //! - a switch restarted while etcd is down forwards on its persisted state, and catches up
 //!   with what changed meanwhile when etcd returns.
+//!
 //! Needs root (namespaces, AF_PACKET) and Debian's etcd-server; skips and says why otherwise.
 
 use std::path::{Path, PathBuf};

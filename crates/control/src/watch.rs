@@ -164,7 +164,7 @@ impl Watcher {
                     }
                 }
                 ack = acks.message() => {
-                    if ack?.is_none_or(|a| a.ttl() <= 0) {
+                    if !matches!(ack?, Some(a) if a.ttl() > 0) {
                         bail!("the switch's lease expired");
                     }
                 }

@@ -232,7 +232,7 @@ fn a_switch_follows_etcd_and_catches_up_after_compaction_and_an_outage() {
 
     // Meanwhile b goes, c comes, and etcd compacts its history.
     block(async {
-        let mut c = store::connect(&[url.clone()]).await.unwrap();
+        let mut c = store::connect(std::slice::from_ref(&url)).await.unwrap();
         let snap = store::load(&mut c, "/picnic/").await.unwrap();
         let at = snap.versions["/picnic/vms/b"];
         store::delete(&mut c, "/picnic/", Kind::Vm, "b", at)

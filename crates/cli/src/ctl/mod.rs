@@ -211,7 +211,7 @@ async fn execute(args: CtlArgs) -> anyhow::Result<()> {
                 bail!("--prefix '{}': must start and end with '/'", args.prefix);
             }
             Target::Etcd {
-                client: store::connect(&args.etcd).await?,
+                client: Box::new(store::connect(&args.etcd).await?),
                 prefix: args.prefix.clone(),
                 snap: Default::default(),
             }
@@ -293,11 +293,7 @@ fn show(v: impl serde::Serialize) -> anyhow::Result<Option<Edit>> {
     Ok(None)
 }
 
-fn one<'a, T>(
-    found: Option<&'a T>,
-    kind: Kind,
-    name: impl std::fmt::Display,
-) -> anyhow::Result<&'a T> {
+fn one<T>(found: Option<&T>, kind: Kind, name: impl std::fmt::Display) -> anyhow::Result<&T> {
     found.with_context(|| format!("no {} '{name}'", kind_name(kind)))
 }
 

@@ -1,6 +1,5 @@
 //! `picnic ctl status`, and waiting for the switches to apply a change.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
@@ -50,7 +49,7 @@ pub async fn run(target: &mut Target, view: &Cluster) -> anyhow::Result<()> {
         );
         match s.api.as_deref().map(ApiListen::parse) {
             Some(Ok(ApiListen::Unix(path))) => {
-                for line in slo_lines(&Api(PathBuf::from(path))) {
+                for line in slo_lines(&Api(path)) {
                     println!("  {line}");
                 }
             }

@@ -63,7 +63,7 @@ impl Api {
 /// The cluster's etcd (with the revision of each record read) or one switch's API.
 pub enum Target {
     Etcd {
-        client: etcd_client::Client,
+        client: Box<etcd_client::Client>,
         prefix: String,
         snap: store::Snapshot,
     },
@@ -88,15 +88,17 @@ impl Target {
             Target::Api(api) => {
                 let cfg: Config =
                     serde_json::from_value(api.get("/config")?).context("the switch's /config")?;
-                let mut c = Cluster::default();
-                c.hosts = cfg.hosts.into_iter().map(|h| (h.id, h)).collect();
+                let mut c = Cluster {
+                    hosts: cfg.hosts.into_iter().map(|h| (h.id, h)).collect(),
+                    vms: cfg.vms.into_iter().map(|v| (v.name.clone(), v)).collect(),
+                    ..Default::default()
+                };
                 for mut t in cfg.tenants {
                     if let Some(slo) = t.slo.take() {
                         c.slos.insert(t.name.clone(), slo);
                     }
                     c.tenants.insert(t.name.clone(), t);
                 }
-                c.vms = cfg.vms.into_iter().map(|v| (v.name.clone(), v)).collect();
                 Ok(c)
             }
         }
