@@ -5,10 +5,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
-for pair in ip:iproute2 tc:iproute2 bridge:iproute2 iperf3:iperf3 sockperf:sockperf memcached:memcached ethtool:ethtool ping:iputils-ping taskset:util-linux clang:clang qemu-system-x86_64:qemu-system-x86 dpkg-deb:dpkg promtool:prometheus; do
+for pair in ip:iproute2 tc:iproute2 bridge:iproute2 iperf3:iperf3 sockperf:sockperf memcached:memcached ethtool:ethtool ping:iputils-ping taskset:util-linux clang:clang qemu-system-x86_64:qemu-system-x86 dpkg-deb:dpkg promtool:prometheus etcd:etcd-server protoc:protobuf-compiler; do
   cmd=${pair%%:*}; pkg=${pair##*:}
   command -v "$cmd" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
+# etcd-server: the control plane's store (crates/control; the cluster test starts its own on
+# loopback ports). protobuf-compiler and libprotobuf-dev (protoc and the well-known .proto
+# files): the etcd-client crate compiles etcd's gRPC API at build time.
+[ -e /usr/include/google/protobuf/descriptor.proto ] || need_apt+=(libprotobuf-dev)
 # prometheus: promtool checks /metrics, and the metrics test scrapes a switch with a real
 # Prometheus (crates/cli/tests/metrics.rs). Debian's package would start its service where
 # an init system runs; the tests start their own on loopback.

@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 
+mod ctl;
 mod lab_cmd;
 mod switch_cmd;
 
@@ -20,6 +21,8 @@ struct Cli {
 enum Command {
     /// Run one host's dataplane from a TOML config.
     Switch(switch_cmd::SwitchArgs),
+    /// The cluster's command line: hosts, tenants, VMs and SLOs in etcd or on one switch.
+    Ctl(ctl::CtlArgs),
     /// Prove isolation on this machine with real traffic in network namespaces.
     #[command(subcommand)]
     Lab(lab_cmd::LabCommand),
@@ -48,6 +51,7 @@ fn main() {
             Err(_) => 2,
         },
         Command::Lab(cmd) => lab_cmd::run(cmd),
+        Command::Ctl(args) => ctl::run(args),
         Command::Sim(args) => match picnic_sim::run_command(args) {
             Ok(code) => code,
             Err(e) => {

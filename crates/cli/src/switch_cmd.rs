@@ -75,6 +75,7 @@ fn run_switch(args: SwitchArgs) -> anyhow::Result<()> {
         anyhow::bail!("picnic switch opens raw packet sockets and TAP devices: run it as root (or with CAP_NET_RAW and CAP_NET_ADMIN)");
     }
     let section = cfg.switch.clone();
+    let controlled = cfg.control.is_some().then(|| cfg.clone());
     let mut switch = Switch::open(cfg).context("starting the switch")?;
     for line in switch.describe_ports() {
         tracing::info!("{line}");
@@ -82,10 +83,15 @@ fn run_switch(args: SwitchArgs) -> anyhow::Result<()> {
     let stop = switch.stop_flag();
     signal_hook::flag::register(signal_hook::consts::SIGINT, stop.clone())?;
     signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone())?;
-    if section.api.is_some() {
-        let commands = switch.command_channel();
+    // One channel for the API and the control plane (a second would replace the first).
+    let commands =
+        (section.api.is_some() || controlled.is_some()).then(|| switch.command_channel());
+    if let Some(commands) = commands.clone().filter(|_| section.api.is_some()) {
         let api = picnic_switch::api::spawn(&section, switch.shared(), commands)?;
         tracing::info!("API on {} (/stats, /slo, /metrics, /config)", api.listening);
+    }
+    if let (Some(cfg), Some(commands)) = (&controlled, commands) {
+        picnic_control::watch::spawn(cfg, switch.shared(), commands)?;
     }
     if let Some(addr) = &section.metrics {
         let metrics = picnic_switch::api::spawn_metrics(addr, switch.shared())?;

@@ -168,6 +168,7 @@ pub fn switch_config(
         },
         // The switch's default; the `picnic-fast` modes turn it on (`dataplane_config`).
         fastpath: Default::default(),
+        control: None,
         hosts,
         tenants,
         vms,

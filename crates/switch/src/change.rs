@@ -34,6 +34,7 @@ pub fn diff(old: &Config, new: &Config) -> Result<Vec<Change>, String> {
         ("isolation", same(&old.isolation, &new.isolation)),
         ("ingress", same(&old.ingress, &new.ingress)),
         ("egress", same(&old.egress, &new.egress)),
+        ("control", old.control == new.control),
     ];
     if let Some((name, _)) = fixed.iter().find(|(_, same)| !same) {
         return Err(format!(

@@ -37,7 +37,11 @@ pub fn save(path: &Path, cfg: &Config) -> anyhow::Result<()> {
         tenants: cfg.tenants.clone(),
         vms: cfg.vms.clone(),
     };
-    let text = serde_json::to_vec_pretty(&state)?;
+    write_atomic(path, &serde_json::to_vec_pretty(&state)?)
+}
+
+/// Writes `bytes` to `path` atomically and durably (the sequence above).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -48,7 +52,7 @@ pub fn save(path: &Path, cfg: &Config) -> anyhow::Result<()> {
     let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
     let mut file =
         std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    file.write_all(&text)
+    file.write_all(bytes)
         .and_then(|_| file.sync_all())
         .with_context(|| format!("cannot write {}", tmp.display()))?;
     drop(file);

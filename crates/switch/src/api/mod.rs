@@ -11,6 +11,7 @@
 //! | GET /tenants, /vms, /hosts | one section of it                                    |
 //! | POST /tenants, /vms, /hosts | add one (JSON body: the config entry)              |
 //! | PUT /vms/NAME          | replace a VM entry (e.g. new min/max bandwidth)           |
+//! | PUT /hosts/ID          | replace a host entry (underlay address, MAC)              |
 //! | PUT /tenants/NAME      | replace a tenant entry (VNI, CPU quota, cgroup, SLO)      |
 //! | DELETE /tenants/NAME, /vms/NAME, /hosts/ID | remove one                         |
 //! | GET /tenants/NAME/key  | an encrypting tenant's key epochs and fingerprints        |
@@ -45,6 +46,7 @@ use crate::runner::{CommandSender, Shared};
 use metrics::Format;
 #[cfg(test)]
 use routes::handle;
+pub use routes::{apply_live, Applied};
 use routes::{route, Origin};
 
 /// Largest request body accepted, bytes (a config entry is well under 4 KiB).

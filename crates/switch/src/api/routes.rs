@@ -11,7 +11,7 @@ use super::metrics::{metrics, Format};
 use super::{error, json, parse_body, ApiState, Reply};
 use crate::change::Change;
 use crate::config::{Config, HostEntry, TenantEntry, VmEntry};
-use crate::runner::{Command, Reconfigure, Shared};
+use crate::runner::{Command, CommandSender, Reconfigure, Shared};
 
 /// A refused change: its status and a message naming the field or path.
 type Refusal = (u16, String);
@@ -106,6 +106,22 @@ pub(super) fn route(
                 .find(|v| v.name == *name)
                 .ok_or_else(|| not_found(format!("path: no VM '{name}'")))?;
             *slot = vm;
+            Ok(())
+        }),
+        (Method::Put, ["hosts", id]) => change(state, &config, &request, |c| {
+            let host: HostEntry = parse_body(body).map_err(bad)?;
+            if id.parse() != Ok(host.id) {
+                return Err(bad(format!(
+                    "body.id: {} differs from the path's host '{id}'",
+                    host.id
+                )));
+            }
+            let slot = c
+                .hosts
+                .iter_mut()
+                .find(|h| h.id == host.id)
+                .ok_or_else(|| not_found(format!("path: no host {id}")))?;
+            *slot = host;
             Ok(())
         }),
         (Method::Put, ["tenants", name]) => change(state, &config, &request, |c| {
@@ -319,16 +335,48 @@ fn apply(
 ) -> Result<(Reply, String), Refusal> {
     let mut config = (**running).clone();
     edit(&mut config)?;
+    let applied = apply_live(
+        &state.commands,
+        running.clone(),
+        config,
+        state.state_file.as_deref(),
+    )?;
+    let reply = match applied.persist_error {
+        Some(e) => error(
+            500,
+            format!("applied, but not persisted to switch.state_file: {e}"),
+        ),
+        None => json(200, serde_json::json!({ "ok": true })),
+    };
+    Ok((reply, applied.changes))
+}
+
+/// What [`apply_live`] did.
+pub struct Applied {
+    /// One clause per host, tenant or VM changed ("nothing" when none).
+    pub changes: String,
+    /// Applied, but the state file could not be written: why.
+    pub persist_error: Option<String>,
+}
+
+/// The live-change path the API and the control plane share: validates `config`, turns the
+/// change from `running` into in-place changes, hands them to the run loop, waits until they
+/// are applied and persists the result to `state_file`. Err: the status and why it was refused.
+pub fn apply_live(
+    commands: &CommandSender,
+    running: Arc<Config>,
+    config: Config,
+    state_file: Option<&std::path::Path>,
+) -> Result<Applied, (u16, String)> {
     config.validate().map_err(|e| (400, e.to_string()))?;
     // Diffed here, not on the dataplane (docs/switch.md "Live changes").
-    let change = match Reconfigure::prepare(running.clone(), config.clone()) {
+    let change = match Reconfigure::prepare(running, config.clone()) {
         Ok(change) => change,
         Err(e) => return Err((400, format!("{e:#}"))),
     };
     let changes = describe(&change.changes);
     let (tx, rx) = mpsc::channel();
-    if state
-        .commands
+    if commands
         .send(Command::Reconfigure(Box::new(change), tx))
         .is_err()
     {
@@ -339,14 +387,11 @@ fn apply(
         Ok(Err(e)) => return Err((400, format!("{e:#}"))),
         Err(_) => return Err((504, "the switch did not apply the change in time".into())),
     }
-    if let Some(path) = &state.state_file {
-        if let Err(e) = crate::persist::save(path, &config) {
-            let reply = error(
-                500,
-                format!("applied, but not persisted to switch.state_file: {e:#}"),
-            );
-            return Ok((reply, changes));
-        }
-    }
-    Ok((json(200, serde_json::json!({ "ok": true })), changes))
+    let persist_error = state_file
+        .and_then(|path| crate::persist::save(path, &config).err())
+        .map(|e| format!("{e:#}"));
+    Ok(Applied {
+        changes,
+        persist_error,
+    })
 }

@@ -576,6 +576,22 @@ fn every_applied_change_is_persisted_before_the_reply() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[test]
+fn a_host_is_replaced_by_put_and_the_path_must_name_it() {
+    let state = api_state(shared(), None);
+    let host = r#"{"id": 2, "underlay_ip": "198.19.0.22", "mac": "02:00:00:00:01:22"}"#;
+    let (status, _, text) = handle(&state, &Method::Put, "/hosts/2", host);
+    assert_eq!(status, 200, "{text}");
+    let (_, _, hosts) = handle(&state, &Method::Get, "/hosts", "");
+    assert!(hosts.contains("198.19.0.22"), "{hosts}");
+    let (status, _, text) = handle(&state, &Method::Put, "/hosts/3", host);
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("body.id"), "{text}");
+    let host9 = host.replace("\"id\": 2", "\"id\": 9");
+    let (status, _, text) = handle(&state, &Method::Put, "/hosts/9", &host9);
+    assert_eq!(status, 404, "{text}");
+}
+
 /// Sends one raw HTTP/1.1 request on `stream`; returns (status, body).
 fn http<S: std::io::Read + std::io::Write>(
     mut stream: S,

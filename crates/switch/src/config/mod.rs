@@ -40,6 +40,10 @@ pub struct Config {
     /// The kernel fast path (docs/switch.md "Two paths").
     #[serde(default)]
     pub fastpath: FastPathSection,
+    /// The cluster control plane (etcd); None: hosts, tenants and VMs come from this file,
+    /// the state file and the API alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control: Option<ControlSection>,
     /// Every host of the overlay, this one included (static table; the API updates it live).
     #[serde(default)]
     pub hosts: Vec<HostEntry>,
@@ -373,6 +377,51 @@ impl Default for AccelSection {
             per_job_ns: None,
             per_byte_ps: None,
             job_work_ns: 0,
+        }
+    }
+}
+
+/// `[control]`: the etcd cluster the switch watches (crate picnic-control; docs/operations.md
+/// "Control plane"). Its hosts, tenants, VMs and SLOs are applied as live changes; what
+/// this file and the API add besides stays. Needs `switch.state_file`: with etcd
+/// unreachable the switch runs on its persisted state and catches up when etcd returns.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControlSection {
+    /// etcd client URLs, `http://HOST:PORT` (e.g. `["http://127.0.0.1:2379"]`).
+    pub etcd: Vec<String>,
+    /// The key prefix of this cluster's records: starts and ends with `/`.
+    #[serde(default = "default_control_prefix")]
+    pub prefix: String,
+}
+/// The default `control.prefix`.
+pub const CONTROL_PREFIX: &str = "/picnic/";
+fn default_control_prefix() -> String {
+    CONTROL_PREFIX.into()
+}
+
+impl ControlSection {
+    /// Checks an etcd endpoint URL: `http://HOST:PORT`; the problem otherwise.
+    pub fn check_endpoint(url: &str) -> Result<(), String> {
+        if url.starts_with("https://") {
+            return Err(format!(
+                "'{url}': TLS is not built in; use http:// on a loopback or management network"
+            ));
+        }
+        let Some(rest) = url.strip_prefix("http://") else {
+            return Err(format!("'{url}' is not http://HOST:PORT"));
+        };
+        match rest.rsplit_once(':') {
+            Some((host, port))
+                if !host.is_empty()
+                    && !host.contains('/')
+                    && port.parse::<u16>().is_ok_and(|p| p > 0) =>
+            {
+                Ok(())
+            }
+            _ => Err(format!(
+                "'{url}' is not http://HOST:PORT (e.g. http://127.0.0.1:2379)"
+            )),
         }
     }
 }

@@ -387,3 +387,38 @@ fn check_files_names_the_field_of_a_file_that_would_fail_at_start() {
     assert_eq!(e, Ok(()));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_control_section_is_checked_naming_the_field() {
+    let with =
+        |control: &str| EXAMPLE.replace("[uplink]", &format!("[control]\n{control}\n[uplink]"));
+    let state = |t: String| t.replace("host_id = 1", "host_id = 1\nstate_file = \"/tmp/s.json\"");
+    let ok = Config::parse(&state(with(
+        r#"etcd = ["http://127.0.0.1:2379", "http://etcd2:2379"]"#,
+    )))
+    .unwrap();
+    let c = ok.control.unwrap();
+    assert_eq!((c.etcd.len(), c.prefix.as_str()), (2, "/picnic/"));
+    for (control, field) in [
+        ("etcd = []", "control.etcd"),
+        (r#"etcd = ["127.0.0.1:2379"]"#, "control.etcd[0]"),
+        (
+            r#"etcd = ["http://a:1", "https://b:2379"]"#,
+            "control.etcd[1]",
+        ),
+        (r#"etcd = ["http://a"]"#, "control.etcd[0]"),
+        (r#"etcd = ["http://a:0"]"#, "control.etcd[0]"),
+        (
+            "etcd = [\"http://a:1\"]\nprefix = \"picnic\"",
+            "control.prefix",
+        ),
+        ("etcd = [\"http://a:1\"]\nport = 3", "port"),
+    ] {
+        expect_field(&state(with(control)), field);
+    }
+    // Without a state file: nothing to run on while etcd is down.
+    let e = Config::parse(&with(r#"etcd = ["http://a:1"]"#))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("`control`") && e.contains("state_file"), "{e}");
+}

@@ -133,6 +133,9 @@ impl Config {
 
     /// `[ingress]`, `[egress]`, `[accel]`, `[uplink]`: fractions, rates, queue bounds, MTU.
     fn validate_sections(&self) -> Result<(), ConfigError> {
+        if let Some(c) = &self.control {
+            self.validate_control(c)?;
+        }
         if !(0.0..0.9).contains(&self.ingress.headroom) {
             return Err(err("ingress.headroom", "must be a fraction in [0, 0.9)"));
         }
@@ -204,6 +207,33 @@ impl Config {
             return Err(err(
                 "uplink.mtu",
                 "too small to carry encapsulated tenant frames",
+            ));
+        }
+        Ok(())
+    }
+
+    /// `[control]`: endpoints, prefix, and the state file it needs.
+    fn validate_control(&self, c: &super::ControlSection) -> Result<(), ConfigError> {
+        if c.etcd.is_empty() {
+            return Err(err(
+                "control.etcd",
+                "give at least one etcd URL (http://HOST:PORT)",
+            ));
+        }
+        for (i, url) in c.etcd.iter().enumerate() {
+            super::ControlSection::check_endpoint(url)
+                .map_err(|e| err(format!("control.etcd[{i}]"), e))?;
+        }
+        if !c.prefix.starts_with('/') || !c.prefix.ends_with('/') || c.prefix.len() < 2 {
+            return Err(err(
+                "control.prefix",
+                "must start and end with '/' (e.g. \"/picnic/\")",
+            ));
+        }
+        if self.switch.state_file.is_none() {
+            return Err(err(
+                "control",
+                "needs switch.state_file: with etcd unreachable the switch runs on its persisted state",
             ));
         }
         Ok(())

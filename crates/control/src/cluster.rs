@@ -1,0 +1,355 @@
+//! The cluster's records as etcd holds them, and what a switch makes of them: sans-I/O.
+//!
+//! | key (under the prefix) | value (JSON)                                             |
+//! |------------------------|----------------------------------------------------------|
+//! | `hosts/ID`             | a `HostEntry` (id, underlay_ip, mac)                     |
+//! | `tenants/NAME`         | a `TenantEntry` without `slo`                            |
+//! | `slos/TENANT`          | the tenant's `Slo`, on every host it spans               |
+//! | `vms/NAME`             | a `VmEntry`: the API's VM record (what the CNI plugin posts); its `port` is used on its `host` only |
+//! | `switches/ID`          | a [`SwitchStatus`], under a lease: the switch of host ID is up |
+
+use std::collections::BTreeMap;
+
+use picnic_core::slo::Slo;
+use picnic_switch::config::{Config, HostEntry, TenantEntry, VmEntry};
+use serde::{Deserialize, Serialize};
+
+/// What a running switch publishes about itself (`switches/ID`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SwitchStatus {
+    pub host: u32,
+    /// The etcd revision of the cluster state it runs.
+    pub revision: i64,
+    /// Its API (`switch.api`), if it has one.
+    pub api: Option<String>,
+}
+
+/// The cluster's records at one revision.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Cluster {
+    pub hosts: BTreeMap<u32, HostEntry>,
+    pub tenants: BTreeMap<String, TenantEntry>,
+    pub slos: BTreeMap<String, Slo>,
+    pub vms: BTreeMap<String, VmEntry>,
+    pub switches: BTreeMap<u32, SwitchStatus>,
+}
+
+/// The kinds of record, by their key's first component.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Host,
+    Tenant,
+    Slo,
+    Vm,
+    Switch,
+}
+
+impl Kind {
+    pub fn dir(self) -> &'static str {
+        match self {
+            Kind::Host => "hosts",
+            Kind::Tenant => "tenants",
+            Kind::Slo => "slos",
+            Kind::Vm => "vms",
+            Kind::Switch => "switches",
+        }
+    }
+    fn from_dir(dir: &str) -> Option<Kind> {
+        [Kind::Host, Kind::Tenant, Kind::Slo, Kind::Vm, Kind::Switch]
+            .into_iter()
+            .find(|k| k.dir() == dir)
+    }
+}
+
+/// The key of record `name` of `kind` under `prefix`.
+pub fn key(prefix: &str, kind: Kind, name: &str) -> String {
+    format!("{prefix}{}/{name}", kind.dir())
+}
+
+impl Cluster {
+    /// Sets (value Some) or deletes (None) the record at `key`. Err names the key and what
+    /// is wrong with it; the cluster is then unchanged. Keys outside the prefix's kinds are
+    /// ignored (Ok).
+    pub fn set(&mut self, prefix: &str, key: &str, value: Option<&[u8]>) -> Result<(), String> {
+        let Some((kind, name)) = key
+            .strip_prefix(prefix)
+            .and_then(|rest| rest.split_once('/'))
+            .and_then(|(dir, name)| Some((Kind::from_dir(dir)?, name)))
+        else {
+            return Ok(());
+        };
+        let bad = |e: String| format!("{key}: {e}");
+        let id = || name.parse::<u32>().map_err(|_| bad("not a host id".into()));
+        fn parse<T: serde::de::DeserializeOwned>(v: &[u8]) -> Result<T, String> {
+            serde_json::from_slice(v).map_err(|e| e.to_string())
+        }
+        match (kind, value) {
+            (Kind::Host, Some(v)) => {
+                let h: HostEntry = parse(v).map_err(bad)?;
+                if h.id != id()? {
+                    return Err(bad(format!("holds host {}", h.id)));
+                }
+                self.hosts.insert(h.id, h);
+            }
+            (Kind::Host, None) => {
+                self.hosts.remove(&id()?);
+            }
+            (Kind::Tenant, Some(v)) => {
+                let t: TenantEntry = parse(v).map_err(bad)?;
+                if t.name != name {
+                    return Err(bad(format!("holds tenant '{}'", t.name)));
+                }
+                if t.slo.is_some() {
+                    return Err(bad(format!("has an slo: it belongs in slos/{name}")));
+                }
+                self.tenants.insert(t.name.clone(), t);
+            }
+            (Kind::Tenant, None) => {
+                self.tenants.remove(name);
+            }
+            (Kind::Slo, Some(v)) => {
+                let s: Slo = parse(v).map_err(bad)?;
+                s.validate().map_err(|e| bad(e.to_string()))?;
+                self.slos.insert(name.to_string(), s);
+            }
+            (Kind::Slo, None) => {
+                self.slos.remove(name);
+            }
+            (Kind::Vm, Some(v)) => {
+                let vm: VmEntry = parse(v).map_err(bad)?;
+                if vm.name != name {
+                    return Err(bad(format!("holds VM '{}'", vm.name)));
+                }
+                self.vms.insert(vm.name.clone(), vm);
+            }
+            (Kind::Vm, None) => {
+                self.vms.remove(name);
+            }
+            (Kind::Switch, Some(v)) => {
+                let s: SwitchStatus = parse(v).map_err(bad)?;
+                self.switches.insert(id()?, s);
+            }
+            (Kind::Switch, None) => {
+                self.switches.remove(&id()?);
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the records a switch applies are the same in both (switch statuses aside).
+    pub fn same_deployment(&self, other: &Cluster) -> bool {
+        let json = |c: &Cluster| serde_json::to_value((&c.hosts, &c.tenants, &c.slos, &c.vms)).ok();
+        json(self) == json(other)
+    }
+}
+
+/// The config a switch runs once the cluster went from `before` (what it applied last) to
+/// `after`: `running` with every record of `after` set and every record `before` had and
+/// `after` has not removed. Entries that came from elsewhere (the config file, the API, the
+/// CNI plugin) stay. A tenant carries its SLO from `slos/`; a VM of another host carries no
+/// port; this host's own entry is never removed.
+pub fn desired(running: &Config, before: &Cluster, after: &Cluster) -> Config {
+    let mut cfg = running.clone();
+    let this = cfg.switch.host_id;
+    cfg.vms
+        .retain(|v| after.vms.contains_key(&v.name) || !before.vms.contains_key(&v.name));
+    cfg.tenants
+        .retain(|t| after.tenants.contains_key(&t.name) || !before.tenants.contains_key(&t.name));
+    cfg.hosts.retain(|h| {
+        h.id == this || after.hosts.contains_key(&h.id) || !before.hosts.contains_key(&h.id)
+    });
+    for h in after.hosts.values() {
+        put(&mut cfg.hosts, h.clone(), |x| x.id == h.id);
+    }
+    for t in after.tenants.values() {
+        let mut t = t.clone();
+        t.slo = after.slos.get(&t.name).cloned();
+        let name = t.name.clone();
+        put(&mut cfg.tenants, t, |x| x.name == name);
+    }
+    for v in after.vms.values() {
+        let mut v = v.clone();
+        if v.host != this {
+            v.port = None;
+        }
+        let name = v.name.clone();
+        put(&mut cfg.vms, v, |x| x.name == name);
+    }
+    cfg
+}
+
+/// Replaces the item of `list` that `same` finds, or appends `item`.
+fn put<T>(list: &mut Vec<T>, item: T, same: impl Fn(&T) -> bool) {
+    match list.iter_mut().find(|x| same(x)) {
+        Some(x) => *x = item,
+        None => list.push(item),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use picnic_switch::change::{diff, Change};
+
+    const P: &str = "/picnic/";
+
+    fn base() -> Config {
+        Config::parse(
+            r#"
+[switch]
+host_id = 1
+state_file = "/tmp/never-written.json"
+[uplink]
+ifname = "up0"
+[[hosts]]
+id = 1
+underlay_ip = "198.19.0.1"
+mac = "02:00:00:00:01:01"
+[[tenants]]
+name = "local"
+vni = 9
+[[vms]]
+name = "cni1"
+id = 900
+tenant = "local"
+host = 1
+mac = "02:00:00:00:09:00"
+ip = "198.18.9.0"
+port = { ifname = "cni1" }
+"#,
+        )
+        .unwrap()
+    }
+
+    fn put_json(c: &mut Cluster, key: &str, v: serde_json::Value) {
+        c.set(P, &format!("{P}{key}"), Some(v.to_string().as_bytes()))
+            .unwrap();
+    }
+
+    fn vm(name: &str, id: u32, host: u32) -> serde_json::Value {
+        serde_json::json!({
+            "name": name, "id": id, "tenant": "t", "host": host,
+            "mac": format!("02:00:00:00:00:{id:02x}"), "ip": format!("198.18.0.{id}"),
+            "port": { "ifname": name },
+        })
+    }
+
+    fn cluster() -> Cluster {
+        let mut c = Cluster::default();
+        for id in 1..=3 {
+            put_json(
+                &mut c,
+                &format!("hosts/{id}"),
+                serde_json::json!({"id": id, "underlay_ip": format!("198.19.0.{id}"),
+                    "mac": format!("02:00:00:00:01:0{id}")}),
+            );
+        }
+        put_json(
+            &mut c,
+            "tenants/t",
+            serde_json::json!({"name": "t", "vni": 100}),
+        );
+        put_json(&mut c, "vms/a", vm("a", 1, 1));
+        put_json(&mut c, "vms/b", vm("b", 2, 2));
+        c
+    }
+
+    fn names(changes: &[Change]) -> Vec<String> {
+        changes.iter().map(|c| c.to_string()).collect()
+    }
+
+    #[test]
+    fn the_cluster_is_added_to_what_the_host_has_and_remote_vms_lose_their_port() {
+        let run = base();
+        let cfg = desired(&run, &Cluster::default(), &cluster());
+        cfg.validate().unwrap();
+        assert_eq!(cfg.hosts.len(), 3);
+        // The CNI plugin's VM and tenant stay.
+        assert!(cfg.vms.iter().any(|v| v.name == "cni1"));
+        assert!(cfg.tenants.iter().any(|t| t.name == "local"));
+        let a = cfg.vms.iter().find(|v| v.name == "a").unwrap();
+        let b = cfg.vms.iter().find(|v| v.name == "b").unwrap();
+        assert_eq!(a.port.as_ref().unwrap().ifname, "a");
+        assert!(b.port.is_none(), "b is on host 2");
+        // Applying the same state again changes nothing.
+        assert!(diff(&cfg, &desired(&cfg, &cluster(), &cluster()))
+            .unwrap()
+            .is_empty());
+    }
+
+    #[test]
+    fn a_moved_vm_leaves_its_old_host_and_each_edit_is_one_change() {
+        let before = cluster();
+        let on1 = desired(&base(), &Cluster::default(), &before);
+        let mut after = before.clone();
+        put_json(&mut after, "vms/a", vm("a", 1, 3));
+        let next = desired(&on1, &before, &after);
+        next.validate().unwrap();
+        // Host 1 gives a's port up and knows it on host 3.
+        assert_eq!(
+            names(&diff(&on1, &next).unwrap()),
+            ["remove VM 'a'", "add VM 'a'"]
+        );
+        let a = next.vms.iter().find(|v| v.name == "a").unwrap();
+        assert_eq!((a.host, a.port.is_none()), (3, true));
+        // An SLO is a change to its tenant.
+        let mut slo = after.clone();
+        put_json(&mut slo, "slos/t", serde_json::json!({"latency_us": 500}));
+        let with_slo = desired(&next, &after, &slo);
+        assert_eq!(
+            names(&diff(&next, &with_slo).unwrap()),
+            ["change tenant 't'"]
+        );
+        let t = with_slo.tenants.iter().find(|t| t.name == "t").unwrap();
+        assert!(t.slo.is_some());
+    }
+
+    #[test]
+    fn records_removed_from_etcd_go_and_local_ones_stay() {
+        let before = cluster();
+        let on1 = desired(&base(), &Cluster::default(), &before);
+        let mut after = before.clone();
+        after.set(P, "/picnic/vms/b", None).unwrap();
+        after.set(P, "/picnic/hosts/2", None).unwrap();
+        // Host 1's record removed from etcd: host 1 keeps its own entry.
+        after.set(P, "/picnic/hosts/1", None).unwrap();
+        let next = desired(&on1, &before, &after);
+        next.validate().unwrap();
+        assert_eq!(
+            names(&diff(&on1, &next).unwrap()),
+            ["remove VM 'b'", "remove host 2"]
+        );
+        assert!(next.vms.iter().any(|v| v.name == "cni1"));
+        assert!(next.hosts.iter().any(|h| h.id == 1));
+    }
+
+    #[test]
+    fn bad_records_are_refused_naming_the_key() {
+        let mut c = cluster();
+        let e = c
+            .set(
+                P,
+                "/picnic/vms/x",
+                Some(vm("y", 7, 1).to_string().as_bytes()),
+            )
+            .unwrap_err();
+        assert!(e.contains("/picnic/vms/x") && e.contains("'y'"), "{e}");
+        let e = c.set(P, "/picnic/hosts/one", None).unwrap_err();
+        assert!(e.contains("not a host id"), "{e}");
+        let e = c
+            .set(
+                P,
+                "/picnic/tenants/t",
+                Some(br#"{"name":"t","vni":1,"slo":{}}"#),
+            )
+            .unwrap_err();
+        assert!(e.contains("slos/t"), "{e}");
+        let e = c.set(P, "/picnic/vms/a", Some(b"{")).unwrap_err();
+        assert!(e.starts_with("/picnic/vms/a:"), "{e}");
+        // Nothing changed, and keys of no kind are ignored.
+        assert!(c.same_deployment(&cluster()));
+        c.set(P, "/picnic/other/x", Some(b"?")).unwrap();
+        c.set(P, "/elsewhere/vms/a", None).unwrap();
+        assert!(c.same_deployment(&cluster()));
+    }
+}
