@@ -485,14 +485,20 @@ fn a_flood_beyond_its_destination_rate_is_dropped_at_its_sender_and_the_rest_kep
         got.len(),
         run.a1_tx_engine
     );
-    assert!(got.windows(2).all(|w| w[0] < w[1]), "no frame passed an earlier one");
+    assert!(
+        got.windows(2).all(|w| w[0] < w[1]),
+        "no frame passed an earlier one"
+    );
     // 20 Mb/s of 110 B frames on the wire for 0.6 s is about 13,600 frames.
     assert!(
         (8_000..20_000).contains(&got.len()),
         "about the destination's rate delivered: {}",
         got.len()
     );
-    assert!(f.tx_dropped > 5_000, "the flood dropped at the sender: {f:?}");
+    assert!(
+        f.tx_dropped > 5_000,
+        "the flood dropped at the sender: {f:?}"
+    );
     assert!(
         f.tx_packets > run.a1_tx_engine,
         "most of what went out went through the kernel: kernel {} engines {}",

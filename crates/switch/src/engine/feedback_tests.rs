@@ -485,13 +485,20 @@ fn a_flooded_destination_stays_held_while_the_kernel_drops_and_its_queue_is_empt
         }
         h1.poll(t);
         h1.take(UPLINK);
-        assert!(h1.engine.destination_overflowing(a2), "300 frames overflow its 256");
+        assert!(
+            h1.engine.destination_overflowing(a2),
+            "300 frames overflow its 256"
+        );
         let queued = h1.engine.egress.queue_len(a1);
         assert!(queued >= 250, "{queued} queued");
         if kernel_drops {
             h1.engine.kernel_dropped_for(a2, t, 255);
             h1.poll(t);
-            assert_eq!(h1.engine.egress.queue_len(a1), queued, "not yet a queue's worth");
+            assert_eq!(
+                h1.engine.egress.queue_len(a1),
+                queued,
+                "not yet a queue's worth"
+            );
         }
         let lost = h1.drops("a1", DropReason::ShapedQueueFull);
         if kernel_drops {
@@ -527,7 +534,10 @@ fn a_flooded_destination_stays_held_while_the_kernel_drops_and_its_queue_is_empt
             assert_eq!(held_until, 1019);
         } else {
             // Released once the queue drained (the last overflow was long before).
-            assert!((100..400).contains(&held_until), "held until {held_until} ms");
+            assert!(
+                (100..400).contains(&held_until),
+                "held until {held_until} ms"
+            );
         }
     }
 }

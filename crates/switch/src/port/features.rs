@@ -73,8 +73,11 @@ pub fn segment_tunnels_in_software(ifname: &str) -> io::Result<()> {
         .chunks(ETH_GSTRING_LEN)
         .enumerate()
         .filter(|(_, name)| {
-            CStr::from_bytes_until_nul(name)
-                .is_ok_and(|n| TUNNEL_SEGMENTATION.iter().any(|t| n.to_bytes() == t.as_bytes()))
+            CStr::from_bytes_until_nul(name).is_ok_and(|n| {
+                TUNNEL_SEGMENTATION
+                    .iter()
+                    .any(|t| n.to_bytes() == t.as_bytes())
+            })
         })
         .map(|(bit, _)| bit)
         .collect();

@@ -224,9 +224,7 @@ impl FastPathLink {
             .destinations
             .values()
             .filter_map(|d| match d {
-                Destination::Remote {
-                    limit: Some(l), ..
-                } if l.drop_beyond => Some(l.bucket),
+                Destination::Remote { limit: Some(l), .. } if l.drop_beyond => Some(l.bucket),
                 _ => None,
             })
             .collect();

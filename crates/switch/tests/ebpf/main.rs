@@ -6,9 +6,9 @@
 //! accounting, `cgroup.rs` the softirq time charged to a tenant's cgroup with two workers;
 //! this file builds the frames they send.
 
+mod cgroup;
 #[path = "../common/mod.rs"]
 mod common;
-mod cgroup;
 mod softirq;
 mod xdp;
 
