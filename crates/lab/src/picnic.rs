@@ -336,11 +336,12 @@ fn summary_lines(snap: &Snapshot) -> Vec<String> {
         .map(|v| {
             let k = &v.counters.fast_path;
             format!(
-                "{:<10} tx {:>8} rx {:>8} cost {:>6.1} ms ingress wait p99 < {} us limits {:?} waited in limiter {} drops [{}] kernel tx {} rx {} dropped {} handed over {} (tokens {}, offload {}) resumed {}",
+                "{:<10} tx {:>8} rx {:>8} cost {:>6.1} ms softirq {:>6.1} ms ingress wait p99 < {} us limits {:?} waited in limiter {} drops [{}] kernel tx {} rx {} dropped {} handed over {} (tokens {}, offload {}) resumed {}",
                 v.name,
                 v.counters.tx_packets,
                 v.counters.rx_packets,
                 v.counters.cost_ns as f64 / 1e6,
+                v.counters.softirq_ns as f64 / 1e6,
                 v.counters.ingress_wait.quantile_us(0.99).unwrap_or(0),
                 v.applied_limits.iter().map(|(d, r)| (*d, r / 1_000_000)).collect::<Vec<_>>(),
                 v.counters.waited_limiter,

@@ -199,9 +199,12 @@ pub struct KernelFastPath {
     handover: Array<MapData, Handover>,
     counts: PerCpuArray<MapData, u64>,
     arrivals: PerCpuHashMap<MapData, ArrivalKey, ArrivalCounts>,
+    arrival_seq: PerCpuArray<MapData, u64>,
+    /// `fp_arrival_seq` summed over CPUs at the last walk of `arrivals`.
+    arrivals_read_at: std::cell::Cell<Option<u64>>,
     dest_tat: Array<MapData, u64>,
     released: Array<MapData, u64>,
-    dest_dropped: PerCpuArray<MapData, u64>,
+    dest_dropped: Array<MapData, u64>,
     /// Devices the hop is attached to, by name.
     attached: Vec<String>,
 }
@@ -237,11 +240,13 @@ impl KernelFastPath {
             PerCpuArray::try_from(take("fp_counts")?).map_err(|e| aya_error(e, "fp_counts"))?;
         let arrivals = PerCpuHashMap::try_from(take("fp_arrivals")?)
             .map_err(|e| aya_error(e, "fp_arrivals"))?;
+        let arrival_seq = PerCpuArray::try_from(take("fp_arrival_seq")?)
+            .map_err(|e| aya_error(e, "fp_arrival_seq"))?;
         let dest_tat =
             Array::try_from(take("fp_dest_tat")?).map_err(|e| aya_error(e, "fp_dest_tat"))?;
         let released =
             Array::try_from(take("fp_released")?).map_err(|e| aya_error(e, "fp_released"))?;
-        let dest_dropped = PerCpuArray::try_from(take("fp_dest_dropped")?)
+        let dest_dropped = Array::try_from(take("fp_dest_dropped")?)
             .map_err(|e| aya_error(e, "fp_dest_dropped"))?;
         Ok(KernelFastPath {
             bpf,
@@ -252,6 +257,8 @@ impl KernelFastPath {
             handover,
             counts,
             arrivals,
+            arrival_seq,
+            arrivals_read_at: std::cell::Cell::new(None),
             dest_tat,
             released,
             dest_dropped,
@@ -467,14 +474,12 @@ impl KernelFastPath {
             .map_err(|e| aya_error(e, "fp_released"))
     }
 
-    /// Frames dropped beyond remote destination `bucket`'s rate so far, summed over CPUs.
+    /// Frames dropped beyond remote destination `bucket`'s rate so far.
     pub fn destination_dropped(&self, bucket: u32) -> u64 {
         if bucket as usize >= MAX_DEST_BUCKETS {
             return 0;
         }
-        self.dest_dropped
-            .get(&bucket, 0)
-            .map_or(0, |v| v.iter().sum())
+        self.dest_dropped.get(&bucket, 0).unwrap_or(0)
     }
 
     /// A port's hand-over counts (`taken` left 0 for the caller to fill).
@@ -490,8 +495,16 @@ impl KernelFastPath {
     }
 
     /// Every (receiving VM, sending VM) pair's arrivals in the kernel, summed over CPUs,
-    /// into `out` (replaced). The map is LRU: a pair evicted starts again from zero.
-    pub fn arrivals(&self, out: &mut Vec<Arrivals>) {
+    /// into `out` (replaced), if any arrived since the last call; false (and `out` left as
+    /// it was) if none did. The map is LRU: a pair evicted starts again from zero.
+    pub fn arrivals(&self, out: &mut Vec<Arrivals>) -> bool {
+        let seq = self
+            .arrival_seq
+            .get(&0, 0)
+            .map_or(0, |v| v.iter().sum::<u64>());
+        if self.arrivals_read_at.replace(Some(seq)) == Some(seq) {
+            return false;
+        }
         out.clear();
         for entry in self.arrivals.iter() {
             let Ok((key, per_cpu)) = entry else {
@@ -514,6 +527,7 @@ impl KernelFastPath {
             }
             out.push(a);
         }
+        true
     }
 
     /// A slot's counters, summed over CPUs, in `fastpath.bpf.c`'s order (frames and bytes each
