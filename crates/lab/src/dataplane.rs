@@ -14,9 +14,15 @@ pub trait Dataplane: Send {
     fn setup(&mut self, host: &HostView) -> Result<()>;
     /// Stops whatever `setup` started (processes, threads). Links vanish with the namespace.
     fn teardown(&mut self, host: &HostView) -> Result<()>;
-    /// CPU the dataplane measured and charged to each tenant so far, ns (empty when it
-    /// does not measure it, as a kernel bridge).
+    /// CPU the dataplane measured and charged to each tenant so far, ns: its threads' and,
+    /// where it measures them, the kernel softirq's on the tenant's ports (picnic's kernel
+    /// fast path forwards there); empty when it does not measure it, as a kernel bridge.
     fn tenant_cpu_ns(&self) -> Vec<(String, u64)> {
+        Vec::new()
+    }
+    /// Tenants none of whose frames the dataplane has dropped so far (for the max-min CPU
+    /// share, `cpu_share_error`); empty when it does not count drops per tenant.
+    fn tenants_served_in_full(&self) -> Vec<String> {
         Vec::new()
     }
     /// What the dataplane judged of each tenant's SLO so far (empty when it does not judge

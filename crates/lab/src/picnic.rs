@@ -165,10 +165,26 @@ impl Dataplane for PicnicSwitch {
             .map(|s| {
                 s.tenants
                     .iter()
-                    .map(|t| (t.name.clone(), t.cost_ns))
+                    .map(|t| (t.name.clone(), t.cost_ns + t.softirq_ns))
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    fn tenants_served_in_full(&self) -> Vec<String> {
+        let Some(snap) = self.snapshot() else {
+            return Vec::new();
+        };
+        snap.tenants
+            .iter()
+            .filter(|t| {
+                snap.vms.iter().filter(|v| v.tenant == t.name).all(|v| {
+                    let c = &v.counters;
+                    c.drops.total() + c.fast_path.tx_shed + c.fast_path.tx_dropped == 0
+                })
+            })
+            .map(|t| t.name.clone())
+            .collect()
     }
 
     fn tenant_slo(&self) -> Vec<(String, picnic_scenario::SwitchSlo)> {
@@ -336,7 +352,7 @@ fn summary_lines(snap: &Snapshot) -> Vec<String> {
         .map(|v| {
             let k = &v.counters.fast_path;
             format!(
-                "{:<10} tx {:>8} rx {:>8} cost {:>6.1} ms softirq {:>6.1} ms ingress wait p99 < {} us limits {:?} waited in limiter {} drops [{}] kernel tx {} rx {} dropped {} handed over {} (tokens {}, offload {}) resumed {}",
+                "{:<10} tx {:>8} rx {:>8} cost {:>6.1} ms softirq {:>6.1} ms ingress wait p99 < {} us limits {:?} waited in limiter {} drops [{}] kernel tx {} rx {} dropped {} shed {} handed over {} (tokens {}, offload {}) resumed {}",
                 v.name,
                 v.counters.tx_packets,
                 v.counters.rx_packets,
@@ -349,6 +365,7 @@ fn summary_lines(snap: &Snapshot) -> Vec<String> {
                 k.tx_packets,
                 k.rx_packets,
                 k.tx_dropped + k.rx_dropped,
+                k.tx_shed,
                 k.handed_not_granted
                     + k.handed_tokens
                     + k.handed_not_unicast_ipv4

@@ -10,7 +10,7 @@ use picnic_netns::{self as netns, Testbed};
 use picnic_scenario::plan::HostView;
 use picnic_scenario::{Dataplane as Kind, Mode, ModeReport, Scenario, Summary, SwitchSlo};
 use picnic_scenario::{WorkloadKind, WorkloadResult};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// The lab's dataplane of a mode: a Linux bridge per host for [`Kind::Bridge`], picnic
@@ -121,7 +121,7 @@ pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> Result<Outcome> {
     for round in 0..repeat {
         for (mode, mode_runs) in opts.modes.iter().zip(&mut runs) {
             say(format!("mode {} run {}/{}", mode.name, round + 1, repeat));
-            let (results, tenant_cpu, tenant_slo) =
+            let (results, tenant_cpu, served, tenant_slo) =
                 run_mode(&scenario, mode, &say).with_context(|| format!("mode {}", mode.name))?;
             for r in &results {
                 say(format!(
@@ -137,6 +137,7 @@ pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> Result<Outcome> {
                 ));
             }
             mode_runs.cpu.push(tenant_cpu);
+            mode_runs.served.push(served);
             mode_runs.slo.push(tenant_slo);
             mode_runs.results.push(results);
         }
@@ -144,7 +145,7 @@ pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> Result<Outcome> {
     let mut reports = Vec::new();
     for (mode, mode_runs) in opts.modes.iter().zip(runs) {
         let mut report = ModeReport::new(&scenario, &mode.name, mode.attackers, mode_runs.results)?;
-        report.add_cpu_share_error(&scenario, &mode_runs.cpu);
+        report.add_cpu_share_error(&scenario, &mode_runs.cpu, &mode_runs.served);
         report.add_switch_slo(&scenario, &mode_runs.slo);
         reports.push(report);
     }
@@ -198,11 +199,12 @@ impl Drop for Dataplanes {
 }
 
 /// One run of a mode: the workloads' results, the CPU the dataplanes charged each tenant
-/// (ns) and what they judged of each tenant's SLO (both summed over hosts; empty for kernel
-/// bridges).
+/// (ns), the tenants none of whose frames they dropped, and what they judged of each
+/// tenant's SLO (summed over hosts; empty for kernel bridges).
 pub type ModeRun = (
     Vec<WorkloadResult>,
     BTreeMap<String, u64>,
+    BTreeSet<String>,
     BTreeMap<String, SwitchSlo>,
 );
 
@@ -211,6 +213,7 @@ pub type ModeRun = (
 struct ModeRuns {
     results: Vec<Vec<WorkloadResult>>,
     cpu: Vec<BTreeMap<String, u64>>,
+    served: Vec<BTreeSet<String>>,
     slo: Vec<BTreeMap<String, SwitchSlo>>,
 }
 
@@ -262,8 +265,17 @@ pub fn run_mode(scenario: &Scenario, mode: &Mode, say: &dyn Fn(String)) -> Resul
     let results = workload::run_placed(scenario, &topo, &workloads, &placement)?;
     let mut tenant_cpu = BTreeMap::new();
     let mut tenant_slo: BTreeMap<String, SwitchSlo> = BTreeMap::new();
+    // Served in full: every host that charged the tenant dropped none of its frames.
+    let mut served = BTreeSet::new();
+    let mut dropped = BTreeSet::new();
     for (_, dp) in &dataplanes.0 {
+        let in_full = dp.tenants_served_in_full();
         for (tenant, ns) in dp.tenant_cpu_ns() {
+            if in_full.contains(&tenant) {
+                served.insert(tenant.clone());
+            } else {
+                dropped.insert(tenant.clone());
+            }
             *tenant_cpu.entry(tenant).or_insert(0) += ns;
         }
         for (tenant, judged) in dp.tenant_slo() {
@@ -277,5 +289,6 @@ pub fn run_mode(scenario: &Scenario, mode: &Mode, say: &dyn Fn(String)) -> Resul
     drop(placement);
     testbed.teardown()?;
     say("  torn down".into());
-    Ok((results, tenant_cpu, tenant_slo))
+    let served = served.difference(&dropped).cloned().collect();
+    Ok((results, tenant_cpu, served, tenant_slo))
 }

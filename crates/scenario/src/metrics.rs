@@ -5,11 +5,11 @@
 use anyhow::{anyhow, Result};
 use hdrhistogram::Histogram;
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::results::WorkloadResult;
 use crate::shares::{
-    competitors, completion_ms, median, scenario_metric, weighted_error, SCENARIO_METRICS,
+    competitors, completion_ms, max_min_error, median, scenario_metric, SCENARIO_METRICS,
 };
 use crate::Scenario;
 
@@ -308,20 +308,37 @@ impl ModeReport {
 
     /// Adds `cpu_share_error` (median over repetitions) from the CPU the dataplanes charged
     /// each tenant in each repetition: the largest relative deviation of a competing tenant's
-    /// switch CPU from its weighted share of what the competitors got together (PicNIC's
-    /// CPU-fair queuing: equal guarantees, equal CPU). Competitors as for `share_error`.
-    pub fn add_cpu_share_error(&mut self, scenario: &Scenario, cpu: &[BTreeMap<String, u64>]) {
+    /// dataplane CPU from its weighted max-min fair share of what the competitors got together
+    /// (PicNIC's CPU-fair queuing: equal guarantees, equal CPU, work-conserving). A tenant in
+    /// `served` (per repetition: the dataplane dropped none of its frames) asked for no more
+    /// than it got: below its share it keeps what it used and the others share the rest, as
+    /// WFQ gives them (a tenant whose frames all went through picnic's kernel fast path at its
+    /// own CPU's expense wants none of the engines' CPU). Competitors as for `share_error`.
+    pub fn add_cpu_share_error(
+        &mut self,
+        scenario: &Scenario,
+        cpu: &[BTreeMap<String, u64>],
+        served: &[BTreeSet<String>],
+    ) {
+        let none = BTreeSet::new();
         let values: Vec<f64> = self
             .repetitions
             .iter()
             .zip(cpu)
-            .filter_map(|(rep, cpu)| {
+            .enumerate()
+            .filter_map(|(i, (rep, cpu))| {
                 let comp = competitors(scenario, rep)?;
                 let used: Vec<f64> = comp
                     .iter()
                     .map(|(t, _)| cpu.get(*t).copied().map(|ns| ns as f64))
                     .collect::<Option<_>>()?;
-                weighted_error(&used, &comp.iter().map(|c| c.1).collect::<Vec<_>>())
+                let served = served.get(i).unwrap_or(&none);
+                let satisfied: Vec<bool> = comp.iter().map(|(t, _)| served.contains(*t)).collect();
+                max_min_error(
+                    &used,
+                    &comp.iter().map(|c| c.1).collect::<Vec<_>>(),
+                    &satisfied,
+                )
             })
             .collect();
         if let Some(v) = median(&values) {

@@ -84,6 +84,46 @@ pub(crate) fn weighted_error(rates: &[f64], weights: &[f64]) -> Option<f64> {
         .reduce(f64::max)
 }
 
+/// [`weighted_error`] against weighted max-min fair shares: a `satisfied` tenant (it asked for
+/// no more than it got) whose use is below its weighted share of what is left keeps its use,
+/// and the rest is shared by weight among the others (water-filling). The error is the largest
+/// relative deviation of the others from their shares; 0 when every tenant is satisfied
+/// below its share.
+pub(crate) fn max_min_error(used: &[f64], weights: &[f64], satisfied: &[bool]) -> Option<f64> {
+    let total: f64 = used.iter().sum();
+    if total <= 0.0 || weights.iter().sum::<f64>() <= 0.0 {
+        return None;
+    }
+    let mut fixed = vec![false; used.len()];
+    loop {
+        let left: f64 = total
+            - (0..used.len())
+                .filter(|&i| fixed[i])
+                .map(|i| used[i])
+                .sum::<f64>();
+        let w: f64 = (0..used.len())
+            .filter(|&i| !fixed[i])
+            .map(|i| weights[i])
+            .sum();
+        if w <= 0.0 {
+            return Some(0.0);
+        }
+        let level = left / w;
+        let below: Vec<usize> = (0..used.len())
+            .filter(|&i| !fixed[i] && satisfied[i] && used[i] < level * weights[i])
+            .collect();
+        if below.is_empty() {
+            return (0..used.len())
+                .filter(|&i| !fixed[i])
+                .map(|i| (used[i] - level * weights[i]).abs() / (level * weights[i]))
+                .reduce(f64::max);
+        }
+        for i in below {
+            fixed[i] = true;
+        }
+    }
+}
+
 /// Time from the moment every competing tenant's greedy workloads run (the latest start)
 /// until the rates settle: the first [`BIN_MS`] bin from which on, until the first greedy
 /// stop, every competitor's rate averaged over [`CONVERGENCE_BINS`] bins stays within

@@ -3,7 +3,7 @@
 use super::*;
 use crate::shares::{completion_order, convergence_ms, median, share_error};
 use hdrhistogram::Histogram;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 const SCENARIO: &str = r#"
 name = "t"
@@ -358,15 +358,40 @@ fn cpu_share_error_weighs_the_dataplanes_charges_like_share_error_weighs_rates()
     let mut m = ModeReport::new(&s, "picnic", true, vec![rep.clone(), rep]).unwrap();
     // Guarantees 100:50; charged 500 and 400 ns: b's share is 300, off by 100/300.
     let cpu = |a: u64, b: u64| BTreeMap::from([("a".to_string(), a), ("b".to_string(), b)]);
-    m.add_cpu_share_error(&s, &[cpu(500, 400), cpu(600, 300)]);
+    m.add_cpu_share_error(&s, &[cpu(500, 400), cpu(600, 300)], &[]);
     // The median of 1/3 and 0 (600:300 is exact).
     let v = m.metrics["cpu_share_error"];
     assert!((v - 1.0 / 6.0).abs() < 1e-9, "{v}");
     // A dataplane that measures nothing leaves the metric out (its check then fails).
     let mut bridge = m.clone();
     bridge.metrics.clear();
-    bridge.add_cpu_share_error(&s, &[BTreeMap::new(), BTreeMap::new()]);
+    bridge.add_cpu_share_error(&s, &[BTreeMap::new(), BTreeMap::new()], &[]);
     assert!(!bridge.metrics.contains_key("cpu_share_error"));
+}
+
+#[test]
+fn a_tenant_served_in_full_below_its_cpu_share_leaves_the_rest_to_the_others() {
+    let s = Scenario::parse(SHARES).unwrap();
+    let bulk = |name: &str, tenant: &str| WorkloadResult {
+        kind: WorkloadKind::TcpBulk,
+        ..transfer(name, tenant, vec![1000; 10], None)
+    };
+    let rep = vec![bulk("wa", "a"), bulk("wb", "b")];
+    let cpu = |a: u64, b: u64| BTreeMap::from([("a".to_string(), a), ("b".to_string(), b)]);
+    let served = |t: &[&str]| t.iter().map(|t| t.to_string()).collect::<BTreeSet<_>>();
+    let error = |used: BTreeMap<String, u64>, served: BTreeSet<String>| {
+        let mut m = ModeReport::new(&s, "picnic", true, vec![rep.clone()]).unwrap();
+        m.add_cpu_share_error(&s, &[used], &[served]);
+        m.metrics["cpu_share_error"]
+    };
+    // Guarantees 100:50. b got 100 of 900 (its share is 300): unfair if it wanted more...
+    assert!((error(cpu(800, 100), served(&[])) - 2.0 / 3.0).abs() < 1e-9);
+    // ...fair if the dataplane dropped none of its frames: a keeps the rest.
+    assert_eq!(error(cpu(800, 100), served(&["b"])), 0.0);
+    // Served in full but above its share, it still counts: b used 400 against its 300.
+    assert!((error(cpu(500, 400), served(&["b"])) - 1.0 / 3.0).abs() < 1e-9);
+    // Both served below their shares: nothing is unfair.
+    assert_eq!(error(cpu(800, 100), served(&["a", "b"])), 0.0);
 }
 
 #[test]

@@ -60,7 +60,7 @@ pub fn run(spec: &Spec, seed: u64, out: Option<&Path>, progress: bool) -> Result
         }
         let mut report =
             ModeReport::new(&spec.scenario, name, mode.attackers, world.take_results())?;
-        report.add_cpu_share_error(&spec.scenario, &[world.tenant_cpu_ns()]);
+        report.add_cpu_share_error(&spec.scenario, &[world.tenant_cpu_ns()], &[]);
         report.add_switch_slo(&spec.scenario, &[world.tenant_slo()]);
         reports.push(report);
         stats.push(s);

@@ -73,6 +73,8 @@ enum {
 	C_TX_DROPPED,                /* beyond a destination's rate while its limiter overflows,
 				      * or sent while the tenant is over its CPU allocation */
 	C_TX_RESUMED,                /* the kernel handed the VM back itself (see the top) */
+	C_TX_SHED,                   /* dropped, not handed over: the switch's ring of the VM's
+				      * port was about full (see `shedding`) */
 	COUNTERS,
 };
 
@@ -127,6 +129,7 @@ struct state {
 	u64 rx_epoch;
 	u64 tat[4]; /* tx bytes, tx packets, rx bytes, rx packets */
 	u64 tx_resumed; /* the tx epoch + 1 at which the kernel resumed the VM itself; 0: none */
+	u64 shedding;   /* 1: frames to hand over are dropped until the ring is drained */
 };
 
 /* Per port slot: frames handed over (hop), and handed-over frames let into the socket
@@ -221,6 +224,20 @@ struct {
 	__type(key, u32);
 	__type(value, u64);
 } fp_released SEC(".maps");
+
+/* Per VM slot, written by the switch at every sync: the entries of the VM port's ring it has
+ * taken (or the kernel dropped for a full ring), and how many may wait in it (0: no bound). */
+struct ring {
+	u64 taken;
+	u64 limit;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_SLOTS);
+	__type(key, u32);
+	__type(value, struct ring);
+} fp_ring SEC(".maps");
 
 /* Frames dropped beyond each remote destination's rate (`dest.bucket`), so the switch knows
  * its senders still flood it while its own limiter is empty. */
@@ -330,6 +347,43 @@ static __always_inline int resumed(struct ctl *c, struct state *s, u32 slot)
 	return 1;
 }
 
+/* Whether the VM's frames that would be handed over are dropped instead, before any work
+ * (Iron 3.3): its port's ring is about full, so the switch, behind on it, would lose them
+ * anyway, after the work of the hand-over. Once it starts, it lasts until the switch has taken
+ * every frame let in: else the ring stays about full, never drains, and the VM, held on the
+ * engines' path by its hand-overs, never comes back to the kernel (cpu-fair: a quarter-core
+ * switch kept a flood within its allocation on its path for the whole run). */
+static __always_inline int shedding(struct state *s, u32 slot)
+{
+	struct handover *h = bpf_map_lookup_elem(&fp_handover, &slot);
+	struct ring *r = bpf_map_lookup_elem(&fp_ring, &slot);
+	if (!h || !r || !r->limit)
+		return 0;
+	u64 tapped = h->tapped;
+	u64 taken = r->taken;
+	if (s->shedding) {
+		if (taken < tapped)
+			return 1;
+		s->shedding = 0;
+		return 0;
+	}
+	if (tapped < taken + r->limit)
+		return 0;
+	s->shedding = 1;
+	return 1;
+}
+
+/* Hands a VM's own frame over, or drops it while the switch is behind on its ring. */
+static __always_inline long vm_hand_over(struct __sk_buff *skb, u32 slot, u32 reason,
+					 struct state *s, struct state *rx)
+{
+	if (shedding(s, slot)) {
+		count(slot, C_TX_SHED, 1);
+		return TC_ACT_SHOT;
+	}
+	return hand_over(skb, slot, reason, s, rx);
+}
+
 /* Frames from a VM's port. */
 static __always_inline long from_vm(struct __sk_buff *skb, struct port *p)
 {
@@ -346,15 +400,15 @@ static __always_inline long from_vm(struct __sk_buff *skb, struct port *p)
 	u8 *data = (u8 *)(long)skb->data;
 	u8 *end = (u8 *)(long)skb->data_end;
 	if (data + 34 > end)
-		return hand_over(skb, slot, R_NOT_UNICAST_IPV4, s, 0);
+		return vm_hand_over(skb, slot, R_NOT_UNICAST_IPV4, s, 0);
 	if (*(u16 *)(data + 12) != bswap16(ETH_P_IPV4) || (data[0] & 1))
-		return hand_over(skb, slot, R_NOT_UNICAST_IPV4, s, 0);
+		return vm_hand_over(skb, slot, R_NOT_UNICAST_IPV4, s, 0);
 	u8 *ip = data + 14;
 	/* No options, no fragments. */
 	if (ip[0] != 0x45 || (*(u16 *)(ip + 6) & bswap16(0x3fff)))
-		return hand_over(skb, slot, R_NOT_UNICAST_IPV4, s, 0);
+		return vm_hand_over(skb, slot, R_NOT_UNICAST_IPV4, s, 0);
 	if (!mac_eq(data + 6, p->mac) || *(u32 *)(ip + 12) != p->ip)
-		return hand_over(skb, slot, R_SPOOFED, s, 0);
+		return vm_hand_over(skb, slot, R_SPOOFED, s, 0);
 	struct dest_key key = {.vni = p->vni};
 	__builtin_memcpy(key.mac, data, 6);
 	struct dest *d = bpf_map_lookup_elem(&fp_dests, &key);
@@ -381,9 +435,9 @@ static __always_inline long from_vm(struct __sk_buff *skb, struct port *p)
 		}
 	}
 	if (!granted(c, s, CTL_TX) && !resumed(c, s, slot))
-		return hand_over(skb, slot, R_NOT_GRANTED, s, 0);
+		return vm_hand_over(skb, slot, R_NOT_GRANTED, s, 0);
 	if (!d || (d->kind == DEST_REMOTE && d->limited))
-		return hand_over(skb, slot, R_DESTINATION, s, 0);
+		return vm_hand_over(skb, slot, R_DESTINATION, s, 0);
 	u64 packets = skb->gso_segs ? skb->gso_segs : 1;
 
 	if (d->kind == DEST_LOCAL) {
@@ -391,15 +445,15 @@ static __always_inline long from_vm(struct __sk_buff *skb, struct port *p)
 		struct ctl *dc = bpf_map_lookup_elem(&fp_ctl, &dslot);
 		struct state *ds = bpf_map_lookup_elem(&fp_state, &dslot);
 		if (!dc || !ds)
-			return hand_over(skb, slot, R_DESTINATION, s, 0);
+			return vm_hand_over(skb, slot, R_DESTINATION, s, 0);
 		if (!granted(dc, ds, CTL_RX))
-			return hand_over(skb, slot, R_NOT_GRANTED, s, ds);
+			return vm_hand_over(skb, slot, R_NOT_GRANTED, s, ds);
 		if (!within(s, 0, c->tx_ps_per_byte, c->tx_ns_per_packet, c->burst_ns, now, len,
 			    packets))
-			return hand_over(skb, slot, R_TOKENS, s, ds);
+			return vm_hand_over(skb, slot, R_TOKENS, s, ds);
 		if (!within(ds, 2, dc->rx_ps_per_byte, dc->rx_ns_per_packet, dc->burst_ns, now,
 			    len, packets))
-			return hand_over(skb, slot, R_TOKENS, s, ds);
+			return vm_hand_over(skb, slot, R_TOKENS, s, ds);
 		count(slot, C_TX_PACKETS, packets);
 		count(slot, C_TX_BYTES, len);
 		count(dslot, C_RX_PACKETS, packets);
@@ -424,10 +478,10 @@ static __always_inline long from_vm(struct __sk_buff *skb, struct port *p)
 		u32 b = d->bucket;
 		u64 *tat = bpf_map_lookup_elem(&fp_dest_tat, &b);
 		if (!tat || !gcra(tat, now, wire * d->ps_per_byte / 1000, c->burst_ns))
-			return hand_over(skb, slot, R_TOKENS, s, 0);
+			return vm_hand_over(skb, slot, R_TOKENS, s, 0);
 	}
 	if (!within(s, 0, c->tx_ps_per_byte, c->tx_ns_per_packet, c->burst_ns, now, wire, packets))
-		return hand_over(skb, slot, R_TOKENS, s, 0);
+		return vm_hand_over(skb, slot, R_TOKENS, s, 0);
 
 	/* Headers: outer Ethernet, IPv4, UDP, Geneve, then the frame's own Ethernet header. */
 	/* Offset by 2 so that the outer IPv4 header's words are aligned (the verifier refuses
@@ -483,7 +537,7 @@ static __always_inline long from_vm(struct __sk_buff *skb, struct port *p)
 	u64 flags = BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | BPF_F_ADJ_ROOM_ENCAP_L4_UDP |
 		    BPF_F_ADJ_ROOM_ENCAP_L2_ETH | BPF_F_ADJ_ROOM_ENCAP_L2(14);
 	if (bpf_skb_adjust_room(skb, ENCAP_LEN, BPF_ADJ_ROOM_MAC, flags))
-		return hand_over(skb, slot, R_OFFLOAD, s, 0);
+		return vm_hand_over(skb, slot, R_OFFLOAD, s, 0);
 	if (bpf_skb_store_bytes(skb, 0, hdr, 64, 0))
 		return TC_ACT_SHOT;
 	count(slot, C_TX_PACKETS, packets);

@@ -28,7 +28,7 @@ const CTL_RX_DROP: u32 = 4;
 const CTL_TX_DROP: u32 = 8;
 
 /// Counters per slot, in `fastpath.bpf.c`'s order.
-pub const COUNTERS: usize = 14;
+pub const COUNTERS: usize = 15;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -105,6 +105,14 @@ struct State {
     rx_epoch: u64,
     tat: [u64; 4],
     tx_resumed: u64,
+    shedding: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct Ring {
+    taken: u64,
+    limit: u64,
 }
 
 #[repr(C)]
@@ -121,6 +129,7 @@ unsafe impl Pod for Dest {}
 unsafe impl Pod for Ctl {}
 unsafe impl Pod for State {}
 unsafe impl Pod for Handover {}
+unsafe impl Pod for Ring {}
 unsafe impl Pod for ArrivalKey {}
 unsafe impl Pod for ArrivalCounts {}
 
@@ -204,6 +213,7 @@ pub struct KernelFastPath {
     arrivals_read_at: std::cell::Cell<Option<u64>>,
     dest_tat: Array<MapData, u64>,
     released: Array<MapData, u64>,
+    ring: Array<MapData, Ring>,
     dest_dropped: Array<MapData, u64>,
     /// Devices the hop is attached to, by name.
     attached: Vec<String>,
@@ -246,6 +256,7 @@ impl KernelFastPath {
             Array::try_from(take("fp_dest_tat")?).map_err(|e| aya_error(e, "fp_dest_tat"))?;
         let released =
             Array::try_from(take("fp_released")?).map_err(|e| aya_error(e, "fp_released"))?;
+        let ring = Array::try_from(take("fp_ring")?).map_err(|e| aya_error(e, "fp_ring"))?;
         let dest_dropped = Array::try_from(take("fp_dest_dropped")?)
             .map_err(|e| aya_error(e, "fp_dest_dropped"))?;
         Ok(KernelFastPath {
@@ -261,6 +272,7 @@ impl KernelFastPath {
             arrivals_read_at: std::cell::Cell::new(None),
             dest_tat,
             released,
+            ring,
             dest_dropped,
             attached: Vec::new(),
         })
@@ -331,6 +343,7 @@ impl KernelFastPath {
             .set(slot, Handover::default(), 0)
             .map_err(|e| aya_error(e, "fp_handover"))?;
         self.release(slot, 0)?;
+        self.set_ring(slot, 0, 0)?;
         self.ports
             .insert(ifindex, entry, 0)
             .map_err(|e| aya_error(e, "fp_ports"))
@@ -472,6 +485,14 @@ impl KernelFastPath {
         self.released
             .set(slot, taken, 0)
             .map_err(|e| aya_error(e, "fp_released"))
+    }
+
+    /// The entries of the ring of port `slot` taken so far, and how many may wait in it
+    /// before the VM's frames to hand over are dropped at its port instead (0: no bound).
+    pub fn set_ring(&mut self, slot: u32, taken: u64, limit: u64) -> io::Result<()> {
+        self.ring
+            .set(slot, Ring { taken, limit }, 0)
+            .map_err(|e| aya_error(e, "fp_ring"))
     }
 
     /// Frames dropped beyond remote destination `bucket`'s rate so far.

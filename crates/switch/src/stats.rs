@@ -237,6 +237,9 @@ pub struct FastPathCounters {
     /// Times the kernel handed the VM back to the fast path itself, at a frame that found
     /// every frame it had handed over taken and nothing of the VM held by the switch.
     pub tx_resumed: u64,
+    /// Frames of the VM dropped in the kernel instead of handed over, while the switch was
+    /// behind on its port's ring (the ring would have dropped them, after the work).
+    pub tx_shed: u64,
 }
 
 impl FastPathCounters {
@@ -257,6 +260,7 @@ impl FastPathCounters {
             handed_geneve_options: c[11],
             tx_dropped: c[12],
             tx_resumed: c[13],
+            tx_shed: c[14],
         }
     }
 }

@@ -46,13 +46,14 @@ pub fn default_count(cpus: usize, vm_ports: usize) -> usize {
     cpus.min(vm_ports).max(1)
 }
 
-/// Whether `cfg` has the ports' softirq time measured and charged: only while Iron runs (a
-/// tenant has a CPU quota), as the tracepoints cost every packet of the host (docs/switch.md
-/// "eBPF").
+/// Whether `cfg` has the ports' softirq time measured and charged: while Iron runs (a tenant
+/// has a CPU quota), or while the kernel fast path forwards in the senders' softirq (the
+/// tracepoints are the only account of that work per tenant). Not otherwise, as they cost
+/// every packet of the host (docs/switch.md "eBPF").
 pub fn wants_softirq(cfg: &Config) -> bool {
     cfg.isolation.cpu_accounting
         && cfg.isolation.softirq_accounting
-        && cfg.tenants.iter().any(|t| t.cpu_quota.is_some())
+        && (cfg.fastpath.kernel || cfg.tenants.iter().any(|t| t.cpu_quota.is_some()))
 }
 
 /// Whether a tenant of `cfg` encrypts: the shared encryption engine is driven by the single

@@ -160,8 +160,10 @@ impl Engine {
         if rx > 0 {
             self.slo.delivered_untimed(now, tenant, rx_packets, rx);
         }
-        // Dropped beyond a destination's rate: what the overflowing limiter would have lost.
-        let tx_dropped = counters.tx_dropped.saturating_sub(before.tx_dropped);
+        // Dropped beyond a destination's rate, or shed while the switch was behind on the
+        // VM's ring: what the overflowing limiter or the full ring would have lost.
+        let tx_dropped = (counters.tx_dropped + counters.tx_shed)
+            .saturating_sub(before.tx_dropped + before.tx_shed);
         if tx_dropped > 0 {
             self.slo.lost_n(now, tenant, tx_dropped);
         }

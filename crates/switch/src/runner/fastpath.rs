@@ -38,6 +38,11 @@ const METER_QUIET: Duration = Duration::from_millis(100);
 /// else makes the loop sync.
 const RATES_EVERY: Duration = Duration::from_millis(5);
 
+/// Frames a VM port's ring may hold before the kernel drops the VM's frames to hand over
+/// instead (`shedding` in fastpath.bpf.c): seven eighths of the default ring, so the
+/// bound is met before the ring overflows even when the loop's count is a sync old.
+const RING_BACKLOG: u64 = (super::idle::RING_SLOTS - super::idle::RING_SLOTS / 8) as u64;
+
 pub(crate) struct FastPathLink {
     kernel: KernelFastPath,
     handback: Handback,
@@ -70,6 +75,8 @@ pub(crate) struct FastPathLink {
     /// and the tx epoch at which the kernel's own resumption of the VM was last seen.
     released: Vec<Option<u64>>,
     resumed_at: Vec<Option<u64>>,
+    /// Per port slot: the ring entries taken as last written to the kernel (`set_ring`).
+    ring_written: Vec<Option<u64>>,
     /// Frames the kernel had dropped beyond each held destination's rate (by bucket), at the
     /// last refresh.
     dest_dropped: HashMap<u32, u64>,
@@ -103,6 +110,7 @@ impl FastPathLink {
             next_rates: now,
             released: Vec::new(),
             resumed_at: Vec::new(),
+            ring_written: Vec::new(),
             dest_dropped: HashMap::new(),
         };
         link.refresh(engine, ports, now)?;
@@ -158,6 +166,9 @@ impl FastPathLink {
                     self.registered[slot] = None;
                     self.handback.forget(slot as u32);
                     if let Some(r) = self.released.get_mut(slot) {
+                        *r = None;
+                    }
+                    if let Some(r) = self.ring_written.get_mut(slot) {
                         *r = None;
                     }
                 }
@@ -333,6 +344,7 @@ impl FastPathLink {
             if self.released.len() <= slot {
                 self.released.resize(slot + 1, None);
                 self.resumed_at.resize(slot + 1, None);
+                self.ring_written.resize(slot + 1, None);
             }
             // The kernel resumed the VM itself: its limiters here are done, as at a hand-back
             // (its destinations' kernel buckets already pace it).
@@ -344,6 +356,12 @@ impl FastPathLink {
             // resume it at its next frame (a VM sending faster than this loop syncs never
             // meets a grant of its current epoch).
             let taken = self.rings.get(slot).map_or(0, |r| r.taken);
+            // How far behind on the VM's ring the loop is: the kernel drops the VM's frames
+            // to hand over, instead of handing them over, once the ring is about full.
+            if self.ring_written[slot] != Some(taken) {
+                self.kernel.set_ring(want.slot, taken, RING_BACKLOG)?;
+                self.ring_written[slot] = Some(taken);
+            }
             if want.tx && want.idle && self.released[slot] != Some(taken) {
                 self.kernel.release(want.slot, taken)?;
                 self.released[slot] = Some(taken);

@@ -127,7 +127,7 @@ fn vms(reg: &mut Registry, p: &Published) {
         r,
         "vm_fast_path_handed_over",
         "Frames the kernel fast path handed over to the engines (or dropped: reasons \
-         rx_dropped, tx_dropped), by reason",
+         rx_dropped, tx_dropped, tx_shed), by reason",
     );
     for vm in &p.switch.vms {
         let l = vm_labels(vm);
@@ -167,6 +167,7 @@ fn vms(reg: &mut Registry, p: &Published) {
         for (reason, n) in [
             ("rx_dropped", f.rx_dropped),
             ("tx_dropped", f.tx_dropped),
+            ("tx_shed", f.tx_shed),
             ("not_granted", f.handed_not_granted),
             ("tokens", f.handed_tokens),
             ("not_unicast_ipv4", f.handed_not_unicast_ipv4),
