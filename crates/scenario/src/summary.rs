@@ -72,8 +72,9 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
 
 impl Summary {
     /// Builds the summary: ratios for every attacked mode against the victim alone on the
-    /// same dataplane (`picnic` and `picnic-off` against `picnic-alone`, `picnic-fast`
-    /// against `picnic-fast-alone`, `bridge` against `victim-alone`), or against the first mode without attackers when there is no such
+    /// same dataplane (`picnic` and `picnic-off` against `picnic-alone`, `picnic-engines`
+    /// against `picnic-engines-alone`, `bridge` against `victim-alone`), or against the first
+    /// mode without attackers when there is no such
     /// mode; checks on `judge` (default: the first attacked mode).
     pub fn new(scenario: &Scenario, modes: &[ModeReport], judge: Option<&str>) -> Result<Summary> {
         let victim = &scenario.victim;
@@ -84,7 +85,7 @@ impl Summary {
                 "bridge" => "victim-alone".to_string(),
                 _ => format!("{family}-alone"),
             };
-            // A mode's own alone partner first (`picnic-fast` -> `picnic-fast-alone`).
+            // A mode's own alone partner first (`picnic-engines` -> `picnic-engines-alone`).
             let own = format!("{}-alone", m.name);
             let alone = modes
                 .iter()

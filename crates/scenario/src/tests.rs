@@ -156,11 +156,11 @@ fn each_mode_is_compared_with_the_victim_alone_on_its_own_dataplane() {
     let reports = vec![
         mode("picnic", true, 400),
         mode("bridge", true, 300),
-        mode("picnic-fast", true, 250),
+        mode("picnic-engines", true, 250),
         mode("picnic-off", true, 800),
         mode("picnic-alone", false, 200),
         mode("victim-alone", false, 100),
-        mode("picnic-fast-alone", false, 50),
+        mode("picnic-engines-alone", false, 50),
     ];
     let summary = Summary::new(&s, &reports, None).unwrap();
     let json = serde_json::to_value(&summary).unwrap();
@@ -169,9 +169,9 @@ fn each_mode_is_compared_with_the_victim_alone_on_its_own_dataplane() {
     assert!((p99("bridge") - 3.0).abs() < 0.01, "{}", p99("bridge"));
     // A mode with an alone partner of its own name uses it; others their family's.
     assert!(
-        (p99("picnic-fast") - 5.0).abs() < 0.01,
+        (p99("picnic-engines") - 5.0).abs() < 0.01,
         "{}",
-        p99("picnic-fast")
+        p99("picnic-engines")
     );
     assert!(
         (p99("picnic-off") - 4.0).abs() < 0.01,

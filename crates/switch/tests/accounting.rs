@@ -15,6 +15,10 @@ use picnic_switch::runner::Shared;
 const CONFIG: &str = r#"
 [switch]
 host_id = 1
+# What is tested is the engines' path: the kernel fast path (the default) would carry
+# these frames past them.
+[fastpath]
+kernel = false
 [uplink]
 ifname = "up0"
 [[hosts]]

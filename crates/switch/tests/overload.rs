@@ -27,6 +27,10 @@ const VICTIM_BULK_PER_FRAME: u64 = 5;
 const CONFIG: &str = r#"
 [switch]
 host_id = 1
+# What is tested is the engines' path: the kernel fast path (the default) would carry
+# these frames past them.
+[fastpath]
+kernel = false
 [uplink]
 ifname = "up0"
 [[hosts]]

@@ -259,14 +259,22 @@ impl Isolation {
 
 /// The kernel fast path (docs/switch.md "Two paths", DESIGN.md 4): frames of tenants within
 /// their allocations forwarded by eBPF in the sender's softirq, the rest by the engines.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct FastPathSection {
-    /// Forward in the kernel what needs no queueing. Needs AF_PACKET ports (the uplink then
-    /// defaults to AF_PACKET), root and a build with the eBPF programs; runs with one
-    /// dataplane worker (the default when it is on). Off by default until it holds the
-    /// isolation marks with the default config (docs/BENCHMARKS.md "Two paths").
+    /// Forward in the kernel what needs no queueing (on by default: with it every shipped
+    /// scenario holds its marks with the default config, the defaults files included;
+    /// docs/RESULTS.md "Fast path"). Needs AF_PACKET ports (the uplink then defaults to
+    /// AF_PACKET), root and a build with the eBPF programs, else the switch says `kernel fast
+    /// path off: <why>` and runs without it; runs with one dataplane worker (the default
+    /// when it is on; an explicit `switch.workers` > 1 turns it off).
     pub kernel: bool,
+}
+
+impl Default for FastPathSection {
+    fn default() -> Self {
+        FastPathSection { kernel: true }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -190,6 +190,10 @@ fn softirq_time_is_attributed_to_the_port_and_direction_it_was_spent_for() {
 pub(crate) const SWITCH: &str = r#"
 [switch]
 host_id = 1
+# What is tested is the engines' path: the kernel fast path (the default) would carry
+# these frames past them.
+[fastpath]
+kernel = false
 [uplink]
 ifname = "pnwu"
 [[hosts]]

@@ -115,6 +115,10 @@ fn xdp_drops_throttled_vms_frames_before_the_socket_and_counts_them() {
 const XDP_SWITCH: &str = r#"
 [switch]
 host_id = 1
+# What is tested is the engines' path: the kernel fast path (the default) would carry
+# these frames past them.
+[fastpath]
+kernel = false
 [uplink]
 ifname = "pnxu"
 backend = "af_xdp"
@@ -281,7 +285,7 @@ fn packet_budget_dropped_in_xdp(workers: usize) {
 /// drop; when the device cannot take the switch's XDP program (here another AF_XDP socket
 /// already holds its XDP hook) the switch opens AF_PACKET instead and runs.
 #[test]
-fn the_uplink_is_af_xdp_by_default_and_falls_back_to_af_packet() {
+fn without_the_fast_path_the_uplink_is_af_xdp_by_default_and_falls_back_to_af_packet() {
     if !is_root() || !have_ebpf() {
         return;
     }

@@ -17,6 +17,10 @@ const ROOT_CONFIG: &str = r#"
 [switch]
 host_id = 1
 workers = 2
+# What is tested is the engines' path: the kernel fast path (the default) would carry
+# these frames past them.
+[fastpath]
+kernel = false
 [uplink]
 ifname = "pnwup"
 [[hosts]]
