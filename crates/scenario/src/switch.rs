@@ -206,7 +206,7 @@ pub fn dataplane_config(
     // programs, picnic's side alone, so only there: in incast (4 hosts) it cost the shares
     // 0.093 -> 0.10 and convergence 10 -> 1100 ms (one batch each).
     config.isolation.softirq_accounting |=
-        isolated && kernel_fastpath && config.tenants.iter().any(|t| t.cpu_quota.is_some());
+        isolated && kernel_fastpath && scenario.tenants.iter().any(|t| t.cpu_cores.is_some());
     Ok(config)
 }
 
