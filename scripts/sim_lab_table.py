@@ -5,7 +5,7 @@ simulator with several seeds, each pass mark's value per mode as the median over
 (min-max beside it) and how many seeds pass it.
 
     python3 scripts/sim_lab_table.py [--sim BINARY] [--seeds 1,2,3] [--modes M,M,...]
-                                     [--out DIR] [SCENARIO ...]
+                                     [--cost FILE] [--out DIR] [SCENARIO ...]
 
 BINARY is `target/release/examples/sim` by default (`cargo build --release -p picnic-sim
 --example sim`; $CARGO_TARGET_DIR respected) or `picnic` (then `picnic sim` is run). Each
@@ -13,8 +13,10 @@ scenario is copied to --out with `sim.modes` set to --modes (the lab's pairing: 
 and `picnic-off` against `picnic-alone`), so the files themselves are unchanged. A mark is
 evaluated in every mode as the lab's summary evaluates it in the judged one
 (crates/scenario/src/summary.rs `metric_value`), and judged on the median, as the lab judges
-its medians of 3; the seeds passing it on their own are counted beside. A scenario the simulator refuses is listed
-with its reason. The lab's side is not run here: it comes from docs/RESULTS.md.
+its medians of 3; the seeds passing it on their own are counted beside. --cost appends a
+file's `[sim.cost]` table to every copy (`scripts/sim_cost_fit.py` writes one fitted from a
+lab run). A scenario the simulator refuses is listed with its reason. The lab's side is not
+run here: it comes from docs/RESULTS.md.
 """
 
 import argparse
@@ -29,9 +31,12 @@ from pathlib import Path
 MARK = re.compile(r"^\s*(\S+)\s*(<=|>=)\s*(\S+)\s*$")
 
 
-def scenario_copy(src: Path, dst: Path, modes):
-    """The scenario with `sim.modes` set (a `[sim]` table is added or extended)."""
+def scenario_copy(src: Path, dst: Path, modes, cost):
+    """The scenario with `sim.modes` set (a `[sim]` table is added or extended) and `cost`
+    (a `[sim.cost]` table's text, or None) appended."""
     lines = src.read_text().splitlines()
+    if cost and any(l.strip() == "[sim.cost]" for l in lines):
+        sys.exit(f"{src}: already has a [sim.cost] table; not overriding it")
     line = "modes = [" + ", ".join(f'"{m}"' for m in modes) + "]"
     if any(re.match(r"^\s*modes\s*=", l) for l in lines):
         sys.exit(f"{src}: already sets a `modes` key; not overriding it")
@@ -40,6 +45,8 @@ def scenario_copy(src: Path, dst: Path, modes):
         lines.insert(i + 1, line)
     else:
         lines += ["", "[sim]", line]
+    if cost:
+        lines += ["", cost]
     dst.write_text("\n".join(lines) + "\n")
 
 
@@ -81,9 +88,11 @@ def main():
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--modes", default="picnic,picnic-off,picnic-alone")
     ap.add_argument("--out", default="out/sim-lab-table")
+    ap.add_argument("--cost", help="file with a [sim.cost] table to append to every scenario")
     ap.add_argument("scenarios", nargs="*")
     a = ap.parse_args()
     seeds = [int(s) for s in a.seeds.split(",")]
+    cost = Path(a.cost).read_text() if a.cost else None
     modes = a.modes.split(",")
     files = [Path(s) for s in a.scenarios] or sorted(Path("scenarios").glob("*.toml"))
     out = Path(a.out)
@@ -95,7 +104,7 @@ def main():
     for f in files:
         name = f.stem
         copy = out / f"{name}.toml"
-        scenario_copy(f, copy, modes)
+        scenario_copy(f, copy, modes, cost)
         runs = []
         for seed in seeds:
             d = out / f"{name}-seed{seed}"
