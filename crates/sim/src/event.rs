@@ -263,12 +263,16 @@ mod tests {
                         assert_eq!(q.len(), pending - n);
                     }
                     _ => {
-                        let want = std::iter::from_fn(|| full.pop())
-                            .find(|(_, ev)| !was_dropped(&dropped, ev));
-                        assert_eq!(q.pop(), want);
-                        if let Some((t, _)) = want {
-                            now = t;
+                        // `full` also pops the dropped events; pushes go after all it popped.
+                        let mut want = None;
+                        while let Some((t, ev)) = full.pop() {
+                            now = now.max(t);
+                            if !was_dropped(&dropped, &ev) {
+                                want = Some((t, ev));
+                                break;
+                            }
                         }
+                        assert_eq!(q.pop(), want);
                     }
                 }
             }
