@@ -179,7 +179,7 @@ impl World {
 
     /// Drops the polls a wake-up superseded. Each waited in the queue until its time (mostly
     /// an engine deadline 10-100 ms ahead) to be popped and skipped: at 1,002 hosts under
-    /// ingress-flood 785 k of the 786 k pending events at 300 ms were such polls, and the
+    /// ingress-flood 784 k of the 786 k pending events at 300 ms were such polls, and the
     /// queue's buckets grew with them (docs/sim.md "Performance"). The others keep their
     /// order, and those due within the run count as processed, as popping them did, so a
     /// run's events and results are unchanged.
