@@ -52,6 +52,8 @@ pub struct EventQueue {
     /// Bit `b - 1` is set when bucket `b` is not empty.
     occupied: u64,
     last: Nanos,
+    /// Events pending.
+    len: usize,
     /// Events popped so far.
     pub processed: u64,
 }
@@ -63,6 +65,7 @@ impl Default for EventQueue {
             buckets: std::array::from_fn(|_| Vec::new()),
             occupied: 0,
             last: 0,
+            len: 0,
             processed: 0,
         }
     }
@@ -82,6 +85,7 @@ impl EventQueue {
             self.last
         );
         let entry = Entry { at, event };
+        self.len += 1;
         match bucket(at, self.last) {
             0 => self.now.push_back(entry),
             b => {
@@ -95,6 +99,7 @@ impl EventQueue {
     pub fn pop(&mut self) -> Option<(Nanos, Event)> {
         self.refill();
         let e = self.now.pop_front()?;
+        self.len -= 1;
         self.processed += 1;
         Some((e.at, e.event))
     }
@@ -103,6 +108,32 @@ impl EventQueue {
     pub fn peek_time(&mut self) -> Option<Nanos> {
         self.refill();
         self.now.front().map(|e| e.at)
+    }
+
+    /// Events pending.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no event is pending.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Drops the pending events for which `keep` is false; returns how many. The others keep
+    /// their order (each bucket is filtered in place), so they pop exactly as they would have.
+    pub fn retain(&mut self, mut keep: impl FnMut(Nanos, &Event) -> bool) -> usize {
+        let before = self.len;
+        self.now.retain(|e| keep(e.at, &e.event));
+        self.len = self.now.len();
+        for (b, bucket) in self.buckets.iter_mut().enumerate() {
+            bucket.retain(|e| keep(e.at, &e.event));
+            if bucket.is_empty() {
+                self.occupied &= !(1 << b);
+            }
+            self.len += bucket.len();
+        }
+        before - self.len
     }
 
     /// When no event is due at `last`, advances `last` to the earliest pending time and
@@ -199,6 +230,57 @@ mod tests {
             }
             assert_eq!(q.pop(), None);
             assert_eq!(q.processed, popped);
+        }
+    }
+
+    /// Dropping events leaves the others' order as it was: a random schedule (as above) from
+    /// which the events of odd generation are dropped now and then pops exactly what the same
+    /// schedule unfiltered pops, less the dropped events.
+    #[test]
+    fn retain_keeps_the_order_of_the_rest() {
+        for seed in 0..10 {
+            let mut rng = SmallRng::seed_from_u64(seed);
+            let (mut q, mut full) = (EventQueue::default(), EventQueue::default());
+            let mut dropped = std::collections::HashSet::new();
+            let (mut now, mut id) = (0u64, 0u32);
+            let was_dropped = |dropped: &std::collections::HashSet<u32>, ev: &Event| matches!(ev, Event::App(i, _) if dropped.contains(i));
+            for _ in 0..20_000 {
+                match rng.gen_range(0..20) {
+                    0..=10 => {
+                        let bits = rng.gen_range(1..30);
+                        let at = now + rng.gen_range(0..1u64 << bits) * rng.gen_range(0..2);
+                        let ev = Event::App(id, rng.gen());
+                        id += 1;
+                        q.push(at, ev);
+                        full.push(at, ev);
+                    }
+                    11 => {
+                        let pending = q.len();
+                        let n = q.retain(|_, ev| match *ev {
+                            Event::App(i, g) if g % 2 == 1 => !dropped.insert(i),
+                            _ => true,
+                        });
+                        assert_eq!(q.len(), pending - n);
+                    }
+                    _ => {
+                        // `full` also pops the dropped events; pushes go after all it popped.
+                        let mut want = None;
+                        while let Some((t, ev)) = full.pop() {
+                            now = now.max(t);
+                            if !was_dropped(&dropped, &ev) {
+                                want = Some((t, ev));
+                                break;
+                            }
+                        }
+                        assert_eq!(q.pop(), want);
+                    }
+                }
+            }
+            let rest: Vec<_> = std::iter::from_fn(|| full.pop())
+                .filter(|(_, ev)| !was_dropped(&dropped, ev))
+                .collect();
+            assert_eq!(std::iter::from_fn(|| q.pop()).collect::<Vec<_>>(), rest);
+            assert!(q.is_empty() && !dropped.is_empty());
         }
     }
 

@@ -42,11 +42,16 @@ pub enum CongestionControl {
     Dctcp,
 }
 
-/// Per-packet processing cost standing in for the switch's CPU: base + per byte + per rule,
-/// times a uniform factor in [1 - variance, 1 + variance].
+/// Processing cost standing in for the switch's CPU: per poll of the engine (the loop's fixed
+/// cost), and per packet base + per byte + per rule, times a uniform factor in
+/// [1 - variance, 1 + variance]. The switch measures its own as `cost_model` (fixed ns per
+/// iteration + ns per frame + ns per byte, docs/switch.md "CPU as a tenant resource");
+/// `scripts/sim_cost_fit.py` turns a lab run's into this table (docs/sim.md "Cost model").
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CostModel {
+    /// Fixed cost of one engine poll (the loop's overhead), ns.
+    pub poll_ns: u64,
     /// Fixed cost per packet, ns.
     pub base_ns: u64,
     /// Cost per byte, ps (1000 = 1 ns per byte).
@@ -61,6 +66,7 @@ pub struct CostModel {
 impl Default for CostModel {
     fn default() -> Self {
         CostModel {
+            poll_ns: 50,
             base_ns: 200,
             per_byte_ps: 250,
             per_rule_ns: 10,

@@ -28,8 +28,6 @@ use crate::spec::{CostModel, Spec};
 pub(super) const VM_RING: usize = 256;
 /// Host NIC receive ring, frames.
 pub(super) const NIC_RX_RING: usize = 1024;
-/// Fixed cost of one engine poll (loop overhead), ns.
-const POLL_OVERHEAD_NS: u64 = 50;
 /// Frames the pool grows by when it runs dry (until the budget).
 pub(super) const POOL_CHUNK: usize = 4096;
 /// Free frames kept for an engine poll (feedback frames), while under the budget.
@@ -354,7 +352,7 @@ impl Net {
             now,
             rings: &mut host.ports,
             nic_rx: &mut host.nic_rx,
-            cost: POLL_OVERHEAD_NS,
+            cost: self.cost.poll_ns,
             nic_more: false,
             vm_more: false,
             work: CostWork {
@@ -544,6 +542,7 @@ mod tests {
     #[test]
     fn the_cost_model_is_base_plus_bytes_plus_rules_within_its_variance() {
         let mut model = CostModel {
+            poll_ns: 50,
             base_ns: 200,
             per_byte_ps: 250,
             per_rule_ns: 10,
@@ -640,7 +639,7 @@ rate_pps = 1
         assert_eq!(host.ports[src.port].ring.len(), VM_RING - batch);
         assert_eq!(net.wake, [7]);
         // Busy at least for the loop overhead and the pre-queue work of the batch.
-        let least = POLL_OVERHEAD_NS + batch as u64 * net.cost.base_ns / 4;
+        let least = net.cost.poll_ns + batch as u64 * net.cost.base_ns / 4;
         let sched = &net.sched[src.host as usize];
         assert!(sched.busy_until >= least, "{} < {least}", sched.busy_until);
         assert_eq!(
