@@ -27,16 +27,21 @@ use crate::engine::{Engine, IRON_PERIOD};
 use crate::frame::FramePool;
 use crate::port::{Port, WaitSet};
 
+mod command;
+#[cfg(test)]
+mod fake_port;
 mod fastpath;
 mod idle;
+mod keeper;
 mod live;
 mod ports;
 mod publish;
 mod work;
+pub use command::{CommandSender, Reconfigure};
 pub(crate) use idle::{ring_wait, IdlePolicy};
+use keeper::PortKeeper;
 pub(crate) use live::take_named;
-pub use live::{CommandSender, Reconfigure};
-use live::{Opening, PortKeeper};
+use live::Opening;
 pub use ports::{open_port, open_uplinks, open_vm_port, vm_max_frame, PortOpener, PortSpec};
 use ports::{tenant_ports, vm_max_frame_of, PortIo};
 pub(crate) use publish::CommitClock;
@@ -93,9 +98,9 @@ pub struct Switch {
     /// Opens and closes ports for live changes (started on the first).
     keeper: Option<PortKeeper>,
     /// Ports removed VMs gave up, for the keeper.
-    given_up: live::GivenUp,
+    given_up: command::GivenUp,
     /// Readable when the API sent a command ([`CommandSender`]).
-    command_wake: Option<Arc<live::CommandWake>>,
+    command_wake: Option<Arc<command::CommandWake>>,
     /// How long applying each change held the loop up.
     commit_clock: CommitClock,
     /// Answers to the API's changes, sent when the loop is about to wait; since when.
