@@ -217,12 +217,6 @@ impl Switch {
     /// (the API answers one request at a time) unless a change the API gave up waiting for
     /// was applied since: then it is diffed again, here.
     pub(crate) fn prepare(&self, change: Reconfigure) -> anyhow::Result<Reconfigure> {
-        if self.workers > 1 && crate::workers::encrypts(&change.cfg) {
-            anyhow::bail!(
-                "tenants[].encrypt: the shared encryption engine runs with one worker only (switch.workers = {})",
-                self.workers
-            );
-        }
         let running = self.shared.config();
         if let (Some(running), Some(base)) = (running, &change.base) {
             if Arc::ptr_eq(&running, base) {
@@ -299,7 +293,7 @@ impl Switch {
         }
         // Tenants that encrypt, and their keys, as the new config says (keys rotate here).
         if encryption_changed(&self.cfg, &cfg) {
-            let accel = Accel::from_config_after(&cfg, self.accel.as_ref())?;
+            let accel = Accel::from_config_after(&cfg, self.accel.as_ref(), 1)?;
             self.set_accel(accel);
         }
         let old = std::mem::replace(&mut self.cfg, cfg);
@@ -341,7 +335,7 @@ impl Switch {
 /// Whether the shared encryption engine's inputs differ between `old` and `new`: which
 /// tenants encrypt (in config order: the engine's weights follow it), their keys and
 /// weights, or the engine's section.
-fn encryption_changed(old: &Config, new: &Config) -> bool {
+pub(crate) fn encryption_changed(old: &Config, new: &Config) -> bool {
     let encrypting = |c: &Config| c.tenants.iter().any(|t| t.encrypt);
     if !encrypting(old) && !encrypting(new) {
         return false;
