@@ -104,17 +104,18 @@ pub struct InlineRun {
 /// The engine's configuration.
 #[derive(Clone, Debug)]
 pub struct AccelConfig {
-    /// Worker threads; 0: none, the dataplane loop runs the jobs itself ([`Accel::exchange`],
-    /// within `inline_budget` an iteration, in FairNIC's order), one "worker" for the
-    /// limiter's capacity and token caches.
+    /// Worker threads; 0: none, the dataplane loops run the jobs themselves
+    /// ([`AccelPort::exchange`], within `inline_budget` an iteration, in FairNIC's order),
+    /// one "worker" for the limiter's capacity.
     pub workers: usize,
     /// Inline engine: the loop stops starting jobs once it has spent this long on them in an
     /// iteration (it runs at least one), so it goes back to its ports.
     pub inline_budget: std::time::Duration,
-    /// Inline engine: when the limiter holds every queued job, the loop comes back for them
-    /// no sooner than this (it does not wake for each job; the buckets hold this much).
+    /// When the limiter holds a port's jobs, its loop comes back for them no sooner than
+    /// this (it does not wake for each job; the buckets hold this much); an inline engine's
+    /// pause after a job is at most this.
     pub inline_wait: std::time::Duration,
-    /// Jobs each tenant's queue holds.
+    /// Jobs each tenant may have outstanding.
     pub queue_jobs: usize,
     /// The limiter admits this percentage of the workers' time (FairNIC 4.4 admits what the
     /// unit sustains without queueing; below 100 leaves room for the workers' own overhead).
