@@ -1,6 +1,7 @@
 //! Running a scenario in several modes and reporting it side by side.
 
 use crate::cgroup::{Placement, SWITCH};
+use crate::control::{Control, LabControl};
 use crate::dataplane::{Dataplane, DataplaneFactory, LinuxBridge};
 use crate::picnic::PicnicSwitch;
 use crate::topology;
@@ -12,15 +13,21 @@ use picnic_scenario::{Dataplane as Kind, Mode, ModeReport, Scenario, Summary, Sw
 use picnic_scenario::{WorkloadKind, WorkloadResult};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// The lab's dataplane of a mode: a Linux bridge per host for [`Kind::Bridge`], picnic
-/// switches otherwise; and whether it opens TAP devices, so VMs that ask for one get it
-/// (else a veth pair).
-fn dataplane_of(mode: &Mode) -> (DataplaneFactory, bool) {
+/// switches otherwise, taking their deployment from `control` if given.
+fn dataplane_of(mode: &Mode, control: Option<Arc<LabControl>>) -> DataplaneFactory {
     match mode.dataplane {
-        Kind::Bridge => (LinuxBridge::factory(), false),
-        picnic @ Kind::Picnic { .. } => (PicnicSwitch::factory(picnic), true),
+        Kind::Bridge => LinuxBridge::factory(),
+        picnic @ Kind::Picnic { .. } => PicnicSwitch::factory(picnic, control),
     }
+}
+
+/// Whether the mode's dataplane opens TAP devices, so VMs that ask for one get it (else a
+/// veth pair): picnic's does.
+fn opens_taps(mode: &Mode) -> bool {
+    matches!(mode.dataplane, Kind::Picnic { .. })
 }
 
 /// Options of [`run_scenario`].
@@ -36,6 +43,8 @@ pub struct RunOptions {
     pub judge: Option<String>,
     /// Print progress lines to stderr.
     pub progress: bool,
+    /// Where the picnic modes' switches get the deployment from.
+    pub control: Control,
 }
 
 impl Default for RunOptions {
@@ -52,6 +61,7 @@ impl Default for RunOptions {
             repeat: 1,
             judge: None,
             progress: true,
+            control: Control::Files,
         }
     }
 }
@@ -122,7 +132,8 @@ pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> Result<Outcome> {
         for (mode, mode_runs) in opts.modes.iter().zip(&mut runs) {
             say(format!("mode {} run {}/{}", mode.name, round + 1, repeat));
             let (results, tenant_cpu, tenant_slo) =
-                run_mode(&scenario, mode, &say).with_context(|| format!("mode {}", mode.name))?;
+                run_mode(&scenario, mode, opts.control, &say)
+                    .with_context(|| format!("mode {}", mode.name))?;
             for r in &results {
                 say(format!(
                     "  {:<12} {:>9.1} Mb/s  loss {:.3}%{}",
@@ -214,9 +225,15 @@ struct ModeRuns {
     slo: Vec<BTreeMap<String, SwitchSlo>>,
 }
 
-/// Builds a testbed, sets up `mode`'s dataplane on every host, runs the workloads (all, or
-/// the victim's only) and tears everything down.
-pub fn run_mode(scenario: &Scenario, mode: &Mode, say: &dyn Fn(String)) -> Result<ModeRun> {
+/// Builds a testbed, sets up `mode`'s dataplane on every host (picnic's from a fresh etcd
+/// with [`Control::Etcd`]), runs the workloads (all, or the victim's only) and tears
+/// everything down.
+pub fn run_mode(
+    scenario: &Scenario,
+    mode: &Mode,
+    control: Control,
+    say: &dyn Fn(String),
+) -> Result<ModeRun> {
     let mut testbed = Testbed::new()?;
     let vm_count: usize = scenario.tenants.iter().map(|t| t.vms.len()).sum();
     say(format!(
@@ -226,9 +243,21 @@ pub fn run_mode(scenario: &Scenario, mode: &Mode, say: &dyn Fn(String)) -> Resul
         vm_count,
         scenario.access_link_mbps
     ));
-    let (factory, taps) = dataplane_of(mode);
+    let taps = opens_taps(mode);
     let topo = topology::build(scenario, &mut testbed, taps)?;
     let placement = Placement::create(scenario, testbed.run_id())?;
+    let lab_control = match (control, mode.dataplane) {
+        (Control::Etcd, picnic @ Kind::Picnic { .. }) => {
+            let c = LabControl::start(scenario, &topo, picnic, testbed.run_id())?;
+            say(format!(
+                "  control plane: etcd at {}, the deployment put into it",
+                c.endpoints().join(",")
+            ));
+            Some(Arc::new(c))
+        }
+        _ => None,
+    };
+    let factory = dataplane_of(mode, lab_control.clone());
     for g in placement.groups() {
         let who = match g.tenant.as_str() {
             SWITCH => "the switch".to_string(),
@@ -274,6 +303,7 @@ pub fn run_mode(scenario: &Scenario, mode: &Mode, say: &dyn Fn(String)) -> Resul
     }
     // The switches give the groups their allocations back when they stop.
     drop(dataplanes);
+    drop(lab_control);
     drop(placement);
     testbed.teardown()?;
     say("  torn down".into());
