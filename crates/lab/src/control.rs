@@ -60,7 +60,7 @@ impl LabControl {
     }
 
     /// Runs `f` to completion on a runtime of its own.
-    pub fn block<T>(&self, f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    fn block<T>(&self, f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?

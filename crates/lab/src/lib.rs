@@ -8,6 +8,7 @@
 //! modes, reported by the scenario crate's report.
 
 pub mod cgroup;
+pub mod churn;
 pub mod control;
 pub mod cpu_burn;
 pub mod dataplane;

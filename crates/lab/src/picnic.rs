@@ -243,6 +243,15 @@ impl Dataplane for PicnicSwitch {
             for line in latest.iter().flat_map(|p| worker_lines(p, &host.uplink)) {
                 eprintln!("[picnic {}] {line}", host.name);
             }
+            // How long the loop stopped forwarding for each live change it made.
+            let workers = latest.iter().flat_map(|p| &p.workers);
+            for w in workers.filter(|w| w.live_commits.commits > 0) {
+                let c = &w.live_commits;
+                eprintln!(
+                    "[picnic {}] worker {} live changes {}: loop held p50 {:.0} p99 {:.0} max {:.0} us",
+                    host.name, w.worker, c.commits, c.p50_us, c.p99_us, c.max_us
+                );
+            }
             let accel = latest.as_ref().and_then(|p| p.accel.as_ref());
             for line in accel.into_iter().flat_map(accel_lines) {
                 eprintln!("[picnic {}] {line}", host.name);

@@ -1,15 +1,18 @@
 //! Running a scenario in several modes and reporting it side by side.
 
 use crate::cgroup::{Placement, SWITCH};
+use crate::churn::ChurnRun;
 use crate::control::{Control, LabControl};
 use crate::dataplane::{Dataplane, DataplaneFactory, LinuxBridge};
 use crate::picnic::PicnicSwitch;
 use crate::topology;
 use crate::workload;
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use picnic_netns::{self as netns, Testbed};
 use picnic_scenario::plan::HostView;
-use picnic_scenario::{Dataplane as Kind, Mode, ModeReport, Scenario, Summary, SwitchSlo};
+use picnic_scenario::{
+    ChurnOutcome, Dataplane as Kind, Mode, ModeReport, Scenario, Summary, SwitchSlo,
+};
 use picnic_scenario::{WorkloadKind, WorkloadResult};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -116,6 +119,16 @@ pub fn run_scenario(path: &Path, opts: &RunOptions) -> Result<Outcome> {
 /// Runs an already loaded scenario; see [`run_scenario`].
 pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> Result<Outcome> {
     netns::preflight(&required_tools(&scenario))?;
+    let churned_picnic = opts
+        .modes
+        .iter()
+        .any(|m| m.attackers && matches!(m.dataplane, Kind::Picnic { .. }));
+    if scenario.churn.is_some() && churned_picnic && opts.control != Control::Etcd {
+        bail!(
+            "scenario {} churns VMs through the control plane: run it with --control etcd",
+            scenario.name
+        );
+    }
     set_lab_slice(scenario);
     let _bandwidth_slice = crate::cgroup::FineBandwidthSlice::for_scenario(scenario);
     let say = |msg: String| {
@@ -131,7 +144,7 @@ pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> Result<Outcome> {
     for round in 0..repeat {
         for (mode, mode_runs) in opts.modes.iter().zip(&mut runs) {
             say(format!("mode {} run {}/{}", mode.name, round + 1, repeat));
-            let (results, tenant_cpu, tenant_slo) =
+            let (results, tenant_cpu, tenant_slo, churn) =
                 run_mode(&scenario, mode, opts.control, &say)
                     .with_context(|| format!("mode {}", mode.name))?;
             for r in &results {
@@ -147,6 +160,13 @@ pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> Result<Outcome> {
                         .unwrap_or_default()
                 ));
             }
+            if let Some(c) = &churn {
+                say(format!(
+                    "  churn: {} changes, {} VMs not answering within 1 s, slowest to answer {:.0} ms",
+                    c.changes, c.unreachable, c.follow_ms_max
+                ));
+            }
+            mode_runs.churn.push(churn);
             mode_runs.cpu.push(tenant_cpu);
             mode_runs.slo.push(tenant_slo);
             mode_runs.results.push(results);
@@ -157,6 +177,7 @@ pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> Result<Outcome> {
         let mut report = ModeReport::new(&scenario, &mode.name, mode.attackers, mode_runs.results)?;
         report.add_cpu_share_error(&scenario, &mode_runs.cpu);
         report.add_switch_slo(&scenario, &mode_runs.slo);
+        report.add_churn(&mode_runs.churn);
         reports.push(report);
     }
     let summary = Summary::new(&scenario, &reports, opts.judge.as_deref())?;
@@ -210,11 +231,12 @@ impl Drop for Dataplanes {
 
 /// One run of a mode: the workloads' results, the CPU the dataplanes charged each tenant
 /// (ns) and what they judged of each tenant's SLO (both summed over hosts; empty for kernel
-/// bridges).
+/// bridges), and what the churn did if it ran.
 pub type ModeRun = (
     Vec<WorkloadResult>,
     BTreeMap<String, u64>,
     BTreeMap<String, SwitchSlo>,
+    Option<ChurnOutcome>,
 );
 
 /// One mode's repetitions, gathered over the rounds.
@@ -223,6 +245,7 @@ struct ModeRuns {
     results: Vec<Vec<WorkloadResult>>,
     cpu: Vec<BTreeMap<String, u64>>,
     slo: Vec<BTreeMap<String, SwitchSlo>>,
+    churn: Vec<Option<ChurnOutcome>>,
 }
 
 /// Builds a testbed, sets up `mode`'s dataplane on every host (picnic's from a fresh etcd
@@ -288,7 +311,23 @@ pub fn run_mode(
         workloads.len(),
         scenario.duration_ms
     ));
-    let results = workload::run_placed(scenario, &topo, &workloads, &placement)?;
+    let churn = match (&scenario.churn, &lab_control) {
+        (Some(churn), Some(control)) if mode.attackers => {
+            say(format!(
+                "  churning tenant {}'s VMs through etcd every {} ms",
+                churn.tenant, churn.interval_ms
+            ));
+            Some(ChurnRun::start(scenario, churn, &topo, control.clone())?)
+        }
+        (Some(_), None) if mode.attackers => {
+            say("  no churn: this dataplane has no control plane".into());
+            None
+        }
+        _ => None,
+    };
+    let results = workload::run_placed(scenario, &topo, &workloads, &placement);
+    let churned = churn.map(ChurnRun::finish).transpose();
+    let (results, churned) = (results?, churned?);
     let mut tenant_cpu = BTreeMap::new();
     let mut tenant_slo: BTreeMap<String, SwitchSlo> = BTreeMap::new();
     for (_, dp) in &dataplanes.0 {
@@ -307,5 +346,5 @@ pub fn run_mode(
     drop(placement);
     testbed.teardown()?;
     say("  torn down".into());
-    Ok((results, tenant_cpu, tenant_slo))
+    Ok((results, tenant_cpu, tenant_slo, churned))
 }
