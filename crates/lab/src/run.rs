@@ -118,7 +118,7 @@ pub fn run_scenario(path: &Path, opts: &RunOptions) -> Result<Outcome> {
 
 /// Runs an already loaded scenario; see [`run_scenario`].
 pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> Result<Outcome> {
-    netns::preflight(&required_tools(&scenario))?;
+    netns::preflight(&required_tools(scenario))?;
     let churned_picnic = opts
         .modes
         .iter()
@@ -145,7 +145,7 @@ pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> Result<Outcome> {
         for (mode, mode_runs) in opts.modes.iter().zip(&mut runs) {
             say(format!("mode {} run {}/{}", mode.name, round + 1, repeat));
             let (results, tenant_cpu, tenant_slo, churn) =
-                run_mode(&scenario, mode, opts.control, &say)
+                run_mode(scenario, mode, opts.control, &say)
                     .with_context(|| format!("mode {}", mode.name))?;
             for r in &results {
                 say(format!(
@@ -174,13 +174,13 @@ pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> Result<Outcome> {
     }
     let mut reports = Vec::new();
     for (mode, mode_runs) in opts.modes.iter().zip(runs) {
-        let mut report = ModeReport::new(&scenario, &mode.name, mode.attackers, mode_runs.results)?;
-        report.add_cpu_share_error(&scenario, &mode_runs.cpu);
-        report.add_switch_slo(&scenario, &mode_runs.slo);
+        let mut report = ModeReport::new(scenario, &mode.name, mode.attackers, mode_runs.results)?;
+        report.add_cpu_share_error(scenario, &mode_runs.cpu);
+        report.add_switch_slo(scenario, &mode_runs.slo);
         report.add_churn(&mode_runs.churn);
         reports.push(report);
     }
-    let summary = Summary::new(&scenario, &reports, opts.judge.as_deref())?;
+    let summary = Summary::new(scenario, &reports, opts.judge.as_deref())?;
     let table = summary.table();
     if opts.progress {
         eprintln!("{table}");
