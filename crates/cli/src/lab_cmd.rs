@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use picnic_lab::{run_loaded, RunOptions};
+use picnic_lab::{run_loaded, Control, RunOptions};
 use picnic_scenario::{Mode, Scenario};
 
 #[derive(clap::Subcommand)]
@@ -43,6 +43,17 @@ pub struct CommonArgs {
     /// schedulers), bridge, picnic-alone, victim-alone). Ratios compare each mode with the victim alone on the same dataplane.
     #[arg(long, value_delimiter = ',')]
     pub modes: Vec<String>,
+    /// Where the picnic modes' switches get the deployment: `files` (each host's config
+    /// lists every host, tenant and VM) or `etcd` (a real etcd the lab starts and fills
+    /// with the records `picnic ctl` writes; each host's config names itself only).
+    #[arg(long, value_enum, default_value_t = ControlArg::Files)]
+    pub control: ControlArg,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum ControlArg {
+    Files,
+    Etcd,
 }
 
 /// The demo: one scenario where the shared resource is the receiver's link (bursty-udp) and
@@ -94,6 +105,10 @@ fn options(
         judge: Some("picnic".into())
             .filter(|_| common.modes.is_empty() || common.modes.iter().any(|m| m == "picnic")),
         progress: true,
+        control: match common.control {
+            ControlArg::Files => Control::Files,
+            ControlArg::Etcd => Control::Etcd,
+        },
     })
 }
 

@@ -90,9 +90,15 @@ fn run_switch(args: SwitchArgs) -> anyhow::Result<()> {
         let api = picnic_switch::api::spawn(&section, switch.shared(), commands)?;
         tracing::info!("API on {} (/stats, /slo, /metrics, /config)", api.listening);
     }
-    if let (Some(cfg), Some(commands)) = (&controlled, commands) {
-        picnic_control::watch::spawn(cfg, switch.shared(), commands)?;
-    }
+    // Watches until the switch stops.
+    let _watch = match (&controlled, commands) {
+        (Some(cfg), Some(commands)) => Some(picnic_control::watch::spawn(
+            cfg,
+            switch.shared(),
+            commands,
+        )?),
+        _ => None,
+    };
     if let Some(addr) = &section.metrics {
         let metrics = picnic_switch::api::spawn_metrics(addr, switch.shared())?;
         tracing::info!("metrics on {}", metrics.listening);

@@ -143,11 +143,40 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// The records of a deployment whose hosts run `configs` (each host's full config, as
+    /// the lab makes them): every host and tenant, each tenant's SLO under `slos/`, each VM
+    /// as its own host has it (with its port). A tenant's `cpu_quota` and `cgroup` are its
+    /// charge on one host (Iron 3.2): they stay in that host's file (see [`desired`]).
+    pub fn from_configs(configs: &[Config]) -> Cluster {
+        let mut c = Cluster::default();
+        for cfg in configs {
+            for h in &cfg.hosts {
+                c.hosts.insert(h.id, h.clone());
+            }
+            for t in &cfg.tenants {
+                let mut t = t.clone();
+                if let Some(slo) = t.slo.take() {
+                    c.slos.insert(t.name.clone(), slo);
+                }
+                t.cpu_quota = None;
+                t.cgroup = None;
+                c.tenants.insert(t.name.clone(), t);
+            }
+            for v in cfg.vms.iter().filter(|v| v.host == cfg.switch.host_id) {
+                c.vms.insert(v.name.clone(), v.clone());
+            }
+        }
+        c
+    }
+}
+
 /// The config a switch runs once the cluster went from `before` (what it applied last) to
 /// `after`: `running` with every record of `after` set and every record `before` had and
 /// `after` has not removed. Entries that came from elsewhere (the config file, the API, the
-/// CNI plugin) stay. A tenant carries its SLO from `slos/`; a VM of another host carries no
-/// port; this host's own entry is never removed.
+/// CNI plugin) stay. A tenant carries its SLO from `slos/`, and this host's `cpu_quota` and
+/// `cgroup` for it where its record has none; a VM of another host carries no port; this
+/// host's own entry is never removed.
 pub fn desired(running: &Config, before: &Cluster, after: &Cluster) -> Config {
     let mut cfg = running.clone();
     let this = cfg.switch.host_id;
@@ -164,6 +193,10 @@ pub fn desired(running: &Config, before: &Cluster, after: &Cluster) -> Config {
     for t in after.tenants.values() {
         let mut t = t.clone();
         t.slo = after.slos.get(&t.name).cloned();
+        if let Some(here) = cfg.tenants.iter().find(|x| x.name == t.name) {
+            t.cpu_quota = t.cpu_quota.or(here.cpu_quota);
+            t.cgroup = t.cgroup.clone().or_else(|| here.cgroup.clone());
+        }
         let name = t.name.clone();
         put(&mut cfg.tenants, t, |x| x.name == name);
     }
@@ -321,6 +354,53 @@ port = { ifname = "cni1" }
         );
         assert!(next.vms.iter().any(|v| v.name == "cni1"));
         assert!(next.hosts.iter().any(|h| h.id == 1));
+    }
+
+    #[test]
+    fn a_deployment_of_full_configs_becomes_records_and_a_hosts_charge_stays_local() {
+        // Host 1's full config as the lab makes it: tenant t charged to a cgroup here.
+        let mut full = desired(&base(), &Cluster::default(), &cluster());
+        let t = full.tenants.iter_mut().find(|t| t.name == "t").unwrap();
+        t.cpu_quota = Some(0.5);
+        t.cgroup = Some("/sys/fs/cgroup/t".into());
+        t.slo = Some(Slo {
+            latency_us: Some(500),
+            ..Slo::default()
+        });
+        let records = Cluster::from_configs(&[full.clone()]);
+        // Host 1's own VMs only (b is host 2's); the SLO under slos/, no charge in etcd.
+        assert_eq!(
+            records.vms.keys().collect::<Vec<_>>(),
+            ["a", "cni1"],
+            "{:?}",
+            records.vms.keys()
+        );
+        assert_eq!(records.hosts.len(), 3);
+        let t = &records.tenants["t"];
+        assert_eq!(
+            (t.cpu_quota, t.cgroup.is_none(), t.slo.is_none()),
+            (None, true, true)
+        );
+        assert_eq!(records.slos["t"].latency_us, Some(500));
+        // The host's file names itself and its charge; etcd gives the rest.
+        let mut own = base();
+        own.tenants
+            .push(full.tenants.iter().find(|t| t.name == "t").unwrap().clone());
+        let next = desired(&own, &Cluster::default(), &records);
+        next.validate().unwrap();
+        let t = next.tenants.iter().find(|t| t.name == "t").unwrap();
+        assert_eq!(t.cpu_quota, Some(0.5));
+        assert_eq!(
+            t.cgroup.as_deref(),
+            Some(std::path::Path::new("/sys/fs/cgroup/t"))
+        );
+        assert_eq!(t.slo.as_ref().unwrap().latency_us, Some(500));
+        // A quota set in etcd is etcd's; the cgroup stays the host's.
+        let mut set = records.clone();
+        set.tenants.get_mut("t").unwrap().cpu_quota = Some(2.0);
+        let t = desired(&next, &records, &set);
+        let t = t.tenants.iter().find(|t| t.name == "t").unwrap();
+        assert_eq!((t.cpu_quota, t.cgroup.is_some()), (Some(2.0), true));
     }
 
     #[test]

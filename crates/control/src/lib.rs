@@ -3,5 +3,6 @@
 //! changed by `picnic ctl` through [`store`]. docs/operations.md "Control plane".
 
 pub mod cluster;
+pub mod local;
 pub mod store;
 pub mod watch;

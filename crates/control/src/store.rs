@@ -113,3 +113,30 @@ async fn commit(client: &mut Client, k: &str, expect: Expect, op: TxnOp) -> anyh
     }
     Ok(resp.header().map_or(0, |h| h.revision()))
 }
+
+/// Writes every record of `cluster` (hosts, tenants, SLOs, VMs) as new: Err if one exists.
+/// The revision of the last write.
+pub async fn put_all(client: &mut Client, prefix: &str, cluster: &Cluster) -> anyhow::Result<i64> {
+    let mut revision = 0;
+    for h in cluster.hosts.values() {
+        revision = put(
+            client,
+            prefix,
+            Kind::Host,
+            &h.id.to_string(),
+            h,
+            Expect::Absent,
+        )
+        .await?;
+    }
+    for t in cluster.tenants.values() {
+        revision = put(client, prefix, Kind::Tenant, &t.name, t, Expect::Absent).await?;
+    }
+    for (tenant, slo) in &cluster.slos {
+        revision = put(client, prefix, Kind::Slo, tenant, slo, Expect::Absent).await?;
+    }
+    for v in cluster.vms.values() {
+        revision = put(client, prefix, Kind::Vm, &v.name, v, Expect::Absent).await?;
+    }
+    Ok(revision)
+}

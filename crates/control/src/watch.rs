@@ -59,14 +59,28 @@ struct Watcher {
     refused: Option<i64>,
 }
 
+/// A running watcher; dropping it stops the watcher (its status record then expires).
+pub struct Watch {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        // Closing the channel ends the watcher at its next await.
+        self.stop.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// Starts the watcher of `cfg.control` for the switch whose state is `shared` and whose run
-/// loop takes `commands`. Errors only on an unreadable cache file; etcd being unreachable is
-/// not an error (the switch runs on its persisted state).
-pub fn spawn(
-    cfg: &Config,
-    shared: Arc<Shared>,
-    commands: CommandSender,
-) -> anyhow::Result<std::thread::JoinHandle<()>> {
+/// loop takes `commands`, until the returned [`Watch`] is dropped. Its connections to etcd
+/// are made in the network namespace of the calling thread. Errors only on an unreadable
+/// cache file; etcd being unreachable is not an error (the switch runs on its persisted
+/// state).
+pub fn spawn(cfg: &Config, shared: Arc<Shared>, commands: CommandSender) -> anyhow::Result<Watch> {
     let Some(control) = cfg.control.clone() else {
         bail!("control: not configured");
     };
@@ -98,15 +112,25 @@ pub fn spawn(
         refused: None,
         cache,
     };
-    Ok(std::thread::Builder::new()
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::Builder::new()
         .name("picnic-control".into())
         .spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .expect("a tokio runtime");
-            rt.block_on(watcher.run());
-        })?)
+            rt.block_on(async {
+                tokio::select! {
+                    _ = watcher.run() => {}
+                    _ = stopped => {}
+                }
+            });
+        })?;
+    Ok(Watch {
+        stop: Some(stop),
+        thread: Some(thread),
+    })
 }
 
 impl Watcher {

@@ -7,73 +7,17 @@
 //! etcd starts; a change the run loop refused is tried again. Skips and says why without
 //! etcd.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use picnic_control::cluster::Kind;
+use picnic_control::local::LocalEtcd;
 use picnic_control::store::{self, Expect};
+use picnic_control::watch::Watch;
 use picnic_switch::config::Config;
 use picnic_switch::runner::{Command as LoopCommand, CommandSender, Shared};
-
-struct Etcd {
-    child: Child,
-    url: String,
-}
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// etcd with its data in `dir`, on `ports` (client, peer), answering.
-fn etcd(dir: &Path, ports: (u16, u16)) -> Etcd {
-    let url = format!("http://127.0.0.1:{}", ports.0);
-    let peer = format!("http://127.0.0.1:{}", ports.1);
-    let child = Command::new("etcd")
-        .args(["--name", "t", "--data-dir"])
-        .arg(dir)
-        .args([
-            "--listen-client-urls",
-            &url,
-            "--advertise-client-urls",
-            &url,
-        ])
-        .args([
-            "--listen-peer-urls",
-            &peer,
-            "--initial-advertise-peer-urls",
-            &peer,
-        ])
-        .args(["--initial-cluster", &format!("t={peer}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let e = Etcd { child, url };
-    let end = Instant::now() + Duration::from_secs(10);
-    while block(async {
-        let mut c = store::connect(std::slice::from_ref(&e.url)).await?;
-        store::load(&mut c, "/picnic/").await
-    })
-    .is_err()
-    {
-        assert!(Instant::now() < end, "etcd did not answer within 10 s");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    e
-}
 
 fn block<T>(f: impl std::future::Future<Output = T>) -> T {
     tokio::runtime::Builder::new_current_thread()
@@ -106,7 +50,7 @@ mac = "02:00:00:00:01:01"
 
 /// Starts the watcher of `cfg` (restored from its state file, as `picnic switch` does) on a
 /// stand-in run loop that makes every change it is sent; the switch's shared state.
-fn switch(cfg: Config) -> Arc<Shared> {
+fn switch(cfg: Config) -> (Arc<Shared>, Watch) {
     let state = cfg.switch.state_file.clone().unwrap();
     let cfg = picnic_switch::persist::restore(cfg, &state).unwrap();
     let shared = Arc::new(Shared::default());
@@ -127,8 +71,8 @@ fn switch(cfg: Config) -> Arc<Shared> {
             let _ = reply.send(Ok(()));
         }
     });
-    picnic_control::watch::spawn(&cfg, shared.clone(), CommandSender::new(tx)).unwrap();
-    shared
+    let watch = picnic_control::watch::spawn(&cfg, shared.clone(), CommandSender::new(tx)).unwrap();
+    (shared, watch)
 }
 
 /// The names of the running config's VMs.
@@ -192,8 +136,8 @@ fn a_switch_follows_etcd_and_catches_up_after_compaction_and_an_outage() {
         return;
     }
     let root = temp("root");
-    let ports = (free_port(), free_port());
-    let db = etcd(&root.join("etcd"), ports);
+    let db = LocalEtcd::start(&root.join("etcd")).unwrap();
+    let ports = db.ports;
     let url = db.url.clone();
     block(async {
         put(
@@ -215,7 +159,7 @@ fn a_switch_follows_etcd_and_catches_up_after_compaction_and_an_outage() {
     });
     // A switch follows: records reach its running config, and its state file.
     let one = temp("one");
-    let first = switch(config(&one, &url));
+    let (first, _w1) = switch(config(&one, &url));
     wait_vms(&first, &["a", "b"]);
     let state = one.join("state.json");
     let cache = picnic_control::watch::cache_path(&state);
@@ -242,7 +186,7 @@ fn a_switch_follows_etcd_and_catches_up_after_compaction_and_an_outage() {
         c.compact(rev, None).await.unwrap();
     });
     wait_vms(&first, &["a", "c"]);
-    let second = switch(config(&two, &url));
+    let (second, _w2) = switch(config(&two, &url));
     wait_vms(&second, &["a", "c"]);
     wait_file(
         &picnic_control::watch::cache_path(&two.join("state.json")),
@@ -258,14 +202,14 @@ fn a_switch_follows_etcd_and_catches_up_after_compaction_and_an_outage() {
     ] {
         std::fs::copy(&f, three.join(f.file_name().unwrap())).unwrap();
     }
-    let third = switch(config(&three, &url));
+    let (third, _w3) = switch(config(&three, &url));
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(
         vms(&third),
         ["a", "c"],
         "the persisted state while etcd is down"
     );
-    let _db = etcd(&root.join("etcd"), ports);
+    let _db = LocalEtcd::start_at(&root.join("etcd"), ports).unwrap();
     block(put(&url, Kind::Vm, "d", vm("d", 4)));
     for s in [&first, &second, &third] {
         wait_vms(s, &["a", "c", "d"]);

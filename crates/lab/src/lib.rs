@@ -8,6 +8,8 @@
 //! modes, reported by the scenario crate's report.
 
 pub mod cgroup;
+pub mod churn;
+pub mod control;
 pub mod cpu_burn;
 pub mod dataplane;
 pub mod picnic;
@@ -16,5 +18,6 @@ pub mod run;
 pub mod topology;
 pub mod workload;
 
+pub use control::Control;
 pub use dataplane::{Dataplane, DataplaneFactory, LinuxBridge};
 pub use run::{exit_code, run_loaded, run_scenario, Outcome, RunOptions};

@@ -4,8 +4,10 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
+use picnic_control::watch::Watch;
 use picnic_scenario::switch::dataplane_config;
 use picnic_scenario::Dataplane as Kind;
 use picnic_switch::accel::AccelView;
@@ -15,6 +17,7 @@ use picnic_switch::runner::{PortView, Shared, Switch};
 use picnic_wire::overlay::ENCAP_OVERHEAD;
 
 use crate::cgroup::{Placement, TenantGroup, SWITCH};
+use crate::control::LabControl;
 use crate::dataplane::{Dataplane, DataplaneFactory};
 use picnic_netns::{self as netns, NsThread};
 use picnic_scenario::plan::HostView;
@@ -39,14 +42,23 @@ pub struct PicnicSwitch {
     running: Option<(Arc<AtomicBool>, NsThread<Result<()>>)>,
     /// What the switch publishes; kept after teardown, holding its final counters.
     shared: Option<Arc<Shared>>,
+    /// On the control plane: the whole deployment, which the switch's watcher brings from
+    /// etcd before setup returns.
+    deployment: Option<Config>,
+    /// The watcher, while the switch runs.
+    watch: Option<Watch>,
 }
+
+/// How long a switch on the control plane may take to apply the deployment from etcd.
+const APPLY_WITHIN: Duration = Duration::from_secs(10);
 
 impl PicnicSwitch {
     /// A factory making a switch for every host with the isolation and schedulers of
     /// `dataplane` (a [`Kind::Picnic`]). With isolation, a tenant with `cpu_cores` has that
     /// allocation in the switch too, and its cgroup on the host is charged for the switch's
-    /// work (Iron); without, the switch charges nobody.
-    pub fn factory(dataplane: Kind) -> DataplaneFactory {
+    /// work (Iron); without, the switch charges nobody. With `control`, each switch's file
+    /// names only its host (`LabControl::host_config`) and the rest comes from etcd.
+    pub fn factory(dataplane: Kind, control: Option<Arc<LabControl>>) -> DataplaneFactory {
         let isolated = matches!(dataplane, Kind::Picnic { isolated: true, .. });
         Arc::new(move |scenario, topo, host, placement| {
             match dataplane_config(scenario, topo, host, dataplane) {
@@ -54,7 +66,14 @@ impl PicnicSwitch {
                     if isolated {
                         charge_cgroups(&mut config, placement, &host.name);
                     }
-                    let mut switch = PicnicSwitch::new(config, isolated);
+                    let mut switch = match &control {
+                        Some(c) => {
+                            let mut s = PicnicSwitch::new(c.host_config(&config), isolated);
+                            s.deployment = Some(config);
+                            s
+                        }
+                        None => PicnicSwitch::new(config, isolated),
+                    };
                     switch.group = placement.group(SWITCH, &host.name).cloned();
                     Box::new(switch)
                 }
@@ -72,6 +91,8 @@ impl PicnicSwitch {
             group: None,
             running: None,
             shared: None,
+            deployment: None,
+            watch: None,
         }
     }
 
@@ -123,6 +144,7 @@ impl Dataplane for PicnicSwitch {
         }
         let config = self.config.clone();
         let group = self.group.clone();
+        let controlled = self.deployment.is_some();
         let (ready_tx, ready_rx) = mpsc::channel();
         let thread = netns::spawn_in_netns(&host.ns, move || -> Result<()> {
             let opened = match &group {
@@ -136,7 +158,9 @@ impl Dataplane for PicnicSwitch {
                     return Err(e);
                 }
             };
-            let _ = ready_tx.send(Ok((switch.stop_flag(), switch.shared())));
+            // Made here: the loop's port keeper opens new ports in the host's namespace.
+            let commands = controlled.then(|| switch.command_channel());
+            let _ = ready_tx.send(Ok((switch.stop_flag(), switch.shared(), commands)));
             switch.run()
         })?;
         let mode = if self.isolated {
@@ -145,9 +169,19 @@ impl Dataplane for PicnicSwitch {
             "unisolated"
         };
         match ready_rx.recv() {
-            Ok(Ok((stop, shared))) => {
+            Ok(Ok((stop, shared, commands))) => {
                 self.running = Some((stop, thread));
-                self.shared = Some(shared);
+                self.shared = Some(shared.clone());
+                if let (Some(full), Some(commands)) = (&self.deployment, commands) {
+                    // Spawned from the lab's thread: it reaches etcd on the lab's loopback.
+                    self.watch = Some(picnic_control::watch::spawn(
+                        &self.config,
+                        shared.clone(),
+                        commands,
+                    )?);
+                    wait_applied(&shared, full)
+                        .with_context(|| format!("picnic switch on {}", host.name))?;
+                }
             }
             Ok(Err(e)) => return Err(anyhow!("picnic switch on {} ({mode}): {e}", host.name)),
             Err(_) => {
@@ -205,6 +239,7 @@ impl Dataplane for PicnicSwitch {
     }
 
     fn teardown(&mut self, host: &HostView) -> Result<()> {
+        self.watch.take();
         if let Some((stop, thread)) = self.running.take() {
             stop.store(true, Ordering::Relaxed);
             thread
@@ -224,12 +259,60 @@ impl Dataplane for PicnicSwitch {
             for line in latest.iter().flat_map(|p| worker_lines(p, &host.uplink)) {
                 eprintln!("[picnic {}] {line}", host.name);
             }
+            // How long the loop stopped forwarding for each live change it made.
+            let workers = latest.iter().flat_map(|p| &p.workers);
+            for w in workers.filter(|w| w.live_commits.commits > 0) {
+                let c = &w.live_commits;
+                eprintln!(
+                    "[picnic {}] worker {} live changes {}: loop held p50 {:.0} p99 {:.0} max {:.0} us",
+                    host.name, w.worker, c.commits, c.p50_us, c.p99_us, c.max_us
+                );
+            }
             let accel = latest.as_ref().and_then(|p| p.accel.as_ref());
             for line in accel.into_iter().flat_map(accel_lines) {
                 eprintln!("[picnic {}] {line}", host.name);
             }
         }
         Ok(())
+    }
+}
+
+/// Waits until the switch runs every host, tenant and VM of `full` (brought by its watcher).
+fn wait_applied(shared: &Shared, full: &Config) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        let missing: Vec<String> = match shared.config() {
+            Some(running) => {
+                let hosts = full
+                    .hosts
+                    .iter()
+                    .filter(|h| !running.hosts.iter().any(|r| r.id == h.id))
+                    .map(|h| format!("host {}", h.id));
+                let tenants = full
+                    .tenants
+                    .iter()
+                    .filter(|t| !running.tenants.iter().any(|r| r.name == t.name))
+                    .map(|t| format!("tenant {}", t.name));
+                let vms = full
+                    .vms
+                    .iter()
+                    .filter(|v| !running.vms.iter().any(|r| r.name == v.name))
+                    .map(|v| format!("VM {}", v.name));
+                hosts.chain(tenants).chain(vms).collect()
+            }
+            None => vec!["its config".into()],
+        };
+        if missing.is_empty() {
+            return Ok(());
+        }
+        if start.elapsed() > APPLY_WITHIN {
+            bail!(
+                "did not apply the deployment from etcd within {} s; missing {}",
+                APPLY_WITHIN.as_secs(),
+                missing.join(", ")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

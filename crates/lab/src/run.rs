@@ -1,26 +1,36 @@
 //! Running a scenario in several modes and reporting it side by side.
 
 use crate::cgroup::{Placement, SWITCH};
+use crate::churn::ChurnRun;
+use crate::control::{Control, LabControl};
 use crate::dataplane::{Dataplane, DataplaneFactory, LinuxBridge};
 use crate::picnic::PicnicSwitch;
 use crate::topology;
 use crate::workload;
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use picnic_netns::{self as netns, Testbed};
 use picnic_scenario::plan::HostView;
-use picnic_scenario::{Dataplane as Kind, Mode, ModeReport, Scenario, Summary, SwitchSlo};
+use picnic_scenario::{
+    ChurnOutcome, Dataplane as Kind, Mode, ModeReport, Scenario, Summary, SwitchSlo,
+};
 use picnic_scenario::{WorkloadKind, WorkloadResult};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// The lab's dataplane of a mode: a Linux bridge per host for [`Kind::Bridge`], picnic
-/// switches otherwise; and whether it opens TAP devices, so VMs that ask for one get it
-/// (else a veth pair).
-fn dataplane_of(mode: &Mode) -> (DataplaneFactory, bool) {
+/// switches otherwise, taking their deployment from `control` if given.
+fn dataplane_of(mode: &Mode, control: Option<Arc<LabControl>>) -> DataplaneFactory {
     match mode.dataplane {
-        Kind::Bridge => (LinuxBridge::factory(), false),
-        picnic @ Kind::Picnic { .. } => (PicnicSwitch::factory(picnic), true),
+        Kind::Bridge => LinuxBridge::factory(),
+        picnic @ Kind::Picnic { .. } => PicnicSwitch::factory(picnic, control),
     }
+}
+
+/// Whether the mode's dataplane opens TAP devices, so VMs that ask for one get it (else a
+/// veth pair): picnic's does.
+fn opens_taps(mode: &Mode) -> bool {
+    matches!(mode.dataplane, Kind::Picnic { .. })
 }
 
 /// Options of [`run_scenario`].
@@ -36,6 +46,8 @@ pub struct RunOptions {
     pub judge: Option<String>,
     /// Print progress lines to stderr.
     pub progress: bool,
+    /// Where the picnic modes' switches get the deployment from.
+    pub control: Control,
 }
 
 impl Default for RunOptions {
@@ -52,6 +64,7 @@ impl Default for RunOptions {
             repeat: 1,
             judge: None,
             progress: true,
+            control: Control::Files,
         }
     }
 }
@@ -105,7 +118,17 @@ pub fn run_scenario(path: &Path, opts: &RunOptions) -> Result<Outcome> {
 
 /// Runs an already loaded scenario; see [`run_scenario`].
 pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> Result<Outcome> {
-    netns::preflight(&required_tools(&scenario))?;
+    netns::preflight(&required_tools(scenario))?;
+    let churned_picnic = opts
+        .modes
+        .iter()
+        .any(|m| m.attackers && matches!(m.dataplane, Kind::Picnic { .. }));
+    if scenario.churn.is_some() && churned_picnic && opts.control != Control::Etcd {
+        bail!(
+            "scenario {} churns VMs through the control plane: run it with --control etcd",
+            scenario.name
+        );
+    }
     set_lab_slice(scenario);
     let _bandwidth_slice = crate::cgroup::FineBandwidthSlice::for_scenario(scenario);
     let say = |msg: String| {
@@ -121,8 +144,9 @@ pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> Result<Outcome> {
     for round in 0..repeat {
         for (mode, mode_runs) in opts.modes.iter().zip(&mut runs) {
             say(format!("mode {} run {}/{}", mode.name, round + 1, repeat));
-            let (results, tenant_cpu, served, tenant_slo) =
-                run_mode(&scenario, mode, &say).with_context(|| format!("mode {}", mode.name))?;
+            let (results, tenant_cpu, served, tenant_slo, churn) =
+                run_mode(scenario, mode, opts.control, &say)
+                    .with_context(|| format!("mode {}", mode.name))?;
             for r in &results {
                 say(format!(
                     "  {:<12} {:>9.1} Mb/s  loss {:.3}%{}",
@@ -136,6 +160,13 @@ pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> Result<Outcome> {
                         .unwrap_or_default()
                 ));
             }
+            if let Some(c) = &churn {
+                say(format!(
+                    "  churn: {} changes, {} VMs not answering within 1 s, slowest to answer {:.0} ms",
+                    c.changes, c.unreachable, c.follow_ms_max
+                ));
+            }
+            mode_runs.churn.push(churn);
             mode_runs.cpu.push(tenant_cpu);
             mode_runs.served.push(served);
             mode_runs.slo.push(tenant_slo);
@@ -144,12 +175,13 @@ pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> Result<Outcome> {
     }
     let mut reports = Vec::new();
     for (mode, mode_runs) in opts.modes.iter().zip(runs) {
-        let mut report = ModeReport::new(&scenario, &mode.name, mode.attackers, mode_runs.results)?;
-        report.add_cpu_share_error(&scenario, &mode_runs.cpu, &mode_runs.served);
-        report.add_switch_slo(&scenario, &mode_runs.slo);
+        let mut report = ModeReport::new(scenario, &mode.name, mode.attackers, mode_runs.results)?;
+        report.add_cpu_share_error(scenario, &mode_runs.cpu, &mode_runs.served);
+        report.add_switch_slo(scenario, &mode_runs.slo);
+        report.add_churn(&mode_runs.churn);
         reports.push(report);
     }
-    let summary = Summary::new(&scenario, &reports, opts.judge.as_deref())?;
+    let summary = Summary::new(scenario, &reports, opts.judge.as_deref())?;
     let table = summary.table();
     if opts.progress {
         eprintln!("{table}");
@@ -200,12 +232,14 @@ impl Drop for Dataplanes {
 
 /// One run of a mode: the workloads' results, the CPU the dataplanes charged each tenant
 /// (ns), the tenants none of whose frames they dropped, and what they judged of each
-/// tenant's SLO (summed over hosts; empty for kernel bridges).
+/// tenant's SLO (summed over hosts; empty for kernel bridges), and what the churn did if it
+/// ran.
 pub type ModeRun = (
     Vec<WorkloadResult>,
     BTreeMap<String, u64>,
     BTreeSet<String>,
     BTreeMap<String, SwitchSlo>,
+    Option<ChurnOutcome>,
 );
 
 /// One mode's repetitions, gathered over the rounds.
@@ -215,11 +249,18 @@ struct ModeRuns {
     cpu: Vec<BTreeMap<String, u64>>,
     served: Vec<BTreeSet<String>>,
     slo: Vec<BTreeMap<String, SwitchSlo>>,
+    churn: Vec<Option<ChurnOutcome>>,
 }
 
-/// Builds a testbed, sets up `mode`'s dataplane on every host, runs the workloads (all, or
-/// the victim's only) and tears everything down.
-pub fn run_mode(scenario: &Scenario, mode: &Mode, say: &dyn Fn(String)) -> Result<ModeRun> {
+/// Builds a testbed, sets up `mode`'s dataplane on every host (picnic's from a fresh etcd
+/// with [`Control::Etcd`]), runs the workloads (all, or the victim's only) and tears
+/// everything down.
+pub fn run_mode(
+    scenario: &Scenario,
+    mode: &Mode,
+    control: Control,
+    say: &dyn Fn(String),
+) -> Result<ModeRun> {
     let mut testbed = Testbed::new()?;
     let vm_count: usize = scenario.tenants.iter().map(|t| t.vms.len()).sum();
     say(format!(
@@ -229,9 +270,21 @@ pub fn run_mode(scenario: &Scenario, mode: &Mode, say: &dyn Fn(String)) -> Resul
         vm_count,
         scenario.access_link_mbps
     ));
-    let (factory, taps) = dataplane_of(mode);
+    let taps = opens_taps(mode);
     let topo = topology::build(scenario, &mut testbed, taps)?;
     let placement = Placement::create(scenario, testbed.run_id())?;
+    let lab_control = match (control, mode.dataplane) {
+        (Control::Etcd, picnic @ Kind::Picnic { .. }) => {
+            let c = LabControl::start(scenario, &topo, picnic, testbed.run_id())?;
+            say(format!(
+                "  control plane: etcd at {}, the deployment put into it",
+                c.endpoints().join(",")
+            ));
+            Some(Arc::new(c))
+        }
+        _ => None,
+    };
+    let factory = dataplane_of(mode, lab_control.clone());
     for g in placement.groups() {
         let who = match g.tenant.as_str() {
             SWITCH => "the switch".to_string(),
@@ -262,7 +315,23 @@ pub fn run_mode(scenario: &Scenario, mode: &Mode, say: &dyn Fn(String)) -> Resul
         workloads.len(),
         scenario.duration_ms
     ));
-    let results = workload::run_placed(scenario, &topo, &workloads, &placement)?;
+    let churn = match (&scenario.churn, &lab_control) {
+        (Some(churn), Some(control)) if mode.attackers => {
+            say(format!(
+                "  churning tenant {}'s VMs through etcd every {} ms",
+                churn.tenant, churn.interval_ms
+            ));
+            Some(ChurnRun::start(scenario, churn, &topo, control.clone())?)
+        }
+        (Some(_), None) if mode.attackers => {
+            say("  no churn: this dataplane has no control plane".into());
+            None
+        }
+        _ => None,
+    };
+    let results = workload::run_placed(scenario, &topo, &workloads, &placement);
+    let churned = churn.map(ChurnRun::finish).transpose();
+    let (results, churned) = (results?, churned?);
     let mut tenant_cpu = BTreeMap::new();
     let mut tenant_slo: BTreeMap<String, SwitchSlo> = BTreeMap::new();
     // Served in full: every host that charged the tenant dropped none of its frames.
@@ -286,9 +355,10 @@ pub fn run_mode(scenario: &Scenario, mode: &Mode, say: &dyn Fn(String)) -> Resul
     }
     // The switches give the groups their allocations back when they stop.
     drop(dataplanes);
+    drop(lab_control);
     drop(placement);
     testbed.teardown()?;
     say("  torn down".into());
     let served = served.difference(&dropped).cloned().collect();
-    Ok((results, tenant_cpu, served, tenant_slo))
+    Ok((results, tenant_cpu, served, tenant_slo, churned))
 }

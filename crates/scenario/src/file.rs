@@ -60,6 +60,35 @@ pub struct Scenario {
     /// so one file serves both runners.
     #[serde(default)]
     pub sim: Option<toml::Table>,
+    /// VMs added, moved and removed through the control plane while the workloads run
+    /// (lab with `--control etcd`, modes with attackers).
+    #[serde(default)]
+    pub churn: Option<Churn>,
+}
+
+/// One tenant's VMs churned through etcd (`picnic lab run --control etcd`): every
+/// `interval_ms` the next of its VMs but the first is changed in turn, moved from its host
+/// to the next host, then removed, then added back on its own host; after a move or an add
+/// its first VM (which stays put) pings it until it answers. The churn's own attack.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Churn {
+    /// The churned tenant: not the victim, no workloads, no TAP VMs, at least two VMs.
+    pub tenant: String,
+    /// Time between changes, ms (at least 50).
+    pub interval_ms: u64,
+}
+
+/// What the churn of one run did (the lab measures it; pass marks read it as
+/// `churn_changes`, `churn_unreachable` and `churn_follow_ms`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ChurnOutcome {
+    /// Changes made in etcd.
+    pub changes: u32,
+    /// Moves and adds after which the VM did not answer its tenant's first VM within 1 s.
+    pub unreachable: u32,
+    /// The longest time from a move's or add's write in etcd to the VM's first answer, ms.
+    pub follow_ms_max: f64,
 }
 
 /// How the lab runs its picnic switches.

@@ -29,8 +29,8 @@ mod validate;
 
 pub use check::Check;
 pub use file::{
-    PicnicSettings, Protocol, Scenario, Tenant, Vm, Workload, WorkloadKind, BASE_PORT,
-    DEFAULT_RPC_RATE, DEFAULT_SIZE, DEFAULT_TIMEOUT_MS, MAX_NAME_LEN,
+    Churn, ChurnOutcome, PicnicSettings, Protocol, Scenario, Tenant, Vm, Workload, WorkloadKind,
+    BASE_PORT, DEFAULT_RPC_RATE, DEFAULT_SIZE, DEFAULT_TIMEOUT_MS, MAX_NAME_LEN,
 };
 pub use files::write_outputs;
 pub use metrics::{ModeReport, SwitchSlo, TenantMetrics};

@@ -306,6 +306,23 @@ impl ModeReport {
         }
     }
 
+    /// The churn's figures over the repetitions that churned (`None`: not in that one):
+    /// the fewest changes, every unreachable VM, the longest time to follow.
+    pub fn add_churn(&mut self, churns: &[Option<crate::ChurnOutcome>]) {
+        let done: Vec<_> = churns.iter().flatten().collect();
+        if done.is_empty() {
+            return;
+        }
+        let changes = done.iter().map(|c| c.changes).min().unwrap_or(0);
+        let unreachable: u32 = done.iter().map(|c| c.unreachable).sum();
+        let follow = done.iter().map(|c| c.follow_ms_max).fold(0.0, f64::max);
+        self.metrics
+            .insert("churn_changes".into(), f64::from(changes));
+        self.metrics
+            .insert("churn_unreachable".into(), f64::from(unreachable));
+        self.metrics.insert("churn_follow_ms".into(), follow);
+    }
+
     /// Adds `cpu_share_error` (median over repetitions) from the CPU the dataplanes charged
     /// each tenant in each repetition: the largest relative deviation of a competing tenant's
     /// dataplane CPU from its weighted max-min fair share of what the competitors got together

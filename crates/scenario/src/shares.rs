@@ -12,6 +12,9 @@ pub const SCENARIO_METRICS: &[&str] = &[
     "convergence_ms",
     "completion_order",
     "cpu_share_error",
+    "churn_changes",
+    "churn_unreachable",
+    "churn_follow_ms",
 ];
 
 /// Relative band around its weighted share a tenant's rate must stay in to count as

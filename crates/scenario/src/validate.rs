@@ -161,6 +161,10 @@ impl Scenario {
                 );
             }
         }
+        if let Some(churn) = &self.churn {
+            self.validate_churn(churn)
+                .map_err(|e| anyhow!("field `churn.{e}"))?;
+        }
         for (i, p) in self.pass.iter().enumerate() {
             let check = Check::parse(p).with_context(|| format!("field `pass[{i}]`"))?;
             if let Some((tenant, _)) = check.metric.split_once('.') {
@@ -168,6 +172,36 @@ impl Scenario {
                     bail!("field `pass[{i}]`: no tenant named {tenant:?}");
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Validates the churn; errors start with the field name (without the prefix).
+    fn validate_churn(&self, churn: &crate::Churn) -> Result<()> {
+        let Some(t) = self.tenants.iter().find(|t| t.name == churn.tenant) else {
+            bail!("tenant`: no tenant named {:?}", churn.tenant);
+        };
+        if t.name == self.victim {
+            bail!("tenant`: the victim's VMs are not churned");
+        }
+        if t.vms.len() < 2 || self.hosts.len() < 2 {
+            bail!("tenant`: needs two VMs (the first stays, the others move) and two hosts");
+        }
+        if t.vms.iter().any(|v| v.tap) {
+            bail!("tenant`: its VMs move between hosts as veth pairs: no `tap`");
+        }
+        if let Some(w) = self.workloads.iter().find(|w| {
+            [&w.from, &w.to]
+                .iter()
+                .any(|vm| t.vms.iter().any(|v| &v.name == *vm))
+        }) {
+            bail!(
+                "tenant`: workload {:?} would lose its VM; a churned tenant has none",
+                w.name
+            );
+        }
+        if churn.interval_ms < 50 {
+            bail!("interval_ms`: at least 50 (each change is pinged for up to 1 s)");
         }
         Ok(())
     }
@@ -468,6 +502,28 @@ to = "b"
         for (text, field) in cases {
             let e = err(&text);
             assert!(e.contains(field), "expected {field} in: {e}");
+        }
+    }
+
+    #[test]
+    fn a_churn_names_a_tenant_it_can_move_without_breaking_a_workload() {
+        let churn = |tenant: &str, ms: u64| {
+            format!("{BASE}\n[churn]\ntenant = \"{tenant}\"\ninterval_ms = {ms}")
+        };
+        let s = Scenario::parse(&churn("x", 100)).unwrap();
+        assert_eq!(s.churn.unwrap().tenant, "x");
+        for (text, why) in [
+            (churn("y", 100), "no tenant named"),
+            (churn("v", 100), "the victim's VMs"),
+            (churn("x", 10), "`churn.interval_ms`"),
+            (
+                format!("{}\n[[workloads]]\nname = \"f\"\nkind = \"udp_flood\"\nfrom = \"c\"\nto = \"d\"", churn("x", 100)),
+                "workload \"f\" would lose its VM",
+            ),
+            (churn("x", 100).replace("name = \"d\", host = \"h2\"", "name = \"d\", host = \"h2\", tap = true"), "no `tap`"),
+        ] {
+            let e = err(&text);
+            assert!(e.contains(why), "expected {why:?} in: {e}");
         }
     }
 

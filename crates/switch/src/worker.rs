@@ -625,10 +625,7 @@ impl Io for WorkerIo<'_> {
         pool: &mut FramePool,
     ) -> anyhow::Result<()> {
         match self.ports[port].as_mut() {
-            Some(p) => {
-                p.send_batch(queue, pool)
-                    .with_context(|| format!("send on {}", p.name()))?;
-            }
+            Some(p) => crate::port::send_or_drop(p.as_mut(), port == UPLINK, queue, pool)?,
             None if port == UPLINK && self.me != 0 => {
                 for f in queue.drain(..) {
                     self.post(0, Handoff::UplinkTx(f), pool);

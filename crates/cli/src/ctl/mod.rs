@@ -15,7 +15,8 @@ use picnic_control::cluster::{Cluster, Kind};
 use picnic_control::store;
 use picnic_core::slo::Slo;
 use picnic_switch::config::{
-    Backend, ControlSection, HostEntry, Mac, PortEntry, TenantEntry, VmEntry, CONTROL_PREFIX,
+    read_secret, ApiListen, Backend, ControlSection, HostEntry, Mac, PortEntry, TenantEntry,
+    VmEntry, CONTROL_PREFIX,
 };
 use serde_json::Value;
 use target::{kind_name, Api, Target};
@@ -28,9 +29,14 @@ pub struct CtlArgs {
     /// The cluster's key prefix in etcd (the switches' `control.prefix`).
     #[arg(long, global = true, default_value = CONTROL_PREFIX)]
     pub prefix: String,
-    /// One switch's API socket (`switch.api`) instead of etcd: changes that host only.
+    /// One switch's API (`switch.api`: a socket path or tcp:ADDR:PORT) instead of etcd:
+    /// changes that host only.
     #[arg(long, global = true)]
-    pub api: Option<PathBuf>,
+    pub api: Option<String>,
+    /// The bearer token of switch APIs on TCP (`switch.api_token_file`), for `--api
+    /// tcp:...` and for `status` reaching switches whose API is on TCP.
+    #[arg(long, global = true)]
+    pub api_token_file: Option<PathBuf>,
     /// How long a change made in etcd is waited for on the switches that are up (0: not).
     #[arg(long, global = true, default_value_t = 5.0)]
     pub wait_s: f64,
@@ -199,10 +205,20 @@ pub fn run(args: CtlArgs) -> i32 {
 }
 
 async fn execute(args: CtlArgs) -> anyhow::Result<()> {
+    let token = match &args.api_token_file {
+        Some(path) => Some(
+            String::from_utf8(read_secret(path, "--api-token-file")?)
+                .context("--api-token-file: not UTF-8")?,
+        ),
+        None => None,
+    };
     let mut target = match (&args.api, args.etcd.is_empty()) {
         (Some(_), false) => bail!("give --etcd (the cluster) or --api (one switch), not both"),
         (None, true) => bail!("give --etcd URL (the cluster) or --api SOCKET (one switch)"),
-        (Some(socket), true) => Target::Api(Api(socket.clone())),
+        (Some(listen), true) => Target::Api(Api {
+            listen: ApiListen::parse(listen).map_err(|e| anyhow::anyhow!("--api {e}"))?,
+            token: token.clone(),
+        }),
         (None, false) => {
             for url in &args.etcd {
                 ControlSection::check_endpoint(url).map_err(|e| anyhow::anyhow!("--etcd {e}"))?;
@@ -219,14 +235,14 @@ async fn execute(args: CtlArgs) -> anyhow::Result<()> {
     };
     let view = match &target {
         Target::Etcd { .. } => format!("etcd {}", args.etcd.join(",")),
-        Target::Api(api) => format!("the switch's API at {}", api.0.display()),
+        Target::Api(api) => format!("the switch's API at {api}"),
     };
     let view = target
         .view()
         .await
         .with_context(|| format!("reading {view}"))?;
     let edit = match args.command {
-        CtlCommand::Status => return status::run(&mut target, &view).await,
+        CtlCommand::Status => return status::run(&mut target, &view, token).await,
         CtlCommand::Host(cmd) => host(&view, cmd)?,
         CtlCommand::Tenant(cmd) => tenant(&view, cmd)?,
         CtlCommand::Vm(cmd) => vm(&view, cmd, matches!(target, Target::Etcd { .. }))?,
@@ -243,7 +259,7 @@ async fn execute(args: CtlArgs) -> anyhow::Result<()> {
     };
     let revision = target.write(&view, kind, &name, value, create).await?;
     match &mut target {
-        Target::Api(api) => println!("ok: applied on {}", api.0.display()),
+        Target::Api(api) => println!("ok: applied on {api}"),
         Target::Etcd { client, prefix, .. } => {
             println!("ok: revision {revision}");
             if args.wait_s > 0.0 {

@@ -12,11 +12,11 @@ use super::target::{Api, Target};
 use super::{since, POLL};
 
 /// Prints every host: its switch up or not (its status record in etcd), the revision it
-/// runs, its API, and its tenants' SLO state from that API.
-pub async fn run(target: &mut Target, view: &Cluster) -> anyhow::Result<()> {
+/// runs, its API, and its tenants' SLO state from that API (on TCP with `token`).
+pub async fn run(target: &mut Target, view: &Cluster, token: Option<String>) -> anyhow::Result<()> {
     let revision = match target {
         Target::Api(api) => {
-            println!("switch at {}:", api.0.display());
+            println!("switch at {api}:");
             for line in slo_lines(api) {
                 println!("  {line}");
             }
@@ -48,12 +48,19 @@ pub async fn run(target: &mut Target, view: &Cluster) -> anyhow::Result<()> {
             s.revision
         );
         match s.api.as_deref().map(ApiListen::parse) {
-            Some(Ok(ApiListen::Unix(path))) => {
-                for line in slo_lines(&Api(path)) {
+            Some(Ok(ApiListen::Tcp(addr))) if token.is_none() => {
+                println!("  SLO: its API is on tcp:{addr}: give --api-token-file")
+            }
+            Some(Ok(listen)) => {
+                let api = Api {
+                    listen,
+                    token: token.clone(),
+                };
+                for line in slo_lines(&api) {
                     println!("  {line}");
                 }
             }
-            Some(_) => println!("  SLO: its API is not a Unix socket here"),
+            Some(Err(e)) => println!("  SLO: its API '{}': {e}", s.api.as_deref().unwrap_or("")),
             None => println!("  SLO: the switch has no API"),
         }
     }
@@ -77,13 +84,52 @@ fn slo_lines(api: &Api) -> Vec<String> {
             if t["met"] == Value::Bool(true) {
                 format!("tenant {name}: SLO met")
             } else {
+                let violated = match &t["violated"] {
+                    Value::Array(kinds) => kinds
+                        .iter()
+                        .map(|k| k.as_str().map_or(k.to_string(), str::to_string))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    other => other.to_string(),
+                };
                 format!(
-                    "tenant {name}: SLO violated {} (why: {})",
-                    t["violated"], t["why"]
+                    "tenant {name}: SLO violated ({violated}) in the last window; why: {}",
+                    why(&t["why"])
                 )
             }
         })
         .collect()
+}
+
+/// A tenant's `why` (GET /slo) in words: where its late frames waited, what the switch
+/// dropped of its frames and why, and what it held back; each only if not zero.
+pub(super) fn why(why: &Value) -> String {
+    let counts = |v: &Value, label: &str| -> Vec<String> {
+        v.as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(_, n)| n.as_u64().is_some_and(|n| n > 0))
+            .map(|(k, n)| format!("{label} {} {n}", k.replace('_', " ")))
+            .collect()
+    };
+    let mut parts = counts(&why["late"], "late in");
+    parts.extend(counts(&why["drops"], "dropped"));
+    for (field, label) in [
+        (
+            "waited_limiter",
+            "held by the destination's limiter (EyeQ feedback)",
+        ),
+        ("waited_shaped_class", "queued in a shaped class"),
+    ] {
+        if let Some(n) = why[field].as_u64().filter(|n| *n > 0) {
+            parts.push(format!("{label} {n}"));
+        }
+    }
+    if parts.is_empty() {
+        "nothing late, dropped or held in this switch (frames since it started)".into()
+    } else {
+        format!("{} (frames since it started)", parts.join(", "))
+    }
 }
 
 /// Waits until every switch that is up reports `revision` or later; Err names those that

@@ -2,20 +2,53 @@
 //! Unix socket). Both show the records as a [`Cluster`] and take one record at a time.
 
 use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use picnic_control::cluster::{key, Cluster, Kind};
 use picnic_control::store::{self, Expect};
-use picnic_switch::config::{Config, TenantEntry};
+use picnic_switch::config::{ApiListen, Config, TenantEntry};
 use serde_json::Value;
 
-/// A switch's control API on its Unix socket.
-pub struct Api(pub PathBuf);
+/// A switch's control API: on its Unix socket, or on TCP with the bearer token.
+pub struct Api {
+    pub listen: ApiListen,
+    pub token: Option<String>,
+}
+
+impl std::fmt::Display for Api {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        match &self.listen {
+            ApiListen::Unix(path) => write!(f, "{}", path.display()),
+            ApiListen::Tcp(addr) => write!(f, "tcp:{addr}"),
+        }
+    }
+}
+
+/// A connection to an API.
+trait Stream: Read + Write {}
+impl<T: Read + Write> Stream for T {}
 
 impl Api {
+    fn connect(&self) -> anyhow::Result<Box<dyn Stream>> {
+        let timeout = Some(Duration::from_secs(10));
+        Ok(match &self.listen {
+            ApiListen::Unix(path) => {
+                let s = UnixStream::connect(path)?;
+                s.set_read_timeout(timeout)?;
+                Box::new(s)
+            }
+            ApiListen::Tcp(addr) => {
+                let addr = addr.parse()?;
+                let s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+                s.set_read_timeout(timeout)?;
+                Box::new(s)
+            }
+        })
+    }
+
     /// One request; Ok with the status and the body's JSON (Null if none).
     pub fn request(
         &self,
@@ -23,15 +56,19 @@ impl Api {
         path: &str,
         body: Option<&Value>,
     ) -> anyhow::Result<(u16, Value)> {
-        let socket = self.0.display();
-        let mut stream = UnixStream::connect(&self.0)
+        let socket = self.to_string();
+        let mut stream = self
+            .connect()
             .with_context(|| format!("the switch's API at {socket}"))?;
-        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
         let body = body.map(Value::to_string).unwrap_or_default();
+        let auth = self
+            .token
+            .as_ref()
+            .map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
         write!(
             stream,
             "{method} {path} HTTP/1.1\r\nHost: picnic\r\nConnection: close\r\nUser-Agent: picnic-ctl/{}\r\n\
-             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+             {auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             env!("CARGO_PKG_VERSION"),
             body.len()
         )?;

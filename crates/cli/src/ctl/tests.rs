@@ -133,3 +133,19 @@ fn tenants_hosts_and_slos_are_checked_against_the_cluster() {
     assert!(err(super::slo(&c, slo("t", Some(120.0)))).contains("latency_percentile"));
     assert!(err(super::slo(&c, slo("x", None))).contains("no tenant 'x'"));
 }
+
+#[test]
+fn status_says_why_in_words_leaving_out_zeros() {
+    let report = serde_json::json!({
+        "late": {"ingress_queue": 0, "egress_queue": 12, "shaped_class": 0, "limiter": 3},
+        "drops": {"ingress_queue_full": 40},
+        "waited_limiter": 9, "waited_shaped_class": 0, "held_beyond_guarantee": 0,
+    });
+    assert_eq!(
+        status::why(&report),
+        "late in egress queue 12, late in limiter 3, dropped ingress queue full 40, \
+         held by the destination's limiter (EyeQ feedback) 9 (frames since it started)"
+    );
+    let quiet = serde_json::json!({"late": null, "drops": {}, "waited_limiter": 0});
+    assert!(status::why(&quiet).starts_with("nothing late"));
+}

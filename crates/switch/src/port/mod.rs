@@ -222,6 +222,31 @@ fn os_error(err: io::Error, context: impl fmt::Display) -> io::Error {
     io::Error::new(err.kind(), format!("{context}: {err}"))
 }
 
+/// Sends `frames` on `port`, the uplink if `uplink`. A VM port whose device went away
+/// (moved to another namespace or deleted, as a migrating VM's interface is before the
+/// control plane removes the VM here) drops the frames it was given, logged: the switch goes
+/// on serving its other ports. The uplink's failure is the switch's (Err).
+pub fn send_or_drop(
+    port: &mut dyn Port,
+    uplink: bool,
+    frames: &mut Vec<Frame>,
+    pool: &mut FramePool,
+) -> anyhow::Result<()> {
+    match port.send_batch(frames, pool) {
+        Ok(_) => Ok(()),
+        Err(e) if !uplink => {
+            tracing::warn!(
+                port = port.name(),
+                dropped = frames.len(),
+                "send failed ({e}); frames dropped until a live change removes or reopens the port"
+            );
+            frames.drain(..).for_each(|f| pool.put(f));
+            Ok(())
+        }
+        Err(e) => Err(anyhow::Error::new(e).context(format!("send on {}", port.name()))),
+    }
+}
+
 /// Whether a send error only means "not now" (the frame should be retried later).
 fn is_transient_send_error(err: &io::Error) -> bool {
     matches!(

@@ -9,14 +9,14 @@ use picnic_wire::overlay::ENCAP_OVERHEAD;
 
 use super::SpinWork;
 use crate::config::{Backend, Config};
-use crate::directory::PortIdx;
+use crate::directory::{PortIdx, UPLINK};
 use crate::driver::Io;
 use crate::ebpf::EarlyDrop;
 use crate::engine::Work;
 use crate::frame::{Frame, FramePool};
 use crate::port::{
-    tap_state, AfPacketOptions, AfPacketPort, AfXdpOptions, AfXdpPort, Port, QueueSet, TapHostPort,
-    TapPort, TapState, VhostUserPort,
+    send_or_drop, tap_state, AfPacketOptions, AfPacketPort, AfXdpOptions, AfXdpPort, Port,
+    QueueSet, TapHostPort, TapPort, TapState, VhostUserPort,
 };
 
 /// The ports as the driver's [`Io`]: each read feeds the adaptive wait of the port's ring.
@@ -56,10 +56,7 @@ impl Io for PortIo<'_> {
         pool: &mut FramePool,
     ) -> anyhow::Result<()> {
         match self.ports[port].as_mut() {
-            Some(p) => {
-                p.send_batch(queue, pool)
-                    .with_context(|| format!("send on {}", p.name()))?;
-            }
+            Some(p) => send_or_drop(p.as_mut(), port == UPLINK, queue, pool)?,
             None => queue.drain(..).for_each(|f| pool.put(f)),
         }
         Ok(())
