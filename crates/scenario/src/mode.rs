@@ -53,8 +53,9 @@ pub const MODES: &[&str] = &[
     "picnic-engines-alone",
 ];
 
-/// picnic as configured by default: every isolation mechanism, CPU-fair schedulers and the
-/// kernel fast path.
+/// picnic as the lab runs it: every isolation mechanism, CPU-fair schedulers and the kernel
+/// fast path (`fastpath.kernel = true`, not yet the switch's default: docs/switch.md "Two
+/// paths").
 const PICNIC: Dataplane = Dataplane::Picnic {
     isolated: true,
     cpu_fair: true,
@@ -78,8 +79,7 @@ impl Mode {
         }
     }
 
-    /// picnic switches as configured by default (every isolation mechanism, the kernel fast
-    /// path).
+    /// picnic switches with every isolation mechanism and the kernel fast path.
     pub fn picnic() -> Mode {
         Mode::new("picnic", true, PICNIC)
     }

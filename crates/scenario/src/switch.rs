@@ -167,8 +167,8 @@ pub fn switch_config(
             job_work_ns: scenario.picnic.accel_job_work_ns,
             ..Default::default()
         },
-        // The switch's default (on); the `picnic-engines` and `picnic-off` modes turn it off
-        // (`dataplane_config`).
+        // Set per mode (`dataplane_config`): on in `picnic`, off in `picnic-engines` and
+        // `picnic-off`.
         fastpath: Default::default(),
         control: None,
         hosts,

@@ -262,9 +262,10 @@ impl Isolation {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct FastPathSection {
-    /// Forward in the kernel what needs no queueing (on by default: with it every shipped
-    /// scenario holds its marks with the default config, the defaults files included;
-    /// docs/RESULTS.md "Fast path"). Needs AF_PACKET ports (the uplink then defaults to
+    /// Forward in the kernel what needs no queueing. Off by default: with it the lab's
+    /// scenarios hold their marks but defaults-bursts and ingress-flood (docs/RESULTS.md
+    /// "Current state"), and a VM moved to another host through etcd was not reached
+    /// again (`--test cluster`, 2026-11-29; not yet understood). Needs AF_PACKET ports (the uplink then defaults to
     /// AF_PACKET), root and a build with the eBPF programs, else the switch says `kernel fast
     /// path off: <why>` and runs without it; runs with one dataplane worker (the default
     /// when it is on; an explicit `switch.workers` > 1 turns it off).
@@ -273,7 +274,7 @@ pub struct FastPathSection {
 
 impl Default for FastPathSection {
     fn default() -> Self {
-        FastPathSection { kernel: true }
+        FastPathSection { kernel: false }
     }
 }
 
