@@ -53,9 +53,8 @@ pub const MODES: &[&str] = &[
     "picnic-engines-alone",
 ];
 
-/// picnic as the lab runs it: every isolation mechanism, CPU-fair schedulers and the kernel
-/// fast path (`fastpath.kernel = true`, not yet the switch's default: docs/switch.md "Two
-/// paths").
+/// picnic as configured by default: every isolation mechanism, CPU-fair schedulers and the
+/// kernel fast path (docs/switch.md "Two paths").
 const PICNIC: Dataplane = Dataplane::Picnic {
     isolated: true,
     cpu_fair: true,

@@ -167,8 +167,8 @@ pub fn switch_config(
             job_work_ns: scenario.picnic.accel_job_work_ns,
             ..Default::default()
         },
-        // Set per mode (`dataplane_config`): on in `picnic`, off in `picnic-engines` and
-        // `picnic-off`.
+        // Set per mode (`dataplane_config`): on in `picnic` (the switch's default), off in
+        // `picnic-engines` and `picnic-off`.
         fastpath: Default::default(),
         control: None,
         hosts,

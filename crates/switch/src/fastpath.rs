@@ -9,7 +9,9 @@ use std::net::Ipv4Addr;
 use std::os::fd::{BorrowedFd, RawFd};
 
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap};
-use aya::programs::{SchedClassifier, SocketFilter, TcAttachType};
+use aya::programs::tc::{SchedClassifierLinkId, TcAttachOptions};
+use aya::programs::{LinkOrder, SchedClassifier, SocketFilter, TcAttachType};
+use aya::util::KernelVersion;
 use aya::{include_bytes_aligned, Ebpf, Pod};
 
 use crate::ebpf::{aya_error, load as load_object, MAX_SLOTS};
@@ -215,8 +217,8 @@ pub struct KernelFastPath {
     released: Array<MapData, u64>,
     ring: Array<MapData, Ring>,
     dest_dropped: Array<MapData, u64>,
-    /// Devices the hop is attached to, by name.
-    attached: Vec<String>,
+    /// Devices the hop is attached to, by ifindex, with their links.
+    attached: std::collections::HashMap<u32, SchedClassifierLinkId>,
 }
 
 impl KernelFastPath {
@@ -274,15 +276,21 @@ impl KernelFastPath {
             released,
             ring,
             dest_dropped,
-            attached: Vec::new(),
+            attached: std::collections::HashMap::new(),
         })
     }
 
-    /// Attaches the hop to device `ifname`'s tc ingress. Frames of a device not yet
-    /// registered ([`KernelFastPath::set_vm_port`], [`KernelFastPath::set_uplink`]) pass as
-    /// without the fast path.
-    pub fn attach_device(&mut self, ifname: &str) -> io::Result<()> {
-        if self.attached.iter().any(|a| a == ifname) {
+    /// Attaches the hop to device `ifname`'s (`ifindex`) tc ingress, before any program
+    /// already there. Frames of a device not yet registered ([`KernelFastPath::set_vm_port`],
+    /// [`KernelFastPath::set_uplink`]) pass as without the fast path.
+    ///
+    /// First, because a VM's device may come from another host's switch (a migration moves
+    /// the device between namespaces, and a tcx link stays with its device): that switch's
+    /// hop, which no longer knows the device, passes its frames, and a pass ends the chain,
+    /// so a hop attached after it never saw them (the cluster test's moved VM was
+    /// unreachable).
+    pub fn attach_device(&mut self, ifname: &str, ifindex: u32) -> io::Result<()> {
+        if self.attached.contains_key(&ifindex) {
             return Ok(());
         }
         let prog: &mut SchedClassifier = self
@@ -291,13 +299,23 @@ impl KernelFastPath {
             .expect("loaded")
             .try_into()
             .expect("a tc program");
-        prog.attach(ifname, TcAttachType::Ingress).map_err(|e| {
+        let tcx = KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0));
+        let attached = if tcx {
+            prog.attach_with_options(
+                ifname,
+                TcAttachType::Ingress,
+                TcAttachOptions::TcxOrder(LinkOrder::first()),
+            )
+        } else {
+            prog.attach(ifname, TcAttachType::Ingress)
+        };
+        let link = attached.map_err(|e| {
             aya_error(
                 e,
                 &format!("attaching the fast path to {ifname}'s tc ingress"),
             )
         })?;
-        self.attached.push(ifname.to_owned());
+        self.attached.insert(ifindex, link);
         Ok(())
     }
 
@@ -361,9 +379,20 @@ impl KernelFastPath {
             .map_err(|e| aya_error(e, "fp_ports"))
     }
 
-    /// Unregisters a device: its frames pass as without the fast path again.
+    /// Unregisters a device and detaches the hop from it: its frames pass as without the
+    /// fast path again, here or in the namespace the device moved to.
     pub fn remove_port(&mut self, ifindex: u32) {
         let _ = self.ports.remove(&ifindex);
+        if let Some(link) = self.attached.remove(&ifindex) {
+            let prog: &mut SchedClassifier = self
+                .bpf
+                .program_mut("picnic_hop")
+                .expect("loaded")
+                .try_into()
+                .expect("a tc program");
+            // A device already gone took its link with it.
+            let _ = prog.detach(link);
+        }
     }
 
     /// Sets (or with None removes) the destination (VNI, MAC).

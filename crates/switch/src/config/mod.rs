@@ -262,11 +262,10 @@ impl Isolation {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct FastPathSection {
-    /// Forward in the kernel what needs no queueing. Off by default: with it the lab's
-    /// scenarios hold their marks but defaults-bursts and ingress-flood (docs/RESULTS.md
-    /// "Current state"), and a VM moved to another host through etcd was not reached
-    /// again (`--test cluster`, 2026-11-29; not yet understood). Needs AF_PACKET ports (the uplink then defaults to
-    /// AF_PACKET), root and a build with the eBPF programs, else the switch says `kernel fast
+    /// Forward in the kernel what needs no queueing (on by default: with it the lab's
+    /// scenarios hold their marks but defaults-bursts and ingress-flood, and with the
+    /// engines alone four more fail; docs/RESULTS.md "Current state"). Needs AF_PACKET
+    /// ports (the uplink then defaults to AF_PACKET), root and a build with the eBPF programs, else the switch says `kernel fast
     /// path off: <why>` and runs without it; runs with one dataplane worker (the default
     /// when it is on; an explicit `switch.workers` > 1 turns it off).
     pub kernel: bool,
@@ -274,7 +273,7 @@ pub struct FastPathSection {
 
 impl Default for FastPathSection {
     fn default() -> Self {
-        FastPathSection { kernel: false }
+        FastPathSection { kernel: true }
     }
 }
 

@@ -143,21 +143,23 @@ impl FastPathLink {
             let vm = dir.port_vm.get(slot).copied().flatten();
             match (port, self.registered[slot]) {
                 (Some(p), None) => {
+                    // A VM port whose VM is not known yet waits for the next refresh.
+                    if slot != 0 && vm.is_none() {
+                        continue;
+                    }
                     let index = ifindex(p.name())?;
-                    self.kernel.attach_device(p.name())?;
+                    self.kernel.attach_device(p.name(), index)?;
                     if let Some(fd) = p.raw_fd() {
                         self.kernel.attach_socket(fd)?;
                     }
-                    if slot == 0 {
-                        crate::port::features::segment_tunnels_in_software(p.name())?;
-                        self.kernel.set_uplink(index, host_mac)?;
-                    } else if let Some(v) = vm {
+                    if let Some(v) = vm.filter(|_| slot != 0) {
                         let vm = &dir.vms[v];
                         let vni = dir.tenants[vm.tenant].vni;
                         self.kernel
                             .set_vm_port(index, slot as u32, vni, vm.mac.0, vm.ip)?;
                     } else {
-                        continue;
+                        crate::port::features::segment_tunnels_in_software(p.name())?;
+                        self.kernel.set_uplink(index, host_mac)?;
                     }
                     self.registered[slot] = Some(index);
                 }
