@@ -105,7 +105,7 @@ struct dest {
 	u8 dst_mac[6];
 	u32 bucket;      /* remote: its feedback limiter's bucket in fp_dest_tat */
 	u32 drop_beyond; /* remote: the engines' limiter overflows: drop beyond the rate here */
-	u32 pad;
+	u32 burst_ns;    /* remote: how far its bucket may run ahead */
 	u64 ps_per_byte; /* remote: the rate the receiver asked for (EyeQ 3.3); 0: none */
 };
 
@@ -424,7 +424,7 @@ static __always_inline long from_vm(struct __sk_buff *skb, struct port *p)
 		u32 b = d->bucket;
 		u64 *tat = bpf_map_lookup_elem(&fp_dest_tat, &b);
 		if (tat) {
-			if (!gcra(tat, now, (len + ENCAP_LEN) * d->ps_per_byte / 1000, c->burst_ns)) {
+			if (!gcra(tat, now, (len + ENCAP_LEN) * d->ps_per_byte / 1000, d->burst_ns)) {
 				u64 *dropped = bpf_map_lookup_elem(&fp_dest_dropped, &b);
 				if (dropped)
 					__sync_fetch_and_add(dropped, 1);
@@ -477,7 +477,7 @@ static __always_inline long from_vm(struct __sk_buff *skb, struct port *p)
 	if (d->ps_per_byte && !charged) {
 		u32 b = d->bucket;
 		u64 *tat = bpf_map_lookup_elem(&fp_dest_tat, &b);
-		if (!tat || !gcra(tat, now, wire * d->ps_per_byte / 1000, c->burst_ns))
+		if (!tat || !gcra(tat, now, wire * d->ps_per_byte / 1000, d->burst_ns))
 			return vm_hand_over(skb, slot, R_TOKENS, s, 0);
 	}
 	if (!within(s, 0, c->tx_ps_per_byte, c->tx_ns_per_packet, c->burst_ns, now, wire, packets))

@@ -64,7 +64,7 @@ struct Dest {
     dst_mac: [u8; 6],
     bucket: u32,
     drop_beyond: u32,
-    pad: u32,
+    burst_ns: u32,
     ps_per_byte: u64,
 }
 
@@ -280,8 +280,8 @@ impl KernelFastPath {
         })
     }
 
-    /// Attaches the hop to device `ifname`'s (`ifindex`) tc ingress, before any program
-    /// already there. Frames of a device not yet registered ([`KernelFastPath::set_vm_port`],
+    /// Attaches the hop to device `ifname`'s tc ingress, before any program already there;
+    /// returns the device's ifindex. Frames of a device not yet registered ([`KernelFastPath::set_vm_port`],
     /// [`KernelFastPath::set_uplink`]) pass as without the fast path.
     ///
     /// First, because a VM's device may come from another host's switch (a migration moves
@@ -289,9 +289,10 @@ impl KernelFastPath {
     /// hop, which no longer knows the device, passes its frames, and a pass ends the chain,
     /// so a hop attached after it never saw them (the cluster test's moved VM was
     /// unreachable).
-    pub fn attach_device(&mut self, ifname: &str, ifindex: u32) -> io::Result<()> {
+    pub fn attach_device(&mut self, ifname: &str) -> io::Result<u32> {
+        let ifindex = crate::port::sys::ifindex(ifname)?;
         if self.attached.contains_key(&ifindex) {
-            return Ok(());
+            return Ok(ifindex);
         }
         let prog: &mut SchedClassifier = self
             .bpf
@@ -316,7 +317,7 @@ impl KernelFastPath {
             )
         })?;
         self.attached.insert(ifindex, link);
-        Ok(())
+        Ok(ifindex)
     }
 
     /// Attaches the gate to AF_PACKET socket `fd`: from then on it gets only the frames the
@@ -439,7 +440,7 @@ impl KernelFastPath {
                     dst_mac,
                     bucket: bucketed.map_or(0, |l| l.bucket),
                     drop_beyond: u32::from(bucketed.is_some_and(|l| l.drop_beyond)),
-                    pad: 0,
+                    burst_ns: BURST_NS as u32,
                     ps_per_byte: bucketed.map_or(0, |l| {
                         crate::engine::fastpath::ps_per_byte(l.bytes_per_sec.max(1))
                     }),

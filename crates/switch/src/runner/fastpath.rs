@@ -14,7 +14,6 @@ use crate::engine::fastpath::{FastArrival, FastPathWant, Handback, RingCounts, S
 use crate::engine::Engine;
 use crate::fastpath::{kernel_clock_ns, Arrivals, Destination, DestinationLimit, KernelFastPath};
 use crate::frame::FramePool;
-use crate::port::sys::ifindex;
 use crate::port::Port;
 use crate::stats::FastPathCounters;
 
@@ -147,8 +146,7 @@ impl FastPathLink {
                     if slot != 0 && vm.is_none() {
                         continue;
                     }
-                    let index = ifindex(p.name())?;
-                    self.kernel.attach_device(p.name(), index)?;
+                    let index = self.kernel.attach_device(p.name())?;
                     if let Some(fd) = p.raw_fd() {
                         self.kernel.attach_socket(fd)?;
                     }
