@@ -536,7 +536,8 @@ impl Switch {
 
 /// One snapshot of several workers': a VM's counters summed over the workers that counted
 /// them (its frames may be handled by another worker before they reach its own), its queues
-/// and rates from the worker that owns it; tenants' and switch counters summed; ports, SLO
+/// and rates from the worker that owns it; tenants' and switch counters summed (a tenant's
+/// use of the shared engine too: each worker counts the jobs of its own port); ports, SLO
 /// tenants and workers listed from each.
 pub fn merge(parts: &[Arc<Published>], frames: usize) -> Published {
     let mut switch = parts[0].switch.clone();
@@ -563,6 +564,9 @@ pub fn merge(parts: &[Arc<Published>], frames: usize) -> Published {
             mine.cpu_throttle_drops += theirs.cpu_throttle_drops;
             mine.cpu_charged_ns += theirs.cpu_charged_ns;
             mine.softirq_ns += theirs.softirq_ns;
+            if let (Some(mine), Some(theirs)) = (&mut mine.accel, &theirs.accel) {
+                mine.add(theirs);
+            }
         }
         switch.switch.add_all(&part.switch.switch);
     }

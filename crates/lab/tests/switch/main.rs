@@ -682,6 +682,10 @@ fn encrypted_crossing(workers: usize) {
         blue.encrypt = true;
         blue.key = Some(BLUE_KEY.into());
         cfg.accel.workers = workers;
+        // Two dataplane workers (with the kernel fast path, the default, a switch runs one):
+        // blue's VM submits its seals through one worker's port and the uplink's worker its
+        // opens through the other's, and /stats adds up both.
+        cfg.switch.workers = Some(2);
     });
     let (blue1, blue2, red1, red2) = (
         lab.vm("blue1").clone(),

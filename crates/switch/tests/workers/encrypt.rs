@@ -183,6 +183,10 @@ fn root_an_encrypting_tenant_beside_another_on_two_workers() {
         let limiter = a.limiter.as_ref().expect("isolated");
         assert_eq!(limiter.granted, a.sealed, "{limiter:?}");
         assert!(a.cpu_ns > 0, "the engine's work is measured for its tenant");
+        // Charged to `a` by the worker whose port took each result back: both workers' shares.
+        let used = p.switch.tenants.iter().find(|t| t.name == "a").unwrap();
+        let used = used.accel.as_ref().expect("a uses the engine");
+        assert_eq!(used.frames, a.sealed, "{used:?}");
         assert!(!accel.tenants.contains_key("p"), "p does not encrypt");
         for w in &p.workers {
             assert!(w.cpu_ns > 0, "worker {} ran", w.worker);
