@@ -13,8 +13,9 @@
 //!    [`cpu`]), which no generator limit distorts, with the one-way latency p50/p99/p99.9 of
 //!    every frame (see [`sink`]) and the share of the offered frames delivered.
 //!
-//! See [`dut`] for the path shape and [`traffic`] for how traffic is generated and counted.
+//! See [`bed`] for the path shape and [`traffic`] for how traffic is generated and counted.
 
+pub mod bed;
 pub mod cpu;
 pub mod dut;
 pub mod ovs;
@@ -32,8 +33,9 @@ use anyhow::{bail, Context, Result};
 use picnic_netns as netns;
 use serde::Serialize;
 
+use bed::{Bed, DUT_CPU};
 use cpu::{CpuSample, CpuUse};
-use dut::{Bed, Dut, DutKind, DUT_CPU};
+use dut::{Dut, DutKind};
 use traffic::{GenControl, Offered};
 
 /// CPU of the generator, the latency sink and the bench's own threads.
@@ -228,8 +230,8 @@ fn offered(size: usize, flows: u16) -> Offered {
     Offered {
         size,
         flows,
-        src: (dut::VM_MAC, dut::VM_IP),
-        dst: (dut::REMOTE_MAC, dut::REMOTE_IP),
+        src: (bed::VM_MAC, bed::VM_IP),
+        dst: (bed::REMOTE_MAC, bed::REMOTE_IP),
     }
 }
 
@@ -241,8 +243,12 @@ fn with_device<T>(
 ) -> Result<Vec<T>> {
     let bed = Bed::new(args.two_host)?;
     let spin = Duration::from_micros(args.spin_us);
-    let dut =
-        Dut::start(kind, &bed, spin).with_context(|| format!("starting {}", kind.describe()))?;
+    let dut = if args.two_host {
+        twohost::start(kind, &bed, spin)
+    } else {
+        Dut::start(kind, &bed, spin)
+    }
+    .with_context(|| format!("starting {}", kind.describe()))?;
     let mut out = Vec::new();
     let mut result = Ok(());
     'outer: for &size in &args.sizes {
@@ -363,7 +369,7 @@ fn with_generator<T>(
         if let Some(n) = nice {
             cpu::set_nice(0, n)?;
         }
-        traffic::generate(dut::GEN_DEV, offered, c)
+        traffic::generate(bed::GEN_DEV, offered, c)
     })?;
     let result = body(&ctl);
     ctl.stop.store(true, Ordering::Relaxed);
@@ -377,15 +383,15 @@ fn with_generator<T>(
 /// rates are not skewed by its run time).
 fn sink_count(bed: &Bed) -> Result<(u64, Instant)> {
     let before = Instant::now();
-    let n = traffic::rx_packets(&bed.sink_ns, dut::SINK_DEV)?;
+    let n = traffic::rx_packets(&bed.sink_ns, bed::SINK_DEV)?;
     Ok((n, before + before.elapsed() / 2))
 }
 
 /// Waits out the warm-up and checks that frames reach the sink; returns its counter.
 fn warm_up(kind: DutKind, bed: &Bed, s: &Settings, ctl: &GenControl) -> Result<u64> {
-    let before = traffic::rx_packets(&bed.sink_ns, dut::SINK_DEV)?;
+    let before = traffic::rx_packets(&bed.sink_ns, bed::SINK_DEV)?;
     std::thread::sleep(s.warmup);
-    let after = traffic::rx_packets(&bed.sink_ns, dut::SINK_DEV)?;
+    let after = traffic::rx_packets(&bed.sink_ns, bed::SINK_DEV)?;
     if after <= before {
         bail!(
             "{}: no frames reached the sink during warm-up (generator sent {})",
@@ -443,7 +449,7 @@ fn measure_load(
         if let Some(n) = nice {
             cpu::set_nice(0, n)?;
         }
-        sink::latency_sink(dut::SINK_DEV, r, st)
+        sink::latency_sink(bed::SINK_DEV, r, st)
     })?;
     // (frames delivered and the generator's rate, both per s; CPU used per s)
     let measured = (|| -> Result<(f64, f64, CpuUse)> {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use picnic_netns as netns;
 
-use crate::dut::{DUT_CPU, TENANT_DEV, UPLINK_DEV};
+use crate::bed::{DUT_CPU, TENANT_DEV, UPLINK_DEV};
 
 /// What one OVS instance does.
 #[derive(Debug, Clone)]

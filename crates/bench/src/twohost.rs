@@ -28,10 +28,12 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use picnic_netns as netns;
 
-use crate::dut::{
-    picnic_host_config, raw_forwarder, run_picnic, spawn_thread, static_fdb, Bed, Dut, DutKind,
-    HOST1_IP, HOST1_MAC, HOST2_IP, HOST2_MAC, PEER_TENANT_DEV, PEER_UPLINK_DEV, TENANT_DEV,
+use crate::bed::{
+    Bed, HOST1_IP, HOST1_MAC, HOST2_IP, HOST2_MAC, PEER_TENANT_DEV, PEER_UPLINK_DEV, TENANT_DEV,
     UPLINK_DEV,
+};
+use crate::dut::{
+    picnic_host_config, raw_forwarder, run_picnic, spawn_thread, static_fdb, Dut, DutKind,
 };
 use crate::ovs::{Ovs, OvsRole, TunnelEnd};
 

@@ -6,7 +6,8 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use picnic_bench::dut::{picnic_config, REMOTE_IP, REMOTE_MAC, TENANT_DEV, VM_IP, VM_MAC};
+use picnic_bench::bed::{REMOTE_IP, REMOTE_MAC, TENANT_DEV, VM_IP, VM_MAC};
+use picnic_bench::dut::picnic_config;
 use picnic_bench::traffic::Offered;
 use picnic_core::Instant;
 use picnic_switch::config::PortEntry;

@@ -391,6 +391,28 @@ impl SharedEngineLimiter {
         if core >= self.config.cores {
             return Err(FairnicError::UnknownCore(core));
         }
+        let mut cache = self
+            .tenants
+            .get(tenant)
+            .ok_or(FairnicError::UnknownTenant(tenant))?
+            .caches[core];
+        let verdict = self.acquire_cached(now, &mut cache, tenant, request_size);
+        self.tenants[tenant].caches[core] = cache;
+        verdict
+    }
+
+    /// [`SharedEngineLimiter::try_acquire`] with the core's token cache for `tenant` held by
+    /// the caller (`cache`), so that a core spends from it without touching this struct,
+    /// which may then sit behind a lock taken only when the cache runs dry (FairNIC 4.4's
+    /// per-core counters and global slow path). The caller's fast path: a request whose cost
+    /// `cache` covers is granted by taking the cost from it.
+    pub fn acquire_cached(
+        &mut self,
+        now: Instant,
+        cache: &mut u64,
+        tenant: usize,
+        request_size: u64,
+    ) -> Result<Verdict, FairnicError> {
         let cost = self.config.cost.of(request_size);
         let window = self.config.steal_window;
         let increase = self.config.steal_increase;
@@ -408,19 +430,19 @@ impl SharedEngineLimiter {
         if t.retry_at.is_some_and(|r| r <= now) {
             t.retry_at = None;
         }
-        if t.caches[core] < cost {
+        if *cache < cost {
             t.refill(now, &mut self.pool);
-            let pull = t.bucket.min((cost - t.caches[core]).max(self.config.chunk));
+            let pull = t.bucket.min((cost - *cache).max(self.config.chunk));
             t.bucket -= pull;
-            t.caches[core] += pull;
+            *cache += pull;
         }
-        if t.caches[core] >= cost {
-            t.caches[core] -= cost;
+        if *cache >= cost {
+            *cache -= cost;
             t.stats.granted += 1;
             t.stats.base_tokens += cost;
             return Ok(Verdict::Granted { stolen: 0 });
         }
-        let shortfall = cost - t.caches[core];
+        let shortfall = cost - *cache;
         // The base alone covers the shortfall by this time (the bucket is empty now).
         let base_ready = now + t.base.time_for(shortfall);
         t.roll_window(now, window, increase, max_allowance);
@@ -444,7 +466,7 @@ impl SharedEngineLimiter {
         self.pool.tokens -= shortfall;
         t.stolen_in_window += shortfall;
         let from_base = cost - shortfall;
-        t.caches[core] = 0;
+        *cache = 0;
         t.stats.granted += 1;
         t.stats.base_tokens += from_base;
         t.stats.stolen_tokens += shortfall;

@@ -15,22 +15,23 @@
 //! In Iron one `runtime` pool per cgroup pays for both the container's own tasks (handed out
 //! to cores in slices, `rt_remain`) and the network work done for it (`cpuusage`, settled
 //! into `runtime` by Algorithm 2). Here the switch's work *is* the consumption, so there are
-//! no task slices: each charge or credit is settled into the global state at once by the
-//! charge/credit rules of Algorithm 2 (the per-core slices of CFS/Iron only exist to avoid a
-//! global lock; this struct is owned by one engine thread). The tenant may run while
-//! Algorithm 2 could still hand it a non-zero amount, that is while `runtime > 0` (lines
-//! 19-22) or some credit `gained > 0` is left (lines 14-18); otherwise it is throttled until
-//! the next period refill (Algorithm 1).
+//! no task slices: each charge is settled into the global state at once by the charge rule
+//! of Algorithm 2 (the per-core slices of CFS/Iron only exist to avoid a global lock; this
+//! struct is owned by one engine thread). The tenant may run while Algorithm 2 could still
+//! hand it a non-zero amount, that is while `runtime > 0` (lines 19-22); otherwise it is
+//! throttled until the next period refill (Algorithm 1).
 //!
 //! * `charge` is called for the measured cost of the tenant's packets: it takes from
-//!   `gained` first, then from `runtime`, which may go negative (Algorithm 2 lines 3-9). The
-//!   debt is paid back at the next refill: the next period starts with `quota - debt`.
-//! * `credit` is called when the tenant is owed time: work it did on another tenant's behalf
-//!   (Iron's case), or an up-front estimate that turned out higher than the measured cost. It
-//!   increases `gained` (Algorithm 2 lines 10-12).
-//! * At each period boundary `gained` is added to `runtime` (Algorithm 1 line 2), positive
-//!   leftover runtime is discarded because the tenant was demand-limited and CFS does not let
-//!   unused time accumulate (lines 5-7), and the quota is added (line 8).
+//!   `runtime`, which may go negative (Algorithm 2 lines 3-9). The debt is paid back at the
+//!   next refill: the next period starts with `quota - debt`.
+//! * Iron's credit (lines 10-12, `gained`: time a tenant is owed for work it did on another's
+//!   behalf) has no caller here: the switch measures each batch's cost and charges it to the
+//!   tenants whose packets it was, so no tenant is charged for another's work; the ports'
+//!   softirq work the kernel ran in a tenant's own threads is given back to its cgroup
+//!   instead (the switch's `CpuQuota::refill`).
+//! * At each period boundary positive leftover runtime is discarded because the tenant was
+//!   demand-limited and CFS does not let unused time accumulate (Algorithm 1 lines 5-7), and
+//!   the quota is added (line 8).
 //!
 //! The same charge can be applied to the tenant's cgroup CPU quota so a container pays for
 //! the switch work done for it: [`CpuAccounts::cgroup_quota`] gives the figure, the switch
@@ -235,8 +236,6 @@ pub fn split_batch_cost(
 pub struct TenantStats {
     /// Total ns charged.
     pub charged_ns: u64,
-    /// Total ns credited.
-    pub credited_ns: u64,
     /// Packets admitted.
     pub admitted: u64,
     /// Packets dropped in the early-drop band.
@@ -247,20 +246,11 @@ pub struct TenantStats {
     pub throttled_periods: u64,
 }
 
-/// Network CPU charged and credited to a tenant over one whole period.
+/// Network CPU charged to a tenant over one whole period.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct PeriodUsage {
     /// ns charged during the period.
     pub charged_ns: u64,
-    /// ns credited during the period.
-    pub credited_ns: u64,
-}
-
-impl PeriodUsage {
-    /// Charged minus credited: the extra network CPU the tenant used (negative: it is owed).
-    pub fn net_ns(&self) -> i128 {
-        self.charged_ns as i128 - self.credited_ns as i128
-    }
 }
 
 #[derive(Clone, Debug)]
@@ -268,8 +258,6 @@ struct Account {
     quota: u64,
     /// Iron's global `runtime`: may go negative (a debt paid back at the next refill).
     runtime: i128,
-    /// Iron's `gained`: time the tenant is owed (credits not yet spent).
-    gained: u128,
     throttled_this_period: bool,
     /// Error-diffusion accumulator of the deterministic early-drop ramp.
     early_drop_acc: u128,
@@ -283,7 +271,6 @@ impl Account {
         Account {
             quota,
             runtime: quota as i128,
-            gained: 0,
             throttled_this_period: false,
             early_drop_acc: 0,
             current: PeriodUsage::default(),
@@ -294,9 +281,6 @@ impl Account {
 
     /// Algorithm 1 applied for `periods` consecutive boundaries (`periods >= 1`).
     fn refill(&mut self, periods: u64) {
-        // Line 2: time owed is given back (it pays off debt first).
-        self.runtime += self.gained as i128;
-        self.gained = 0;
         // Lines 5-7: leftover runtime was unused because demand was low; CFS does not carry it.
         if self.runtime > 0 {
             self.runtime = 0;
@@ -315,31 +299,18 @@ impl Account {
         self.current = PeriodUsage::default();
     }
 
-    /// Algorithm 2 lines 3-12: settle a charge (`ns > 0`) or credit (`ns < 0`).
-    fn settle(&mut self, cpu_usage: i128) {
-        if cpu_usage > 0 {
-            let usage = cpu_usage as u128;
-            if self.gained > usage {
-                // Lines 4-5: paid from time the tenant is owed.
-                self.gained -= usage;
-            } else {
-                // Lines 6-8: the rest comes out of runtime, which may go negative.
-                self.runtime -= (usage - self.gained) as i128;
-                self.gained = 0;
-            }
-        } else {
-            // Lines 10-12: the tenant did work for others or was over-charged.
-            self.gained += cpu_usage.unsigned_abs();
-        }
+    /// Algorithm 2 lines 3-9: a charge comes out of runtime, which may go negative.
+    fn settle(&mut self, cpu_usage: u128) {
+        self.runtime -= cpu_usage.min(i128::MAX as u128) as i128;
     }
 
-    /// Time the tenant can still use this period: positive runtime plus credit.
+    /// Time the tenant can still use this period: positive runtime.
     fn available(&self) -> u128 {
-        self.runtime.max(0) as u128 + self.gained
+        self.runtime.max(0) as u128
     }
 
-    /// Algorithm 2 lines 14-22 hand out a non-zero amount only from positive runtime or from
-    /// credit; with neither the tenant is throttled.
+    /// Algorithm 2 lines 19-22 hand out a non-zero amount only from positive runtime; without
+    /// it the tenant is throttled.
     fn is_throttled(&self) -> bool {
         self.available() == 0
     }
@@ -352,7 +323,7 @@ impl Account {
     }
 }
 
-/// Per-tenant CPU budgets with quota/period, Iron-style charge and credit, and drop verdicts.
+/// Per-tenant CPU budgets with quota/period, Iron-style charges, and drop verdicts.
 ///
 /// Deterministic and sans-I/O: every call takes `now`; period refills happen lazily on the
 /// first call at or after a boundary, or in [`CpuAccounts::on_timeout`].
@@ -406,7 +377,7 @@ impl CpuAccounts {
     }
 
     /// Changes `tenant`'s quota in place, as a cgroup quota written mid-period: the current
-    /// period's runtime moves by the difference (debt and credit stay), at most the new
+    /// period's runtime moves by the difference (the debt stays), at most the new
     /// quota; later periods refill to the new quota. Other tenants are not touched.
     pub fn set_quota(
         &mut self,
@@ -511,27 +482,10 @@ impl CpuAccounts {
     pub fn charge(&mut self, now: Instant, tenant: usize, cost: Duration) -> Result<(), IronError> {
         let account = self.account(now, tenant)?;
         let ns = cost.as_nanos();
-        account.settle(ns as i128);
+        account.settle(ns as u128);
         account.stats.charged_ns = account.stats.charged_ns.saturating_add(ns);
         account.current.charged_ns = account.current.charged_ns.saturating_add(ns);
         account.note_throttle();
-        Ok(())
-    }
-
-    /// Credits `tenant` with `amount` it is owed (Algorithm 2 lines 10-12): work it did on
-    /// another tenant's behalf, or an over-estimated charge. Usable at once, even by a
-    /// throttled tenant (lines 14-18); what is left at the period end pays off debt.
-    pub fn credit(
-        &mut self,
-        now: Instant,
-        tenant: usize,
-        amount: Duration,
-    ) -> Result<(), IronError> {
-        let account = self.account(now, tenant)?;
-        let ns = amount.as_nanos();
-        account.settle(-(ns as i128));
-        account.stats.credited_ns = account.stats.credited_ns.saturating_add(ns);
-        account.current.credited_ns = account.current.credited_ns.saturating_add(ns);
         Ok(())
     }
 
@@ -554,7 +508,7 @@ impl CpuAccounts {
         let accounts = &mut self.accounts;
         for_each_share(batch, model, packets, |i, ns| {
             let account = accounts[packets[i].tenant].as_mut().expect("checked");
-            account.settle(ns as i128);
+            account.settle(ns as u128);
             account.stats.charged_ns = account.stats.charged_ns.saturating_add(ns);
             account.current.charged_ns = account.current.charged_ns.saturating_add(ns);
         })?;
@@ -571,7 +525,7 @@ impl CpuAccounts {
         Ok(self.account(now, tenant)?.is_throttled())
     }
 
-    /// CPU time `tenant` may still use this period (positive runtime plus credit), and its
+    /// CPU time `tenant` may still use this period (positive runtime), and its
     /// debt if runtime is negative: `(available, debt)`.
     pub fn budget(
         &mut self,
@@ -595,7 +549,7 @@ impl CpuAccounts {
             .ok_or(IronError::UnknownTenant(tenant))
     }
 
-    /// Network CPU charged and credited to `tenant` over the last complete period (zero
+    /// Network CPU charged to `tenant` over the last complete period (zero
     /// before the first boundary, or if a whole period passed without any call).
     pub fn last_period_usage(
         &mut self,
@@ -608,7 +562,7 @@ impl CpuAccounts {
     /// The cgroup CPU quota to set for `tenant`'s container for the current period so the
     /// container pays for the switch work done for it (DESIGN 3.6): `container_quota` minus
     /// the net network CPU of the last period, never below `floor` (cgroup v1 refuses quotas
-    /// under 1 ms). A net credit raises the quota. Assumes the cgroup's period equals this
+    /// under 1 ms). Assumes the cgroup's period equals this
     /// accounting period; the switch writes the value (`cpu.cfs_quota_us` or `cpu.max`).
     pub fn cgroup_quota(
         &mut self,
@@ -617,8 +571,7 @@ impl CpuAccounts {
         container_quota: Duration,
         floor: Duration,
     ) -> Result<Duration, IronError> {
-        let net = self.last_period_usage(now, tenant)?.net_ns();
-        let quota = (container_quota.as_nanos() as i128 - net).clamp(0, u64::MAX as i128) as u64;
-        Ok(Duration::from_nanos(quota).max(floor))
+        let used = self.last_period_usage(now, tenant)?.charged_ns;
+        Ok(Duration::from_nanos(container_quota.as_nanos().saturating_sub(used)).max(floor))
     }
 }

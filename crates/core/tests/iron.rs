@@ -1,4 +1,4 @@
-//! Iron-style CPU accounting (Iron section 3): budgets, throttling, debt, credit, early drop,
+//! Iron-style CPU accounting (Iron section 3): budgets, throttling, debt, early drop,
 //! penalty bound and exact batch cost splitting.
 
 use picnic_core::iron::{
@@ -85,27 +85,6 @@ fn unused_runtime_does_not_accumulate() {
     let (mut a, t) = accounts(None);
     a.charge(at_ms(1), t, ms(2)).unwrap();
     assert_eq!(a.budget(at_ms(150), t).unwrap().0, QUOTA);
-}
-
-#[test]
-fn credit_restores_runtime() {
-    let (mut a, t) = accounts(None);
-    a.charge(at_ms(1), t, ms(12)).unwrap();
-    assert_eq!(a.admit(at_ms(2), t).unwrap(), Admission::Throttled);
-    // Credit is usable at once, even while runtime is negative (Algorithm 2 lines 14-18).
-    a.credit(at_ms(3), t, ms(4)).unwrap();
-    assert_eq!(a.admit(at_ms(3), t).unwrap(), Admission::Admit);
-    assert_eq!(a.budget(at_ms(3), t).unwrap(), (ms(4), ms(2)));
-    // Charges take from the credit first.
-    a.charge(at_ms(4), t, ms(3)).unwrap();
-    assert_eq!(a.budget(at_ms(4), t).unwrap(), (ms(1), ms(2)));
-    // Unspent credit pays off debt at the refill: 10 - (2 - 1).
-    assert_eq!(a.budget(at_ms(100), t).unwrap(), (ms(9), Duration::ZERO));
-    let usage = a.last_period_usage(at_ms(100), t).unwrap();
-    assert_eq!(
-        (usage.charged_ns, usage.credited_ns, usage.net_ns()),
-        (15_000_000, 4_000_000, 11_000_000)
-    );
 }
 
 #[test]
@@ -243,10 +222,9 @@ fn batch_charge_reaches_tenant_accounts() {
 fn cgroup_quota_pays_for_switch_work() {
     let (mut a, t) = accounts(None);
     a.charge(at_ms(1), t, ms(3)).unwrap();
-    a.credit(at_ms(2), t, ms(1)).unwrap();
     assert_eq!(
         a.cgroup_quota(at_ms(100), t, ms(50), ms(1)).unwrap(),
-        ms(48)
+        ms(47)
     );
     a.charge(at_ms(101), t, ms(60)).unwrap();
     assert_eq!(a.cgroup_quota(at_ms(200), t, ms(50), ms(1)).unwrap(), ms(1));

@@ -66,7 +66,8 @@ enum {
 	R_NOT_GRANTED = REASON_BASE, /* user space holds frames of the VM, or has not granted */
 	R_TOKENS,                    /* a token bucket is empty */
 	R_NOT_UNICAST_IPV4,          /* ARP, IPv6, multicast, IP options or fragments */
-	R_SPOOFED,                   /* source MAC or IPv4 not the VM's: the switch drops it */
+	R_SPOOFED,                   /* source MAC or IPv4 not the VM's, or from the uplink not
+				      * a VM of the tenant on the sending host: the switch drops it */
 	R_DESTINATION,               /* unknown, or limited by feedback (EyeQ) */
 	R_OFFLOAD,                   /* GSO, or a partial checksum going to another host */
 	R_GENEVE_OPTIONS,            /* feedback rides on it: the switch reads it */
@@ -594,6 +595,13 @@ static __always_inline long from_uplink(struct __sk_buff *skb, struct port *p)
 	struct dest *d = bpf_map_lookup_elem(&fp_dests, &key);
 	if (!d || d->kind != DEST_LOCAL)
 		return hand_over(skb, uslot, R_DESTINATION, 0, 0);
+	/* The sender is a VM of the tenant on the host the frame comes from, as the engines
+	 * check (unknown_host, spoofed): else they drop and count it. */
+	struct dest_key skey = {.vni = key.vni};
+	__builtin_memcpy(skey.mac, inner + 6, 6);
+	struct dest *src = bpf_map_lookup_elem(&fp_dests, &skey);
+	if (!src || src->kind != DEST_REMOTE || src->dst_ip != *(u32 *)(ip + 12))
+		return hand_over(skb, uslot, R_SPOOFED, 0, 0);
 	u32 dslot = d->slot;
 	struct ctl *dc = bpf_map_lookup_elem(&fp_ctl, &dslot);
 	struct state *ds = bpf_map_lookup_elem(&fp_state, &dslot);

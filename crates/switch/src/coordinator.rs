@@ -16,13 +16,16 @@ use std::sync::Arc;
 use arc_swap::{ArcSwap, ArcSwapOption};
 use picnic_core::Duration;
 
+use crate::accel::{Accel, AccelPort};
 use crate::change::Change;
 use crate::engine::{
     iron_quota, pacer_rate, Engine, PortChange, SharedBudgets, SloReport, IRON_PERIOD,
 };
 use crate::frame::FramePool;
 use crate::port::Port;
-use crate::runner::{setup_thread, take_named, Command, Published, Reconfigure, SpinWork, Switch};
+use crate::runner::{
+    encryption_changed, setup_thread, take_named, Command, Published, Reconfigure, SpinWork, Switch,
+};
 use crate::worker::{Team, Worker};
 use crate::workers::{assign, pinned_cpus, Assignment, Control, Mailbox};
 
@@ -106,6 +109,8 @@ impl Switch {
             let pool = FramePool::with_limit(share, frames);
             let mut worker = Worker::new(w, engine, assignment.clone(), mine, pool);
             worker.kernel = self.kernel.for_worker(w, &assignment.owner);
+            // Every worker submits to the shared engine through its own port.
+            worker.accel = self.accel.as_mut().and_then(|a| a.port(w));
             workers.push(worker);
         }
         let team = Team {
@@ -305,6 +310,18 @@ impl Switch {
                 _ => None,
             })
             .collect();
+        // Tenants that encrypt, and their keys, as the new config says: a new engine with a
+        // port per worker, built before anything changes (a key that cannot be read stops
+        // the change here).
+        let new_accel = if encryption_changed(&self.cfg, &cfg) {
+            Some(Accel::from_config_after(
+                &cfg,
+                self.accel.as_ref(),
+                team.workers,
+            )?)
+        } else {
+            None
+        };
         let mut added: Vec<(usize, String)> = Vec::new();
         self.engine.apply_all(
             now,
@@ -340,6 +357,22 @@ impl Switch {
             .map(Arc::new);
         let (old, changes) = (Arc::new(self.cfg.clone()), Arc::new(changes));
         let owner = Arc::new(assignment.owner.clone());
+        // The old engine's workers stop first, so that each worker's port gives back every
+        // frame of its jobs when it takes the new one.
+        let mut old_accel = None;
+        let mut accel_ports: Option<Vec<Option<AccelPort>>> = None;
+        if let Some(mut accel) = new_accel {
+            if let Some(old) = self.accel.as_mut() {
+                old.stop();
+            }
+            accel_ports = Some(
+                (0..n)
+                    .map(|w| accel.as_mut().and_then(|a| a.port(w)))
+                    .collect(),
+            );
+            self.shared.set_accel_keys(accel.as_ref().map(Accel::keys));
+            old_accel = std::mem::replace(&mut self.accel, accel);
+        }
         let (tx, answers) = mpsc::channel();
         for (w, ports) in placed.into_iter().enumerate() {
             team.mailboxes[w].control(Control {
@@ -348,6 +381,7 @@ impl Switch {
                 ports,
                 owner: owner.clone(),
                 budgets: budgets.clone(),
+                accel: accel_ports.as_mut().map(|p| p[w].take()),
                 reply: tx.clone(),
             });
         }
@@ -369,6 +403,10 @@ impl Switch {
         }
         if !closed.is_empty() {
             self.close_ports(closed);
+        }
+        // The workers took their jobs back from the old engine: nothing of theirs is left.
+        if let Some(old) = old_accel {
+            old.shutdown(&mut Vec::new());
         }
         if let Some(b) = budgets {
             self.engine.leave_workers(now);
@@ -489,15 +527,17 @@ impl Switch {
             }));
         }
         if !parts.is_empty() {
-            self.shared
-                .publish(merge(&parts, self.cfg.switch.frame_pool));
+            let mut merged = merge(&parts, self.cfg.switch.frame_pool);
+            merged.accel = self.accel.as_ref().map(|a| a.view(&self.cfg));
+            self.shared.publish(merged);
         }
     }
 }
 
 /// One snapshot of several workers': a VM's counters summed over the workers that counted
 /// them (its frames may be handled by another worker before they reach its own), its queues
-/// and rates from the worker that owns it; tenants' and switch counters summed; ports, SLO
+/// and rates from the worker that owns it; tenants' and switch counters summed (a tenant's
+/// use of the shared engine too: each worker counts the jobs of its own port); ports, SLO
 /// tenants and workers listed from each.
 pub fn merge(parts: &[Arc<Published>], frames: usize) -> Published {
     let mut switch = parts[0].switch.clone();
@@ -524,6 +564,9 @@ pub fn merge(parts: &[Arc<Published>], frames: usize) -> Published {
             mine.cpu_throttle_drops += theirs.cpu_throttle_drops;
             mine.cpu_charged_ns += theirs.cpu_charged_ns;
             mine.softirq_ns += theirs.softirq_ns;
+            if let (Some(mine), Some(theirs)) = (&mut mine.accel, &theirs.accel) {
+                mine.add(theirs);
+            }
         }
         switch.switch.add_all(&part.switch.switch);
     }

@@ -292,7 +292,7 @@ mod tests {
     }
 
     /// A frame queued for the uplink after the pass (an inline engine's sealed result,
-    /// handed back by `Accel::exchange` after `iterate`) leaves with `finish`, in the same
+    /// handed back by `AccelPort::exchange` after `iterate`) leaves with `finish`, in the same
     /// iteration: not with the next one, after the loop yielded its core.
     #[test]
     fn finish_sends_what_the_engine_handed_back_after_the_pass() {

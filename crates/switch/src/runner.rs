@@ -17,7 +17,7 @@ use anyhow::Context;
 use picnic_core::notify::AdaptiveWait;
 use picnic_core::{Duration, Instant};
 
-use crate::accel::{Accel, Exchange};
+use crate::accel::{Accel, AccelPort, Exchange};
 use crate::cgroup::CpuQuota;
 use crate::config::Config;
 use crate::directory::{PortIdx, TenantIdx};
@@ -27,16 +27,21 @@ use crate::engine::{Engine, IRON_PERIOD};
 use crate::frame::FramePool;
 use crate::port::{Port, WaitSet};
 
+mod command;
+#[cfg(test)]
+mod fake_port;
 mod fastpath;
 mod idle;
+mod keeper;
 mod live;
 mod ports;
 mod publish;
 mod work;
+pub use command::{CommandSender, Reconfigure};
 pub(crate) use idle::{ring_wait, IdlePolicy};
-pub(crate) use live::take_named;
-pub use live::{CommandSender, Reconfigure};
-use live::{Opening, PortKeeper};
+use keeper::PortKeeper;
+use live::Opening;
+pub(crate) use live::{encryption_changed, take_named};
 pub use ports::{open_port, open_uplinks, open_vm_port, vm_max_frame, PortOpener, PortSpec};
 use ports::{tenant_ports, vm_max_frame_of, PortIo};
 pub(crate) use publish::CommitClock;
@@ -93,9 +98,9 @@ pub struct Switch {
     /// Opens and closes ports for live changes (started on the first).
     keeper: Option<PortKeeper>,
     /// Ports removed VMs gave up, for the keeper.
-    given_up: live::GivenUp,
+    given_up: command::GivenUp,
     /// Readable when the API sent a command ([`CommandSender`]).
-    command_wake: Option<Arc<live::CommandWake>>,
+    command_wake: Option<Arc<command::CommandWake>>,
     /// How long applying each change held the loop up.
     commit_clock: CommitClock,
     /// Answers to the API's changes, sent when the loop is about to wait; since when.
@@ -109,8 +114,10 @@ pub struct Switch {
     fastpath: Option<fastpath::FastPathLink>,
     /// Per tenant slot: the cgroup charged for its switch work (Iron), with its path.
     pub(crate) cgroups: Vec<Option<(std::path::PathBuf, CpuQuota)>>,
-    /// The shared encryption engine, when a tenant encrypts, and its exchange buffers.
-    accel: Option<Accel>,
+    /// The shared encryption engine, when a tenant encrypts; the single loop's port into it
+    /// (the workers' ports are theirs) and its exchange buffers.
+    pub(crate) accel: Option<Accel>,
+    accel_port: Option<AccelPort>,
     accel_scratch: Exchange,
     /// Dataplane workers (`switch.workers`); 1 runs the single loop of [`Switch::run`].
     pub(crate) workers: usize,
@@ -153,11 +160,6 @@ impl Switch {
             .filter(|vm| vm.port.is_some() && vm.host == cfg.switch.host_id)
             .count();
         let workers = crate::workers::worker_count(&cfg, vm_ports);
-        if workers > 1 && crate::workers::encrypts(&cfg) {
-            anyhow::bail!(
-                "switch.workers = {workers}: a tenant encrypts (tenants[].encrypt), and the shared encryption engine runs with one worker only; set switch.workers = 1"
-            );
-        }
         let (mut uplinks, early_drop) = open_uplinks(&cfg, workers)?;
         let extra_uplinks = uplinks.split_off(1);
         let mut ports = uplinks;
@@ -174,7 +176,7 @@ impl Switch {
             }
         }
         let softirq = crate::workers::wants_softirq(&cfg);
-        let accel = Accel::from_config(&cfg)?;
+        let accel = Accel::from_config(&cfg, workers)?;
         let mut switch = Self::with_ports(cfg, engine, ports, clock);
         let kernel = KernelLink::open(early_drop, softirq, &tenant_ports(&switch.ports));
         switch.kernel = kernel;
@@ -192,8 +194,8 @@ impl Switch {
                 }
             }
         }
-        switch.set_accel(accel);
         switch.workers = workers;
+        switch.set_accel(accel);
         switch.extra_uplinks = extra_uplinks;
         switch.feedback_key = feedback_key;
         Ok(switch)
@@ -232,6 +234,7 @@ impl Switch {
             kernel: KernelLink::default(),
             fastpath: None,
             accel: None,
+            accel_port: None,
             accel_scratch: Exchange::default(),
             cgroups: Vec::new(),
             wait_set: WaitSet::new(),
@@ -307,7 +310,7 @@ impl Switch {
         // An inline engine's pace is a timed wait of this loop (Pick::Paced): ended late by
         // the kernel's default 50 us of timer slack, it would run the engine below its
         // capacity.
-        if self.accel.as_ref().is_some_and(Accel::is_inline) {
+        if self.accel_port.as_ref().is_some_and(AccelPort::is_inline) {
             if let Err(e) = crate::sched::set_timer_slack(1_000) {
                 tracing::warn!("timer slack: {e}");
             }
@@ -352,8 +355,8 @@ impl Switch {
             // An inline engine (`accel.workers = 0`) runs the jobs FairNIC admits here, on
             // this thread; their CPU is charged to their tenants by the engine, not again as
             // the iteration's.
-            if let Some(accel) = &self.accel {
-                busy += accel.exchange(
+            if let Some(port) = &mut self.accel_port {
+                busy += port.exchange(
                     &mut self.engine,
                     now,
                     &mut self.pool,
@@ -400,8 +403,8 @@ impl Switch {
             if let Some(cap) = self.fastpath.as_ref().and_then(|f| f.wait_cap(now)) {
                 timeout = timeout.min(cap);
             }
-            // Jobs the inline engine's limiter admits later: back by then.
-            if let Some(wake) = self.accel.as_ref().and(self.accel_scratch.inline_wake_in()) {
+            // Jobs the engine's limiter admits later (or its pace holds): back by then.
+            if let Some(wake) = self.accel_port.as_ref().and(self.accel_scratch.wake_in()) {
                 timeout = timeout.min(Duration::from_nanos(wake.as_nanos() as u64));
             }
             fds.clear();
@@ -415,12 +418,7 @@ impl Switch {
             // So do the API's commands.
             fds.extend(self.command_fd());
             // The shared engine's results wake the loop too.
-            fds.extend(
-                self.accel
-                    .as_ref()
-                    .and_then(Accel::notify_fd)
-                    .map(|fd| fd.as_raw_fd()),
-            );
+            fds.extend(self.accel_port.as_ref().map(|p| p.notify_fd().as_raw_fd()));
             self.answer(None);
             self.wait_set
                 .wait(&fds, std::time::Duration::from_nanos(timeout.as_nanos()))?;
@@ -524,16 +522,24 @@ impl Switch {
         });
     }
 
-    /// Replaces the shared engine; the old one's frames go back to the pool.
-    fn set_accel(&mut self, accel: Option<Accel>) {
-        if let Some(old) = self.accel.take() {
+    /// Replaces the shared engine; the old one's frames go back to the pool. The single loop
+    /// takes port 0 of the new one; workers take theirs when they start.
+    pub(crate) fn set_accel(&mut self, mut accel: Option<Accel>) {
+        if let Some(mut old) = self.accel.take() {
+            old.stop();
             let mut frames = Vec::new();
+            if let Some(port) = self.accel_port.take() {
+                port.shutdown(&mut frames);
+            }
             old.shutdown(&mut frames);
             for f in frames {
                 self.pool.put(f);
             }
         }
         self.shared.set_accel_keys(accel.as_ref().map(Accel::keys));
+        if self.workers == 1 {
+            self.accel_port = accel.as_mut().and_then(|a| a.port(0));
+        }
         self.accel = accel;
         // The old engine's notify descriptor is closed: its number may be the new one's.
         self.wait_set.reset();

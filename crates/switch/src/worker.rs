@@ -5,6 +5,7 @@
 //! the receiver's pool, so each worker's pool keeps its size. Live changes come through the
 //! same mailbox ([`crate::workers::Control`]) and are applied between passes.
 
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -14,6 +15,7 @@ use picnic_core::notify::AdaptiveWait;
 use picnic_core::{Duration, Instant};
 use picnic_wire::overlay::decap;
 
+use crate::accel::{AccelPort, Exchange};
 use crate::change::Change;
 use crate::directory::{Directory, PortIdx, UPLINK};
 use crate::driver::{Driver, Io, UPLINK_READ_ROUNDS};
@@ -123,6 +125,10 @@ pub struct Worker {
     pub kernel: KernelLink,
     /// The worker's blocking wait, kept across waits; reset at every live change.
     wait_set: WaitSet,
+    /// This worker's port into the shared encryption engine, when a tenant encrypts, and
+    /// its exchange buffers.
+    pub accel: Option<AccelPort>,
+    accel_scratch: Exchange,
 }
 
 impl Worker {
@@ -147,6 +153,8 @@ impl Worker {
             commit_clock: CommitClock::default(),
             kernel: KernelLink::default(),
             wait_set: WaitSet::new(),
+            accel: None,
+            accel_scratch: Exchange::default(),
         }
     }
 
@@ -222,10 +230,32 @@ impl Worker {
                 inbound: &mut self.inbound,
                 handoff: &mut self.handoff,
             };
-            let busy = driver
+            let mut busy = driver
                 .iterate(now, &mut self.engine, &mut io, &mut self.pool)?
                 .busy()
                 + mail;
+            // The shared engine, as in the single loop: frames set aside go to it through this
+            // worker's port, their results come back and leave in this pass.
+            if let Some(port) = self.accel.as_mut() {
+                let scratch = &mut self.accel_scratch;
+                busy += port.exchange(&mut self.engine, now, &mut self.pool, scratch);
+                cpu_mark += scratch.inline_cpu_ns();
+                if scratch.finished() > 0 {
+                    let mut io = WorkerIo {
+                        me: self.index,
+                        ports: &mut self.ports,
+                        waits: &mut self.waits,
+                        work: &mut *work,
+                        team,
+                        owner: &self.assignment.owner,
+                        dir: &dir,
+                        inbound: &mut self.inbound,
+                        handoff: &mut self.handoff,
+                    };
+                    let at = clock.now();
+                    busy += driver.finish(at, &mut self.engine, &mut io, &mut self.pool)?;
+                }
+            }
             if busy > 0 {
                 if team.yield_busy {
                     crate::sched::yield_now();
@@ -244,9 +274,14 @@ impl Worker {
                 .poll_at()
                 .map(|t| t - now)
                 .unwrap_or(Duration::from_millis(5));
-            let timeout = until.min(Duration::from_millis(5));
+            let mut timeout = until.min(Duration::from_millis(5));
+            // Jobs the engine's limiter admits later (or its pace holds): back by then.
+            if let Some(wake) = self.accel.as_ref().and(self.accel_scratch.wake_in()) {
+                timeout = timeout.min(Duration::from_nanos(wake.as_nanos() as u64));
+            }
             fds.clear();
             fds.push(mailbox.wake_fd());
+            fds.extend(self.accel.as_ref().map(|p| p.notify_fd().as_raw_fd()));
             fds.extend(
                 (0..self.ports.len())
                     .filter(|&p| self.engine.rx_ready(now, p, batch))
@@ -276,8 +311,18 @@ impl Worker {
             ports: mut opened,
             owner,
             budgets,
+            accel,
             reply,
         } = control;
+        // A new shared engine (the old one's workers stopped): this worker's jobs in the old
+        // one come back to its pool.
+        if let Some(port) = accel {
+            let mut frames = Vec::new();
+            if let Some(old) = std::mem::replace(&mut self.accel, port) {
+                old.shutdown(&mut frames);
+            }
+            frames.into_iter().for_each(|f| self.pool.put(f));
+        }
         let mut closed = Vec::new();
         // Ports leave (their descriptors closed by the coordinator after the answer) and
         // come: numbers the wait registered may name other files from here on.

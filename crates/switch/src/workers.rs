@@ -33,6 +33,7 @@ use std::sync::{mpsc, Arc};
 
 use crossbeam_queue::{ArrayQueue, SegQueue};
 
+use crate::accel::AccelPort;
 use crate::change::Change;
 use crate::config::Config;
 use crate::directory::{Directory, PortIdx, VmIdx};
@@ -56,18 +57,11 @@ pub fn wants_softirq(cfg: &Config) -> bool {
         && (cfg.fastpath.kernel || cfg.tenants.iter().any(|t| t.cpu_quota.is_some()))
 }
 
-/// Whether a tenant of `cfg` encrypts: the shared encryption engine is driven by the single
-/// loop only, so such a switch runs one worker.
-pub fn encrypts(cfg: &Config) -> bool {
-    cfg.tenants.iter().any(|t| t.encrypt)
-}
-
 /// How many workers `cfg` asks for with `vm_ports` local VM ports: `switch.workers`, else one
-/// per CPU of `switch.cpus` or of the thread's affinity mask, at most one per VM port, and
-/// one while the loop drives the encryption engine.
+/// per CPU of `switch.cpus` or of the thread's affinity mask, at most one per VM port.
 pub fn worker_count(cfg: &Config, vm_ports: usize) -> usize {
     // The kernel fast path runs with one worker (docs/switch.md "Two paths").
-    if cfg.switch.workers.is_none() && (encrypts(cfg) || cfg.fastpath.kernel) {
+    if cfg.switch.workers.is_none() && cfg.fastpath.kernel {
         return 1;
     }
     cfg.switch.workers.unwrap_or_else(|| {
@@ -243,6 +237,8 @@ pub struct Control {
     pub ports: Vec<Box<dyn Port>>,
     pub owner: Arc<Vec<usize>>,
     pub budgets: Option<Arc<SharedBudgets>>,
+    /// A new shared encryption engine's port for this worker (`Some(None)`: no engine now).
+    pub accel: Option<Option<AccelPort>>,
     pub reply: mpsc::Sender<Applied>,
 }
 

@@ -1,5 +1,5 @@
 //! One tenant's Iron account shared by every dataplane worker of a host (Iron 3.2, the
-//! CFS bandwidth control it builds on): the global `runtime` and `gained` of the tenant,
+//! CFS bandwidth control it builds on): the global `runtime` of the tenant,
 //! refilled once per period by Algorithm 1, and the per-worker slices (`rt_remain`) each
 //! worker takes from them and settles its measured charges into (Algorithm 2).
 //!
@@ -11,19 +11,18 @@
 //! it owns: a charge its slice covers touches no shared memory.
 //!
 //! * **Refill (Algorithm 1).** The first call at or after a period boundary applies it for
-//!   every boundary passed: time owed (`gained`) is added to `runtime` (line 2), a positive
-//!   leftover is dropped because the tenant was limited by its demand (lines 5-7), and the
+//!   every boundary passed: a positive leftover is dropped because the tenant was limited by its demand (lines 5-7), and the
 //!   quota is added (line 8), so a debt (negative `runtime`) carries into the next period.
 //!   Slices belong to the period they were taken in; what a slice still holds at a boundary is
 //!   unused time of that period and is dropped with the rest (lines 5-7).
 //! * **Charge (Algorithm 2 lines 3-9, 14-23).** A worker settles the measured cost of its work
-//!   from its slice; when the slice is short it takes a new one, from `gained` first (lines
-//!   14-18), then from positive `runtime` (lines 19-22); what no slice covers is taken from
-//!   `runtime` anyway, which goes negative: the debt every worker's next slice pays.
-//! * **Credit (lines 10-12).** Time the tenant is owed raises `gained`, usable at once.
+//!   from its slice; when the slice is short it takes a new one from positive `runtime`
+//!   (lines 19-22); what no slice covers is taken from `runtime` anyway, which goes negative:
+//!   the debt every worker's next slice pays. Iron's credit (lines 10-12, `gained`) has no
+//!   caller in the switch (see the parent module).
 //!
 //! Across all workers a tenant is therefore given at most its quota per period (less the
-//! debt carried, plus its credit): slices never cross a boundary, and work measured after
+//! debt carried): slices never cross a boundary, and work measured after
 //! the slices ran out is debt the next period pays. One account per worker instead would
 //! give a tenant its quota on every worker.
 //!
@@ -46,8 +45,6 @@ pub struct SharedAccount {
     epoch: AtomicU64,
     /// Iron's `runtime`: negative while in debt.
     runtime: AtomicI64,
-    /// Iron's `gained`: time owed to the tenant not yet used.
-    gained: AtomicU64,
 }
 
 impl SharedAccount {
@@ -62,13 +59,12 @@ impl SharedAccount {
             early_drop_percent: config.early_drop_percent,
             epoch: AtomicU64::new(0),
             runtime: AtomicI64::new(quota),
-            gained: AtomicU64::new(0),
         }
     }
 
     /// The same account with a new quota from `now` on, as a cgroup quota written mid-period:
-    /// this period's runtime moves by the difference, at most the new quota; debt, credit and
-    /// the period clock stay.
+    /// this period's runtime moves by the difference, at most the new quota; the debt and the
+    /// period clock stay.
     pub fn with_quota(&self, now: Instant, quota: Duration) -> SharedAccount {
         let epoch = self.roll(now);
         let new = quota.as_nanos().min(i64::MAX as u64) as i64;
@@ -80,7 +76,6 @@ impl SharedAccount {
             early_drop_percent: self.early_drop_percent,
             epoch: AtomicU64::new(epoch),
             runtime: AtomicI64::new(runtime.saturating_add(new - self.quota).min(new)),
-            gained: AtomicU64::new(self.gained.load(Ordering::Acquire)),
         }
     }
 
@@ -114,8 +109,6 @@ impl SharedAccount {
 
     /// Algorithm 1 for `periods` consecutive boundaries.
     fn refill(&self, periods: u64) {
-        // Line 2: what the tenant is owed is added to runtime (it pays off debt first).
-        let gained = self.gained.swap(0, Ordering::AcqRel).min(i64::MAX as u64) as i64;
         let quota = self.quota;
         let add = quota.saturating_mul(periods.min(i64::MAX as u64) as i64);
         let _ = self
@@ -123,12 +116,7 @@ impl SharedAccount {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
                 // Lines 5-7: a positive leftover is not carried. Line 8, once per boundary:
                 // from runtime <= 0, k refills give min(runtime + k * quota, quota).
-                Some(
-                    r.saturating_add(gained)
-                        .min(0)
-                        .saturating_add(add)
-                        .min(quota),
-                )
+                Some(r.min(0).saturating_add(add).min(quota))
             });
     }
 
@@ -139,11 +127,10 @@ impl SharedAccount {
     }
 
     /// Time the tenant can still be given this period, not counting workers' slices:
-    /// positive runtime plus credit.
+    /// positive runtime.
     pub fn available(&self, now: Instant) -> u64 {
         self.roll(now);
-        (self.runtime.load(Ordering::Acquire).max(0) as u64)
-            .saturating_add(self.gained.load(Ordering::Acquire))
+        self.runtime.load(Ordering::Acquire).max(0) as u64
     }
 
     /// Time owed beyond this period's quota and not paid yet (0 if none).
@@ -152,38 +139,18 @@ impl SharedAccount {
         (-self.runtime.load(Ordering::Acquire)).max(0) as u64
     }
 
-    /// Credits `ns` the tenant is owed (Algorithm 2 lines 10-12): usable at once, even by a
-    /// throttled tenant; what is left at the period's end pays off debt.
-    pub fn credit(&self, now: Instant, ns: u64) {
-        self.roll(now);
-        self.gained.fetch_add(ns, Ordering::AcqRel);
-    }
-
-    /// A slice of up to `max` for a worker (Algorithm 2 lines 14-22): from `gained` first,
-    /// then from positive `runtime`; 0 when neither has any.
+    /// A slice of up to `max` for a worker (Algorithm 2 lines 19-22): from positive
+    /// `runtime`; 0 when it has none.
     fn take(&self, max: u64) -> u64 {
-        let from_gained = match self
-            .gained
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |g| {
-                (g > 0).then(|| g - g.min(max))
+        let want = max.min(i64::MAX as u64) as i64;
+        match self
+            .runtime
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
+                (r > 0).then(|| r - r.min(want))
             }) {
-            Ok(g) => g.min(max),
+            Ok(r) => r.min(want) as u64,
             Err(_) => 0,
-        };
-        let want = (max - from_gained).min(i64::MAX as u64) as i64;
-        if want == 0 {
-            return from_gained;
         }
-        let from_runtime =
-            match self
-                .runtime
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
-                    (r > 0).then(|| r - r.min(want))
-                }) {
-                Ok(r) => r.min(want) as u64,
-                Err(_) => 0,
-            };
-        from_gained + from_runtime
     }
 
     /// Takes `ns` from runtime whatever is left: a debt (Algorithm 2 lines 6-8).
@@ -371,10 +338,9 @@ mod tests {
         assert_eq!(total, per_period.iter().sum::<u64>());
     }
 
-    /// Algorithm 1: a debt carries into the next periods, unused runtime does not, and time
-    /// owed is added at the boundary (paying off debt first).
+    /// Algorithm 1: a debt carries into the next periods, unused runtime does not.
     #[test]
-    fn debt_carries_unused_time_does_not_and_credit_is_added_at_the_boundary() {
+    fn debt_carries_and_unused_time_does_not() {
         let shared = account(5_000);
         let mut slice = Slice::new(100_000);
         // 12 ms of work in a 5 ms period: 7 ms of debt.
@@ -387,13 +353,10 @@ mod tests {
         assert_eq!(shared.available(at_us(20_000)), 3_000_000);
         // Period 3: 3 ms unused are not carried: the quota, not 8 ms.
         assert_eq!(shared.available(at_us(30_000)), 5_000_000);
-        // Period 3: 8 ms of work (3 ms of debt), then 2 ms owed: usable at once.
+        // Period 3: 8 ms of work, 3 ms of debt: period 4 starts with 2 ms.
         slice.charge(at_us(30_100), &shared, 8_000_000);
         assert!(slice.exhausted(at_us(30_200), &shared));
-        shared.credit(at_us(30_300), 2_000_000);
-        assert!(!slice.exhausted(at_us(30_400), &shared));
-        // Unused, the credit pays off debt at the boundary: min(-3 + 2, 0) + 5 = 4 ms.
-        assert_eq!(shared.available(at_us(40_000)), 4_000_000);
+        assert_eq!(shared.available(at_us(40_000)), 2_000_000);
     }
 
     /// A slice's leftover belongs to its period: after the boundary the account holds the

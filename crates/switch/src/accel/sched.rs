@@ -1,67 +1,47 @@
-//! Which job a free engine worker runs next (sans-I/O: every call takes `now`).
+//! Which admitted job a free engine worker runs next (sans-I/O: every call takes `now`).
 //!
-//! Isolated (FairNIC 4.4): one bounded queue per tenant, and a job is only started once the
-//! tenant's [`SharedEngineLimiter`] grants its size-scaled tokens, taken from the worker's
-//! token cache, the tenant's base bucket or, past its base, the overflow pool within its AIMD
-//! allowance. The limiter's capacity is what the workers sustain, so admitted jobs never
-//! queue behind a hog inside the engine, and each tenant's base is its weighted share of the
-//! capacity. Among the tenants holding tokens, workers serve the one with the earliest
-//! virtual start (start-time fair queueing by token cost over weight): when the workers run
-//! slower than the capacity the limiter assumes (a busy host: PicNIC's variable capacity),
-//! the limiter admits everyone and this order alone keeps the shares weighted, and a tenant
-//! sending little is served next.
+//! Isolated (FairNIC 4.4): one queue per tenant of the jobs its [`super::admit::Gate`]s
+//! admitted (FairNIC's limiter runs on the submit path, so these queues hold only what the
+//! engine's capacity covers). Among the tenants with jobs, workers serve the one with the
+//! earliest virtual start (start-time fair queueing by token cost over weight): when the
+//! workers run slower than the capacity the limiter assumes (a busy host: PicNIC's variable
+//! capacity), the limiter admits everyone and this order alone keeps the shares weighted,
+//! and a tenant sending little is served next.
 //!
 //! Not isolated: one shared FIFO in arrival order and no limiter, the engine of a stack that
 //! does not isolate its accelerators (FairNIC 6.4's baseline).
 
 use std::collections::VecDeque;
 
-use picnic_core::fairnic::{FairnicConfig, FairnicError, SharedEngineLimiter, TokenCost, Verdict};
+use picnic_core::fairnic::TokenCost;
 use picnic_core::{Duration, Instant};
 
-/// The largest job: a whole frame buffer.
-const MAX_JOB_BYTES: u64 = crate::frame::FRAME_CAP as u64;
+use super::admit::Admitted;
 
 /// Scale of virtual time, so that cost / weight keeps its precision.
 const VSCALE: u128 = 1 << 20;
 
-/// A queued job: its tenant, its size (bytes, the token cost's input), when it arrived.
-struct Queued<T> {
-    tenant: usize,
-    size: u64,
-    at: Instant,
-    /// It arrived with at most one job of its tenant queued (a light tenant's job, not a
-    /// backlog's): the pace does not hold it.
-    fresh: bool,
-    item: T,
-}
-
 /// What a free worker should do.
 pub(crate) enum Pick<T> {
-    /// Run this job of `tenant`, which waited `waited` in its queue.
+    /// Run this job of `tenant`, which waited `waited` since it was submitted.
     Run {
         tenant: usize,
         item: T,
         waited: Duration,
     },
-    /// Jobs are queued but no tenant holding one may start before this time.
-    WaitUntil(Instant),
-    /// Jobs the limiter would admit are queued, but the engine's pace holds them (it ran its
-    /// share of the caller's time) until this time.
+    /// Jobs are queued, but the engine's pace holds them (it ran its share of the caller's
+    /// time) until this time.
     Paced(Instant),
     /// Nothing is queued.
     Idle,
 }
 
-/// The engine's queues and admission.
+/// The engine's queues of admitted jobs.
 pub(crate) struct EngineQueues<T> {
     /// Per tenant when isolated, else one shared queue.
-    queues: Vec<VecDeque<Queued<T>>>,
-    depth: usize,
-    limiter: Option<SharedEngineLimiter>,
-    /// Per tenant: a denied tenant is not asked again before this time.
-    blocked_until: Vec<Instant>,
-    /// Start-time fair queueing among the tenants the limiter admits (Goyal et al.,
+    queues: Vec<VecDeque<Admitted<T>>>,
+    isolated: bool,
+    /// Start-time fair queueing among the tenants with admitted jobs (Goyal et al.,
     /// SIGCOMM'96): per tenant the virtual start of its next job, advanced by each job's
     /// cost over its weight; `vnow` is the start tag of the job last started.
     vstart: Vec<u128>,
@@ -77,89 +57,14 @@ pub(crate) struct EngineQueues<T> {
 }
 
 impl<T> EngineQueues<T> {
-    /// Queues for `weights.len()` tenants, each holding `depth` jobs, served by `workers`
-    /// workers that together sustain `capacity` tokens per second at `cost` per job; with
-    /// `isolated`, each tenant's base rate is its weight's share of the capacity (weight 0:
-    /// a tenant that does not use the engine).
-    #[cfg(test)]
-    pub(crate) fn new(
-        now: Instant,
-        weights: &[u64],
-        depth: usize,
-        workers: usize,
-        capacity: u64,
-        cost: TokenCost,
-        isolated: bool,
-    ) -> Result<Self, FairnicError> {
-        Self::with_burst(
-            now,
-            weights,
-            depth,
-            workers,
-            capacity,
-            cost,
-            isolated,
-            Duration::ZERO,
-        )
-    }
-
-    /// As [`EngineQueues::new`], with every tenant's base bucket and the overflow pool at
-    /// least `burst` deep (at its rate): a caller that comes back only every `burst` (an
-    /// inline engine's loop, which sleeps rather than wake for each job) then loses no
-    /// tokens in between.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn with_burst(
-        now: Instant,
-        weights: &[u64],
-        depth: usize,
-        workers: usize,
-        capacity: u64,
-        cost: TokenCost,
-        isolated: bool,
-        burst: Duration,
-    ) -> Result<Self, FairnicError> {
+    /// Queues for `weights.len()` tenants (weight 0: a tenant that does not use the engine),
+    /// one per tenant with `isolated`, else one shared FIFO.
+    pub(crate) fn new(now: Instant, weights: &[u64], cost: TokenCost, isolated: bool) -> Self {
         let tenants = weights.len();
-        let limiter = if isolated {
-            // A tenant of weight 0 does not use the engine: its base is a token per second.
-            let total: u128 = weights.iter().map(|&w| w as u128).sum();
-            let idle = weights.iter().filter(|&&w| w == 0).count() as u64;
-            let shared = capacity.saturating_sub(idle) as u128;
-            let bases: Vec<u64> = weights
-                .iter()
-                .map(|&w| ((shared * w as u128 / total.max(1)) as u64).max(1))
-                .collect();
-            // Every tenant's bucket holds at least its largest job, so no job is refused.
-            let mut config = FairnicConfig::new(capacity, workers, cost);
-            let min_base = bases.iter().copied().min().unwrap_or(capacity).max(1);
-            let largest = cost.of(MAX_JOB_BYTES) as u128;
-            let fits = Duration::from_nanos(
-                (largest * picnic_core::time::NANOS_PER_SEC as u128).div_ceil(min_base as u128)
-                    as u64,
-            );
-            config.base_burst = config.base_burst.max(fits).max(burst);
-            let pool = (capacity as u128 * burst.as_nanos() as u128
-                / picnic_core::time::NANOS_PER_SEC as u128) as u64;
-            config.pool_burst = config.pool_burst.max(pool);
-            let mut limiter = SharedEngineLimiter::new(now, config)?;
-            for base in bases {
-                limiter.add_tenant(now, base)?;
-            }
-            Some(limiter)
-        } else {
-            None
-        };
         let queues = if isolated { tenants } else { 1 };
-        Ok(EngineQueues {
-            queues: (0..queues)
-                .map(|_| VecDeque::with_capacity(depth))
-                .collect(),
-            depth: if isolated {
-                depth
-            } else {
-                depth * tenants.max(1)
-            },
-            limiter,
-            blocked_until: vec![Instant::ZERO; tenants],
+        EngineQueues {
+            queues: (0..queues).map(|_| VecDeque::new()).collect(),
+            isolated,
             vstart: vec![0; tenants],
             vnow: 0,
             weights: weights.iter().map(|&w| w.max(1)).collect(),
@@ -167,7 +72,7 @@ impl<T> EngineQueues<T> {
             order: Vec::with_capacity(tenants),
             pace_percent: None,
             paced_until: now,
-        })
+        }
     }
 
     /// Paces an engine run on the caller's own thread (an inline engine, on the dataplane
@@ -181,8 +86,7 @@ impl<T> EngineQueues<T> {
     /// pace only spreads it. Only with isolation (the shared FIFO has no limiter and no
     /// pace); 100 or more: none.
     pub(crate) fn set_pace(&mut self, percent: u64) {
-        self.pace_percent =
-            (self.limiter.is_some() && (1..100).contains(&percent)).then_some(percent);
+        self.pace_percent = (self.isolated && (1..100).contains(&percent)).then_some(percent);
     }
 
     /// The caller ran a job that ended at `now` and took `cpu` of its thread's CPU (paced
@@ -198,141 +102,86 @@ impl<T> EngineQueues<T> {
         }
     }
 
-    /// Queues a job of `size` bytes for `tenant`; gives it back when the queue is full.
-    pub(crate) fn push(
-        &mut self,
-        now: Instant,
-        tenant: usize,
-        size: u64,
-        item: T,
-    ) -> Result<(), T> {
-        let q = if self.limiter.is_some() { tenant } else { 0 };
-        match self.queues.get_mut(q) {
-            Some(queue) if queue.len() < self.depth => {
-                // Not part of a backlog: its tenant had at most one job waiting.
-                let fresh = queue.len() < 2;
+    /// Queues an admitted job (the gates bound each tenant's jobs, so no queue here is
+    /// bounded); gives it back for an unknown tenant.
+    pub(crate) fn push(&mut self, job: Admitted<T>) -> Result<(), T> {
+        let q = if self.isolated { job.tenant } else { 0 };
+        match (self.queues.get_mut(q), self.vstart.get_mut(job.tenant)) {
+            (Some(queue), Some(v)) => {
                 if queue.is_empty() {
                     // A tenant coming back from idle starts now: no credit for idle time.
-                    if let Some(v) = self.vstart.get_mut(tenant) {
-                        *v = (*v).max(self.vnow);
-                    }
+                    *v = (*v).max(self.vnow);
                 }
-                queue.push_back(Queued {
-                    tenant,
-                    size,
-                    at: now,
-                    fresh,
-                    item,
-                });
+                queue.push_back(job);
                 Ok(())
             }
-            _ => Err(item),
+            _ => Err(job.item),
         }
     }
 
-    /// Empties every queue into `out`, bypassing admission (the engine is stopping).
-    pub(crate) fn drain_into(&mut self, out: &mut Vec<T>) {
+    /// Empties every queue into `out`, those `keep` returns false for (the engine is
+    /// stopping, or a gate takes its jobs back).
+    pub(crate) fn drain_into(&mut self, out: &mut Vec<T>, keep: impl Fn(&T) -> bool) {
         for q in &mut self.queues {
-            out.extend(q.drain(..).map(|q| q.item));
+            let (gone, stay): (VecDeque<_>, VecDeque<_>) =
+                std::mem::take(q).into_iter().partition(|a| !keep(&a.item));
+            *q = stay;
+            out.extend(gone.into_iter().map(|a| a.item));
         }
     }
 
     /// Jobs queued for `tenant` (all tenants' when not isolated).
     pub(crate) fn queued(&self, tenant: usize) -> usize {
-        let q = if self.limiter.is_some() { tenant } else { 0 };
+        let q = if self.isolated { tenant } else { 0 };
         self.queues.get(q).map_or(0, VecDeque::len)
     }
 
-    /// The next job for `worker`, if any may start now.
-    pub(crate) fn pick(&mut self, now: Instant, worker: usize) -> Pick<T> {
-        if self.limiter.is_none() {
+    /// The next job, if any may start now.
+    pub(crate) fn pick(&mut self, now: Instant) -> Pick<T> {
+        if !self.isolated {
             return match self.queues[0].pop_front() {
-                Some(q) => Pick::Run {
-                    tenant: q.tenant,
-                    waited: now.saturating_since(q.at),
-                    item: q.item,
+                Some(a) => Pick::Run {
+                    tenant: a.tenant,
+                    waited: now.saturating_since(a.at),
+                    item: a.item,
                 },
                 None => Pick::Idle,
             };
         };
-        // Tenants with work, in order of virtual start: when the limiter admits several (the
-        // workers are slower than the capacity it assumes, e.g. on a busy host), the engine
-        // still goes to them in proportion to their weights, by cost.
+        // Tenants with work, in order of virtual start: the engine goes to them in proportion
+        // to their weights, by cost, whatever the limiter admitted.
         let mut order = std::mem::take(&mut self.order);
         order.clear();
         order.extend((0..self.queues.len()).filter(|&t| !self.queues[t].is_empty()));
         order.sort_by_key(|&t| self.vstart[t]);
-        let picked = self.first_admitted(now, worker, &order);
-        self.order = order;
-        picked
-    }
-
-    /// Runs the first tenant of `order` the limiter admits.
-    fn first_admitted(&mut self, now: Instant, worker: usize, order: &[usize]) -> Pick<T> {
-        let Some(limiter) = self.limiter.as_mut() else {
-            return Pick::Idle;
-        };
-        let mut wait: Option<Instant> = None;
         let paced = self.pace_percent.is_some() && self.paced_until > now;
-        // Held by the pace alone: a backlog the limiter would let start by then.
-        let mut held = false;
-        for &t in order {
-            if paced && !self.queues[t].front().is_some_and(|q| q.fresh) {
-                if self.blocked_until[t] > self.paced_until {
-                    wait =
-                        Some(wait.map_or(self.blocked_until[t], |w| w.min(self.blocked_until[t])));
-                } else {
-                    held = true;
-                }
-                continue;
-            }
-            if self.blocked_until[t] > now {
-                wait = Some(wait.map_or(self.blocked_until[t], |w| w.min(self.blocked_until[t])));
-                continue;
-            }
-            let size = self.queues[t].front().map_or(0, |q| q.size);
-            // `new` sized every bucket for the largest frame, so the limiter cannot refuse a
-            // job as too large; were it to, the job runs rather than waiting forever.
-            match limiter.try_acquire(now, worker, t, size) {
-                Ok(Verdict::Denied { retry_at }) => {
-                    self.blocked_until[t] = retry_at;
-                    wait = Some(wait.map_or(retry_at, |w| w.min(retry_at)));
-                }
-                Ok(Verdict::Granted { .. }) | Err(_) => {
-                    let Some(q) = self.queues[t].pop_front() else {
-                        continue;
-                    };
-                    self.vnow = self.vstart[t];
-                    self.vstart[t] +=
-                        (self.cost.of(size) as u128) * VSCALE / self.weights[t] as u128;
-                    return Pick::Run {
-                        tenant: t,
-                        waited: now.saturating_since(q.at),
-                        item: q.item,
-                    };
+        // A backlog's job waits out the pace; a light tenant's does not.
+        let first = order
+            .iter()
+            .copied()
+            .find(|&t| !paced || self.queues[t].front().is_some_and(|a| a.fresh));
+        let held = !order.is_empty();
+        self.order = order;
+        match first {
+            Some(t) => {
+                let a = self.queues[t].pop_front().expect("non-empty above");
+                self.vnow = self.vstart[t];
+                self.vstart[t] += (self.cost.of(a.size) as u128) * VSCALE / self.weights[t] as u128;
+                Pick::Run {
+                    tenant: t,
+                    waited: now.saturating_since(a.at),
+                    item: a.item,
                 }
             }
-        }
-        match wait {
-            // A backlog the pace alone holds: back for it then, not later.
-            Some(w) if held && w >= self.paced_until => Pick::Paced(self.paced_until),
             None if held => Pick::Paced(self.paced_until),
-            Some(w) => Pick::WaitUntil(w),
             None => Pick::Idle,
         }
-    }
-
-    /// The limiter's counters for `tenant` (None when not isolated).
-    pub(crate) fn limiter_stats(
-        &self,
-        tenant: usize,
-    ) -> Option<picnic_core::fairnic::TenantEngineStats> {
-        self.limiter.as_ref().and_then(|l| l.stats(tenant).ok())
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::admit::{Gate, Limiter};
     use super::*;
 
     /// How a tenant offers jobs in [`run`].
@@ -345,9 +194,10 @@ mod tests {
         Idle,
     }
 
-    /// A discrete-time engine: 2 workers that each run twice the tokens per second the
-    /// limiter admits in total (FairNIC sets the limit below what the unit sustains). Returns
-    /// per tenant: tokens served, jobs served, worst wait in queue.
+    /// A discrete-time engine: one submitter's gate and 2 workers that each run twice the
+    /// tokens per second the limiter admits in total (FairNIC sets the limit below what the
+    /// unit sustains). Returns per tenant: tokens served, jobs served, worst wait from
+    /// submission to start.
     fn run(
         isolated: bool,
         weights: &[u64],
@@ -360,19 +210,16 @@ mod tests {
             per_byte: 1,
         };
         let workers = 2;
-        let mut q: EngineQueues<()> = EngineQueues::new(
-            Instant::ZERO,
-            weights,
-            64,
-            workers,
-            CAPACITY,
-            cost,
-            isolated,
-        )
-        .unwrap();
+        let limiter = isolated.then(|| {
+            Limiter::new(Instant::ZERO, weights, 1, CAPACITY, cost, Duration::ZERO).unwrap()
+        });
+        let mut gate: Gate<()> = Gate::new(weights.len());
+        let mut q: EngineQueues<()> = EngineQueues::new(Instant::ZERO, weights, cost, isolated);
         let worker_rate = SPEED.with(|s| s.get()) * CAPACITY / 100 / workers as u64;
         let mut busy_until = vec![Instant::ZERO; workers];
         let mut next_arrival = vec![Instant::ZERO; weights.len()];
+        // Per tenant: jobs submitted and not started (the accel's per-tenant bound).
+        let mut outstanding = vec![0usize; weights.len()];
         let mut out = vec![(0u64, 0u64, Duration::ZERO); weights.len()];
         let step = Duration::from_nanos(100);
         let mut now = Instant::ZERO;
@@ -381,22 +228,33 @@ mod tests {
             for (t, l) in load.iter().enumerate() {
                 match *l {
                     Load::Backlog(n) => {
-                        while q.queued(t) < n && q.push(now, t, sizes[t], ()).is_ok() {}
+                        while outstanding[t] < n {
+                            gate.offer(t, sizes[t], now, ()).unwrap();
+                            outstanding[t] += 1;
+                        }
                     }
                     Load::Every(period) if next_arrival[t] <= now => {
-                        assert!(q.push(now, t, sizes[t], ()).is_ok());
+                        gate.offer(t, sizes[t], now, ()).unwrap();
+                        outstanding[t] += 1;
                         next_arrival[t] = now + period;
                     }
                     _ => {}
                 }
             }
-            for w in 0..workers {
-                if busy_until[w] > now {
+            gate.admit(
+                now,
+                limiter.as_ref(),
+                |a| assert!(q.push(a).is_ok()),
+                |_, _, e| panic!("{e}"),
+            );
+            for busy in busy_until.iter_mut() {
+                if *busy > now {
                     continue;
                 }
-                if let Pick::Run { tenant, waited, .. } = q.pick(now, w) {
+                if let Pick::Run { tenant, waited, .. } = q.pick(now) {
                     let tokens = cost.of(sizes[tenant]);
-                    busy_until[w] = now + Duration::from_nanos(tokens * NANOS / worker_rate);
+                    *busy = now + Duration::from_nanos(tokens * NANOS / worker_rate);
+                    outstanding[tenant] -= 1;
                     out[tenant].0 += tokens;
                     out[tenant].1 += 1;
                     out[tenant].2 = out[tenant].2.max(waited);
@@ -515,17 +373,18 @@ mod tests {
             per_request: job.as_nanos(),
             per_byte: 0,
         };
-        let mut q: EngineQueues<()> = EngineQueues::with_burst(
+        let limiter = Limiter::new(
             Instant::ZERO,
             &[1, 1],
-            256,
             1,
             200_000_000,
             cost,
-            true,
             Duration::from_micros(500),
         )
         .unwrap();
+        let mut gate: Gate<()> = Gate::new(2);
+        let mut q: EngineQueues<()> = EngineQueues::new(Instant::ZERO, &[1, 1], cost, true);
+        let mut hog_outstanding = 0usize;
         if let Some(p) = pace {
             q.set_pace(p);
         }
@@ -544,13 +403,23 @@ mod tests {
         while now < end {
             // Arrivals up to now, each at its own time.
             while next_light <= now {
-                assert!(q.push(next_light, 1, 64, ()).is_ok());
+                gate.offer(1, 64, next_light, ()).unwrap();
                 next_light += period;
             }
-            while q.queued(0) < 64 && q.push(now, 0, 1400, ()).is_ok() {}
-            match q.pick(now, 0) {
+            while hog_outstanding < 64 {
+                gate.offer(0, 1400, now, ()).unwrap();
+                hog_outstanding += 1;
+            }
+            let held_until = gate.admit(
+                now,
+                Some(&limiter),
+                |a| assert!(q.push(a).is_ok()),
+                |_, _, e| panic!("{e}"),
+            );
+            match q.pick(now) {
                 Pick::Run { tenant, waited, .. } => {
                     if tenant == 0 {
+                        hog_outstanding -= 1;
                         match last_hog_end {
                             Some(e) if e == now => burst += 1,
                             Some(e) => {
@@ -572,14 +441,15 @@ mod tests {
                     }
                     q.ran(now, job, Duration::from_micros(500));
                 }
-                // The caller sleeps until then (the limiter's holds at least 500 us, as
-                // `Accel::run_inline` asks), or until the light tenant's next job wakes it
-                // (a frame on its port), and comes back late.
-                Pick::WaitUntil(at) => {
-                    now = at.max(now + Duration::from_micros(500)).min(next_light) + late
-                }
+                // The caller sleeps until the pace ends, or until the limiter admits a job
+                // it holds (at least 500 us, as `AccelPort::exchange` asks), or until the
+                // light tenant's next job wakes it (a frame on its port), and comes back
+                // late.
                 Pick::Paced(at) => now = at.min(next_light) + late,
-                Pick::Idle => now = next_light + late,
+                Pick::Idle => {
+                    let wake = held_until.map(|at| at.max(now + Duration::from_micros(500)));
+                    now = wake.map_or(next_light, |w| w.min(next_light)) + late
+                }
             }
         }
         run
@@ -626,21 +496,5 @@ mod tests {
         let r = paced_run(None, Duration::ZERO, 100);
         assert!(r.longest_burst >= 3, "{r:?}");
         assert!(r.light_worst_wait <= Duration::from_micros(20), "{r:?}");
-    }
-
-    #[test]
-    fn full_queues_give_the_job_back() {
-        let cost = TokenCost {
-            per_request: 1,
-            per_byte: 0,
-        };
-        let mut q: EngineQueues<u32> =
-            EngineQueues::new(Instant::ZERO, &[1, 1], 2, 1, 1000, cost, true).unwrap();
-        assert!(q.push(Instant::ZERO, 0, 1, 1).is_ok());
-        assert!(q.push(Instant::ZERO, 0, 1, 2).is_ok());
-        assert_eq!(q.push(Instant::ZERO, 0, 1, 3), Err(3));
-        // The other tenant's queue is its own.
-        assert!(q.push(Instant::ZERO, 1, 1, 4).is_ok());
-        assert_eq!(q.push(Instant::ZERO, 7, 1, 5), Err(5));
     }
 }

@@ -37,7 +37,9 @@ pub struct TenantAccelStats {
     pub malformed: u64,
     /// Jobs given back because the tenant's queue was full.
     pub queue_full: u64,
-    /// Jobs waiting in the tenant's queue now (all tenants' without isolation).
+    /// Jobs the limiter refused with an error (dropped, never run).
+    pub refused: u64,
+    /// Admitted jobs waiting for a worker now (all tenants' without isolation).
     pub queued: usize,
     /// Worker CPU spent on the tenant's jobs, ns.
     pub cpu_ns: u64,
@@ -94,6 +96,7 @@ pub(super) struct Counters {
     pub(super) no_key: AtomicU64,
     pub(super) malformed: AtomicU64,
     pub(super) queue_full: AtomicU64,
+    pub(super) refused: AtomicU64,
     pub(super) cpu_ns: AtomicU64,
     pub(super) bytes: AtomicU64,
 }
@@ -102,7 +105,11 @@ impl Accel {
     /// Counters of every tenant.
     pub fn stats(&self) -> Vec<TenantAccelStats> {
         let rings = self.shared.keys.read().unwrap_or_else(|e| e.into_inner());
-        let queues = lock(&self.shared.queues);
+        let queues = {
+            let mut q = lock(&self.shared.queues);
+            self.shared.take_admitted(&mut q);
+            q
+        };
         let latency = lock(&self.shared.latency);
         self.shared
             .counters
@@ -119,12 +126,18 @@ impl Accel {
                     no_key: get(&c.no_key),
                     malformed: get(&c.malformed),
                     queue_full: get(&c.queue_full),
+                    refused: get(&c.refused),
                     queued: queues.queued(t),
                     cpu_ns: get(&c.cpu_ns),
                     bytes: get(&c.bytes),
                     key_epochs,
                     sending_epoch,
-                    limiter: queues.limiter_stats(t).map(LimiterView::from),
+                    limiter: self
+                        .shared
+                        .limiter
+                        .as_ref()
+                        .and_then(|l| l.stats(t))
+                        .map(LimiterView::from),
                     latency: latency.get(t).cloned().unwrap_or_default(),
                 }
             })

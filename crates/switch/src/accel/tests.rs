@@ -71,7 +71,7 @@ fn plain_frame(pool: &mut FramePool, vni: u32, inner: usize, fill: u8) -> Frame 
 }
 
 /// Submits, then waits (bounded) for exactly one completion.
-fn one(accel: &Accel, job: Job) -> Completion {
+fn one(accel: &mut AccelPort, job: Job) -> Completion {
     assert!(accel.submit(job).is_ok());
     let mut out = Vec::new();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -99,11 +99,12 @@ fn job(tenant: usize, op: Op, frame: Frame) -> Job {
 #[test]
 fn seal_then_open_restores_the_frame_and_tampering_is_counted() {
     let mut pool = FramePool::new(16);
-    let a = Accel::start(&config(1, true, 50), &[1], vec![ring(1, 9)]).unwrap();
-    let b = Accel::start(&config(2, true, 50), &[1], vec![ring(1, 9)]).unwrap();
+    let mut a = Accel::start(&config(1, true, 50), &[1], vec![ring(1, 9)], 1).unwrap();
+    let mut b = Accel::start(&config(2, true, 50), &[1], vec![ring(1, 9)], 1).unwrap();
+    let (mut pa, mut pb) = (a.port(0).unwrap(), b.port(0).unwrap());
     let plain = plain_frame(&mut pool, 5, 300, 0xAB);
     let original = plain.data().to_vec();
-    let sealed = one(&a, job(0, Op::Seal, plain));
+    let sealed = one(&mut pa, job(0, Op::Seal, plain));
     assert_eq!(sealed.outcome, Outcome::Done);
     assert_eq!(sealed.cookie, 7);
     assert_eq!(
@@ -114,10 +115,10 @@ fn seal_then_open_restores_the_frame_and_tampering_is_counted() {
     assert!(tampered.fill_from(sealed.frame.data()));
     let at = tampered.len() - 40;
     tampered.data_mut()[at] ^= 0x20;
-    let opened = one(&b, job(0, Op::Open, sealed.frame));
+    let opened = one(&mut pb, job(0, Op::Open, sealed.frame));
     assert_eq!(opened.outcome, Outcome::Done);
     assert_eq!(opened.frame.data(), &original[..]);
-    let bad = one(&b, job(0, Op::Open, tampered));
+    let bad = one(&mut pb, job(0, Op::Open, tampered));
     assert_eq!(bad.outcome, Outcome::AuthFailed);
     let s = b.stats();
     assert_eq!((s[0].opened, s[0].auth_failed), (1, 1));
@@ -129,8 +130,9 @@ fn seal_then_open_restores_the_frame_and_tampering_is_counted() {
 #[test]
 fn rotation_with_two_live_keys_drops_nothing() {
     let mut pool = FramePool::new(64);
-    let a = Accel::start(&config(1, true, 50), &[1], vec![ring(1, 1)]).unwrap();
-    let b = Accel::start(&config(2, true, 50), &[1], vec![ring(1, 1)]).unwrap();
+    let mut a = Accel::start(&config(1, true, 50), &[1], vec![ring(1, 1)], 1).unwrap();
+    let mut b = Accel::start(&config(2, true, 50), &[1], vec![ring(1, 1)], 1).unwrap();
+    let (mut pa, mut pb) = (a.port(0).unwrap(), b.port(0).unwrap());
     let mut in_flight = Vec::new();
     for step in 0..12 {
         match step {
@@ -143,20 +145,23 @@ fn rotation_with_two_live_keys_drops_nothing() {
             8 => b.activate_key(0, 2).unwrap(),
             _ => {}
         }
-        let sealed = one(&a, job(0, Op::Seal, plain_frame(&mut pool, 5, 100, step)));
+        let sealed = one(
+            &mut pa,
+            job(0, Op::Seal, plain_frame(&mut pool, 5, 100, step)),
+        );
         in_flight.push(sealed.frame);
         // Packets arrive two steps after they were sealed (in flight across the rotation).
         if in_flight.len() > 2 {
             let f = in_flight.remove(0);
             assert_eq!(
-                one(&b, job(0, Op::Open, f)).outcome,
+                one(&mut pb, job(0, Op::Open, f)).outcome,
                 Outcome::Done,
                 "step {step}"
             );
         }
     }
     for f in in_flight {
-        assert_eq!(one(&b, job(0, Op::Open, f)).outcome, Outcome::Done);
+        assert_eq!(one(&mut pb, job(0, Op::Open, f)).outcome, Outcome::Done);
     }
     let s = b.stats();
     assert_eq!(
@@ -168,13 +173,13 @@ fn rotation_with_two_live_keys_drops_nothing() {
         (vec![1, 2], Some(2))
     );
     // A third epoch forgets epoch 1: its packets are then refused as unknown, not opened.
-    let old = one(&b, job(0, Op::Seal, plain_frame(&mut pool, 5, 100, 0)));
+    let old = one(&mut pb, job(0, Op::Seal, plain_frame(&mut pool, 5, 100, 0)));
     b.install_key(0, 3, key(3), true).unwrap();
     b.activate_key(0, 3).unwrap();
     b.install_key(0, 4, key(4), false).unwrap();
     assert_eq!(b.stats()[0].key_epochs, vec![3, 4]);
     assert_eq!(
-        one(&b, job(0, Op::Open, old.frame)).outcome,
+        one(&mut pb, job(0, Op::Open, old.frame)).outcome,
         Outcome::UnknownKey
     );
     // An epoch cannot be given another key; re-installing the same key is harmless.
@@ -189,10 +194,11 @@ fn a_full_queue_gives_the_job_back_and_counts_it() {
     let mut cfg = config(1, true, 1);
     cfg.queue_jobs = 4;
     cfg.workers = 1;
-    let a = Accel::start(&cfg, &[1, 1], vec![ring(1, 1), ring(1, 2)]).unwrap();
+    let mut a = Accel::start(&cfg, &[1, 1], vec![ring(1, 1), ring(1, 2)], 1).unwrap();
+    let mut pa = a.port(0).unwrap();
     let mut refused = 0;
     for _ in 0..64 {
-        if let Err(j) = a.submit(job(0, Op::Seal, plain_frame(&mut pool, 5, 1400, 1))) {
+        if let Err(j) = pa.submit(job(0, Op::Seal, plain_frame(&mut pool, 5, 1400, 1))) {
             pool.put(j.frame);
             refused += 1;
         }
@@ -206,7 +212,7 @@ fn a_full_queue_gives_the_job_back_and_counts_it() {
 
 /// The engine `small_tenant_keeps_its_share_against_a_bulk_hog` starts (one worker whose
 /// limiter admits a quarter of its time, tenants of equal weight), driven on a virtual
-/// clock: the queues and limiter `Accel::start` builds, a worker that takes
+/// clock: the gate, limiter and queues `Accel::start` builds, a worker that takes
 /// `ns_per_token` ns per token of a job's cost, tenant 0 queueing 1400-byte and tenant 1
 /// 64-byte seals, both fully backlogged from the start (submitted alternately). Returns the
 /// tokens each tenant got by the time tenant 1's backlog is done, and that time.
@@ -216,8 +222,9 @@ fn virtual_engine_run(ns_per_token: u64) -> ([u64; 2], Duration) {
     const JOBS: usize = 1024;
     cfg.queue_jobs = JOBS;
     let cost = cfg.cost.unwrap();
-    let (mut queues, capacity) = engine_queues::<Job>(&cfg, &[1, 1], cost).unwrap();
+    let (mut queues, limiter, capacity) = engine_queues::<Job>(&cfg, &[1, 1], cost, 1).unwrap();
     assert_eq!(capacity, 250_000_000);
+    let mut gate = super::admit::Gate::new(2);
     let mut pool = FramePool::new(2 * JOBS);
     let sizes = [1400usize, 64];
     let mut now = Instant::ZERO;
@@ -225,13 +232,19 @@ fn virtual_engine_run(ns_per_token: u64) -> ([u64; 2], Duration) {
         for t in 0..2 {
             let f = plain_frame(&mut pool, 5, sizes[t], 1);
             let size = f.len() as u64;
-            assert!(queues.push(now, t, size, job(t, Op::Seal, f)).is_ok());
+            assert!(gate.offer(t, size, now, job(t, Op::Seal, f)).is_ok());
         }
     }
     let mut tokens = [0u64; 2];
     let mut jobs = [0usize; 2];
     while jobs[1] < JOBS {
-        match queues.pick(now, 0) {
+        let held = gate.admit(
+            now,
+            limiter.as_ref(),
+            |a| assert!(queues.push(a).is_ok()),
+            |_, _, e| panic!("{e}"),
+        );
+        match queues.pick(now) {
             Pick::Run { tenant, item, .. } => {
                 let t = cost.of(item.frame.len() as u64);
                 tokens[tenant] += t;
@@ -239,11 +252,12 @@ fn virtual_engine_run(ns_per_token: u64) -> ([u64; 2], Duration) {
                 now += Duration::from_nanos(t * ns_per_token);
                 pool.put(item.frame);
             }
-            Pick::WaitUntil(at) | Pick::Paced(at) => {
+            Pick::Paced(_) => panic!("a threaded engine is not paced"),
+            Pick::Idle => {
+                let at = held.expect("jobs held with nothing queued");
                 assert!(at > now, "the limiter asked to wait for the past");
                 now = at;
             }
-            Pick::Idle => panic!("idle with jobs queued: {jobs:?}"),
         }
     }
     (tokens, now - Instant::ZERO)
@@ -289,14 +303,15 @@ fn real_threads_small_tenant_share_against_a_bulk_hog() {
     cfg.workers = 1;
     const JOBS: usize = 1024;
     cfg.queue_jobs = JOBS;
-    let a = Accel::start(&cfg, &[1, 1], vec![ring(1, 1), ring(1, 2)]).unwrap();
+    let mut a = Accel::start(&cfg, &[1, 1], vec![ring(1, 1), ring(1, 2)], 1).unwrap();
+    let mut pa = a.port(0).unwrap();
     let cost = a.cost();
     let mut pool = FramePool::new(2 * JOBS);
     let sizes = [1400usize, 64];
     for _ in 0..JOBS {
         for t in 0..2 {
             let f = plain_frame(&mut pool, 5, sizes[t], 1);
-            assert!(a.submit(job(t, Op::Seal, f)).is_ok());
+            assert!(pa.submit(job(t, Op::Seal, f)).is_ok());
         }
     }
     let mut tokens = [0u64; 2];
@@ -308,7 +323,7 @@ fn real_threads_small_tenant_share_against_a_bulk_hog() {
             std::time::Instant::now() < deadline,
             "engine stalled: {jobs:?}"
         );
-        a.completions(&mut done);
+        pa.completions(&mut done);
         for c in done.drain(..) {
             if jobs[1] < JOBS {
                 tokens[c.tenant] += cost.of(c.frame.len() as u64 - 32);
@@ -326,7 +341,7 @@ fn real_threads_small_tenant_share_against_a_bulk_hog() {
 }
 
 /// Runs `accel`'s admitted jobs inline until `n` completions are out (bounded).
-fn inline_until(accel: &Accel, budget: std::time::Duration, n: usize) -> Vec<Completion> {
+fn inline_until(accel: &AccelPort, budget: std::time::Duration, n: usize) -> Vec<Completion> {
     let mut out = Vec::new();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while out.len() < n {
@@ -345,23 +360,24 @@ fn an_inline_engine_runs_jobs_on_the_callers_thread_and_charges_them() {
     let mut pool = FramePool::new(16);
     let mut cfg = config(1, true, 50);
     cfg.workers = 0;
-    let a = Accel::start(&cfg, &[1], vec![ring(1, 9)]).unwrap();
-    assert!(a.is_inline() && a.notify_fd().is_none());
+    let mut a = Accel::start(&cfg, &[1], vec![ring(1, 9)], 1).unwrap();
+    let mut pa = a.port(0).unwrap();
+    assert!(a.is_inline() && pa.is_inline());
     let plain = plain_frame(&mut pool, 5, 300, 0xAB);
     let original = plain.data().to_vec();
-    assert!(a.submit(job(0, Op::Seal, plain)).is_ok());
-    assert_eq!(a.room(0), 63, "queued and not taken back");
+    assert!(pa.submit(job(0, Op::Seal, plain)).is_ok());
+    assert_eq!(pa.room(0), 63, "queued and not taken back");
     // Nothing runs until the caller asks: no thread of its own.
     std::thread::sleep(std::time::Duration::from_millis(5));
     assert_eq!(a.stats()[0].sealed, 0);
-    let sealed = inline_until(&a, std::time::Duration::ZERO, 1)
+    let sealed = inline_until(&pa, std::time::Duration::ZERO, 1)
         .pop()
         .unwrap();
     assert_eq!((sealed.outcome, sealed.cookie), (Outcome::Done, 7));
-    assert_eq!(a.room(0), 64);
+    assert_eq!(pa.room(0), 64);
     let opened = {
-        assert!(a.submit(job(0, Op::Open, sealed.frame)).is_ok());
-        inline_until(&a, std::time::Duration::ZERO, 1)
+        assert!(pa.submit(job(0, Op::Open, sealed.frame)).is_ok());
+        inline_until(&pa, std::time::Duration::ZERO, 1)
             .pop()
             .unwrap()
     };
@@ -383,21 +399,22 @@ fn an_inline_engine_runs_a_small_tenants_job_first_and_stops_at_its_budget() {
     cfg.workers = 0;
     // 200 us of work a job: a run with a zero budget does one, with 500 us three.
     cfg.job_work_ns = 200_000;
-    let a = Accel::start(&cfg, &[1, 1], vec![ring(1, 1), ring(1, 2)]).unwrap();
+    let mut a = Accel::start(&cfg, &[1, 1], vec![ring(1, 1), ring(1, 2)], 1).unwrap();
+    let mut pa = a.port(0).unwrap();
     for _ in 0..32 {
-        assert!(a
+        assert!(pa
             .submit(job(0, Op::Seal, plain_frame(&mut pool, 5, 1400, 1)))
             .is_ok());
     }
     let mut out = Vec::new();
-    let run = a.run_inline(std::time::Duration::ZERO, &mut out);
+    let run = pa.run_inline(std::time::Duration::ZERO, &mut out);
     assert_eq!((run.jobs, out.len()), (1, 1));
     assert!(run.cpu_ns >= 200_000, "{run:?}");
-    assert!(a
+    assert!(pa
         .submit(job(1, Op::Seal, plain_frame(&mut pool, 5, 64, 2)))
         .is_ok());
     out.clear();
-    let run = a.run_inline(std::time::Duration::ZERO, &mut out);
+    let run = pa.run_inline(std::time::Duration::ZERO, &mut out);
     assert_eq!(run.jobs, 1);
     assert_eq!(out[0].tenant, 1, "the small tenant's job is run next");
     // The budget, without a limiter to stop the run first (one FIFO, isolation off): 200 us
@@ -405,14 +422,15 @@ fn an_inline_engine_runs_a_small_tenants_job_first_and_stops_at_its_budget() {
     // was preempted meanwhile), with the backlog still queued.
     let mut off = cfg.clone();
     off.isolated = false;
-    let b = Accel::start(&off, &[1, 1], vec![ring(1, 1), ring(1, 2)]).unwrap();
+    let mut b = Accel::start(&off, &[1, 1], vec![ring(1, 1), ring(1, 2)], 1).unwrap();
+    let mut pb = b.port(0).unwrap();
     for _ in 0..16 {
-        assert!(b
+        assert!(pb
             .submit(job(0, Op::Seal, plain_frame(&mut pool, 5, 1400, 1)))
             .is_ok());
     }
     out.clear();
-    let run = b.run_inline(std::time::Duration::from_micros(500), &mut out);
+    let run = pb.run_inline(std::time::Duration::from_micros(500), &mut out);
     assert!((1..=3).contains(&run.jobs), "{run:?}");
     assert_eq!(run.wake_in, None);
 }

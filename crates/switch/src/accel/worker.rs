@@ -1,9 +1,9 @@
-//! The engine's worker threads: each takes the next job the scheduler admits (`sched.rs`),
-//! seals or opens its frame with the tenant's keys, measures the CPU it took on the thread's
-//! clock and hands the result back, waking the dataplane through an eventfd.
+//! The engine's worker threads: each takes the next admitted job the scheduler picks
+//! (`sched.rs`), seals or opens its frame with the tenant's keys, measures the CPU it took on
+//! the thread's clock and hands the result back to the port that submitted it, waking its
+//! dataplane through an eventfd.
 
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::SyncSender;
 use std::time::Instant as StdInstant;
 
 use picnic_core::fairnic::TokenCost;
@@ -15,27 +15,34 @@ use picnic_core::{Duration, Instant};
 use super::{lock, Completion, Job, KeyRing, Op, Outcome, Shared};
 use crate::frame::Frame;
 
-/// Worker `index`'s loop: until the engine stops, runs the job the scheduler picks for it,
-/// or waits for one to be queued or admitted.
-pub(super) fn worker(shared: &Shared, index: usize, results: &SyncSender<Completion>) {
+/// A worker's loop: until the engine stops, runs the next admitted job the scheduler picks,
+/// or waits for one, and hands the result to the port that submitted it.
+pub(super) fn worker(shared: &Shared) {
     loop {
-        let (tenant, job, waited, queued_at) = {
+        let (port, tenant, job, waited, queued_at) = {
             let mut queues = lock(&shared.queues);
             loop {
                 if shared.stop.load(Ordering::Acquire) {
                     return;
                 }
+                shared.take_admitted(&mut queues);
                 let now = shared.now();
-                match queues.pick(now, index) {
+                match queues.pick(now) {
                     Pick::Run {
                         tenant,
-                        item,
+                        item: (port, job),
                         waited,
-                    } => break (tenant, item, waited, now - waited),
+                    } => break (port, tenant, job, waited, now - waited),
                     Pick::Idle => {
-                        queues = shared.work.wait(queues).unwrap_or_else(|e| e.into_inner());
+                        // Counted before the last look, under the lock a port takes to wake
+                        // a sleeper: a job admitted after the look finds it counted.
+                        shared.sleeping.fetch_add(1, Ordering::SeqCst);
+                        if shared.admitted.is_empty() {
+                            queues = shared.work.wait(queues).unwrap_or_else(|e| e.into_inner());
+                        }
+                        shared.sleeping.fetch_sub(1, Ordering::SeqCst);
                     }
-                    Pick::WaitUntil(at) | Pick::Paced(at) => {
+                    Pick::Paced(at) => {
                         let wait = std::time::Duration::from_nanos((at - now).as_nanos().max(1));
                         queues = shared
                             .work
@@ -47,14 +54,8 @@ pub(super) fn worker(shared: &Shared, index: usize, results: &SyncSender<Complet
             }
         };
         let done = execute(shared, tenant, job, waited, queued_at);
-        if results.send(done).is_err() {
-            return;
-        }
-        if !shared.notified.swap(true, Ordering::AcqRel) {
-            if let Some(fd) = &shared.notify {
-                signal_eventfd(fd);
-            }
-        }
+        // A port gone (its dataplane stopped) drops the frame with the result.
+        shared.deliver(port, done);
     }
 }
 
@@ -230,7 +231,7 @@ pub(super) fn eventfd() -> anyhow::Result<std::os::fd::OwnedFd> {
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
 }
 
-fn signal_eventfd(fd: &std::os::fd::OwnedFd) {
+pub(super) fn signal_eventfd(fd: &std::os::fd::OwnedFd) {
     use std::os::fd::AsRawFd;
     let one: u64 = 1;
     // SAFETY: writes 8 bytes from a u64 we own; a full counter (EAGAIN) is fine to ignore.

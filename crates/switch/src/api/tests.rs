@@ -738,7 +738,7 @@ fn key_rotation_installs_then_activates_and_never_shows_a_key() {
     cfg.accel.workers = 1;
     cfg.accel.per_job_ns = Some(400);
     cfg.accel.per_byte_ps = Some(1000);
-    let accel = crate::accel::Accel::from_config(&cfg).unwrap().unwrap();
+    let accel = crate::accel::Accel::from_config(&cfg, 1).unwrap().unwrap();
     let state = api_state(Shared::default(), None);
     state.shared.set_config(cfg);
     state.shared.set_accel_keys(Some(accel.keys()));

@@ -356,13 +356,13 @@ pub struct AccelSection {
     /// Inline engine (`workers = 0`): engine time the loop spends in an iteration before it
     /// goes back to its ports, us (it runs at least one job).
     pub inline_budget_us: u64,
-    /// Inline engine: when FairNIC's limiter holds every queued job, the loop sleeps at
-    /// least this long before it comes back for them, us (the limiter's buckets are made
-    /// this deep, so no token is lost meanwhile): a hog held to its share then costs the
-    /// loop a wake-up per this period, not one per job.
+    /// When FairNIC's limiter holds a loop's jobs (any engine: admission is on the loops'
+    /// submit path), the loop sleeps at least this long before it comes back for them, us
+    /// (the limiter's buckets are made this deep, so no token is lost meanwhile): a hog held
+    /// to its share then costs the loop a wake-up per this period, not one per job.
     pub inline_wait_us: u64,
-    /// Jobs each tenant's queue holds; a frame arriving at a full queue is dropped
-    /// (`accel_busy`).
+    /// Jobs each tenant may have outstanding in the engine; a frame arriving beyond them is
+    /// dropped (`accel_busy`).
     pub queue_jobs: usize,
     /// Share of the workers' time the FairNIC limiter admits, percent (1..=100).
     pub capacity_percent: u64,

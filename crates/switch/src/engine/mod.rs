@@ -141,7 +141,7 @@ pub struct Engine {
     /// Per tenant: its use of the shared engine.
     accel_use: Vec<AccelUse>,
     /// Per tenant: jobs its engine queue can still take, and the queue's depth, as the
-    /// engine last reported them (`Accel::exchange`); a tenant missing is not held.
+    /// engine last reported them (`AccelPort::exchange`); a tenant missing is not held.
     accel_room: Vec<usize>,
     accel_depth: usize,
     /// Tenants' packet programs (`offload.rs`).

@@ -28,6 +28,16 @@ pub struct AccelUse {
     pub auth_failed: u64,
 }
 
+impl AccelUse {
+    /// Adds another worker's use of the engine for the same tenant (each worker's engines
+    /// count the jobs submitted through its own port).
+    pub fn add(&mut self, other: &AccelUse) {
+        self.frames += other.frames;
+        self.cpu_ns += other.cpu_ns;
+        self.auth_failed += other.auth_failed;
+    }
+}
+
 impl Engine {
     /// Bytes sealing adds to `tenant`'s frames on the wire.
     pub(super) fn seal_overhead(&self, tenant: TenantIdx) -> usize {

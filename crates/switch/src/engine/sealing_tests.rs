@@ -7,7 +7,7 @@ use picnic_wire::overlay::decap;
 use picnic_wire::seal::PROTOCOL_SEALED;
 
 use super::tests::{udp, Host, A1, A2, B1, B2, IP_A1, IP_A2, IP_B1, IP_B2, TWO_HOSTS};
-use crate::accel::{Accel, Exchange};
+use crate::accel::{Accel, AccelPort, Exchange};
 use crate::config::Config;
 use crate::directory::UPLINK;
 use crate::stats::DropReason;
@@ -42,7 +42,9 @@ fn config(host: u32, encrypt: bool) -> Config {
 
 struct Sealed {
     host: Host,
-    accel: Accel,
+    /// The engine (its workers stop when it drops) and the host's port into it.
+    _accel: Accel,
+    port: AccelPort,
     scratch: Exchange,
 }
 
@@ -57,11 +59,14 @@ impl Sealed {
         cfg.accel.workers = workers;
         let mut host = Host::new(id, 1000);
         host.engine = super::Engine::new(&cfg, Instant::ZERO).unwrap();
+        let mut accel = Accel::from_config(&cfg, 1)
+            .unwrap()
+            .expect("tenant a encrypts");
+        let port = accel.port(0).expect("one port");
         Sealed {
             host,
-            accel: Accel::from_config(&cfg)
-                .unwrap()
-                .expect("tenant a encrypts"),
+            _accel: accel,
+            port,
             scratch: Exchange::default(),
         }
     }
@@ -81,7 +86,7 @@ impl Sealed {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
             self.host.poll(Instant::ZERO);
-            self.accel.exchange(
+            self.port.exchange(
                 &mut self.host.engine,
                 Instant::ZERO,
                 &mut self.host.pool,
@@ -176,7 +181,7 @@ fn a_tenant_whose_engine_queue_is_full_is_not_read() {
     let t = Instant::ZERO;
     // The engine reports every tenant's room after each exchange: all of it, at first.
     s.host.poll(t);
-    s.accel
+    s.port
         .exchange(&mut s.host.engine, t, &mut s.host.pool, &mut s.scratch);
     assert!(s.host.engine.rx_ready(t, a1, 64));
     let ready = |s: &mut Sealed, depth: usize, room_a: usize| {

@@ -6,13 +6,15 @@
 //! fanout group, every frame delivered to VMs on both workers.
 //!
 //! Split by concern: this file forwards and shares the links with two workers, `live.rs`
-//! applies live changes to them, `root.rs` runs them on a two-queue veth uplink (root).
+//! applies live changes to them, `root.rs` runs them on a two-queue veth uplink (root),
+//! `encrypt.rs` shares the encryption engine between them (root).
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 #[path = "../common/mod.rs"]
 mod common;
+mod encrypt;
 mod live;
 mod root;
 
