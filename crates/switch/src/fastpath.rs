@@ -292,6 +292,15 @@ impl KernelFastPath {
         })
     }
 
+    /// The tc program (`picnic_hop`), loaded.
+    fn hop(&mut self) -> &mut SchedClassifier {
+        self.bpf
+            .program_mut("picnic_hop")
+            .expect("loaded")
+            .try_into()
+            .expect("a tc program")
+    }
+
     /// Attaches the hop to device `ifname`'s tc ingress, before any program already there;
     /// returns the device's ifindex. Frames of a device not yet registered ([`KernelFastPath::set_vm_port`],
     /// [`KernelFastPath::set_uplink`]) pass as without the fast path.
@@ -306,12 +315,7 @@ impl KernelFastPath {
         if self.attached.contains_key(&ifindex) {
             return Ok(ifindex);
         }
-        let prog: &mut SchedClassifier = self
-            .bpf
-            .program_mut("picnic_hop")
-            .expect("loaded")
-            .try_into()
-            .expect("a tc program");
+        let prog = self.hop();
         let tcx = KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0));
         let attached = if tcx {
             prog.attach_with_options(
@@ -397,14 +401,8 @@ impl KernelFastPath {
     pub fn remove_port(&mut self, ifindex: u32) {
         let _ = self.ports.remove(&ifindex);
         if let Some(link) = self.attached.remove(&ifindex) {
-            let prog: &mut SchedClassifier = self
-                .bpf
-                .program_mut("picnic_hop")
-                .expect("loaded")
-                .try_into()
-                .expect("a tc program");
             // A device already gone took its link with it.
-            let _ = prog.detach(link);
+            let _ = self.hop().detach(link);
         }
     }
 

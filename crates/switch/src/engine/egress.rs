@@ -621,7 +621,11 @@ impl Engine {
     /// was sent within the rate alone and would never drain (it drains at that rate while
     /// the kernel keeps handing over that much); dropped, its senders hold nothing here and
     /// the kernel can resume them (`fastpath.bpf.c`'s `resumed`), forwarding within the
-    /// rate on their own CPUs.
+    /// rate on their own CPUs. The emptied limiter's bucket is filled too: what the kernel
+    /// hands over meanwhile has passed its bucket for the destination (one budget across
+    /// both paths), so it leaves at once instead of queueing behind the engines' tokens; a
+    /// queue re-formed at the rate it drains at would again never empty (the fastpath root
+    /// test's flood stayed on the engines for the whole run in about half the runs).
     fn flush_flooded_destinations(&mut self, now: Instant, pool: &mut FramePool) {
         let eg = &mut self.egress;
         let cap = eg.shaped_queue_packets as u64;
@@ -634,6 +638,8 @@ impl Engine {
             for ((vm, key), shaper) in eg.shapers.iter_mut() {
                 if *key == ShapeKey::Destination(d) {
                     flushed.extend(shaper.drain().map(|item| (*vm, item.0)));
+                    let burst = shaper.bucket().burst();
+                    shaper.bucket_mut().refund(now, burst);
                 }
             }
         }
