@@ -77,7 +77,11 @@ impl Lab {
         let topo = picnic_lab::topology::build(&scenario, &mut testbed, true).unwrap();
         let mut switches = Vec::new();
         for host in &topo.hosts {
-            let cfg = switch_config(&scenario, &topo, host, true).unwrap();
+            let mut cfg = switch_config(&scenario, &topo, host, true).unwrap();
+            // The engines' ports complete the offloads here: on the kernel fast path the
+            // frames keep their offload state to the receiving stack (docs/switch.md "Two
+            // paths"; the fastpath and guest root tests cover it).
+            cfg.fastpath.kernel = false;
             let mut switch = PicnicSwitch::new(cfg, true);
             switch.setup(host).unwrap();
             switches.push(switch);
