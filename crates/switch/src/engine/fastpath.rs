@@ -353,6 +353,16 @@ impl Handback {
         Step::Write(grant)
     }
 
+    /// Whether the kernel was last told to neither forward nor drop anything of the VM in
+    /// `slot` (a grant with no permission written): nothing of it is in the kernel's hands.
+    pub fn holds_nothing(&self, slot: u32) -> bool {
+        self.written
+            .get(slot as usize)
+            .copied()
+            .flatten()
+            .is_some_and(|g| !(g.want.tx || g.want.rx || g.want.tx_drop || g.want.rx_drop))
+    }
+
     /// Whether the VM in `slot` holds a grant in force: given, for the kernel's `epochs`.
     pub fn in_force(&self, slot: u32, epochs: Epochs) -> bool {
         self.written
@@ -479,6 +489,31 @@ mod tests {
             Step::Write(g) => assert!(!g.want.tx_drop && g.want.rx_drop),
             other => panic!("expected a write, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_vm_holds_nothing_in_the_kernel_only_once_told_so() {
+        let mut h = Handback::default();
+        let e = Epochs::default();
+        // Never written: the kernel's side is unknown, so the sync must still read it.
+        assert!(!h.holds_nothing(1));
+        h.step(want(true), e, &ring(0, 0, 0));
+        h.step(want(true), e, &ring(0, 0, 0));
+        assert!(
+            !h.holds_nothing(1),
+            "a grant to forward is in the kernel's hands"
+        );
+        let off = FastPathWant {
+            slot: 1,
+            idle: true,
+            ..Default::default()
+        };
+        assert!(matches!(h.step(off, e, &ring(0, 0, 0)), Step::Write(_)));
+        assert!(h.holds_nothing(1));
+        let mut drop = off;
+        drop.rx_drop = true;
+        h.step(drop, e, &ring(0, 0, 0));
+        assert!(!h.holds_nothing(1), "the kernel drops for it");
     }
 
     #[test]
