@@ -73,6 +73,7 @@ fn switch_config_errors_name_the_field() {
             "vms[2].tenant",
         ),
         (edit(EXAMPLE, "mtu = 1500", "mtu = 600"), "uplink.mtu"),
+        (edit(EXAMPLE, "mtu = 1500", "mtu = 9000"), "uplink.mtu"),
         (
             edit(EXAMPLE, "headroom = 0.1", "headroom = 1.5"),
             "ingress.headroom",

@@ -426,3 +426,12 @@ fn the_slo_verdict_is_the_switches_every_window_of_every_repetition() {
     assert_eq!(report.tenants["v"].slo_met, Some(false));
     assert_eq!(report.tenants["x"].slo_met, None);
 }
+
+#[test]
+fn an_mtu_beyond_the_switchs_frame_buffers_is_refused_with_the_reason() {
+    let jumbo = SCENARIO.replacen("name = ", "mtu = 9000\nname = ", 1);
+    let e = Scenario::parse(&jumbo).unwrap_err().to_string();
+    assert!(e.contains("mtu") && e.contains("jumbo"), "{e}");
+    let most = SCENARIO.replacen("name = ", "mtu = 1900\nname = ", 1);
+    assert_eq!(Scenario::parse(&most).unwrap().mtu, 1900);
+}

@@ -64,8 +64,11 @@ impl Scenario {
         if self.access_queue_ms == 0 || self.access_queue_ms > 1000 {
             bail!("field `access_queue_ms`: must be between 1 and 1000");
         }
-        if !(576..=9000).contains(&self.mtu) {
-            bail!("field `mtu`: must be between 576 and 9000");
+        // The switch's frame buffers bound it (picnic_switch's `uplink.mtu` check).
+        if !(576..=1900).contains(&self.mtu) {
+            bail!(
+                "field `mtu`: must be between 576 and 1900 (picnic's switch has no jumbo frames)"
+            );
         }
         if self.hosts.is_empty() || self.hosts.len() > 250 {
             bail!("field `hosts`: needs 1 to 250 hosts");

@@ -37,6 +37,9 @@ fn check_mbps(field: impl Into<String>, mbps: u64) -> Result<(), ConfigError> {
     }
 }
 
+/// Ethernet header and one VLAN tag: a frame's bytes beyond its MTU.
+const MAX_L2_HEADER: usize = 18;
+
 fn err(field: impl Into<String>, problem: impl Into<String>) -> ConfigError {
     ConfigError {
         field: field.into(),
@@ -207,6 +210,20 @@ impl Config {
             return Err(err(
                 "uplink.mtu",
                 "too small to carry encapsulated tenant frames",
+            ));
+        }
+        // A frame longer than a buffer's data is dropped as oversize by the ports: with a
+        // larger MTU the switch would lose every full-sized frame (TCP at 9000: 1.8 of a
+        // 50 Mb/s link, docs/switch.md "MTU").
+        let max_mtu = crate::frame::DATA_CAP - MAX_L2_HEADER;
+        if self.uplink.mtu > max_mtu {
+            return Err(err(
+                "uplink.mtu",
+                format!(
+                    "at most {max_mtu}: the switch's frame buffers hold {} bytes of a frame \
+                     (jumbo frames are not supported)",
+                    crate::frame::DATA_CAP
+                ),
             ));
         }
         Ok(())
