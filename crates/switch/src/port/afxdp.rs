@@ -8,7 +8,12 @@
 //!   ([`AfXdpPort::open_queues`]: one per queue, each with its UMEM; the switch's uplink has
 //!   one on every queue, a worker owning several reads them as one [`super::QueueSet`]), and
 //!   a second one that only sends, bound to the same queue with `XDP_SHARED_UMEM` (it shares
-//!   the first one's buffer pool: UMEM, fill and completion rings).
+//!   the first one's buffer pool: UMEM, fill and completion rings). The UMEM is an
+//!   anonymous mapping of [`AfXdpOptions::frames`] chunks of 2 KiB: the first half feeds the
+//!   fill ring (receive buffers), the second half is the transmit buffer pool. The fill, RX
+//!   and completion rings are mmapped from the first socket, the TX ring from the second;
+//!   each holds half the chunks, so the fill ring always has room for every receive buffer
+//!   handed back.
 //! - **Bind mode** ([`BindMode`]): zero-copy (`XDP_ZEROCOPY`: the driver DMAs into and out
 //!   of the UMEM) where the driver offers it, else copy mode (`XDP_COPY`; veth refuses
 //!   zero-copy with EOPNOTSUPP), always with `XDP_USE_NEED_WAKEUP`; each socket logs one line
@@ -20,11 +25,7 @@
 //!   sends) and `recvfrom` after refilling the fill ring (set by a zero-copy driver that
 //!   stopped on an empty fill ring; never in copy mode). Receive readiness is unchanged:
 //!   the kernel wakes the receiving socket's wait queue when it fills the RX ring, so the run
-//!   loop's poll-or-block choice (`picnic_core::notify`) sees the descriptor as before. The UMEM is an anonymous mapping of [`AfXdpOptions::frames`] chunks
-//!   of 2 KiB: the first half feeds the fill ring (receive buffers), the second half is the
-//!   transmit buffer pool. The fill, RX and completion rings are mmapped from the first
-//!   socket, the TX ring from the second; each holds half the chunks, so the fill ring always
-//!   has room for every receive buffer handed back.
+//!   loop's poll-or-block choice (`picnic_core::notify`) sees the descriptor as before.
 //! - **Why two sockets**: the receiving socket is registered in the loop's epoll set for as
 //!   long as the port is waited on (`WaitSet`). In copy mode the kernel sends each frame as
 //!   an skb charged to the socket that sent it; freeing it (`xsk_destruct_skb`, then
@@ -223,7 +224,7 @@ impl AfXdpPort {
     /// Wakes the driver to refill its receive queue from the fill ring when it asked
     /// (zero-copy mode: it stopped on an empty fill ring; in copy mode the kernel copies into
     /// fill-ring chunks as frames arrive and never asks).
-    fn wake_fill(&mut self) -> io::Result<()> {
+    pub(super) fn wake_fill(&mut self) -> io::Result<()> {
         if !self.fill.needs_wakeup() {
             return Ok(());
         }

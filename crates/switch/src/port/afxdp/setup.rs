@@ -1,8 +1,8 @@
 //! Opening an AF_XDP port: the UMEM registered, the rings sized and mapped, the receiving
-//! socket bound to its queue (zero-copy where the driver offers it, else copy mode; need_wakeup)
-//! and joined to the XDP program (loaded and attached
-//! by queue 0's port), the sending socket bound to the same queue sharing its UMEM, and the
-//! interface held promiscuous.
+//! socket bound to its queue (zero-copy where the driver offers it, else copy mode; with
+//! need_wakeup) and joined to the XDP program (loaded and attached by queue 0's port), the
+//! sending socket bound to the same queue sharing its UMEM, and the interface held
+//! promiscuous.
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -276,20 +276,6 @@ impl AfXdpPort {
                 )),
             )
         })?;
-        // An empty fill ring may have stopped a zero-copy driver before it was filled.
-        if fill.needs_wakeup() {
-            // SAFETY: recvfrom with no buffer and no address only runs the socket's wake-up.
-            unsafe {
-                libc::recvfrom(
-                    sock,
-                    std::ptr::null_mut(),
-                    0,
-                    libc::MSG_DONTWAIT,
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                )
-            };
-        }
 
         // The sending socket: the same queue and UMEM (its buffer pool, so its fill and
         // completion rings too), a TX ring of its own; nobody waits on it.
@@ -368,7 +354,7 @@ impl AfXdpPort {
             xdp = %mode,
             "af_xdp socket bound in {bind} mode with need_wakeup"
         );
-        Ok(AfXdpPort {
+        let mut port = AfXdpPort {
             name: ifname.to_owned(),
             program,
             mode,
@@ -383,7 +369,10 @@ impl AfXdpPort {
             _promisc: promisc,
             tx_free,
             stats: PortStats::default(),
-        })
+        };
+        // An empty fill ring may have stopped a zero-copy driver before it was filled.
+        port.wake_fill()?;
+        Ok(port)
     }
 }
 
