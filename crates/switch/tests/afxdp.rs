@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::{collect, exchange, have_ebpf, is_root, is_test_frame, seq_of, test_frame, Netns};
 use picnic_switch::frame::{Frame, FramePool};
-use picnic_switch::port::{AfXdpOptions, AfXdpPort, Backend, Port, XdpMode};
+use picnic_switch::port::{AfXdpOptions, AfXdpPort, Backend, BindMode, Port, XdpMode};
 
 /// Whether `ip link show` reports an XDP program on `ifname` inside `ns`.
 fn has_xdp_program(ns: &Netns, ifname: &str) -> bool {
@@ -73,6 +73,110 @@ fn af_xdp_frames_cross_a_veth_intact_both_ways_generic() {
         return;
     }
     frames_cross_both_ways(XdpMode::Generic, XdpMode::Generic, "pnxc", "pnxd");
+}
+
+/// A writer that keeps what a tracing subscriber writes, for reading back.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The process's log lines so far: a global subscriber writing to memory, installed on the
+/// first call (a scoped one would miss events whose callsite another test thread registered
+/// first). Tests pick their lines by their own interface names.
+fn log_lines() -> Vec<String> {
+    static LOG: std::sync::OnceLock<Captured> = std::sync::OnceLock::new();
+    let log = LOG.get_or_init(|| {
+        let out = Captured::default();
+        let writer = out.clone();
+        tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .init();
+        out
+    });
+    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    text.lines().map(str::to_owned).collect()
+}
+
+/// veth has no zero-copy AF_XDP: the default bind falls back to copy mode, with need_wakeup,
+/// says so in one log line, and wakes the kernel only when a ring asks (in copy mode: one
+/// `sendto` per burst, never a fill-ring wake-up). Asking for zero-copy outright is refused
+/// with the reason, and leaves the queue free.
+#[test]
+fn af_xdp_falls_back_to_copy_mode_on_a_veth_with_need_wakeup_and_says_so() {
+    if !is_root() || !have_ebpf() {
+        return;
+    }
+    let ns = Netns::new();
+    ns.veth_pair("pnxk", "pnxl");
+    ns.enter(|| {
+        let zero_copy = AfXdpOptions {
+            bind: BindMode::ZeroCopy,
+            ..Default::default()
+        };
+        let err = AfXdpPort::open("pnxk", zero_copy).unwrap_err();
+        let text = err.to_string();
+        println!("zero-copy on a veth: {text}");
+        assert!(text.contains("bind in zero-copy mode"), "{text}");
+        assert!(text.contains("no zero-copy AF_XDP"), "{text}");
+
+        log_lines();
+        let mut a = AfXdpPort::open("pnxk", AfXdpOptions::default())
+            .expect("copy mode after the refused zero-copy bind");
+        let mut b = AfXdpPort::open("pnxl", AfXdpOptions::default()).unwrap();
+        let lines = log_lines();
+        let bound: Vec<&String> = lines
+            .iter()
+            .filter(|l| l.contains("af_xdp socket bound") && l.contains("\"pnxk\""))
+            .collect();
+        assert_eq!(bound.len(), 1, "one line per socket: {lines:?}");
+        assert!(
+            bound[0].contains("in copy mode with need_wakeup"),
+            "{}",
+            bound[0]
+        );
+        assert_eq!(
+            (a.bind_mode(), b.bind_mode()),
+            (BindMode::Copy, BindMode::Copy)
+        );
+        // In copy mode the TX ring always asks (the kernel sets the flag when the ring is
+        // made and only a zero-copy driver clears it): only sendto transmits there.
+        assert!(a.tx_needs_wakeup() && b.tx_needs_wakeup());
+
+        let mut pool = FramePool::new(1024);
+        let mut burst: Vec<Frame> = (0..20u32)
+            .map(|seq| {
+                let mut f = pool.get().unwrap();
+                assert!(f.fill_from(&test_frame(seq, 64)));
+                f
+            })
+            .collect();
+        assert_eq!(a.send_batch(&mut burst, &mut pool).unwrap(), 20);
+        let mut got = Vec::new();
+        collect(&mut b, &mut pool, &mut got, Duration::from_secs(3), |g| {
+            g.iter().filter(|f| is_test_frame(f)).count() >= 20
+        });
+        assert_eq!(got.iter().filter(|f| is_test_frame(f)).count(), 20);
+        assert_eq!(
+            a.stats().kernel_wakeups,
+            1,
+            "one sendto for a burst within the budget"
+        );
+        assert_eq!(
+            b.stats().kernel_wakeups,
+            0,
+            "copy mode never asks for a fill wake-up"
+        );
+    });
 }
 
 #[test]

@@ -14,8 +14,8 @@ pub enum Backend {
     /// NIC).
     #[default]
     AfPacket,
-    /// AF_XDP socket in copy mode, fed by an XDP redirect program (needs root and an
-    /// interface without another XDP program).
+    /// AF_XDP socket (zero-copy where the driver offers it, else copy mode), fed by an XDP
+    /// redirect program (needs root and an interface without another XDP program).
     AfXdp,
     /// The host side of a TAP device a VMM holds (QEMU, libvirt, Firecracker, Cloud
     /// Hypervisor): an AF_PACKET socket on its netdev, as on a veth.
@@ -38,7 +38,7 @@ impl fmt::Display for Backend {
             Backend::AfPacket => {
                 "af_packet (mmap rx ring, sendmmsg qdisc-bypass tx, vnet_hdr: offloads completed)"
             }
-            Backend::AfXdp => "af_xdp (XDP redirect to an AF_XDP socket per queue, copy mode)",
+            Backend::AfXdp => "af_xdp (XDP redirect to an AF_XDP socket per queue, zero-copy where the driver offers it)",
             Backend::Tap => {
                 "tap (the host side of a VMM's TAP: af_packet on its netdev, vnet_hdr: offloads \
                  completed)"

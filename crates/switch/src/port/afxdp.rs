@@ -4,16 +4,28 @@
 //! here; the XDP program is C (`crates/switch/bpf/xdp_port.bpf.c`) loaded with aya
 //! ([`crate::ebpf`]).
 //!
-//! - **Sockets and UMEM.** One AF_XDP socket bound to queue 0 of the interface in copy mode
+//! - **Sockets and UMEM.** One AF_XDP socket bound to queue 0 of the interface
 //!   ([`AfXdpPort::open_queues`]: one per queue, each with its UMEM; the switch's uplink has
-//!   one on every queue, a worker owning several reads them as one [`super::QueueSet`])
-//!   (`XDP_COPY`: the only mode veth has), and a second one that only sends, bound to the same
-//!   queue with `XDP_SHARED_UMEM` (it shares the first one's buffer pool: UMEM, fill and
-//!   completion rings). The UMEM is an anonymous mapping of [`AfXdpOptions::frames`] chunks
-//!   of 2 KiB: the first half feeds the fill ring (receive buffers), the second half is the
-//!   transmit buffer pool. The fill, RX and completion rings are mmapped from the first
-//!   socket, the TX ring from the second; each holds half the chunks, so the fill ring always
-//!   has room for every receive buffer handed back.
+//!   one on every queue, a worker owning several reads them as one [`super::QueueSet`]), and
+//!   a second one that only sends, bound to the same queue with `XDP_SHARED_UMEM` (it shares
+//!   the first one's buffer pool: UMEM, fill and completion rings). The UMEM is an
+//!   anonymous mapping of [`AfXdpOptions::frames`] chunks of 2 KiB: the first half feeds the
+//!   fill ring (receive buffers), the second half is the transmit buffer pool. The fill, RX
+//!   and completion rings are mmapped from the first socket, the TX ring from the second;
+//!   each holds half the chunks, so the fill ring always has room for every receive buffer
+//!   handed back.
+//! - **Bind mode** ([`BindMode`]): zero-copy (`XDP_ZEROCOPY`: the driver DMAs into and out
+//!   of the UMEM) where the driver offers it, else copy mode (`XDP_COPY`; veth refuses
+//!   zero-copy with EOPNOTSUPP), always with `XDP_USE_NEED_WAKEUP`; each socket logs one line
+//!   saying which ([`AfXdpPort::bind_mode`]).
+//! - **need_wakeup** (Documentation/networking/af_xdp.rst): the port makes a system call
+//!   only when a ring's `XDP_RING_NEED_WAKEUP` flag asks for one, counted in
+//!   [`PortStats::kernel_wakeups`]: `sendto` for the TX ring (in copy mode the flag is always
+//!   set, as only `sendto` transmits there; a zero-copy driver clears it while its NAPI loop
+//!   sends) and `recvfrom` after refilling the fill ring (set by a zero-copy driver that
+//!   stopped on an empty fill ring; never in copy mode). Receive readiness is unchanged:
+//!   the kernel wakes the receiving socket's wait queue when it fills the RX ring, so the run
+//!   loop's poll-or-block choice (`picnic_core::notify`) sees the descriptor as before.
 //! - **Why two sockets**: the receiving socket is registered in the loop's epoll set for as
 //!   long as the port is waited on (`WaitSet`). In copy mode the kernel sends each frame as
 //!   an skb charged to the socket that sent it; freeing it (`xsk_destruct_skb`, then
@@ -30,12 +42,14 @@
 //!   tries the driver's native XDP first (veth has it) and falls back to generic (skb) XDP,
 //!   which every device supports; [`AfXdpPort::attach_mode`] says which one is in use.
 //! - **RX**: descriptors are taken from the RX ring, each frame is copied once into a pool
-//!   [`Frame`] (as with AF_PACKET; zero-copy UMEM frames would change the `Frame` type), and
-//!   its chunk goes straight back to the fill ring.
+//!   [`Frame`] (as with AF_PACKET; handing out UMEM frames would change the `Frame` type, so
+//!   zero-copy mode saves the kernel's copy, not this one), and its chunk goes straight back
+//!   to the fill ring.
 //! - **TX**: each frame is copied into a free transmit chunk and described on the TX ring;
-//!   `sendto(MSG_DONTWAIT)` on the sending socket makes the kernel transmit (in copy mode the
-//!   kernel sends only from that call, at most its per-call budget of frames, so the port
-//!   calls it until the ring is drained or no progress is made). Chunks come back through the completion ring. Frames
+//!   `sendto(MSG_DONTWAIT)` on the sending socket, when the TX ring asks for it, makes the
+//!   kernel transmit (in copy mode the kernel sends only from that call, at most its per-call
+//!   budget of frames, so the port calls it until the ring is drained or no progress is
+//!   made). Chunks come back through the completion ring. Frames
 //!   are counted as sent when they are on the TX ring.
 //! - Promiscuous: an AF_PACKET socket that receives nothing holds a `PACKET_MR_PROMISC`
 //!   membership for the port's lifetime (a NIC's MAC filter would otherwise hide frames for
@@ -96,7 +110,31 @@ impl std::fmt::Display for XdpMode {
     }
 }
 
-/// UMEM and attach parameters of an [`AfXdpPort`].
+/// How the socket shares frames with the driver (the bind flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BindMode {
+    /// Zero-copy if the driver offers it, copy mode otherwise (the default; veth: copy).
+    #[default]
+    Auto,
+    /// `XDP_ZEROCOPY`: the driver receives into and sends from the UMEM itself; refused
+    /// by drivers without AF_XDP support (veth).
+    ZeroCopy,
+    /// `XDP_COPY`: the kernel copies each frame between its buffers and the UMEM; every
+    /// driver.
+    Copy,
+}
+
+impl std::fmt::Display for BindMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BindMode::Auto => "auto",
+            BindMode::ZeroCopy => "zero-copy",
+            BindMode::Copy => "copy",
+        })
+    }
+}
+
+/// UMEM, bind and attach parameters of an [`AfXdpPort`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AfXdpOptions {
     /// UMEM chunks of 2 KiB, half for receiving and half for sending; a power of two from 64
@@ -104,6 +142,8 @@ pub struct AfXdpOptions {
     pub frames: u32,
     /// Attach mode of the XDP program.
     pub mode: XdpMode,
+    /// Zero-copy or copy mode ([`BindMode::Auto`]: zero-copy where the driver offers it).
+    pub bind: BindMode,
 }
 
 impl Default for AfXdpOptions {
@@ -111,6 +151,7 @@ impl Default for AfXdpOptions {
         AfXdpOptions {
             frames: 4096,
             mode: XdpMode::Auto,
+            bind: BindMode::Auto,
         }
     }
 }
@@ -135,6 +176,8 @@ pub struct AfXdpPort {
     /// socket goes away.
     program: Option<PortProgram>,
     mode: XdpMode,
+    /// [`BindMode::ZeroCopy`] or [`BindMode::Copy`]: what the bind got.
+    bind: BindMode,
     rx: Ring<libc::xdp_desc>,
     tx: Ring<libc::xdp_desc>,
     fill: Ring<u64>,
@@ -166,6 +209,49 @@ impl AfXdpPort {
         self.mode
     }
 
+    /// The bind mode in use: [`BindMode::ZeroCopy`] or [`BindMode::Copy`].
+    pub fn bind_mode(&self) -> BindMode {
+        self.bind
+    }
+
+    /// Whether the kernel asks, through the TX ring, to be woken to transmit: always in copy
+    /// mode (the kernel sets the flag when the ring is made and nothing clears it: only
+    /// `sendto` transmits there), in zero-copy mode while the driver is not already sending.
+    pub fn tx_needs_wakeup(&self) -> bool {
+        self.tx.needs_wakeup()
+    }
+
+    /// Wakes the driver to refill its receive queue from the fill ring when it asked
+    /// (zero-copy mode: it stopped on an empty fill ring; in copy mode the kernel copies into
+    /// fill-ring chunks as frames arrive and never asks).
+    pub(super) fn wake_fill(&mut self) -> io::Result<()> {
+        if !self.fill.needs_wakeup() {
+            return Ok(());
+        }
+        self.stats.kernel_wakeups += 1;
+        // SAFETY: recvfrom with no buffer and no address only runs the socket's wake-up.
+        let ret = unsafe {
+            libc::recvfrom(
+                self.fd.as_raw_fd(),
+                ptr::null_mut(),
+                0,
+                libc::MSG_DONTWAIT,
+                ptr::null_mut(),
+                ptr::null_mut(),
+            )
+        };
+        if ret < 0 {
+            let err = io::Error::last_os_error();
+            if is_fatal_port_error(&err) {
+                return Err(os_error(
+                    err,
+                    format!("af_xdp port '{}': wake-up", self.name),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Moves the chunks the kernel has finished sending back to the free list.
     fn reclaim_completions(&mut self) {
         let n = self.completion.ready();
@@ -178,15 +264,18 @@ impl AfXdpPort {
         }
     }
 
-    /// Makes the kernel transmit the TX ring: one `sendto` per kernel budget until the ring is
-    /// drained or a call makes no progress (device busy; the next send retries).
+    /// Makes the kernel transmit the TX ring when it asks to be woken (need_wakeup): one
+    /// `sendto` per kernel budget until the ring is drained, a call makes no progress (device
+    /// busy, or a zero-copy driver sending on its own time; the next send retries) or the
+    /// kernel no longer asks.
     fn kick(&mut self) -> io::Result<()> {
         let max_calls = self.tx.size / KERNEL_TX_BATCH + 2;
         for _ in 0..max_calls {
             let before = self.tx.in_flight();
-            if before == 0 {
+            if before == 0 || !self.tx.needs_wakeup() {
                 break;
             }
+            self.stats.kernel_wakeups += 1;
             // SAFETY: sendto with no buffer and no address only wakes the socket's transmit.
             let ret = unsafe {
                 libc::sendto(
@@ -273,6 +362,7 @@ impl Port for AfXdpPort {
         if ready > 0 {
             self.rx.release();
             self.fill.submit();
+            self.wake_fill()?;
         }
         Ok(n)
     }

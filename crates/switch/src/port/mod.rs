@@ -25,7 +25,7 @@ mod vnet;
 mod waitset;
 
 pub use afpacket::{AfPacketOptions, AfPacketPort, RingVersion};
-pub use afxdp::{AfXdpOptions, AfXdpPort, XdpMode};
+pub use afxdp::{AfXdpOptions, AfXdpPort, BindMode, XdpMode};
 pub use memory::{MemoryPort, MemoryPortHandle};
 pub use queues::QueueSet;
 pub use tap::TapPort;
@@ -79,6 +79,9 @@ pub struct PortStats {
     /// vhost-user: descriptor chains the guest posted that could not be used (buffers outside
     /// its memory, shorter than the virtio-net header), given back unused.
     pub ring_errors: u64,
+    /// AF_XDP: system calls made only to wake the kernel because a ring asked for it
+    /// (need_wakeup: `sendto` to transmit, `recvfrom` to refill the driver's receive queue).
+    pub kernel_wakeups: u64,
 }
 
 /// A switch port: non-blocking batched receive and send of frames.

@@ -104,6 +104,7 @@ fn sum(a: PortStats, b: PortStats) -> PortStats {
         tx_bytes,
         tx_errors,
         ring_errors,
+        kernel_wakeups,
     } = b;
     PortStats {
         rx_frames: a.rx_frames + rx_frames,
@@ -119,6 +120,7 @@ fn sum(a: PortStats, b: PortStats) -> PortStats {
         tx_bytes: a.tx_bytes + tx_bytes,
         tx_errors: a.tx_errors + tx_errors,
         ring_errors: a.ring_errors + ring_errors,
+        kernel_wakeups: a.kernel_wakeups + kernel_wakeups,
     }
 }
 

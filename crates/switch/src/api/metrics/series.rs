@@ -438,6 +438,10 @@ fn ports_and_workers(reg: &mut Registry, p: &Published) {
             "port_ring_errors",
             "vhost-user descriptor chains that could not be used",
         ),
+        (
+            "port_kernel_wakeups",
+            "AF_XDP system calls made because a ring asked to wake the kernel (need_wakeup)",
+        ),
     ]
     .map(|(name, help)| family::<Count, 2>(r, name, help));
     let regimes = family::<Level, 2>(
@@ -474,6 +478,7 @@ fn ports_and_workers(reg: &mut Registry, p: &Published) {
             s.tx_bytes,
             s.tx_errors,
             s.ring_errors,
+            s.kernel_wakeups,
         ];
         for (f, n) in counters.iter().zip(values) {
             f.get_or_create(&l).inc_by(n);

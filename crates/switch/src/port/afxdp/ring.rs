@@ -60,6 +60,8 @@ pub(super) struct Ring<T> {
     _map: Mapping,
     producer: *const AtomicU32,
     consumer: *const AtomicU32,
+    /// The ring's flags word: `XDP_RING_NEED_WAKEUP` (bound with `XDP_USE_NEED_WAKEUP`).
+    flags: *const AtomicU32,
     descs: *mut T,
     pub(super) size: u32,
     /// Our copy of the index we own (the producer's for fill/TX, the consumer's for RX and
@@ -81,10 +83,11 @@ impl<T: Copy> Ring<T> {
         let map = Mapping::new(len, Some(fd), pgoff)?;
         // SAFETY: the offsets come from XDP_MMAP_OFFSETS and lie inside the mapping; the
         // indices are 4-byte aligned u32s only accessed atomically (by us and the kernel).
-        let (producer, consumer, descs) = unsafe {
+        let (producer, consumer, flags, descs) = unsafe {
             (
                 map.addr.add(off.producer as usize) as *const AtomicU32,
                 map.addr.add(off.consumer as usize) as *const AtomicU32,
+                map.addr.add(off.flags as usize) as *const AtomicU32,
                 map.addr.add(off.desc as usize) as *mut T,
             )
         };
@@ -93,6 +96,7 @@ impl<T: Copy> Ring<T> {
             _map: map,
             producer,
             consumer,
+            flags,
             descs,
             size,
             local: 0,
@@ -108,6 +112,17 @@ impl<T: Copy> Ring<T> {
     fn consumer(&self) -> &AtomicU32 {
         // SAFETY: points into the live mapping (see `map`).
         unsafe { &*self.consumer }
+    }
+
+    /// Whether the kernel asks to be woken to go on with this ring (`XDP_RING_NEED_WAKEUP`:
+    /// a system call on the socket; af_xdp.rst, "XDP_USE_NEED_WAKEUP bind flag").
+    pub(super) fn needs_wakeup(&self) -> bool {
+        // The full fence orders our last index store before this load, against the driver
+        // setting the flag and then reading our index (a missed flag would stall the ring).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        // SAFETY: points into the live mapping (see `map`).
+        let flags = unsafe { &*self.flags }.load(Ordering::Relaxed);
+        flags & libc::XDP_RING_NEED_WAKEUP != 0
     }
 
     /// Descriptor slot of index `i`.

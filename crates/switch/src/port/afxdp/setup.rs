@@ -1,20 +1,21 @@
 //! Opening an AF_XDP port: the UMEM registered, the rings sized and mapped, the receiving
-//! socket bound to its queue in copy mode and joined to the XDP program (loaded and attached
-//! by queue 0's port), the sending socket bound to the same queue sharing its UMEM, and the
-//! interface held promiscuous.
+//! socket bound to its queue (zero-copy where the driver offers it, else copy mode; with
+//! need_wakeup) and joined to the XDP program (loaded and attached by queue 0's port), the
+//! sending socket bound to the same queue sharing its UMEM, and the interface held
+//! promiscuous.
 
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use super::ring::{Mapping, Ring};
-use super::{AfXdpOptions, AfXdpPort, XdpMode, CHUNK_SIZE};
+use super::{AfXdpOptions, AfXdpPort, BindMode, XdpMode, CHUNK_SIZE};
 use crate::ebpf::{AttachFlags, PortProgram};
 use crate::port::sys::{get_opt, ifindex, ifreq_named, join_promiscuous, set_opt};
 use crate::port::{ifname_cstring, os_error, PortStats};
 
 /// Largest MTU whose frames (plus Ethernet and a VLAN tag) fit a chunk after the 256 B the
-/// kernel keeps in front of received data in copy mode (XDP_PACKET_HEADROOM).
+/// kernel keeps in front of received data (XDP_PACKET_HEADROOM, in either bind mode).
 const MAX_MTU: i32 = (CHUNK_SIZE - 256 - 18) as i32;
 /// How long `open` retries binding to a queue that is still being released.
 const BIND_BUSY_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
@@ -126,7 +127,7 @@ fn promiscuous_holder(index: u32) -> io::Result<OwnedFd> {
 }
 impl AfXdpPort {
     /// Opens a port on queue 0 of interface `ifname` (in the calling thread's network
-    /// namespace): UMEM and rings set up, socket bound in copy mode, XDP program attached
+    /// namespace): UMEM and rings set up, socket bound as `opts.bind` says, XDP program attached
     /// as `opts.mode` says. Needs root (CAP_NET_RAW, CAP_BPF, CAP_NET_ADMIN).
     pub fn open(ifname: &str, opts: AfXdpOptions) -> io::Result<AfXdpPort> {
         Self::open_queue(ifname, opts, 0, None)
@@ -189,7 +190,7 @@ impl AfXdpPort {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 ctx(&format!(
-                    "MTU {mtu} is too large for AF_XDP copy mode's {CHUNK_SIZE} B frames (at most {MAX_MTU}){FALLBACK}"
+                    "MTU {mtu} is too large for AF_XDP's {CHUNK_SIZE} B frames (at most {MAX_MTU}){FALLBACK}"
                 )),
             ));
         }
@@ -257,32 +258,24 @@ impl AfXdpPort {
         // SAFETY: sockaddr_xdp is a plain C struct for which all-zero bytes are a valid value.
         let mut addr: libc::sockaddr_xdp = unsafe { MaybeUninit::zeroed().assume_init() };
         addr.sxdp_family = libc::AF_XDP as u16;
-        addr.sxdp_flags = libc::XDP_COPY;
         addr.sxdp_ifindex = index;
         addr.sxdp_queue_id = queue;
-        // A socket closed just before (a restarted switch) frees its queue from a kernel work
-        // item, shortly after close(2): retry a busy queue for up to BIND_BUSY_RETRY.
-        let started = std::time::Instant::now();
-        while let Err(err) = bind_xdp(sock, &addr) {
-            let busy = err.raw_os_error() == Some(libc::EBUSY);
-            if busy && started.elapsed() < BIND_BUSY_RETRY {
-                std::thread::sleep(std::time::Duration::from_millis(10));
-                continue;
-            }
+        let bind = bind_queue(sock, &mut addr, opts.bind).map_err(|(tried, err)| {
             let hint = match err.raw_os_error() {
                 Some(libc::EBUSY) => {
                     " (the queue already has an AF_XDP socket: another switch or OVS afxdp port?)"
                 }
                 Some(libc::ENETDOWN) => " (interface down: set it up first)",
+                Some(libc::EOPNOTSUPP) => " (the driver has no zero-copy AF_XDP)",
                 _ => "",
             };
-            return Err(os_error(
+            os_error(
                 err,
                 ctx(&format!(
-                    "bind in copy mode to queue {queue}{hint}{FALLBACK}"
+                    "bind in {tried} mode to queue {queue}{hint}{FALLBACK}"
                 )),
-            ));
-        }
+            )
+        })?;
 
         // The sending socket: the same queue and UMEM (its buffer pool, so its fill and
         // completion rings too), a TX ring of its own; nobody waits on it.
@@ -306,7 +299,8 @@ impl AfXdpPort {
                 .map_err(|e| os_error(e, ctx("XDP_MMAP_OFFSETS (sending socket)")))?;
         let tx = Ring::map(tx_sock, &tx_off.tx, half, libc::XDP_PGOFF_TX_RING)
             .map_err(map_err("TX ring"))?;
-        // Mode flags are the first socket's: a sharing socket may not give any.
+        // Mode flags (copy, zero-copy, need_wakeup) are the first socket's: a sharing socket
+        // may not give any.
         addr.sxdp_flags = libc::XDP_SHARED_UMEM;
         addr.sxdp_shared_umem_fd = sock as u32;
         bind_xdp(tx_sock, &addr).map_err(|e| {
@@ -352,10 +346,19 @@ impl AfXdpPort {
                 (Some(program), mode)
             }
         };
-        Ok(AfXdpPort {
+        tracing::info!(
+            port = ifname,
+            queue,
+            bind = %bind,
+            need_wakeup = true,
+            xdp = %mode,
+            "af_xdp socket bound in {bind} mode with need_wakeup"
+        );
+        let mut port = AfXdpPort {
             name: ifname.to_owned(),
             program,
             mode,
+            bind,
             rx,
             tx,
             fill,
@@ -366,7 +369,68 @@ impl AfXdpPort {
             _promisc: promisc,
             tx_free,
             stats: PortStats::default(),
-        })
+        };
+        // An empty fill ring may have stopped a zero-copy driver before it was filled.
+        port.wake_fill()?;
+        Ok(port)
+    }
+}
+
+/// Binds socket `sock` to `addr`'s queue with need_wakeup, as `want` says: for
+/// [`BindMode::Auto`] zero-copy first, then copy mode if the driver refuses (EOPNOTSUPP:
+/// no zero-copy AF_XDP, as veth; EINVAL). Returns the mode bound, as the kernel reports it
+/// (`XDP_OPTIONS`), or the mode tried last and its error. need_wakeup is in every kernel with
+/// BPF links (5.4 against 5.9), which the XDP program needs anyway.
+fn bind_queue(
+    sock: RawFd,
+    addr: &mut libc::sockaddr_xdp,
+    want: BindMode,
+) -> Result<BindMode, (BindMode, io::Error)> {
+    let tries: &[BindMode] = match want {
+        BindMode::Auto => &[BindMode::ZeroCopy, BindMode::Copy],
+        BindMode::ZeroCopy => &[BindMode::ZeroCopy],
+        BindMode::Copy => &[BindMode::Copy],
+    };
+    let mut last = None;
+    for &mode in tries {
+        addr.sxdp_flags = libc::XDP_USE_NEED_WAKEUP
+            | match mode {
+                BindMode::ZeroCopy => libc::XDP_ZEROCOPY,
+                _ => libc::XDP_COPY,
+            };
+        match bind_retrying_busy(sock, addr) {
+            Ok(()) => {
+                let opts: libc::xdp_options =
+                    get_opt(sock, libc::SOL_XDP, libc::XDP_OPTIONS).map_err(|e| (mode, e))?;
+                return Ok(if opts.flags & libc::XDP_OPTIONS_ZEROCOPY != 0 {
+                    BindMode::ZeroCopy
+                } else {
+                    BindMode::Copy
+                });
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EINVAL)) => {
+                last = Some((mode, e));
+            }
+            Err(e) => return Err((mode, e)),
+        }
+    }
+    Err(last.expect("at least one mode tried"))
+}
+
+/// bind(2) of `sock` to `addr`, retrying a busy queue for up to [`BIND_BUSY_RETRY`]: a socket
+/// closed just before (a restarted switch) frees its queue from a kernel work item, shortly
+/// after close(2).
+fn bind_retrying_busy(sock: RawFd, addr: &libc::sockaddr_xdp) -> io::Result<()> {
+    let started = std::time::Instant::now();
+    loop {
+        match bind_xdp(sock, addr) {
+            Err(e)
+                if e.raw_os_error() == Some(libc::EBUSY) && started.elapsed() < BIND_BUSY_RETRY =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            done => return done,
+        }
     }
 }
 
