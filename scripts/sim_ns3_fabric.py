@@ -9,8 +9,8 @@ arrival window and the FCT slowdown (FCT over the flow's completion alone on the
 p50/p99 per size bucket, both sides with the error. A case whose outputs exist is not rerun.
 
   python3 scripts/sim_ns3_fabric.py --sim target/release/examples/sim \\
-      --python /work/venv-ns3/bin/python --out /tmp/fabric [--cases ws30,ws50,dm70] [--jobs 2] \
-      [--scale ws=3,dm=5]
+      --python /work/venv-ns3/bin/python --out /tmp/fabric [--cases ws30,ws50,dm70] [--jobs 2] \\
+      [--scale ws=2,dm=5]
 """
 import argparse
 import csv
@@ -125,9 +125,9 @@ def main():
     p.add_argument("--cases", default="ws30,ws50,ws70,dm30,dm50,dm70")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--jobs", type=int, default=1)
-    p.add_argument("--scale", default="ws=3,dm=5",
-                   help="arrival window multiplier per CDF: web search's buckets reach 100 "
-                        "flows at 1, data mining's > 1 MB at about 5")
+    p.add_argument("--scale", default="ws=1,dm=1",
+                   help="arrival window multiplier per CDF (web search's buckets reach 100 "
+                        "flows at 1, data mining's > 1 MB at about 6)")
     p.add_argument("--report-only", action="store_true")
     args = p.parse_args()
     args.scale = {k: float(v) for k, v in (kv.split("=") for kv in args.scale.split(","))}
