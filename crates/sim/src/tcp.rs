@@ -360,12 +360,12 @@ mod tests {
             s.on_sent(200, q);
         }
         // Segment 10 lost: three duplicate ACKs of 10 trigger its fast retransmit.
-        assert_eq!(s.on_ack(300, 10, 11..11 + 1, false, 200), None);
-        assert_eq!(s.on_ack(300, 10, 12..12 + 1, false, 200), None);
-        assert_eq!(s.on_ack(300, 10, 13..13 + 1, false, 200), Some(10));
+        assert_eq!(s.on_ack(300, 10, 11..12, false, 200), None);
+        assert_eq!(s.on_ack(300, 10, 12..13, false, 200), None);
+        assert_eq!(s.on_ack(300, 10, 13..14, false, 200), Some(10));
         assert_eq!(s.cwnd, 10.0 + 3.0);
         // The retransmission fills the hole: recovery ends at ssthresh.
-        assert_eq!(s.on_ack(400, 30, 10..10 + 1, false, 300), None);
+        assert_eq!(s.on_ack(400, 30, 10..11, false, 300), None);
         assert_eq!(s.cwnd, 10.0);
     }
 
@@ -380,7 +380,7 @@ mod tests {
             s.on_sent(0, q);
         }
         // Segments 0-4 arrive; then three copies of segments 1-3 the receiver held already.
-        assert_eq!(s.on_ack(100, 5, 4..4 + 1, false, 0), None);
+        assert_eq!(s.on_ack(100, 5, 4..5, false, 0), None);
         for dup in 1..4 {
             assert_eq!(
                 s.on_ack(110, 5, dup..dup + 1, false, 0),
@@ -391,11 +391,11 @@ mod tests {
         assert_eq!(s.recovering, None);
         assert_eq!(s.retransmits, 0);
         // Segment 5 lost: three ACKs reporting segments 6-8 are duplicates and retransmit it.
-        assert_eq!(s.on_ack(120, 5, 6..6 + 1, false, 0), None);
-        assert_eq!(s.on_ack(120, 5, 7..7 + 1, false, 0), None);
-        assert_eq!(s.on_ack(120, 5, 8..8 + 1, false, 0), Some(5));
+        assert_eq!(s.on_ack(120, 5, 6..7, false, 0), None);
+        assert_eq!(s.on_ack(120, 5, 7..8, false, 0), None);
+        assert_eq!(s.on_ack(120, 5, 8..9, false, 0), Some(5));
         // A second report of segment 8 is not another duplicate: no hole is sent for it.
-        assert_eq!(s.on_ack(130, 5, 8..8 + 1, false, 0), None);
+        assert_eq!(s.on_ack(130, 5, 8..9, false, 0), None);
     }
 
     /// In recovery a duplicate ACK lets one segment out, a hole's retransmission or new
@@ -408,16 +408,16 @@ mod tests {
             s.on_sent(0, q);
         }
         // Segments 0 and 1 lost; 2, 3, 4 arrive: fast retransmit of 0.
-        assert_eq!(s.on_ack(10, 0, 2..2 + 1, false, 0), None);
-        assert_eq!(s.on_ack(10, 0, 3..3 + 1, false, 0), None);
-        assert_eq!(s.on_ack(10, 0, 4..4 + 1, false, 0), Some(0));
+        assert_eq!(s.on_ack(10, 0, 2..3, false, 0), None);
+        assert_eq!(s.on_ack(10, 0, 3..4, false, 0), None);
+        assert_eq!(s.on_ack(10, 0, 4..5, false, 0), Some(0));
         let window = s.cwnd;
         // The next duplicate ACK retransmits hole 1 and opens no room for new data.
-        assert_eq!(s.on_ack(11, 0, 5..5 + 1, false, 0), Some(1));
+        assert_eq!(s.on_ack(11, 0, 5..6, false, 0), Some(1));
         assert_eq!(s.cwnd, window);
         s.on_sent(11, 1);
         // With no hole left, a duplicate ACK inflates the window by the one that left.
-        assert_eq!(s.on_ack(12, 0, 6..6 + 1, false, 0), None);
+        assert_eq!(s.on_ack(12, 0, 6..7, false, 0), None);
         assert_eq!(s.cwnd, window + 1.0);
     }
 
@@ -519,7 +519,7 @@ mod tests {
         assert!(s.on_timeout(s.rto_deadline.unwrap()));
         assert_eq!((s.cwnd, s.next_seq), (1.0, 0));
         assert!(!s.done());
-        assert_eq!(s.on_ack(2_000_000, 5, 0..0 + 1, false, 1_500_000), None);
+        assert_eq!(s.on_ack(2_000_000, 5, 0..1, false, 1_500_000), None);
         assert!(s.done());
     }
 
@@ -532,7 +532,7 @@ mod tests {
             s.on_sent(0, q);
         }
         // alpha starts at 1: the first marked window halves.
-        s.on_ack(10, 1, 0..0 + 1, true, 0);
+        s.on_ack(10, 1, 0..1, true, 0);
         assert!((s.cwnd - 50.0).abs() < 1.0, "{}", s.cwnd);
     }
 
@@ -548,11 +548,11 @@ mod tests {
         }
         assert_eq!(s.high_seq, 2);
         // A marked ACK of segment 0: alpha 1 halves the window to one segment, and it stays.
-        s.on_ack(10, 1, 0..0 + 1, true, 0);
+        s.on_ack(10, 1, 0..1, true, 0);
         assert_eq!(s.cwnd, 1.0);
         assert_eq!(s.next_to_send(), None, "one segment still in flight");
         // The ACK of segment 1, the last sent before the cut, ends the round: growth resumes.
-        s.on_ack(20, 2, 1..1 + 1, false, 0);
+        s.on_ack(20, 2, 1..2, false, 0);
         assert_eq!(s.cwnd, 2.0);
     }
 
