@@ -2,13 +2,15 @@
 """The leaf-spine fabric beside ns-3 (issue 34, docs/sim.md "ns-3"): for each case (a CDF
 and a load) writes the case's scenario file from scenarios/sim/fabric-{websearch,datamining}
 .toml (its `load` set, its arrival window `stop_ms` scaled by 0.5 / load so every load has
-about the same number of flows, `duration_ms` 100 ms later), runs the simulator on it and the
+about the same number of flows, and by `--scale` so that buckets hold enough flows to resolve
+a p99, `duration_ms` 100 ms later), runs the simulator on it and the
 ns-3 program `sim ns3` writes from it, and prints per case the aggregate throughput over the
 arrival window and the FCT slowdown (FCT over the flow's completion alone on the fabric)
 p50/p99 per size bucket, both sides with the error. A case whose outputs exist is not rerun.
 
   python3 scripts/sim_ns3_fabric.py --sim target/release/examples/sim \\
-      --python /work/venv-ns3/bin/python --out /tmp/fabric [--cases ws30,ws50,dm70] [--jobs 2]
+      --python /work/venv-ns3/bin/python --out /tmp/fabric [--cases ws30,ws50,dm70] [--jobs 2] \\
+      [--scale ws=2,dm=5]
 """
 import argparse
 import csv
@@ -27,12 +29,12 @@ BUCKETS = [(0, 10_000, "<= 10 KB"), (10_000, 100_000, "10-100 KB"),
 MIN_FLOWS = 100
 
 
-def case_file(case, out):
+def case_file(case, out, scale):
     kind, load = case[:2], int(case[2:]) / 100
     text = open(os.path.join(ROOT, FILES[kind])).read()
     stop = int(re.search(r"^stop_ms = (\d+)", text, re.M).group(1))
     base_load = float(re.search(r"^load = ([0-9.]+)", text, re.M).group(1))
-    stop = round(stop * base_load / load)
+    stop = round(stop * base_load / load * scale.get(kind, 1.0))
     text = re.sub(r"^load = .*$", "load = %g" % load, text, flags=re.M)
     text = re.sub(r"^stop_ms = .*$", "stop_ms = %d" % stop, text, flags=re.M)
     text = re.sub(r"^duration_ms = .*$", "duration_ms = %d" % (stop + 100), text, flags=re.M)
@@ -45,7 +47,7 @@ def case_file(case, out):
 def run(case, args):
     d = os.path.join(args.out, case)
     os.makedirs(d, exist_ok=True)
-    scen = case_file(case, args.out)
+    scen = case_file(case, args.out, args.scale)
     nice = ["nice", "-n", "19"]
     if not os.path.exists(os.path.join(d, "sim", "flows.csv")):
         subprocess.run(nice + [args.sim, scen, "--seed", str(args.seed), "--out",
@@ -123,8 +125,12 @@ def main():
     p.add_argument("--cases", default="ws30,ws50,ws70,dm30,dm50,dm70")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--scale", default="ws=1,dm=1",
+                   help="arrival window multiplier per CDF (web search's buckets reach 100 "
+                        "flows at 1, data mining's > 1 MB at about 6)")
     p.add_argument("--report-only", action="store_true")
     args = p.parse_args()
+    args.scale = {k: float(v) for k, v in (kv.split("=") for kv in args.scale.split(","))}
     cases = args.cases.split(",")
     if not args.report_only:
         with ThreadPoolExecutor(args.jobs) as pool:

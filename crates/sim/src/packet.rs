@@ -39,8 +39,10 @@ pub struct Meta {
     pub seq: u64,
     /// When the original was sent, ns (echoed by ACKs and responses).
     pub sent_ns: u64,
-    /// An ACK's selective acknowledgement: the data segment that triggered it.
+    /// An ACK's selective acknowledgement: the first segment of its SACK block.
     pub sack: u64,
+    /// Segments in the SACK block (0: none).
+    pub sack_len: u16,
 }
 
 /// Transport of a frame.
@@ -128,7 +130,7 @@ pub fn build(
     p[..4].copy_from_slice(&meta.app.to_le_bytes());
     p[4] = meta.kind as u8;
     p[5] = meta.ece as u8;
-    p[6..8].fill(0);
+    p[6..8].copy_from_slice(&meta.sack_len.to_le_bytes());
     p[8..16].copy_from_slice(&meta.seq.to_le_bytes());
     p[16..24].copy_from_slice(&meta.sent_ns.to_le_bytes());
     p[24..32].copy_from_slice(&meta.sack.to_le_bytes());
@@ -163,6 +165,7 @@ pub fn parse(frame: &[u8]) -> Option<(Meta, bool)> {
         seq: u64::from_le_bytes(p[8..16].try_into().ok()?),
         sent_ns: u64::from_le_bytes(p[16..24].try_into().ok()?),
         sack: u64::from_le_bytes(p[24..32].try_into().ok()?),
+        sack_len: u16::from_le_bytes(p[6..8].try_into().ok()?),
     };
     Some((meta, ip[1] & 3 == 3))
 }
@@ -256,6 +259,7 @@ mod tests {
                 seq: 1 << 40,
                 sent_ns: 123,
                 sack: 9,
+                sack_len: 3,
             };
             assert!(build(&mut f, a, b, proto, (1, 2), 10, true, &meta));
             assert_eq!(
@@ -315,6 +319,7 @@ mod tests {
             seq: 5,
             sent_ns: 0,
             sack: 0,
+            sack_len: 0,
         };
         assert!(build(&mut f, a, a, Proto::Udp, (1, 2), 100, ect, &meta));
         if ce {

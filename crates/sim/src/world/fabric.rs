@@ -512,6 +512,7 @@ mod tests {
             seq: 0,
             sent_ns: 0,
             sack: 0,
+            sack_len: 0,
         };
         // 1,000-byte IPv4/UDP frames; the third and fourth find 2,000 and 3,000 B queued.
         let mut pool = FramePool::new(1);

@@ -599,6 +599,7 @@ rate_pps = 1
             seq: 0,
             sent_ns: 0,
             sack: 0,
+            sack_len: 0,
         };
         let net = &mut w.net;
         let send = |net: &mut Net, app, wait| {

@@ -87,6 +87,7 @@ impl Net {
             seq,
             sent_ns: now,
             sack: 0,
+            sack_len: 0,
         };
         let sent = self.vm_send(now, from, to, proto, ports, size, false, &meta, false);
         self.queue.push(now + interval, Event::App(app, 0));

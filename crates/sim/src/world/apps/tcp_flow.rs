@@ -86,6 +86,7 @@ impl TcpFlow {
             seq,
             sent_ns: now,
             sack: 0,
+            sack_len: 0,
         };
         let ports = (src_port(a), self.port);
         let to = self.dst.addr;
@@ -147,13 +148,15 @@ impl TcpFlow {
         match d.meta.kind {
             Kind::Data => {
                 let (ack, newly) = self.receiver.on_data(d.meta.seq);
+                let block = self.receiver.sack_block(d.meta.seq);
                 let meta = Meta {
                     app: a,
                     kind: Kind::Ack,
                     ece: d.ce,
                     seq: ack,
                     sent_ns: d.meta.sent_ns,
-                    sack: d.meta.seq,
+                    sack: block.start,
+                    sack_len: (block.end - block.start).min(u16::MAX.into()) as u16,
                 };
                 let ports = (self.port, src_port(a));
                 let to = self.src.addr;
@@ -165,7 +168,13 @@ impl TcpFlow {
             }
             Kind::Ack => {
                 let m = &d.meta;
-                if let Some(seq) = self.sender.on_ack(now, m.seq, m.sack, m.ece, m.sent_ns) {
+                if let Some(seq) = self.sender.on_ack(
+                    now,
+                    m.seq,
+                    m.sack..m.sack + u64::from(m.sack_len),
+                    m.ece,
+                    m.sent_ns,
+                ) {
                     if self.send_segment(a, seq, now, net, ect) {
                         self.sender.on_sent(now, seq);
                     }
