@@ -153,6 +153,21 @@ fn next_counts(dir: &Path, before: (u64, u64, u64)) -> (u64, u64, u64) {
     }
 }
 
+/// Host 1's counts once the traffic has stopped: read until two reads 300 ms apart (three
+/// publications) agree, at most 3 s.
+fn settled(dir: &Path) -> (u64, u64, u64) {
+    let end = Instant::now() + Duration::from_secs(3);
+    let mut last = counts(&stats(dir, 1));
+    loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = counts(&stats(dir, 1));
+        if now == last || Instant::now() > end {
+            return now;
+        }
+        last = now;
+    }
+}
+
 /// `ping` every 2 ms from `from` to `ip` until stopped ([`stop_ping`]).
 fn flood(from: &Ns, ip: &str) -> Child {
     Command::new("ip")
@@ -286,7 +301,7 @@ fn the_feedback_key_rotates_cluster_wide_while_feedback_flows() {
     }
 
     // The first key is retired: refused as an unknown epoch. The current one is accepted.
-    let was = counts(&stats(&dir, 1));
+    let was = settled(&dir);
     inject(&fabric, "f1", &feedback_from_host2(&first));
     let now = next_counts(&dir, was);
     assert_eq!((now.0 - was.0, now.1 - was.1), (1, 1), "epoch 1 refused");
