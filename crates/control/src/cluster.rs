@@ -7,11 +7,12 @@
 //! | `slos/TENANT`          | the tenant's `Slo`, on every host it spans               |
 //! | `vms/NAME`             | a `VmEntry`: the API's VM record (what the CNI plugin posts); its `port` is used on its `host` only |
 //! | `switches/ID`          | a [`SwitchStatus`], under a lease: the switch of host ID is up |
+//! | `keys/feedback`        | the feedback keys by epoch, a `FeedbackKeys` (previous, active, next): `picnic ctl feedback-key rotate` |
 
 use std::collections::BTreeMap;
 
 use picnic_core::slo::Slo;
-use picnic_switch::config::{Config, HostEntry, TenantEntry, VmEntry};
+use picnic_switch::config::{Config, FeedbackKeys, HostEntry, TenantEntry, VmEntry};
 use serde::{Deserialize, Serialize};
 
 /// What a running switch publishes about itself (`switches/ID`).
@@ -32,7 +33,13 @@ pub struct Cluster {
     pub slos: BTreeMap<String, Slo>,
     pub vms: BTreeMap<String, VmEntry>,
     pub switches: BTreeMap<u32, SwitchStatus>,
+    /// `keys/feedback`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub feedback_key: Option<FeedbackKeys>,
 }
+
+/// The name of the feedback keys' record under `keys/`.
+pub const FEEDBACK_KEY: &str = "feedback";
 
 /// The kinds of record, by their key's first component.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,6 +49,7 @@ pub enum Kind {
     Slo,
     Vm,
     Switch,
+    Key,
 }
 
 impl Kind {
@@ -52,12 +60,20 @@ impl Kind {
             Kind::Slo => "slos",
             Kind::Vm => "vms",
             Kind::Switch => "switches",
+            Kind::Key => "keys",
         }
     }
     fn from_dir(dir: &str) -> Option<Kind> {
-        [Kind::Host, Kind::Tenant, Kind::Slo, Kind::Vm, Kind::Switch]
-            .into_iter()
-            .find(|k| k.dir() == dir)
+        [
+            Kind::Host,
+            Kind::Tenant,
+            Kind::Slo,
+            Kind::Vm,
+            Kind::Switch,
+            Kind::Key,
+        ]
+        .into_iter()
+        .find(|k| k.dir() == dir)
     }
 }
 
@@ -132,13 +148,27 @@ impl Cluster {
             (Kind::Switch, None) => {
                 self.switches.remove(&id()?);
             }
+            (Kind::Key, _) if name != FEEDBACK_KEY => {
+                return Err(bad(format!(
+                    "no such key record (only keys/{FEEDBACK_KEY})"
+                )))
+            }
+            (Kind::Key, Some(v)) => {
+                let k: FeedbackKeys = parse(v).map_err(bad)?;
+                k.validate()
+                    .map_err(|(field, e)| bad(format!("{field}: {e}")))?;
+                self.feedback_key = Some(k);
+            }
+            (Kind::Key, None) => self.feedback_key = None,
         }
         Ok(())
     }
 
     /// Whether the records a switch applies are the same in both (switch statuses aside).
     pub fn same_deployment(&self, other: &Cluster) -> bool {
-        let json = |c: &Cluster| serde_json::to_value((&c.hosts, &c.tenants, &c.slos, &c.vms)).ok();
+        let json = |c: &Cluster| {
+            serde_json::to_value((&c.hosts, &c.tenants, &c.slos, &c.vms, &c.feedback_key)).ok()
+        };
         json(self) == json(other)
     }
 }
@@ -176,10 +206,13 @@ impl Cluster {
 /// `after` has not removed. Entries that came from elsewhere (the config file, the API, the
 /// CNI plugin) stay. A tenant carries its SLO from `slos/`, and this host's `cpu_quota` and
 /// `cgroup` for it where its record has none; a VM of another host carries no port; this
-/// host's own entry is never removed.
+/// host's own entry is never removed. The feedback keys are etcd's once it has had some.
 pub fn desired(running: &Config, before: &Cluster, after: &Cluster) -> Config {
     let mut cfg = running.clone();
     let this = cfg.switch.host_id;
+    if after.feedback_key.is_some() || before.feedback_key.is_some() {
+        cfg.feedback_keys = after.feedback_key.clone();
+    }
     cfg.vms
         .retain(|v| after.vms.contains_key(&v.name) || !before.vms.contains_key(&v.name));
     cfg.tenants
@@ -401,6 +434,48 @@ port = { ifname = "cni1" }
         let t = desired(&next, &records, &set);
         let t = t.tenants.iter().find(|t| t.name == "t").unwrap();
         assert_eq!((t.cpu_quota, t.cgroup.is_some()), (Some(2.0), true));
+    }
+
+    #[test]
+    fn the_feedback_key_record_becomes_the_hosts_keys_and_leaves_with_it() {
+        let before = cluster();
+        let on1 = desired(&base(), &Cluster::default(), &before);
+        assert!(on1.feedback_keys.is_none());
+        let mut after = before.clone();
+        let record = serde_json::json!({
+            "active": {"epoch": 1, "key": "11".repeat(32)},
+            "next": {"epoch": 2, "key": "22".repeat(32)},
+        });
+        put_json(&mut after, "keys/feedback", record);
+        assert!(!after.same_deployment(&before));
+        let next = desired(&on1, &before, &after);
+        next.validate().unwrap();
+        let keys = next.feedback_keys.as_ref().unwrap();
+        assert_eq!(keys.all().map(|k| k.epoch).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(
+            names(&diff(&on1, &next).unwrap()),
+            [format!("set feedback keys ({})", keys.describe())]
+        );
+        // Removed from etcd: gone here too.
+        let mut gone = after.clone();
+        gone.set(P, "/picnic/keys/feedback", None).unwrap();
+        assert!(desired(&next, &after, &gone).feedback_keys.is_none());
+        // A bad record is refused naming the key; other names under keys/ too.
+        let short = serde_json::json!({"active": {"epoch": 1, "key": "11"}});
+        let e = after
+            .set(
+                P,
+                "/picnic/keys/feedback",
+                Some(short.to_string().as_bytes()),
+            )
+            .unwrap_err();
+        assert!(
+            e.contains("keys/feedback") && e.contains("active.key"),
+            "{e}"
+        );
+        let e = after.set(P, "/picnic/keys/other", Some(b"{}")).unwrap_err();
+        assert!(e.contains("only keys/feedback"), "{e}");
+        assert_eq!(after.feedback_key.as_ref().unwrap().all().count(), 2);
     }
 
     #[test]

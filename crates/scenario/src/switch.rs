@@ -171,6 +171,7 @@ pub fn switch_config(
         // `picnic-engines` and `picnic-off`.
         fastpath: Default::default(),
         control: None,
+        feedback_keys: None,
         hosts,
         tenants,
         vms,

@@ -3,7 +3,7 @@
 //! tenant or VM ([`crate::engine::Engine::apply`]). Nothing is rebuilt, so a change to one
 //! tenant leaves every other tenant's queues, limiters and scheduler state as they were.
 
-use crate::config::{Config, HostEntry, TenantEntry, VmEntry};
+use crate::config::{Config, FeedbackKeys, HostEntry, TenantEntry, VmEntry};
 
 /// One change to the directory and the engines.
 #[derive(Clone, Debug)]
@@ -20,13 +20,16 @@ pub enum Change {
     /// (same name, id, tenant, host and port).
     SetVm(VmEntry),
     RemoveVm(String),
+    /// Replaces the feedback keys (the control plane's `keys/feedback`); None: back to
+    /// `switch.feedback_key_file`'s key, if any.
+    SetFeedbackKeys(Option<FeedbackKeys>),
 }
 
 /// The changes from `old` to `new`, in an order that keeps every intermediate directory
 /// consistent: VMs leave first, then hosts and tenants are added or changed, VMs are added
 /// or changed, and tenants and hosts leave last. A VM whose id, tenant, host or port differs
-/// is removed and added again. Fails, naming the section, if anything but `hosts`, `tenants`
-/// and `vms` differs: those need a restart.
+/// is removed and added again; the feedback keys change last. Fails, naming the section, if
+/// anything but `hosts`, `tenants`, `vms` and `feedback_keys` differs: those need a restart.
 pub fn diff(old: &Config, new: &Config) -> Result<Vec<Change>, String> {
     let fixed = [
         ("switch", same(&old.switch, &new.switch)),
@@ -87,6 +90,9 @@ pub fn diff(old: &Config, new: &Config) -> Result<Vec<Change>, String> {
             changes.push(Change::RemoveHost(o.id));
         }
     }
+    if old.feedback_keys != new.feedback_keys {
+        changes.push(Change::SetFeedbackKeys(new.feedback_keys.clone()));
+    }
     Ok(changes)
 }
 
@@ -111,6 +117,7 @@ pub fn apply_to(cfg: &mut Config, change: &Change) {
         Change::RemoveTenant(name) => cfg.tenants.retain(|t| &t.name != name),
         Change::AddVm(v) | Change::SetVm(v) => put(&mut cfg.vms, v, |x| x.name == v.name),
         Change::RemoveVm(name) => cfg.vms.retain(|v| &v.name != name),
+        Change::SetFeedbackKeys(keys) => cfg.feedback_keys = keys.clone(),
     }
 }
 
@@ -125,6 +132,11 @@ impl std::fmt::Display for Change {
             Change::AddVm(v) => write!(f, "add VM '{}'", v.name),
             Change::SetVm(v) => write!(f, "change VM '{}'", v.name),
             Change::RemoveVm(name) => write!(f, "remove VM '{name}'"),
+            Change::SetFeedbackKeys(keys) => write!(
+                f,
+                "set feedback keys ({})",
+                keys.as_ref().map_or("none".into(), |k| k.describe())
+            ),
         }
     }
 }

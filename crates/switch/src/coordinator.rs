@@ -84,14 +84,14 @@ impl Switch {
         self.pool = FramePool::new(0);
         let mut workers = Vec::with_capacity(n);
         for w in 0..n {
+            // Every engine with the key file's key and the wall clock (the config's keys
+            // it has from `Engine::new`).
+            let mut e = Engine::new(&self.cfg, now)?;
+            e.set_feedback_key(self.feedback_key.as_deref(), self.clock.wall_at_zero_ns())
+                .map_err(|e| anyhow::anyhow!("switch.feedback_key_file: {e}"))?;
             let mut engine = if w == 0 {
-                std::mem::replace(&mut self.engine, Engine::new(&self.cfg, now)?)
+                std::mem::replace(&mut self.engine, e)
             } else {
-                let mut e = Engine::new(&self.cfg, now)?;
-                if let Some(key) = &self.feedback_key {
-                    e.set_feedback_key(key, self.clock.wall_at_zero_ns())
-                        .map_err(|e| anyhow::anyhow!("switch.feedback_key_file: {e}"))?;
-                }
                 e
             };
             engine.join_workers(budgets.clone(), w);

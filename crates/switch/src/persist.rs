@@ -8,12 +8,13 @@
 //! the old or the new state, never a mix.
 
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Config, HostEntry, TenantEntry, VmEntry};
+use crate::config::{Config, FeedbackKeys, HostEntry, TenantEntry, VmEntry};
 
 /// What is persisted: the parts of the config the API changes. The rest (this host, its
 /// uplink, isolation, queues) always comes from the config file.
@@ -25,6 +26,10 @@ struct State {
     hosts: Vec<HostEntry>,
     tenants: Vec<TenantEntry>,
     vms: Vec<VmEntry>,
+    /// The control plane's feedback keys, so that a switch restarting while etcd is down
+    /// signs and accepts what the others do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    feedback_keys: Option<FeedbackKeys>,
 }
 
 const VERSION: u32 = 1;
@@ -36,6 +41,7 @@ pub fn save(path: &Path, cfg: &Config) -> anyhow::Result<()> {
         hosts: cfg.hosts.clone(),
         tenants: cfg.tenants.clone(),
         vms: cfg.vms.clone(),
+        feedback_keys: cfg.feedback_keys.clone(),
     };
     write_atomic(path, &serde_json::to_vec_pretty(&state)?)
 }
@@ -50,8 +56,14 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
         .file_name()
         .with_context(|| format!("{} names no file", path.display()))?;
     let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
-    let mut file =
-        std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    // Owner only: the state holds tenants' and feedback keys.
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .with_context(|| format!("cannot create {}", tmp.display()))?;
     file.write_all(bytes)
         .and_then(|_| file.sync_all())
         .with_context(|| format!("cannot write {}", tmp.display()))?;
@@ -89,6 +101,7 @@ pub fn restore(cfg: Config, path: &Path) -> anyhow::Result<Config> {
         hosts: state.hosts,
         tenants: state.tenants,
         vms: state.vms,
+        feedback_keys: state.feedback_keys.or_else(|| cfg.feedback_keys.clone()),
         ..cfg
     };
     restored.validate().map_err(|e| {
@@ -132,6 +145,13 @@ mod tests {
         vm.port.as_mut().unwrap().ifname = "added0".into();
         changed.vms.push(vm);
         changed.vms[1].min_mbps = 333;
+        changed.feedback_keys = Some(crate::config::FeedbackKeys {
+            active: Some(crate::config::EpochKey {
+                epoch: 4,
+                key: "ab".repeat(32),
+            }),
+            ..Default::default()
+        });
         save(&path, &changed).unwrap();
         // Saved again (replacing the file) and no temporary file left behind.
         save(&path, &changed).unwrap();
@@ -140,6 +160,11 @@ mod tests {
         assert_eq!(back.vms.len(), file_cfg.vms.len() + 1);
         assert_eq!(back.vms.last().unwrap().name, "added");
         assert_eq!(back.vms[1].min_mbps, 333);
+        assert_eq!(back.feedback_keys, changed.feedback_keys);
+        // The state file holds keys: only its owner reads it.
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
         assert_eq!(back.switch.host_id, file_cfg.switch.host_id);
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -162,6 +187,7 @@ mod tests {
             hosts: cfg.hosts.clone(),
             tenants: cfg.tenants.clone(),
             vms: cfg.vms.clone(),
+            feedback_keys: None,
         };
         std::fs::write(&path, serde_json::to_vec(&state).unwrap()).unwrap();
         let e = restore(example(), &path).unwrap_err().to_string();

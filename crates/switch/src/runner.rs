@@ -123,7 +123,7 @@ pub struct Switch {
     pub(crate) workers: usize,
     /// The uplink sockets of workers 1.. (worker 0 reads `ports[0]`).
     pub(crate) extra_uplinks: Vec<Box<dyn Port>>,
-    /// The deployment's feedback key, for the engines of workers 1...
+    /// `switch.feedback_key_file`'s key, for the engines of workers 1...
     pub(crate) feedback_key: Option<Vec<u8>>,
     /// Opens a new VM's port at a live change.
     pub(crate) opener: PortOpener,
@@ -149,11 +149,9 @@ impl Switch {
             )?),
             None => None,
         };
-        if let Some(key) = &feedback_key {
-            engine
-                .set_feedback_key(key, clock.wall_at_zero_ns())
-                .map_err(|e| anyhow::anyhow!("switch.feedback_key_file: {e}"))?;
-        }
+        engine
+            .set_feedback_key(feedback_key.as_deref(), clock.wall_at_zero_ns())
+            .map_err(|e| anyhow::anyhow!("switch.feedback_key_file: {e}"))?;
         let vm_ports = cfg
             .vms
             .iter()

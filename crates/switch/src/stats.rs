@@ -357,6 +357,7 @@ impl Serialize for WaitHistogram {
 pub enum FeedbackReject {
     Forged,
     Unauthenticated,
+    UnknownEpoch,
     Replayed,
     OutOfRange,
 }
@@ -369,6 +370,8 @@ pub struct FeedbackRejects {
     pub forged: u64,
     /// Missing or wrong authentication tag (deployments with a key).
     pub unauthenticated: u64,
+    /// Signed with a key epoch this host does not hold (retired, or never staged here).
+    pub unknown_epoch: u64,
     /// A nonce seen before, below the window, or outside the clock-skew bound.
     pub replayed: u64,
     /// A rate of 0 or above `engine::feedback::MAX_FEEDBACK_BPS`.
@@ -380,15 +383,17 @@ impl FeedbackRejects {
         match r {
             FeedbackReject::Forged => self.forged += 1,
             FeedbackReject::Unauthenticated => self.unauthenticated += 1,
+            FeedbackReject::UnknownEpoch => self.unknown_epoch += 1,
             FeedbackReject::Replayed => self.replayed += 1,
             FeedbackReject::OutOfRange => self.out_of_range += 1,
         }
     }
     /// (reason, count) for metrics.
-    pub fn iter(&self) -> [(&'static str, u64); 4] {
+    pub fn iter(&self) -> [(&'static str, u64); 5] {
         [
             ("forged", self.forged),
             ("unauthenticated", self.unauthenticated),
+            ("unknown_epoch", self.unknown_epoch),
             ("replayed", self.replayed),
             ("out_of_range", self.out_of_range),
         ]

@@ -33,6 +33,15 @@
 //! "no inner frame"), the feedback option, and an empty payload. Build it with
 //! [`crate::geneve::standalone_feedback`]; recognise it with
 //! [`crate::GeneveRepr::is_standalone_feedback`].
+//!
+//! # Authentication option
+//!
+//! In deployments with a feedback key, type [`FEEDBACK_AUTH_OPTION_TYPE`] (0x02, not
+//! critical), length 7 (28 data bytes), big-endian: the key epoch (4 bytes: which of the
+//! deployment's keys signed, as PSP's SPI names a key, PSP 3.1), the nonce (8) and the tag
+//! (16), HMAC-SHA256 truncated to 128 bits over [`FeedbackAuth::message`]. The epoch lets
+//! the key rotate while feedback flows: a receiver holds more than one key and picks the
+//! one the sender names.
 
 use crate::Error;
 
@@ -53,14 +62,15 @@ pub const FEEDBACK_OPTION_LEN: usize = 4 + FEEDBACK_DATA_LEN;
 /// Option type of the feedback authentication option within [`PICNIC_OPTION_CLASS`].
 pub const FEEDBACK_AUTH_OPTION_TYPE: u8 = 0x02;
 
-/// Bytes of feedback authentication option data: nonce (8) and truncated tag (16).
-pub const FEEDBACK_AUTH_DATA_LEN: usize = 24;
+/// Bytes of feedback authentication option data: key epoch (4), nonce (8) and truncated
+/// tag (16).
+pub const FEEDBACK_AUTH_DATA_LEN: usize = 28;
 
 /// Bytes of the truncated HMAC-SHA256 tag.
 pub const FEEDBACK_TAG_LEN: usize = 16;
 
 /// Bytes of the message a feedback tag is computed over (see [`FeedbackAuth::message`]).
-pub const FEEDBACK_AUTH_MESSAGE_LEN: usize = 8 + 4 + 4 + 4 + FEEDBACK_DATA_LEN + 8;
+pub const FEEDBACK_AUTH_MESSAGE_LEN: usize = 8 + 4 + 4 + 4 + FEEDBACK_DATA_LEN + 4 + 8;
 
 /// Geneve protocol type of a standalone feedback packet: no inner frame follows.
 pub const PROTOCOL_NONE: u16 = 0x0000;
@@ -108,6 +118,8 @@ impl FeedbackOption {
 /// Authentication of the feedback option in the same Geneve header (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FeedbackAuth {
+    /// Which of the deployment's feedback keys computed the tag.
+    pub epoch: u32,
     /// Never repeated by the sending host; the receiver refuses nonces it has seen.
     pub nonce: u64,
     /// HMAC-SHA256 of [`FeedbackAuth::message`], truncated.
@@ -118,8 +130,10 @@ impl FeedbackAuth {
     /// Parses the option data; it must be exactly [`FEEDBACK_AUTH_DATA_LEN`] bytes.
     pub fn parse(data: &[u8]) -> Result<Self, Error> {
         let data: &[u8; FEEDBACK_AUTH_DATA_LEN] = data.try_into().map_err(|_| Error::BadLength)?;
-        let (nonce, tag) = data.split_at(8);
+        let (epoch, rest) = data.split_at(4);
+        let (nonce, tag) = rest.split_at(8);
         Ok(FeedbackAuth {
+            epoch: u32::from_be_bytes(epoch.try_into().map_err(|_| Error::BadLength)?),
             nonce: u64::from_be_bytes(nonce.try_into().map_err(|_| Error::BadLength)?),
             tag: tag.try_into().map_err(|_| Error::BadLength)?,
         })
@@ -132,19 +146,21 @@ impl FeedbackAuth {
             .ok_or(Error::BufferTooSmall {
                 needed: FEEDBACK_AUTH_DATA_LEN,
             })?;
-        out[..8].copy_from_slice(&self.nonce.to_be_bytes());
-        out[8..].copy_from_slice(&self.tag);
+        out[..4].copy_from_slice(&self.epoch.to_be_bytes());
+        out[4..12].copy_from_slice(&self.nonce.to_be_bytes());
+        out[12..].copy_from_slice(&self.tag);
         Ok(FEEDBACK_AUTH_DATA_LEN)
     }
 
     /// The bytes a tag covers: the label `picnicfb`, the sending and receiving hosts'
     /// underlay IPv4 addresses (so feedback cannot be replayed to another host), the VNI, the
-    /// feedback option's data and the nonce, all big-endian.
+    /// feedback option's data, the key epoch and the nonce, all big-endian.
     pub fn message(
         src_ip: core::net::Ipv4Addr,
         dst_ip: core::net::Ipv4Addr,
         vni: u32,
         feedback: &FeedbackOption,
+        epoch: u32,
         nonce: u64,
     ) -> [u8; FEEDBACK_AUTH_MESSAGE_LEN] {
         let mut m = [0u8; FEEDBACK_AUTH_MESSAGE_LEN];
@@ -154,7 +170,9 @@ impl FeedbackAuth {
         m[16..20].copy_from_slice(&vni.to_be_bytes());
         // FEEDBACK_DATA_LEN bytes always fit.
         let _ = feedback.emit(&mut m[20..20 + FEEDBACK_DATA_LEN]);
-        m[20 + FEEDBACK_DATA_LEN..].copy_from_slice(&nonce.to_be_bytes());
+        let at = 20 + FEEDBACK_DATA_LEN;
+        m[at..at + 4].copy_from_slice(&epoch.to_be_bytes());
+        m[at + 4..].copy_from_slice(&nonce.to_be_bytes());
         m
     }
 }
@@ -185,12 +203,13 @@ mod tests {
     #[test]
     fn auth_option_round_trips_and_message_binds_every_field() {
         let auth = FeedbackAuth {
+            epoch: 0x0a0b_0c0d,
             nonce: 0x0102_0304_0506_0708,
             tag: [9; FEEDBACK_TAG_LEN],
         };
         let mut data = [0u8; FEEDBACK_AUTH_DATA_LEN];
         assert_eq!(auth.emit(&mut data), Ok(FEEDBACK_AUTH_DATA_LEN));
-        assert_eq!(data[..8], [1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(data[..12], [10, 11, 12, 13, 1, 2, 3, 4, 5, 6, 7, 8]);
         assert_eq!(FeedbackAuth::parse(&data), Ok(auth));
         assert_eq!(FeedbackAuth::parse(&data[..20]), Err(Error::BadLength));
         let fb = FeedbackOption {
@@ -199,14 +218,15 @@ mod tests {
             seq: 3,
         };
         let (a, b) = ([198, 19, 0, 1].into(), [198, 19, 0, 2].into());
-        let m = FeedbackAuth::message(a, b, 7, &fb, 5);
+        let m = FeedbackAuth::message(a, b, 7, &fb, 1, 5);
         assert_eq!(&m[..8], b"picnicfb");
         // Every field changes the message.
         for other in [
-            FeedbackAuth::message(b, a, 7, &fb, 5),
-            FeedbackAuth::message(a, b, 8, &fb, 5),
-            FeedbackAuth::message(a, b, 7, &FeedbackOption { seq: 4, ..fb }, 5),
-            FeedbackAuth::message(a, b, 7, &fb, 6),
+            FeedbackAuth::message(b, a, 7, &fb, 1, 5),
+            FeedbackAuth::message(a, b, 8, &fb, 1, 5),
+            FeedbackAuth::message(a, b, 7, &FeedbackOption { seq: 4, ..fb }, 1, 5),
+            FeedbackAuth::message(a, b, 7, &fb, 2, 5),
+            FeedbackAuth::message(a, b, 7, &fb, 1, 6),
         ] {
             assert_ne!(m, other);
         }

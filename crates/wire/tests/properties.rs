@@ -31,7 +31,7 @@ fn geneve_strategy() -> impl Strategy<Value = GeneveRepr> {
         any::<bool>(),
         any::<bool>(),
         proptest::option::of(feedback_strategy()),
-        proptest::option::of((any::<u64>(), any::<[u8; 16]>())),
+        proptest::option::of((any::<u32>(), any::<u64>(), any::<[u8; 16]>())),
     )
         .prop_map(
             |(vni, protocol, oam, critical, feedback, auth)| GeneveRepr {
@@ -40,7 +40,7 @@ fn geneve_strategy() -> impl Strategy<Value = GeneveRepr> {
                 oam,
                 critical,
                 feedback,
-                feedback_auth: auth.map(|(nonce, tag)| FeedbackAuth { nonce, tag }),
+                feedback_auth: auth.map(|(epoch, nonce, tag)| FeedbackAuth { epoch, nonce, tag }),
             },
         )
 }

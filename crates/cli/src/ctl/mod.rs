@@ -2,6 +2,7 @@
 //! cluster-wide in etcd (`--etcd URL`) or on one switch through its API (`--api SOCKET`);
 //! `status` across the cluster's switches. docs/operations.md "Control plane".
 
+mod feedback_key;
 mod status;
 mod target;
 
@@ -59,6 +60,9 @@ pub enum CtlCommand {
     /// The cluster's hosts: which switches are up, at which revision, which tenants violate
     /// their SLO there and why (from each switch's API).
     Status,
+    /// The key that authenticates feedback between hosts (etcd only).
+    #[command(subcommand)]
+    FeedbackKey(feedback_key::FeedbackKeyCmd),
 }
 
 #[derive(Subcommand)]
@@ -233,6 +237,13 @@ async fn execute(args: CtlArgs) -> anyhow::Result<()> {
             }
         }
     };
+    if let CtlCommand::FeedbackKey(cmd) = &args.command {
+        let Target::Etcd { client, prefix, .. } = &mut target else {
+            bail!("feedback-key is cluster-wide: give --etcd, not one switch's --api");
+        };
+        let wait = Duration::from_secs_f64(args.wait_s);
+        return feedback_key::run(client, prefix, cmd, wait).await;
+    }
     let view = match &target {
         Target::Etcd { .. } => format!("etcd {}", args.etcd.join(",")),
         Target::Api(api) => format!("the switch's API at {api}"),
@@ -247,6 +258,7 @@ async fn execute(args: CtlArgs) -> anyhow::Result<()> {
         CtlCommand::Tenant(cmd) => tenant(&view, cmd)?,
         CtlCommand::Vm(cmd) => vm(&view, cmd, matches!(target, Target::Etcd { .. }))?,
         CtlCommand::Slo(cmd) => slo(&view, cmd)?,
+        CtlCommand::FeedbackKey(_) => unreachable!("answered above"),
     };
     let Some(Edit {
         kind,

@@ -235,5 +235,6 @@ pub fn kind_name(kind: Kind) -> &'static str {
         Kind::Slo => "SLO for tenant",
         Kind::Vm => "VM",
         Kind::Switch => "switch",
+        Kind::Key => "key record",
     }
 }

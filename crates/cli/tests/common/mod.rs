@@ -2,6 +2,8 @@
 //! (tests/restart.rs, tests/live.rs): the namespace guard, the API client, the switch child.
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;

@@ -210,12 +210,14 @@ fn tenant_mut<'c>(c: &'c mut Config, name: &str) -> Result<&'c mut TenantEntry, 
         .ok_or_else(|| not_found(format!("path: no tenant '{name}'")))
 }
 
-/// The config as the API shows it: tenants' keys left out (`key_file` paths stay).
+/// The config as the API shows it: tenants' and feedback keys left out (`key_file` paths
+/// stay; feedback keys show their epochs and fingerprints).
 fn redacted(config: &Config) -> Config {
     let mut c = config.clone();
     for t in &mut c.tenants {
         t.key = t.key.as_ref().map(|_| "(redacted)".to_string());
     }
+    c.feedback_keys = c.feedback_keys.as_ref().map(|k| k.redacted());
     c
 }
 
@@ -298,7 +300,7 @@ fn change(
     }
 }
 
-/// What a change did, one clause per host, tenant or VM (tenants' keys left out).
+/// What a change did, one clause per host, tenant or VM (keys left out).
 fn describe(changes: &[Change]) -> String {
     let entry = |v: serde_json::Result<String>| v.unwrap_or_default();
     let tenant = |t: &TenantEntry| {
@@ -317,6 +319,7 @@ fn describe(changes: &[Change]) -> String {
             Change::AddVm(v) => format!("add vm {}", entry(serde_json::to_string(v))),
             Change::SetVm(v) => format!("set vm {}", entry(serde_json::to_string(v))),
             Change::RemoveVm(name) => format!("remove vm {name}"),
+            Change::SetFeedbackKeys(_) => c.to_string(),
         })
         .collect();
     if clauses.is_empty() {

@@ -2,6 +2,7 @@
 //! and which isolation mechanisms are on. Validation names the offending field.
 
 mod backend;
+mod feedback_keys;
 mod files;
 mod mac;
 #[cfg(test)]
@@ -16,6 +17,7 @@ use picnic_core::Rate;
 use serde::{Deserialize, Serialize};
 
 pub use backend::Backend;
+pub use feedback_keys::{EpochKey, FeedbackKeys};
 pub use mac::Mac;
 pub use validate::{ConfigError, MAX_MBPS, MAX_PACKETS};
 
@@ -44,6 +46,10 @@ pub struct Config {
     /// the state file and the API alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control: Option<ControlSection>,
+    /// The feedback keys by epoch, written by the control plane (its `keys/feedback` record)
+    /// and kept in the state file; they replace `switch.feedback_key_file`'s key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub feedback_keys: Option<FeedbackKeys>,
     /// Every host of the overlay, this one included (static table; the API updates it live).
     #[serde(default)]
     pub hosts: Vec<HostEntry>,

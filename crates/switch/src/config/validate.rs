@@ -53,6 +53,10 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_switch()?;
         self.validate_sections()?;
+        if let Some(keys) = &self.feedback_keys {
+            keys.validate()
+                .map_err(|(field, problem)| err(format!("feedback_keys.{field}"), problem))?;
+        }
         let host_ids = self.validate_hosts()?;
         let tenants = self.validate_tenants()?;
         self.validate_vms(&host_ids, &tenants)

@@ -11,15 +11,15 @@ use super::tests::{carry, udp, Host, A1, A2, IP_A1, IP_A2};
 use crate::directory::UPLINK;
 use crate::stats::{DropReason, FeedbackRejects};
 
-const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
+pub(super) const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
 /// The wall clock at the engines' zero in these tests: 2026-01-01.
-const WALL_AT_ZERO_NS: u64 = 1_767_225_600 * 1_000_000_000;
-const HOST1_IP: [u8; 4] = [198, 19, 0, 1];
-const HOST2_IP: [u8; 4] = [198, 19, 0, 2];
+pub(super) const WALL_AT_ZERO_NS: u64 = 1_767_225_600 * 1_000_000_000;
+pub(super) const HOST1_IP: [u8; 4] = [198, 19, 0, 1];
+pub(super) const HOST2_IP: [u8; 4] = [198, 19, 0, 2];
 
 /// A standalone feedback packet to host 1 about `endpoint` in `vni`, from underlay address
 /// `src`, with optional authentication.
-fn feedback_packet(
+pub(super) fn feedback_packet(
     src: [u8; 4],
     vni: u32,
     endpoint: u32,
@@ -56,12 +56,14 @@ fn signed(key: &[u8], now: Instant, vni: u32, endpoint: u32, seq: u32) -> Feedba
         rate_bps: 1_000_000,
         seq,
     };
-    signer.sign(now, HOST2_IP.into(), HOST1_IP.into(), vni, &fb)
+    signer
+        .sign(now, HOST2_IP.into(), HOST1_IP.into(), vni, &fb)
+        .unwrap()
 }
 
 /// Frames a1 (host 1) sent to a2 that had to wait in a feedback limiter's queue after 20
 /// back-to-back frames: 0 when no feedback was applied to traffic towards a2.
-fn limited_frames(h1: &mut Host, now: Instant) -> u64 {
+pub(super) fn limited_frames(h1: &mut Host, now: Instant) -> u64 {
     let frame = udp(A1, A2, IP_A1, IP_A2, 7, 1400);
     for _ in 0..20 {
         h1.inject(now, h1.port_of("a1"), &frame);
@@ -124,7 +126,9 @@ fn out_of_range_rates_are_refused() {
 
 fn keyed_host(id: u32) -> Host {
     let mut h = Host::new(id, 1000);
-    h.engine.set_feedback_key(KEY, WALL_AT_ZERO_NS).unwrap();
+    h.engine
+        .set_feedback_key(Some(KEY), WALL_AT_ZERO_NS)
+        .unwrap();
     h
 }
 
@@ -182,6 +186,7 @@ fn replayed_and_stale_feedback_is_refused() {
     };
     let sign = |s: &mut FeedbackAuthState, now, seq| {
         s.sign(now, HOST2_IP.into(), HOST1_IP.into(), 100, &fb(seq))
+            .unwrap()
     };
     let packet = |auth, seq| feedback_packet(HOST2_IP, 100, 3, 1_000_000, seq, Some(auth));
     let first = sign(&mut signer, t, 1);
@@ -208,13 +213,16 @@ fn replayed_and_stale_feedback_is_refused() {
     // Signed 15 s before the receiver's clock (beyond the skew bound): refused even by a
     // receiver that never saw it (its replay window was reset by a restart).
     let mut restarted = keyed_host(1);
-    let stale = FeedbackAuthState::new(KEY, WALL_AT_ZERO_NS).unwrap().sign(
-        t - Duration::from_secs(15),
-        HOST2_IP.into(),
-        HOST1_IP.into(),
-        100,
-        &fb(1),
-    );
+    let stale = FeedbackAuthState::new(KEY, WALL_AT_ZERO_NS)
+        .unwrap()
+        .sign(
+            t - Duration::from_secs(15),
+            HOST2_IP.into(),
+            HOST1_IP.into(),
+            100,
+            &fb(1),
+        )
+        .unwrap();
     restarted.inject(t, UPLINK, &packet(stale, 1));
     assert_eq!(rejected(&restarted).replayed, 1);
     assert_eq!(limited_frames(&mut restarted, t), 0);
@@ -225,7 +233,9 @@ fn replayed_and_stale_feedback_is_refused() {
 fn hosts_sharing_a_key_exchange_authenticated_feedback_end_to_end() {
     // Host 2's access link is 100 Mb/s; a1 sends to a2 at ~400 Mb/s: host 2 pushes back.
     let (mut h1, mut h2) = (keyed_host(1), Host::new(2, 100));
-    h2.engine.set_feedback_key(KEY, WALL_AT_ZERO_NS).unwrap();
+    h2.engine
+        .set_feedback_key(Some(KEY), WALL_AT_ZERO_NS)
+        .unwrap();
     let mut now = Instant::ZERO + Duration::from_secs(1);
     let frame = udp(A1, A2, IP_A1, IP_A2, 7, 1400);
     for _ in 0..200 {
@@ -259,7 +269,7 @@ fn hosts_sharing_a_key_exchange_authenticated_feedback_end_to_end() {
     let mut other = Host::new(1, 1000);
     other
         .engine
-        .set_feedback_key(b"another deployment's key, 32 B..", WALL_AT_ZERO_NS)
+        .set_feedback_key(Some(b"another deployment's key, 32 B.."), WALL_AT_ZERO_NS)
         .unwrap();
     for _ in 0..20 {
         now += Duration::from_micros(100);
@@ -294,7 +304,7 @@ fn each_worker_signs_in_its_own_nonce_lane() {
     quiet.set_lane(1);
     let packet = |s: &mut FeedbackAuthState, seq| {
         let auth = s.sign(t, HOST2_IP.into(), HOST1_IP.into(), 100, &fb(seq));
-        feedback_packet(HOST2_IP, 100, 3, 1_000_000, seq, Some(auth))
+        feedback_packet(HOST2_IP, 100, 3, 1_000_000, seq, auth)
     };
     let late = packet(&mut quiet, 1);
     for seq in 0..100 {

@@ -464,7 +464,7 @@ impl Engine {
         let verdict = match my_ip {
             Some(my_ip) => feedback::check(
                 &self.dir,
-                self.feedback_auth.as_mut(),
+                &mut self.feedback_auth,
                 now,
                 src_ip,
                 my_ip,

@@ -103,6 +103,7 @@ impl Engine {
             Change::RemoveVm(name) => {
                 return Ok(self.remove_vm(name, pool)?.map(PortChange::Closed));
             }
+            Change::SetFeedbackKeys(keys) => self.feedback_auth.install(keys.as_ref())?,
         }
         Ok(None)
     }

@@ -126,9 +126,9 @@ pub struct Engine {
     share: share::FairShare,
     /// SLO monitors of the tenants that have one (DESIGN.md 3.9).
     slo: slo::SloTracker,
-    /// The deployment's feedback key with this host's nonces and replay windows, when
-    /// feedback is authenticated (see [`feedback`]).
-    feedback_auth: Option<feedback::FeedbackAuthState>,
+    /// The deployment's feedback keys with this host's nonces and replay windows (see
+    /// [`feedback`]): feedback is authenticated while one is active.
+    feedback_auth: feedback::FeedbackAuthState,
     /// Whether both schedulers share the dominant resource (CPU or link time) instead of
     /// bytes.
     cpu_fair: bool,
@@ -177,7 +177,7 @@ impl Engine {
             idle_from: None,
             share: share::FairShare::new(share_unit(cfg), Vec::new(), now),
             slo: slo::SloTracker::default(),
-            feedback_auth: None,
+            feedback_auth: Default::default(),
             cpu_fair: cfg.isolation.cpu_fair,
             fair_reads: cfg.isolation.cpu_fair
                 || cfg.isolation.egress_wfq
@@ -191,6 +191,10 @@ impl Engine {
             offload: offload::Offloads::new(cfg),
             counters: SwitchCounters::default(),
         };
+        engine
+            .feedback_auth
+            .install(cfg.feedback_keys.as_ref())
+            .map_err(|e| anyhow::anyhow!("feedback_keys: {e}"))?;
         for (i, t) in cfg.tenants.iter().enumerate() {
             engine
                 .add_tenant(now, t)
@@ -210,12 +214,21 @@ impl Engine {
         Ok(engine)
     }
 
-    /// Authenticates the feedback this host sends and requires it on the feedback it
-    /// receives, with the deployment's `key`; `wall_at_zero_ns` is the wall-clock time at
-    /// this engine's `Instant::ZERO` (ns since the UNIX epoch), for the nonces' timestamps.
-    pub fn set_feedback_key(&mut self, key: &[u8], wall_at_zero_ns: u64) -> Result<(), String> {
-        self.feedback_auth = Some(feedback::FeedbackAuthState::new(key, wall_at_zero_ns)?);
-        Ok(())
+    /// Sets the wall-clock time at this engine's `Instant::ZERO` (ns since the UNIX epoch),
+    /// for the nonces' timestamps, and `switch.feedback_key_file`'s key: while the config has
+    /// no `feedback_keys` (the control plane's), feedback this host sends is authenticated
+    /// with it and the feedback it receives must be.
+    pub fn set_feedback_key(
+        &mut self,
+        file_key: Option<&[u8]>,
+        wall_at_zero_ns: u64,
+    ) -> Result<(), String> {
+        self.feedback_auth.set_file_key(file_key, wall_at_zero_ns)
+    }
+
+    /// The feedback key epochs held, oldest first, and the one this host signs with.
+    pub fn feedback_epochs(&self) -> (Vec<u32>, Option<u32>) {
+        self.feedback_auth.epochs()
     }
 
     /// Whether the caller should read `port` now. A VM port whose egress queue cannot take
@@ -286,9 +299,7 @@ impl Engine {
             slices,
             refill_at: None,
         });
-        if let Some(auth) = self.feedback_auth.as_mut() {
-            auth.set_lane(worker as u8);
-        }
+        self.feedback_auth.set_lane(worker as u8);
     }
 
     /// Returns the time this worker's slices hold to the shared accounts (it stops).
@@ -504,9 +515,9 @@ impl Engine {
             pool.put(frame);
             return;
         };
-        if let Some(auth) = self.feedback_auth.as_mut() {
-            geneve.feedback_auth = Some(auth.sign(now, me.underlay_ip, peer.underlay_ip, vni, &fb));
-        }
+        geneve.feedback_auth =
+            self.feedback_auth
+                .sign(now, me.underlay_ip, peer.underlay_ip, vni, &fb);
         let outer = OuterHeaders {
             src_mac: me.mac.0,
             dst_mac: peer.mac.0,
