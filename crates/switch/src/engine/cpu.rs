@@ -40,6 +40,8 @@ pub(super) struct CpuLedger {
     next_cgroup_update: Instant,
     /// Per tenant: what its account had been charged at the last cgroup refill, ns.
     charged_before: Vec<u64>,
+    /// Whether the last refill had a cgroup to write.
+    cgroups: bool,
     /// When the last batch (`entries`) was charged.
     batch_at: Instant,
 }
@@ -147,7 +149,10 @@ impl Engine {
         if now < self.cpu.next_cgroup_update {
             return;
         }
-        self.cpu.next_cgroup_update = now + IRON_PERIOD;
+        // On the period's clock; from `now` at the first call, or after a loop held up for a
+        // whole period.
+        let next = self.cpu.next_cgroup_update + IRON_PERIOD;
+        self.cpu.next_cgroup_update = if next > now { next } else { now + IRON_PERIOD };
         let used = b.budgets.usage_since(&mut self.cpu.charged_before);
         for (t, tenant) in self.dir.tenants.iter().enumerate() {
             let (Some(_), Some(cores), Some(&used)) =
@@ -158,6 +163,12 @@ impl Engine {
             let allocation = (IRON_PERIOD.as_nanos() as f64 * cores) as u64;
             out.push((t, Duration::from_nanos(allocation.saturating_sub(used))));
         }
+        self.cpu.cgroups = !out.is_empty();
+    }
+
+    /// When the tenants' cgroups are next refilled, if the loop refills any: it wakes then.
+    pub(super) fn cgroups_due(&self) -> Option<Instant> {
+        self.cpu.cgroups.then_some(self.cpu.next_cgroup_update)
     }
 
     /// Notes that the loop spent `ns` up to `now` without work (read-side fairness holds
