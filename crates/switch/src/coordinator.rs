@@ -19,7 +19,7 @@ use picnic_core::Duration;
 use crate::accel::{Accel, AccelPort};
 use crate::change::Change;
 use crate::engine::{
-    iron_quota, pacer_rate, Engine, PortChange, SharedBudgets, SloReport, IRON_PERIOD,
+    pacer_rate, tenant_quotas, Engine, PortChange, SharedBudgets, SloReport, IRON_PERIOD,
 };
 use crate::frame::FramePool;
 use crate::port::Port;
@@ -50,12 +50,7 @@ impl Switch {
 
     /// The tenants' Iron allocations as the coordinator's engine has them (index = tenant).
     fn quotas(&self) -> Vec<Option<Duration>> {
-        self.engine
-            .dir
-            .tenants
-            .iter()
-            .map(|t| iron_quota(t).filter(|_| self.cfg.isolation.cpu_accounting))
-            .collect()
+        tenant_quotas(&self.engine.dir, self.cfg.isolation.cpu_accounting)
     }
 
     /// Splits the switch into its workers: VMs assigned ([`assign`]), worker 0 takes the
@@ -220,7 +215,6 @@ impl Switch {
     ) {
         let start = self.clock.now();
         let (mut next_publish, mut next_period) = (start, start + IRON_PERIOD);
-        let mut charged_before: Vec<u64> = Vec::new();
         let commands = self.commands.take();
         let mut threads_told = false;
         loop {
@@ -244,7 +238,7 @@ impl Switch {
                 next_period = now + IRON_PERIOD;
                 // Iron 3.1: the ports' softirq time, charged to their tenants' budgets.
                 self.kernel.charge_softirq(&mut self.engine, now);
-                self.refill_cgroups(team, &mut charged_before);
+                self.refill_cgroups();
                 self.split_access_link(team);
             }
             // Without cgroups to refill or softirq time to charge, the coordinator wakes only
@@ -460,23 +454,12 @@ impl Switch {
 
     /// Iron 3.2 with several workers, as with one loop: each tenant's cgroup gets its
     /// allocation minus the switch CPU every worker (and the ports' softirq time, charged
-    /// here) charged to its one account in the period that ended, and the softirq work the
-    /// kernel ran in the group's threads is credited ([`crate::runner::refill_cgroups`]).
-    fn refill_cgroups(&mut self, team: &Team, charged_before: &mut Vec<u64>) {
-        let budgets = team.budgets.load();
-        charged_before.resize(budgets.charged.len(), 0);
+    /// here) charged to its one account since the last refill (the coordinator's engine has
+    /// joined the workers' accounts), and the softirq work the kernel ran in the group's
+    /// threads is credited ([`crate::runner::refill_cgroups`]).
+    fn refill_cgroups(&mut self) {
         let mut quotas = Vec::new();
-        for (t, charged) in budgets.charged.iter().enumerate() {
-            let total = charged.load(Ordering::Relaxed);
-            let used = total.saturating_sub(charged_before[t]);
-            charged_before[t] = total;
-            let cores = self.engine.dir.tenants.get(t).and_then(|t| t.cpu_quota);
-            let (Some(Some(_)), Some(cores)) = (self.cgroups.get(t), cores) else {
-                continue;
-            };
-            let allocation = (IRON_PERIOD.as_nanos() as f64 * cores) as u64;
-            quotas.push((t, Duration::from_nanos(allocation.saturating_sub(used))));
-        }
+        self.engine.cgroup_quotas(self.clock.now(), &mut quotas);
         crate::runner::refill_cgroups(&mut self.cgroups, &quotas, &mut self.kernel);
     }
 

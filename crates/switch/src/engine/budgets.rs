@@ -1,11 +1,11 @@
-//! What the engines of several workers draw from together (docs/switch.md "Workers",
-//! [`crate::workers`]): the tenants' CPU accounts (Iron 3.2: one [`SharedAccount`] per tenant
-//! for the whole host, refilled per period by Algorithm 1, from which each worker takes
-//! slices of its own, CFS's `rt_remain`) and the uplink's pacing bucket (a lock-free
-//! [`SharedBucket`] every worker borrows from through its own [`picnic_core::pool::TokenCache`], EyeQ 4's
-//! per-CPU token counts). Plain shared state without I/O: the coordinator builds it, each
-//! worker's engine draws from it.
-
+//! The tenants' CPU accounts (Iron 3.2: one [`SharedAccount`] per tenant with a quota,
+//! refilled per period by Algorithm 1, from which each engine takes slices of its own, CFS's
+//! `rt_remain`), for one loop and for workers alike: a lone engine builds accounts of its own
+//! ([`Engine::own_budgets`]); with several workers the coordinator builds one set for the host
+//! and every worker's engine joins it (docs/switch.md "Workers", [`crate::workers`]). With
+//! workers the uplink's pacing bucket is shared too (a lock-free [`SharedBucket`] every worker
+//! borrows from through its own [`picnic_core::pool::TokenCache`], EyeQ 4's per-CPU token
+//! counts). Plain shared state without I/O.
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -14,8 +14,17 @@ use picnic_core::iron::{Admission, IronConfig};
 use picnic_core::pool::SharedBucket;
 use picnic_core::{Duration, Instant};
 
-use super::Engine;
-use crate::directory::TenantIdx;
+use super::{iron_quota, Engine, IRON_PERIOD};
+use crate::directory::{Directory, TenantIdx};
+
+/// Each tenant's Iron allocation per period (index = tenant), None without a quota or with
+/// CPU accounting off.
+pub fn tenant_quotas(dir: &Directory, cpu_accounting: bool) -> Vec<Option<Duration>> {
+    dir.tenants
+        .iter()
+        .map(|t| iron_quota(t).filter(|_| cpu_accounting))
+        .collect()
+}
 
 /// What all workers draw from (see the module doc): per tenant its CPU account in ns, and the
 /// uplink's pacing bucket in bytes.
@@ -119,27 +128,74 @@ impl SharedBudgets {
             c.fetch_add(ns, Ordering::Relaxed);
         }
     }
+
+    /// Per tenant: ns every worker charged since the totals in `before`, which become the
+    /// current totals.
+    pub fn usage_since(&self, before: &mut Vec<u64>) -> Vec<u64> {
+        before.resize(self.charged.len(), 0);
+        self.charged
+            .iter()
+            .zip(before.iter_mut())
+            .map(|(charged, before)| {
+                let total = charged.load(Ordering::Relaxed);
+                total.saturating_sub(std::mem::replace(before, total))
+            })
+            .collect()
+    }
 }
 
-/// The single loop's Iron configuration ([`super::live`]): accounts of `period`, early drops
-/// below 10% of the quota left.
-pub(super) fn iron_config(period: Duration) -> IronConfig {
+/// The accounts' Iron configuration: periods of `period`, early drops below 10% of the quota
+/// left.
+fn iron_config(period: Duration) -> IronConfig {
     IronConfig {
         period,
         early_drop_percent: Some(10),
     }
 }
 
-/// One worker's share of the tenants' CPU accounts: the accounts every worker draws from and
-/// this worker's slice of each.
+/// One engine's share of the tenants' CPU accounts: the accounts and this engine's slice of
+/// each.
 pub(super) struct WorkerBudgets {
     pub(super) budgets: Arc<SharedBudgets>,
+    /// Whether the accounts are every worker's (the coordinator gives new ones at a live
+    /// change) rather than this engine's own.
+    joined: bool,
     pub(super) slices: Vec<Slice>,
     /// When the earliest throttled tenant's account refills, as of the last pass.
     pub(super) refill_at: Option<Instant>,
 }
 
 impl WorkerBudgets {
+    /// Slices of `budgets`' accounts, keeping the counts of `old`'s (new accounts after a
+    /// live change); `old` must have given its slices back first ([`WorkerBudgets::release`]).
+    pub(super) fn new(
+        budgets: Arc<SharedBudgets>,
+        joined: bool,
+        old: Option<WorkerBudgets>,
+    ) -> WorkerBudgets {
+        let mut slices: Vec<_> = (0..budgets.accounts.len())
+            .map(|_| Slice::new(budgets.chunk))
+            .collect();
+        for (new, old) in slices.iter_mut().zip(old.iter().flat_map(|o| &o.slices)) {
+            new.keep_stats(old);
+        }
+        WorkerBudgets {
+            budgets,
+            joined,
+            slices,
+            refill_at: None,
+        }
+    }
+
+    /// Gives what this engine's slices hold back to the accounts.
+    pub(super) fn release(&mut self, now: Instant) {
+        for (t, slice) in self.slices.iter_mut().enumerate() {
+            if let Some(account) = self.budgets.account(t) {
+                slice.release(now, account);
+            }
+        }
+    }
+
     pub(super) fn exhausted(&self, now: Instant, tenant: TenantIdx) -> bool {
         match self.budgets.account(tenant) {
             Some(a) => self.slices[tenant].exhausted(now, a),
@@ -174,12 +230,32 @@ impl WorkerBudgets {
 }
 
 impl Engine {
-    /// Charges `ns` of CPU spent for `tenant` to its Iron account: the engine's own (one
-    /// loop), or its slice of the account every worker shares.
-    pub(super) fn charge_tenant_cpu(&mut self, now: Instant, tenant: TenantIdx, ns: u64) {
-        if let (Some(iron), Some(account)) = (self.iron.as_mut(), self.iron_index[tenant]) {
-            let _ = iron.charge(now, account, Duration::from_nanos(ns));
+    /// A lone engine's accounts after its tenants' quotas may have changed (Iron 3.2 with one
+    /// worker): a tenant whose quota stayed keeps its account, one whose quota changed keeps
+    /// its debt ([`SharedBudgets::after_change`]). An engine that joined the workers' accounts
+    /// leaves them to the coordinator.
+    pub(super) fn own_budgets(&mut self, now: Instant) {
+        if self.budgets.as_ref().is_some_and(|b| b.joined) {
+            return;
         }
+        let quotas = tenant_quotas(&self.dir, self.isolation.cpu_accounting);
+        let new = match self.budgets.as_ref() {
+            Some(b) => b.budgets.after_change(&quotas, IRON_PERIOD, 1, now),
+            None if quotas.iter().all(Option::is_none) => None,
+            None => Some(SharedBudgets::new(&quotas, IRON_PERIOD, 1, now)),
+        };
+        if let Some(new) = new {
+            let mut old = self.budgets.take();
+            if let Some(old) = old.as_mut() {
+                old.release(now);
+            }
+            self.budgets = Some(WorkerBudgets::new(Arc::new(new), false, old));
+        }
+    }
+
+    /// Charges `ns` of CPU spent for `tenant` to its Iron account through this engine's
+    /// slice of it.
+    pub(super) fn charge_tenant_cpu(&mut self, now: Instant, tenant: TenantIdx, ns: u64) {
         if let Some(b) = self.budgets.as_mut() {
             b.charge(now, tenant, ns);
         }
@@ -188,9 +264,6 @@ impl Engine {
     /// Whether one of `tenant`'s packets may be processed (Iron 3.2: a throttled tenant's
     /// are dropped before any work, and some early as its quota runs out).
     pub(super) fn admit_tenant(&mut self, now: Instant, tenant: TenantIdx) -> Admission {
-        if let (Some(iron), Some(account)) = (self.iron.as_mut(), self.iron_index[tenant]) {
-            return iron.admit(now, account).unwrap_or(Admission::Admit);
-        }
         match self.budgets.as_mut() {
             Some(b) => b.admit(now, tenant),
             None => Admission::Admit,

@@ -36,8 +36,12 @@ pub(super) struct CpuLedger {
     fit: CostFit,
     entries: Vec<BatchPacket>,
     shares: Vec<u64>,
-    /// When the tenants' cgroup quotas are next due (the next Iron period boundary).
+    /// When the tenants' cgroup quotas are next due (an Iron period after the last).
     next_cgroup_update: Instant,
+    /// Per tenant: what its account had been charged at the last cgroup refill, ns.
+    charged_before: Vec<u64>,
+    /// Whether the last refill had a cgroup to write.
+    cgroups: bool,
     /// When the last batch (`entries`) was charged.
     batch_at: Instant,
 }
@@ -132,32 +136,39 @@ impl CpuLedger {
 
 impl Engine {
     /// The CPU budget each tenant's cgroup is entitled to for the Iron period that starts at
-    /// `now`: its allocation minus the switch work charged to it in the period that ended
-    /// (Iron 3.2: the container pays for its network processing), possibly zero. Fills `out`
-    /// with (tenant, budget) once per period, leaves it empty between boundaries; the caller
-    /// writes the cgroup files (`CpuQuota::refill`, which applies the kernel's 1 ms minimum
-    /// and carries the group's own overruns).
+    /// `now`: its allocation minus the switch work charged to its account since the last
+    /// refill (Iron 3.2: the container pays for its network processing; with workers, what
+    /// every worker charged), possibly zero. Fills `out` with (tenant, budget) once per period,
+    /// leaves it empty between; the caller writes the cgroup files (`CpuQuota::refill`, which
+    /// applies the kernel's 1 ms minimum and carries the group's own overruns).
     pub fn cgroup_quotas(&mut self, now: Instant, out: &mut Vec<(TenantIdx, Duration)>) {
         out.clear();
-        let Some(iron) = self.iron.as_mut() else {
+        let Some(b) = self.budgets.as_ref() else {
             return;
         };
         if now < self.cpu.next_cgroup_update {
             return;
         }
-        iron.on_timeout(now);
-        self.cpu.next_cgroup_update = iron.poll_at().unwrap_or(now + IRON_PERIOD);
+        // On the period's clock; from `now` at the first call, or after a loop held up for a
+        // whole period.
+        let next = self.cpu.next_cgroup_update + IRON_PERIOD;
+        self.cpu.next_cgroup_update = if next > now { next } else { now + IRON_PERIOD };
+        let used = b.budgets.usage_since(&mut self.cpu.charged_before);
         for (t, tenant) in self.dir.tenants.iter().enumerate() {
-            let (Some(account), Some(_), Some(cores)) =
-                (self.iron_index[t], tenant.cgroup.as_ref(), tenant.cpu_quota)
+            let (Some(_), Some(cores), Some(&used)) =
+                (tenant.cgroup.as_ref(), tenant.cpu_quota, used.get(t))
             else {
                 continue;
             };
-            let allocation = Duration::from_nanos((IRON_PERIOD.as_nanos() as f64 * cores) as u64);
-            if let Ok(q) = iron.cgroup_quota(now, account, allocation, Duration::ZERO) {
-                out.push((t, q));
-            }
+            let allocation = (IRON_PERIOD.as_nanos() as f64 * cores) as u64;
+            out.push((t, Duration::from_nanos(allocation.saturating_sub(used))));
         }
+        self.cpu.cgroups = !out.is_empty();
+    }
+
+    /// When the tenants' cgroups are next refilled, if the loop refills any: it wakes then.
+    pub(super) fn cgroups_due(&self) -> Option<Instant> {
+        self.cpu.cgroups.then_some(self.cpu.next_cgroup_update)
     }
 
     /// Notes that the loop spent `ns` up to `now` without work (read-side fairness holds

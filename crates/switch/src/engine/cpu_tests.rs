@@ -478,3 +478,54 @@ fn a_packet_rate_guarantee_holds_for_what_a_vm_receives_beyond_its_cpu_fair_shar
         "the neighbour gives up what the guarantee takes"
     );
 }
+
+/// One loop keeps the workers' kind of account (Iron 3.2, one worker): a tenant's cgroup gets
+/// its allocation less what its account was charged since the last refill, once per period;
+/// a quota changed live keeps the debt (Algorithm 1 pays it from the next periods).
+#[test]
+fn a_lone_engines_account_refills_the_cgroup_and_keeps_its_debt_across_a_quota_change() {
+    let text = toml::to_string(&config(1, 1000)).unwrap();
+    let mut cfg: crate::config::Config = toml::from_str(&text).unwrap();
+    // b: 1 ms per 10 ms; its cgroup keeps the kernel's 1 ms minimum, so Iron gives the
+    // switch's work for b 0.1 ms (`iron_quota`'s floor).
+    cfg.tenants[1].cpu_quota = Some(0.1);
+    cfg.tenants[1].cgroup = Some("/sys/fs/cgroup/b".into());
+    let mut h = Host {
+        engine: Engine::new(&cfg, Instant::ZERO).unwrap(),
+        pool: FramePool::new(4096),
+    };
+    let b1 = h.port_of("b1");
+    let mut quotas = Vec::new();
+    h.engine.cgroup_quotas(Instant::ZERO, &mut quotas);
+    assert_eq!(quotas, vec![(1, Duration::from_millis(1))], "nothing charged yet");
+    let next = Instant::from_nanos(10_000_000);
+    assert_eq!(h.engine.cgroups_due(), Some(next), "the loop wakes for the refill");
+    let t = Instant::from_nanos(100_000);
+    h.inject(t, b1, &udp(B1, B2, IP_B1, IP_B2, 7, 64));
+    h.poll(t);
+    h.engine.charge_cpu(t, 1_200_000);
+    h.engine.cgroup_quotas(t, &mut quotas);
+    assert!(quotas.is_empty(), "once per period");
+    assert!(!h.engine.rx_ready(t, b1, 64), "1.2 ms of b's 0.1 ms");
+    h.engine.cgroup_quotas(next, &mut quotas);
+    assert_eq!(quotas, vec![(1, Duration::ZERO)], "1 ms less 1.2 ms charged");
+    assert_eq!(h.engine.cgroups_due(), Some(next + super::IRON_PERIOD));
+    // Live: b's allocation doubled mid-period (Iron's quota 1 ms, 0.9 ms more). The 1.1 ms
+    // of debt less those 0.9 ms stays: period 1 starts with 1 - 0.2 ms.
+    let mut b = cfg.tenants[1].clone();
+    b.cpu_quota = Some(0.2);
+    let at = Instant::from_nanos(5_000_000);
+    h.engine
+        .apply(at, &crate::change::Change::SetTenant(b), &mut h.pool)
+        .unwrap();
+    assert!(!h.engine.rx_ready(at, b1, 64), "still in debt");
+    assert!(h.engine.rx_ready(next, b1, 64));
+    h.inject(next, b1, &udp(B1, B2, IP_B1, IP_B2, 7, 64));
+    h.poll(next);
+    h.engine.charge_cpu(next, 750_000);
+    assert!(h.engine.rx_ready(next, b1, 64), "0.05 ms left of 0.8 ms");
+    h.inject(next, b1, &udp(B1, B2, IP_B1, IP_B2, 7, 64));
+    h.poll(next);
+    h.engine.charge_cpu(next, 100_000);
+    assert!(!h.engine.rx_ready(next, b1, 64), "0.85 ms of 0.8 ms");
+}

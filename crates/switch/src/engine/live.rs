@@ -7,15 +7,14 @@
 //! closes ports as [`PortChange`] says.
 
 use picnic_core::bucket::TokenBucket;
-use picnic_core::iron::CpuAccounts;
 use picnic_core::Instant;
 
 use super::queues::{tenant_min_pps, tenant_weights};
 use super::AccelUse;
-use super::{iron_quota, Engine, IRON_PERIOD};
+use super::Engine;
 use crate::change::{apply_to, diff, Change};
 use crate::config::{Config, TenantEntry, VmEntry};
-use crate::directory::{PortIdx, TenantIdx, VmIdx};
+use crate::directory::{PortIdx, VmIdx};
 use crate::frame::{Frame, FramePool};
 use crate::stats::{DropReason, VmCounters};
 
@@ -97,7 +96,7 @@ impl Engine {
             Change::RemoveHost(id) => self.dir.remove_host(*id),
             Change::AddTenant(t) => self.add_tenant(now, t)?,
             Change::SetTenant(t) => self.set_tenant(now, t)?,
-            Change::RemoveTenant(name) => self.remove_tenant(name)?,
+            Change::RemoveTenant(name) => self.remove_tenant(now, name)?,
             Change::AddVm(v) => return Ok(self.add_vm(now, v)?.map(PortChange::Opened)),
             Change::SetVm(v) => self.set_vm(now, v, pool)?,
             Change::RemoveVm(name) => {
@@ -155,7 +154,6 @@ impl Engine {
             self.dir.vms.len(),
             self.dir.port_count(),
         );
-        self.iron_index.resize(tenants, None);
         self.accel_use.resize(tenants, AccelUse::default());
         self.vm_counters.resize(vms, VmCounters::default());
         self.pps_out.resize(vms, None);
@@ -180,7 +178,7 @@ impl Engine {
         self.grow();
         self.update_shares();
         self.offload.set(now, idx, t)?;
-        self.set_cpu_quota(now, idx)?;
+        self.own_budgets(now);
         self.slo.set(now, idx, t.slo.clone())
     }
 
@@ -191,11 +189,11 @@ impl Engine {
             .ok_or_else(|| format!("no tenant '{}'", t.name))?;
         self.dir.set_tenant(idx, t);
         self.offload.set(now, idx, t)?;
-        self.set_cpu_quota(now, idx)?;
+        self.own_budgets(now);
         self.slo.set(now, idx, t.slo.clone())
     }
 
-    fn remove_tenant(&mut self, name: &str) -> Result<(), String> {
+    fn remove_tenant(&mut self, now: Instant, name: &str) -> Result<(), String> {
         let idx = self
             .dir
             .tenant_named(name)
@@ -208,48 +206,11 @@ impl Engine {
         {
             return Err(format!("tenant '{name}' still has VMs"));
         }
-        if let (Some(iron), Some(account)) = (self.iron.as_mut(), self.iron_index[idx].take()) {
-            iron.remove_tenant(account).map_err(|e| e.to_string())?;
-        }
         self.slo.set(Instant::ZERO, idx, None)?;
         self.dir.remove_tenant(idx);
+        self.own_budgets(now);
         self.offload.clear(idx);
         self.update_shares();
-        Ok(())
-    }
-
-    /// Gives tenant `idx` the Iron account its `cpu_quota` asks for, in place: a new quota
-    /// through `set_quota`, an account added or removed when the quota comes or goes.
-    fn set_cpu_quota(&mut self, now: Instant, idx: TenantIdx) -> Result<(), String> {
-        if self.budgets.is_some() {
-            // One of several workers: the coordinator gives every worker the tenants' shared
-            // accounts after the change (`SharedBudgets::after_change`).
-            return Ok(());
-        }
-        let quota = iron_quota(&self.dir.tenants[idx]).filter(|_| self.isolation.cpu_accounting);
-        let ierr = |e: picnic_core::iron::IronError| format!("cpu_quota: {e}");
-        match (self.iron_index[idx], quota) {
-            (Some(account), Some(q)) => {
-                let iron = self.iron.as_mut().expect("accounts exist");
-                iron.set_quota(now, account, q).map_err(ierr)?;
-            }
-            (None, Some(q)) => {
-                let iron = match self.iron.as_mut() {
-                    Some(iron) => iron,
-                    None => self.iron.insert(
-                        CpuAccounts::new(now, super::budgets::iron_config(IRON_PERIOD))
-                            .map_err(ierr)?,
-                    ),
-                };
-                self.iron_index[idx] = Some(iron.add_tenant(q).map_err(ierr)?);
-            }
-            (Some(account), None) => {
-                let iron = self.iron.as_mut().expect("accounts exist");
-                iron.remove_tenant(account).map_err(ierr)?;
-                self.iron_index[idx] = None;
-            }
-            (None, None) => {}
-        }
         Ok(())
     }
 

@@ -35,8 +35,6 @@ use std::sync::Arc;
 
 use picnic_core::bucket::TokenBucket;
 use picnic_core::eyeq;
-use picnic_core::iron::shared::Slice;
-use picnic_core::iron::CpuAccounts;
 use picnic_core::{Duration, Instant, Rate};
 use picnic_wire::feedback::FeedbackOption;
 use picnic_wire::geneve::standalone_feedback;
@@ -52,7 +50,7 @@ use picnic_core::wfq::CostKind;
 
 use budgets::WorkerBudgets;
 
-pub use budgets::SharedBudgets;
+pub use budgets::{tenant_quotas, SharedBudgets};
 pub use egress::{pacer_rate, Egress};
 pub use ingress::Ingress;
 pub use jobs::{Completion, Job, Op, Outcome};
@@ -105,11 +103,9 @@ pub struct Engine {
     link_bytes: u64,
     egress: Egress,
     ingress: Ingress,
-    /// Per-tenant processing-CPU accounts (Iron); `iron_index[t]` is the tenant's account.
-    iron: Option<CpuAccounts>,
-    iron_index: Vec<Option<usize>>,
-    /// With several workers: the tenants' CPU budgets every worker draws from, and this
-    /// worker's token cache of each (see [`crate::workers`]).
+    /// The tenants' Iron accounts (one per tenant with a CPU quota) and this engine's slice of
+    /// each: accounts of its own, or, as one of several workers, the accounts every worker
+    /// draws from (see [`crate::workers`]). None: no tenant has a quota.
     budgets: Option<WorkerBudgets>,
     /// Per local VM with `max_pps`: packets it may send into / receive from the switch.
     pps_out: Vec<Option<TokenBucket>>,
@@ -167,8 +163,6 @@ impl Engine {
             uplink_mtu: cfg.uplink.mtu,
             egress: Egress::new(cfg, now)?,
             ingress: Ingress::new(cfg, now)?,
-            iron: None,
-            iron_index: Vec::new(),
             budgets: None,
             pps_out: Vec::new(),
             pps_in: Vec::new(),
@@ -262,16 +256,6 @@ impl Engine {
     /// expense, before the switch spends any work on them.
     fn cpu_throttled(&self, now: Instant, vm: VmIdx) -> bool {
         let tenant = self.dir.vms[vm].tenant;
-        let local = match (self.iron.as_ref(), self.iron_index[tenant]) {
-            (Some(iron), Some(account)) => iron.exhausted(account),
-            _ => false,
-        };
-        local || self.budget_exhausted(now, tenant)
-    }
-
-    /// With several workers: whether `tenant`'s budget shared by every worker is used up
-    /// (this worker's cache is empty and so is the pool).
-    fn budget_exhausted(&self, now: Instant, tenant: TenantIdx) -> bool {
         self.budgets
             .as_ref()
             .is_some_and(|b| b.exhausted(now, tenant))
@@ -282,23 +266,8 @@ impl Engine {
     /// of this engine's own, which replace its own accounts; so is the uplink's pacing shared;
     /// the feedback it signs uses nonce lane `worker`.
     pub fn join_workers(&mut self, budgets: Arc<SharedBudgets>, worker: usize) {
-        self.iron = None;
-        self.iron_index.fill(None);
-        let mut slices: Vec<_> = (0..self.dir.tenants.len())
-            .map(|_| Slice::new(budgets.chunk))
-            .collect();
-        // Joining again (new budgets after a live change) keeps the counts so far.
-        if let Some(old) = self.budgets.take() {
-            for (new, old) in slices.iter_mut().zip(&old.slices) {
-                new.keep_stats(old);
-            }
-        }
         self.egress.share_pacer(&budgets);
-        self.budgets = Some(WorkerBudgets {
-            budgets,
-            slices,
-            refill_at: None,
-        });
+        self.budgets = Some(WorkerBudgets::new(budgets, true, self.budgets.take()));
         self.feedback_auth.set_lane(worker as u8);
     }
 
@@ -306,11 +275,7 @@ impl Engine {
     pub fn leave_workers(&mut self, now: Instant) {
         self.egress.release_pacer(now);
         if let Some(b) = self.budgets.as_mut() {
-            for (t, slice) in b.slices.iter_mut().enumerate() {
-                if let Some(account) = b.budgets.account(t) {
-                    slice.release(now, account);
-                }
-            }
+            b.release(now);
         }
     }
 
@@ -382,10 +347,11 @@ impl Engine {
     /// sendable, a cap lifts, a quota period starts). EyeQ's meter windows are not waited
     /// for: they are closed when read ([`Engine::catch_up`]).
     pub fn poll_at(&self) -> Option<Instant> {
-        let iron = match self.budgets.as_ref() {
-            Some(b) => b.refill_at,
-            None => self.iron.as_ref().and_then(|i| i.poll_at()),
-        };
+        // A throttled tenant's refill, and the tenants' cgroups' (one loop).
+        let iron = [self.budgets.as_ref().and_then(|b| b.refill_at), self.cgroups_due()]
+            .into_iter()
+            .flatten()
+            .min();
         // A port held back by its packet rate becomes readable when a token is back.
         let pps = self
             .pps_out
@@ -422,9 +388,6 @@ impl Engine {
     fn on_timeout(&mut self, now: Instant) {
         self.egress.on_timeout(now);
         self.ingress.on_timeout(now);
-        if let Some(iron) = self.iron.as_mut() {
-            iron.on_timeout(now);
-        }
         if let Some(b) = self.budgets.as_mut() {
             b.refill_at = b.poll_at(now);
         }
@@ -568,12 +531,8 @@ impl Engine {
             .enumerate()
             .filter(|(_, tenant)| tenant.present)
             .map(|(t, tenant)| {
-                let stats = self
-                    .iron
-                    .as_ref()
-                    .zip(self.iron_index[t])
-                    .and_then(|(iron, i)| iron.stats(i).ok());
-                // With workers: what this worker's slice of the tenant's account counted.
+                // What this engine's slice of the tenant's account counted (with workers, each
+                // counts its own: the coordinator sums them).
                 let shared = self
                     .budgets
                     .as_ref()
@@ -589,12 +548,8 @@ impl Engine {
                         .filter(|(_, v)| v.tenant == t)
                         .map(|(i, _)| self.vm_counters[i].cost_ns)
                         .sum(),
-                    cpu_throttle_drops: stats
-                        .map(|s| s.throttle_drops + s.early_drops)
-                        .unwrap_or(0)
-                        + shared.map_or(0, |s| s.throttle_drops + s.early_drops),
-                    cpu_charged_ns: stats.map(|s| s.charged_ns).unwrap_or(0)
-                        + shared.map_or(0, |s| s.charged_ns),
+                    cpu_throttle_drops: shared.map_or(0, |s| s.throttle_drops + s.early_drops),
+                    cpu_charged_ns: shared.map_or(0, |s| s.charged_ns),
                     softirq_ns: self
                         .dir
                         .vms
