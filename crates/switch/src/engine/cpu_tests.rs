@@ -497,9 +497,17 @@ fn a_lone_engines_account_refills_the_cgroup_and_keeps_its_debt_across_a_quota_c
     let b1 = h.port_of("b1");
     let mut quotas = Vec::new();
     h.engine.cgroup_quotas(Instant::ZERO, &mut quotas);
-    assert_eq!(quotas, vec![(1, Duration::from_millis(1))], "nothing charged yet");
+    assert_eq!(
+        quotas,
+        vec![(1, Duration::from_millis(1))],
+        "nothing charged yet"
+    );
     let next = Instant::from_nanos(10_000_000);
-    assert_eq!(h.engine.cgroups_due(), Some(next), "the loop wakes for the refill");
+    assert_eq!(
+        h.engine.cgroups_due(),
+        Some(next),
+        "the loop wakes for the refill"
+    );
     let t = Instant::from_nanos(100_000);
     h.inject(t, b1, &udp(B1, B2, IP_B1, IP_B2, 7, 64));
     h.poll(t);
@@ -508,7 +516,11 @@ fn a_lone_engines_account_refills_the_cgroup_and_keeps_its_debt_across_a_quota_c
     assert!(quotas.is_empty(), "once per period");
     assert!(!h.engine.rx_ready(t, b1, 64), "1.2 ms of b's 0.1 ms");
     h.engine.cgroup_quotas(next, &mut quotas);
-    assert_eq!(quotas, vec![(1, Duration::ZERO)], "1 ms less 1.2 ms charged");
+    assert_eq!(
+        quotas,
+        vec![(1, Duration::ZERO)],
+        "1 ms less 1.2 ms charged"
+    );
     assert_eq!(h.engine.cgroups_due(), Some(next + super::IRON_PERIOD));
     // Live: b's allocation doubled mid-period (Iron's quota 1 ms, 0.9 ms more). The 1.1 ms
     // of debt less those 0.9 ms stays: period 1 starts with 1 - 0.2 ms.

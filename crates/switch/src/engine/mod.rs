@@ -348,10 +348,13 @@ impl Engine {
     /// for: they are closed when read ([`Engine::catch_up`]).
     pub fn poll_at(&self) -> Option<Instant> {
         // A throttled tenant's refill, and the tenants' cgroups' (one loop).
-        let iron = [self.budgets.as_ref().and_then(|b| b.refill_at), self.cgroups_due()]
-            .into_iter()
-            .flatten()
-            .min();
+        let iron = [
+            self.budgets.as_ref().and_then(|b| b.refill_at),
+            self.cgroups_due(),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         // A port held back by its packet rate becomes readable when a token is back.
         let pps = self
             .pps_out
