@@ -17,36 +17,18 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::cluster::{add_vm, config, ctl_ok, fabric, first_reply, ping, switch, vm, wait_for_vm};
-use common::{api, is_root, wait_for_api, KillOnDrop};
+use common::cluster::{
+    add_vm, cluster, config, ctl_ok, first_reply, ping, switch, vm, wait_for_vm,
+};
+use common::{api, wait_for_api, KillOnDrop};
 
 #[test]
 fn three_switches_follow_etcd_a_moved_vm_and_a_restart_while_etcd_is_down() {
-    if !is_root() {
-        return;
-    }
-    if Command::new("etcd").arg("--version").output().is_err() {
-        println!("skipped: needs etcd (Debian's etcd-server; scripts/setup.sh installs it)");
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("picnic-cluster-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let (_fabric, hosts, etcd) = fabric(&dir);
-    let mut etcd_proc = Some(etcd.start());
     // The cluster, from nothing: hosts, a tenant, a VM on each host.
-    for i in 1..=3 {
-        let (id, ip, mac) = (
-            i.to_string(),
-            format!("198.19.0.{i}"),
-            format!("02:00:00:00:01:0{i}"),
-        );
-        ctl_ok(
-            &etcd,
-            &["host", "add", &id, "--underlay-ip", &ip, "--mac", &mac],
-        );
-    }
-    ctl_ok(&etcd, &["tenant", "add", "t", "--vni", "100"]);
+    let Some((dir, _fabric, hosts, etcd, etcd_proc)) = cluster("cluster") else {
+        return;
+    };
+    let mut etcd_proc = Some(etcd_proc);
     let va = vm("a", 1, &hosts[0]);
     let vb = vm("b", 2, &hosts[1]);
     let vc = vm("c", 3, &hosts[2]);

@@ -15,8 +15,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::cluster::{add_vm, config, ctl_ok, fabric, first_reply, switch, vm, Ns};
-use common::{api, is_root, wait_for_api, KillOnDrop};
+use common::cluster::{add_vm, cluster, config, ctl_ok, first_reply, switch, vm, Ns};
+use common::{api, wait_for_api, KillOnDrop};
 use picnic_switch::config::FeedbackKeys;
 use picnic_switch::engine::feedback::FeedbackAuthState;
 use picnic_wire::feedback::FeedbackOption;
@@ -197,30 +197,9 @@ fn stop_ping(child: Child) -> (u64, u64) {
 
 #[test]
 fn the_feedback_key_rotates_cluster_wide_while_feedback_flows() {
-    if !is_root() {
+    let Some((dir, fabric, hosts, etcd, etcd_proc)) = cluster("fbkey") else {
         return;
-    }
-    if Command::new("etcd").arg("--version").output().is_err() {
-        println!("skipped: needs etcd (Debian's etcd-server; scripts/setup.sh installs it)");
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("picnic-fbkey-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let (fabric, hosts, etcd) = fabric(&dir);
-    let etcd_proc = etcd.start();
-    for i in 1..=3 {
-        let (id, ip, mac) = (
-            i.to_string(),
-            format!("198.19.0.{i}"),
-            format!("02:00:00:00:01:0{i}"),
-        );
-        ctl_ok(
-            &etcd,
-            &["host", "add", &id, "--underlay-ip", &ip, "--mac", &mac],
-        );
-    }
-    ctl_ok(&etcd, &["tenant", "add", "t", "--vni", "100"]);
+    };
     // The first key, before any switch runs: each starts with it from etcd.
     println!("{}", ctl_ok(&etcd, &["feedback-key", "rotate"]));
     let va = vm("a", 1, &hosts[0]);

@@ -238,6 +238,37 @@ pub fn wait_for_vm(sock: &Path, name: &str) {
     }
 }
 
+/// A three-host cluster on a real etcd, its hosts registered with `picnic ctl` and one
+/// tenant `t` (VNI 100) added: the scratch dir (named after `test`), the fabric, the hosts,
+/// etcd and its process. `None`, with the reason printed, without root or etcd.
+pub fn cluster(test: &str) -> Option<(PathBuf, Ns, Vec<Ns>, Etcd, KillOnDrop)> {
+    if !super::is_root() {
+        return None;
+    }
+    if Command::new("etcd").arg("--version").output().is_err() {
+        println!("skipped: needs etcd (Debian's etcd-server; scripts/setup.sh installs it)");
+        return None;
+    }
+    let dir = std::env::temp_dir().join(format!("picnic-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (fabric, hosts, etcd) = fabric(&dir);
+    let etcd_proc = etcd.start();
+    for i in 1..=3 {
+        let (id, ip, mac) = (
+            i.to_string(),
+            format!("198.19.0.{i}"),
+            format!("02:00:00:00:01:0{i}"),
+        );
+        ctl_ok(
+            &etcd,
+            &["host", "add", &id, "--underlay-ip", &ip, "--mac", &mac],
+        );
+    }
+    ctl_ok(&etcd, &["tenant", "add", "t", "--vni", "100"]);
+    Some((dir, fabric, hosts, etcd, etcd_proc))
+}
+
 /// The fabric's namespace (a bridge `br0` with each host's uplink `up0`, host `i`'s MAC
 /// 02:00:00:00:01:0i; the management bridge `mg0` with etcd's address), the three hosts'
 /// namespaces, and etcd (not started; its data in `dir`).
