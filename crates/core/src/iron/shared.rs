@@ -248,10 +248,10 @@ impl Slice {
         held == 0 && account.available(now) == 0
     }
 
-    /// Decides before any work whether one of the tenant's packets may be processed, as
-    /// [`super::CpuAccounts::admit`]: dropped when throttled, and with an early-drop
-    /// threshold T a growing fraction dropped once less than T% of the quota is left (this
-    /// slice and the account's), by deterministic error diffusion.
+    /// Decides before any work whether one of the tenant's packets may be processed: dropped
+    /// when throttled, and with an early-drop threshold T a growing fraction dropped once less
+    /// than T% of the quota is left (this slice and the account's), from 0 at T% left to all
+    /// at nothing left, by deterministic error diffusion (no randomness).
     pub fn admit(&mut self, now: Instant, account: &SharedAccount) -> Admission {
         let left = self
             .held(now, account)
