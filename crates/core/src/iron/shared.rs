@@ -318,7 +318,7 @@ mod tests {
         let chunk = 100_000;
         let shared = account(quota / 1_000);
         let mut slices = [Slice::new(chunk), Slice::new(chunk)];
-        let mut per_period = vec![0u64; 10];
+        let mut per_period = [0u64; 10];
         for step in 0..10 * PERIOD_NS / 10_000 {
             let now = Instant::from_nanos(step * 10_000);
             for s in slices.iter_mut() {
