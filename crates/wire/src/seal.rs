@@ -136,7 +136,7 @@ impl TunnelKey {
     /// A key from 32 or 64 hex digits (surrounding whitespace ignored).
     pub fn from_hex(hex: &str) -> Result<TunnelKey, Error> {
         let hex = hex.trim().as_bytes();
-        if hex.len() % 2 != 0 {
+        if !hex.len().is_multiple_of(2) {
             return Err(Error::Malformed("key: odd number of hex digits"));
         }
         let digit = |c: u8| match c {

@@ -248,10 +248,10 @@ impl Slice {
         held == 0 && account.available(now) == 0
     }
 
-    /// Decides before any work whether one of the tenant's packets may be processed, as
-    /// [`super::CpuAccounts::admit`]: dropped when throttled, and with an early-drop
-    /// threshold T a growing fraction dropped once less than T% of the quota is left (this
-    /// slice and the account's), by deterministic error diffusion.
+    /// Decides before any work whether one of the tenant's packets may be processed: dropped
+    /// when throttled, and with an early-drop threshold T a growing fraction dropped once less
+    /// than T% of the quota is left (this slice and the account's), from 0 at T% left to all
+    /// at nothing left, by deterministic error diffusion (no randomness).
     pub fn admit(&mut self, now: Instant, account: &SharedAccount) -> Admission {
         let left = self
             .held(now, account)
@@ -318,7 +318,7 @@ mod tests {
         let chunk = 100_000;
         let shared = account(quota / 1_000);
         let mut slices = [Slice::new(chunk), Slice::new(chunk)];
-        let mut per_period = vec![0u64; 10];
+        let mut per_period = [0u64; 10];
         for step in 0..10 * PERIOD_NS / 10_000 {
             let now = Instant::from_nanos(step * 10_000);
             for s in slices.iter_mut() {

@@ -3,16 +3,15 @@
 //! classify -> anti-spoofing -> (ARP answered here) -> destination lookup in the sender's
 //! tenant -> shaped class or admission limiter (own queue each, PicNIC 2.1) or fast path ->
 //! root WFQ over tenants and VMs weighted by min guarantee, capped by max -> encap -> uplink.
+//! The pacer that holds the WFQ to the uplink's rate is the submodule `pacer`.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use etherparse::{ArpOperation, IpNumber};
 
-use std::sync::Arc;
-
 use picnic_core::bucket::{Shaper, TokenBucket};
 use picnic_core::eyeq::Sender;
-use picnic_core::pool::TokenCache;
 use picnic_core::wfq::{Cap, CostKind};
 use picnic_core::{Duration, Instant, Rate};
 use picnic_wire::classify::{classify, FrameSummary, Network};
@@ -23,13 +22,16 @@ use picnic_wire::overlay::{entropy_source_port, ENCAP_OVERHEAD};
 use super::antispoof;
 use super::queues::VmQueues;
 use super::slo::Waited;
-use super::SharedBudgets;
-use super::{cost_kind, sender_config, Engine};
+use super::{cost_kind, sender_config, Engine, SharedBudgets};
 use crate::config::{Config, Mac, ShapedClass};
 use crate::directory::{Directory, PortIdx, VmIdx};
 use crate::frame::{Frame, FramePool};
 use crate::offload::Hook;
 use crate::stats::DropReason;
+
+mod pacer;
+
+use pacer::Pacer;
 
 /// A frame on its way to a remote VM: the frame, its destination VM and that VM's
 /// generation (a frame for a VM removed meanwhile is dropped), the outer UDP source port
@@ -82,41 +84,6 @@ pub struct Egress {
     guaranteed: Vec<(VmIdx, TokenBucket)>,
     /// With the egress WFQ on (each VM has its own queue): the least burst of a lane, a batch.
     lanes: Option<u64>,
-}
-
-/// Paces the WFQ to the uplink: a bucket of its own, or with several workers a token cache of
-/// the link's bucket every worker borrows from (EyeQ 4: the total tokens, a local count per
-/// CPU borrowing only when it runs out).
-enum Pacer {
-    Own(TokenBucket),
-    Shared(Arc<SharedBudgets>, TokenCache),
-}
-
-impl Pacer {
-    /// Takes a sent frame's `bytes` (debt when short).
-    fn force_consume(&mut self, now: Instant, bytes: u64) {
-        match self {
-            Pacer::Own(b) => {
-                b.force_consume(now, bytes);
-            }
-            Pacer::Shared(shared, cache) => {
-                if let Some(link) = shared.link.as_ref() {
-                    cache.charge(now, link, bytes);
-                }
-            }
-        }
-    }
-
-    /// Whether a frame may leave now.
-    fn has_tokens(&self, now: Instant) -> bool {
-        match self {
-            Pacer::Own(b) => b.available(now) > 0,
-            Pacer::Shared(shared, cache) => shared
-                .link
-                .as_ref()
-                .is_none_or(|link| !cache.exhausted(now, link)),
-        }
-    }
 }
 
 /// Queue length of a limiter at which ECN-capable frames are marked CE.
@@ -192,18 +159,15 @@ impl Egress {
     /// With several workers: paces to the link's bucket in `shared` (when egress is paced at
     /// all) through a cache of this worker's own.
     pub(super) fn share_pacer(&mut self, shared: &Arc<SharedBudgets>) {
-        if self.pacer.is_some() && shared.link.is_some() {
-            let cache = TokenCache::new(shared.link_chunk);
-            self.pacer = Some(Pacer::Shared(shared.clone(), cache));
+        if let (Some(_), Some(link)) = (self.pacer.as_ref(), shared.link.as_ref()) {
+            self.pacer = Some(Pacer::shared(link, shared.link_chunk));
         }
     }
 
     /// Returns the link tokens this worker's cache holds (it stops).
     pub(super) fn release_pacer(&mut self, now: Instant) {
-        if let Some(Pacer::Shared(shared, cache)) = self.pacer.as_mut() {
-            if let Some(link) = shared.link.as_ref() {
-                cache.release(now, link);
-            }
+        if let Some(pacer) = self.pacer.as_mut() {
+            pacer.release(now);
         }
     }
 
