@@ -16,6 +16,7 @@ use aya::{include_bytes_aligned, Ebpf, Pod};
 
 use crate::ebpf::{aya_error, load as load_object, MAX_SLOTS};
 use crate::engine::fastpath::{Epochs, Grant, RingCounts};
+use crate::stats::FastPathCounters;
 
 /// The fast path's programs (empty when the build had no clang).
 static FASTPATH: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/fastpath.o"));
@@ -30,7 +31,7 @@ const CTL_RX_DROP: u32 = 4;
 const CTL_TX_DROP: u32 = 8;
 
 /// Counters per slot, in `fastpath.bpf.c`'s order.
-pub const COUNTERS: usize = 15;
+const COUNTERS: usize = 15;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -591,19 +592,39 @@ impl KernelFastPath {
         true
     }
 
-    /// A slot's counters, summed over CPUs, in `fastpath.bpf.c`'s order (frames and bytes each
-    /// way, drops, then the reasons frames were handed over).
-    pub fn counters(&self, slot: u32) -> [u64; COUNTERS] {
+    /// A slot's counters, summed over CPUs.
+    pub fn counters(&self, slot: u32) -> FastPathCounters {
         let mut out = [0; COUNTERS];
-        if (slot as usize) >= MAX_SLOTS {
-            return out;
-        }
-        for (i, o) in out.iter_mut().enumerate() {
-            let at = slot * COUNTERS as u32 + i as u32;
-            if let Ok(v) = self.counts.get(&at, 0) {
-                *o = v.iter().sum();
+        if (slot as usize) < MAX_SLOTS {
+            for (i, o) in out.iter_mut().enumerate() {
+                let at = slot * COUNTERS as u32 + i as u32;
+                if let Ok(v) = self.counts.get(&at, 0) {
+                    *o = v.iter().sum();
+                }
             }
         }
-        out
+        counters_from_kernel(&out)
+    }
+}
+
+/// The program's counters, in `fastpath.bpf.c`'s order (frames and bytes each way, drops,
+/// then the reasons frames were handed over), as the switch's statistics name them.
+fn counters_from_kernel(c: &[u64; COUNTERS]) -> FastPathCounters {
+    FastPathCounters {
+        tx_packets: c[0],
+        tx_bytes: c[1],
+        rx_packets: c[2],
+        rx_bytes: c[3],
+        rx_dropped: c[4],
+        handed_not_granted: c[5],
+        handed_tokens: c[6],
+        handed_not_unicast_ipv4: c[7],
+        handed_spoofed: c[8],
+        handed_destination: c[9],
+        handed_offload: c[10],
+        handed_geneve_options: c[11],
+        tx_dropped: c[12],
+        tx_resumed: c[13],
+        tx_shed: c[14],
     }
 }

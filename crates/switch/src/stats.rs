@@ -242,29 +242,6 @@ pub struct FastPathCounters {
     pub tx_shed: u64,
 }
 
-impl FastPathCounters {
-    /// From the program's counters, in `fastpath.bpf.c`'s order.
-    pub fn from_kernel(c: &[u64; crate::fastpath::COUNTERS]) -> FastPathCounters {
-        FastPathCounters {
-            tx_packets: c[0],
-            tx_bytes: c[1],
-            rx_packets: c[2],
-            rx_bytes: c[3],
-            rx_dropped: c[4],
-            handed_not_granted: c[5],
-            handed_tokens: c[6],
-            handed_not_unicast_ipv4: c[7],
-            handed_spoofed: c[8],
-            handed_destination: c[9],
-            handed_offload: c[10],
-            handed_geneve_options: c[11],
-            tx_dropped: c[12],
-            tx_resumed: c[13],
-            tx_shed: c[14],
-        }
-    }
-}
-
 impl VmCounters {
     /// Adds every counter of `o` (the same VM as another worker counted it).
     pub fn add_all(&mut self, o: &VmCounters) {

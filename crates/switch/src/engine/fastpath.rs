@@ -21,7 +21,7 @@
 
 use std::net::Ipv4Addr;
 
-use picnic_core::Instant;
+use picnic_core::{Instant, Rate};
 
 use super::Engine;
 use crate::directory::VmIdx;
@@ -117,6 +117,28 @@ impl Engine {
     /// so the limiters here, which pace what it hands over, start without a burst.
     pub fn link_fast_path(&mut self) {
         self.egress.kernel_spends_bursts = true;
+    }
+
+    /// (destination endpoint, bits/s) of every admission limiter applied to local VM `vm`'s
+    /// traffic (EyeQ 3.3): the shapers the engines hold for it and, with the kernel fast path,
+    /// the rate each remote VM of its tenant is paced at in the kernel (its destination
+    /// bucket, set from the same limiter): the engines hold a VM's limiter only while they
+    /// hold its frames, and /stats showed no limit while the kernel enforced one.
+    pub(super) fn applied_limits(&self, vm: VmIdx) -> Vec<(u32, u64)> {
+        let mut limits = self.egress.applied_limits(vm);
+        if self.egress.kernel_spends_bursts {
+            let tenant = self.dir.vms[vm].tenant;
+            for (d, peer) in self.dir.vms.iter().enumerate() {
+                let remote = peer.tenant == tenant && peer.port.is_none();
+                if !remote || limits.iter().any(|&(id, _)| id == peer.id) {
+                    continue;
+                }
+                if let Some(bytes_per_sec) = self.destination_rate(d) {
+                    limits.push((peer.id, Rate::from_bytes_per_sec(bytes_per_sec).bps()));
+                }
+            }
+        }
+        limits
     }
 
     /// The VM in port `slot` goes back to the kernel for what it sends: its destinations'

@@ -524,7 +524,7 @@ impl Engine {
                     .ingress
                     .advertised(i)
                     .map(|r| Rate::from_bytes_per_sec(r).bps()),
-                applied_limits: self.egress.applied_limits(i),
+                applied_limits: self.applied_limits(i),
             })
             .collect();
         let tenants = self

@@ -15,7 +15,6 @@ use crate::engine::Engine;
 use crate::fastpath::{kernel_clock_ns, Arrivals, Destination, DestinationLimit, KernelFastPath};
 use crate::frame::FramePool;
 use crate::port::Port;
-use crate::stats::FastPathCounters;
 
 /// How often the loop syncs while busy; a VM waiting to be handed back keeps the loop's
 /// wait this short.
@@ -409,8 +408,7 @@ impl FastPathLink {
     pub(crate) fn publish(&self, engine: &mut Engine, now: Instant) {
         for (slot, registered) in self.registered.iter().enumerate().skip(1) {
             if registered.is_some() {
-                let c = FastPathCounters::from_kernel(&self.kernel.counters(slot as u32));
-                engine.note_fast_path(now, slot, c);
+                engine.note_fast_path(now, slot, self.kernel.counters(slot as u32));
             }
         }
     }
