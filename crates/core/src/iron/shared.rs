@@ -237,15 +237,26 @@ impl Slice {
     }
 
     /// Whether the tenant is throttled: neither this slice nor the account has time left
-    /// this period (Algorithm 2 hands out nothing). Looks at the account only when the
-    /// slice is empty.
+    /// this period (Algorithm 2 hands out nothing), a debt run up since this slice was taken
+    /// counted against what it holds ([`Slice::left`]).
     pub fn exhausted(&self, now: Instant, account: &SharedAccount) -> bool {
         let held = if account.roll(now) == self.epoch {
             self.local
         } else {
             0
         };
-        held == 0 && account.available(now) == 0
+        Self::left(held, now, account) == 0
+    }
+
+    /// The tenant's time left as one worker sees it: what its slice holds and the account's
+    /// positive runtime, less the account's debt. A debt means the tenant is over its quota
+    /// this period, run up by work another holder charged (another worker, or the
+    /// coordinator charging the ports' softirq time) after this slice was taken: without
+    /// the debt counted, a worker whose slice the kernel fast path left unspent saw the
+    /// tenant within its allocation for the whole period, and let its flood through.
+    fn left(held: u64, now: Instant, account: &SharedAccount) -> u64 {
+        held.saturating_sub(account.debt(now))
+            .saturating_add(account.available(now))
     }
 
     /// Decides before any work whether one of the tenant's packets may be processed: dropped
@@ -253,9 +264,8 @@ impl Slice {
     /// than T% of the quota is left (this slice and the account's), from 0 at T% left to all
     /// at nothing left, by deterministic error diffusion (no randomness).
     pub fn admit(&mut self, now: Instant, account: &SharedAccount) -> Admission {
-        let left = self
-            .held(now, account)
-            .saturating_add(account.available(now));
+        let held = self.held(now, account);
+        let left = Self::left(held, now, account);
         if left == 0 {
             self.stats.throttle_drops += 1;
             return Admission::Throttled;
@@ -336,6 +346,36 @@ mod tests {
         }
         let total: u64 = slices.iter().map(|s| s.stats().charged_ns).sum();
         assert_eq!(total, per_period.iter().sum::<u64>());
+    }
+
+    /// A worker holding a slice sees the tenant throttled once work charged elsewhere (the
+    /// coordinator's softirq charges) puts the account in debt beyond what the slice holds.
+    #[test]
+    fn a_debt_run_up_elsewhere_throttles_a_slice_that_still_holds_time() {
+        let shared = account(1_000);
+        let (mut worker, mut coordinator) = (Slice::new(100_000), Slice::new(100_000));
+        let now = at_us(10);
+        worker.charge(now, &shared, 1_000);
+        assert!(
+            !worker.exhausted(now, &shared),
+            "99 us held, 900 us in the account"
+        );
+        // 950 us of softirq work charged through the coordinator's slice: 50 us of debt.
+        coordinator.charge(now, &shared, 950_000);
+        assert_eq!(shared.debt(now), 50_000);
+        assert!(
+            !worker.exhausted(now, &shared),
+            "49 us of the worker's 99 left"
+        );
+        assert_eq!(worker.admit(now, &shared), Admission::Admit);
+        coordinator.charge(now, &shared, 49_000);
+        assert!(
+            worker.exhausted(now, &shared),
+            "the debt covers what the slice holds"
+        );
+        assert_eq!(worker.admit(now, &shared), Admission::Throttled);
+        // The next period's quota pays the debt: time again.
+        assert!(!worker.exhausted(at_us(10_010), &shared));
     }
 
     /// Algorithm 1: a debt carries into the next periods, unused runtime does not.
