@@ -48,7 +48,7 @@ pub enum CongestionControl {
 pub enum Recovery {
     /// Window inflation, one segment out per duplicate ACK once the inflated window allows
     /// (RFC 6582 and 6675; ns-3's `TcpClassicRecovery`): nearer ns-3's FCT tails on the
-    /// leaf-spine fabric than PRR is (docs/sim.md "PRR").
+    /// leaf-spine fabric than PRR is (docs/sim.md "Fast recovery, like with like").
     #[default]
     Classic,
     /// Proportional Rate Reduction (RFC 6937, with its slow-start reduction bound): about
