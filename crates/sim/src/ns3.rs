@@ -28,7 +28,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use picnic_scenario::WorkloadKind;
 
-use crate::spec::{CongestionControl, Spec, TopologyKind};
+use crate::spec::{CongestionControl, Recovery, Spec, TopologyKind};
 
 /// The simulator's TCP payload per segment: 1500 less 70 B of Geneve and 40 B of IPv4/TCP.
 pub const MSS: u32 = 1390;
@@ -87,6 +87,8 @@ pub struct Bottleneck {
     pub dctcp_threshold_kb: Option<u64>,
     /// Minimum RTO, us.
     pub min_rto_us: u64,
+    /// Fast recovery's sending rule.
+    pub recovery: Recovery,
     /// Run length, ms.
     pub duration_ms: u64,
     /// Connections.
@@ -172,6 +174,7 @@ impl Bottleneck {
             link_delay_ns: sim.link_delay_ns,
             dctcp_threshold_kb,
             min_rto_us: sim.min_rto_us,
+            recovery: sim.recovery,
             duration_ms: s.duration_ms,
             flows,
         })
@@ -272,6 +275,7 @@ NIC_MBPS = {nic}
 DELAY_NS = {delay}
 DCTCP_THRESHOLD_KB = {dctcp}
 MIN_RTO_US = {rto}
+RECOVERY = "{recovery}"
 DURATION_MS = {duration}
 SEGMENT = {mss}
 # (workload, sender host index, receiver port, start ms, stop ms, bytes: 0 until stop) per
@@ -294,6 +298,7 @@ def main():
     cd("ns3::TcpSocket::DelAckCount", ns.UintegerValue(1))
     cd("ns3::TcpSocketBase::Sack", ns.BooleanValue(True))
     cd("ns3::TcpSocketBase::MinRto", ns.TimeValue(ns.MicroSeconds(MIN_RTO_US)))
+    cd("ns3::TcpL4Protocol::RecoveryType", ns.TypeIdValue(ns.TypeId.LookupByName(RECOVERY)))
     if DCTCP_THRESHOLD_KB is not None:
         cd("ns3::TcpSocketBase::UseEcn", ns.StringValue("On"))
 
@@ -408,6 +413,7 @@ if __name__ == "__main__":
             .dctcp_threshold_kb
             .map_or("None".to_string(), |k| k.to_string()),
         rto = b.min_rto_us,
+        recovery = b.recovery.ns3_type(),
         duration = b.duration_ms,
         mss = MSS,
         flows = flows.join("\n"),

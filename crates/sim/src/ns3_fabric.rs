@@ -10,7 +10,7 @@ use anyhow::{bail, Result};
 use picnic_scenario::WorkloadKind;
 
 use crate::ns3::MSS;
-use crate::spec::{CongestionControl, Ecmp, Spec, TopologyKind};
+use crate::spec::{CongestionControl, Ecmp, Recovery, Spec, TopologyKind};
 use crate::workload::{Arrivals, FlowSizes};
 
 /// The simulator's data frame on the wire: the segment, inner Ethernet/IPv4/TCP (54) and
@@ -66,6 +66,8 @@ pub struct Fabric {
     pub min_rto_us: u64,
     /// See `dupack_threshold`.
     pub dctcp_threshold_kb: Option<u64>,
+    /// Fast recovery's sending rule.
+    pub recovery: Recovery,
     /// Arrival window (the throughput's), ms, and the run's end (the simulator's grace
     /// included), ms.
     pub window_ms: (u64, u64),
@@ -140,6 +142,7 @@ impl Fabric {
             delay_ns: sim.link_delay_ns,
             dupack_threshold: sim.dupack_threshold,
             min_rto_us: sim.min_rto_us,
+            recovery: sim.recovery,
             dctcp_threshold_kb: match sim.cc {
                 CongestionControl::Dctcp => Some(sim.ecn_threshold_kb.ok_or_else(|| {
                     anyhow::anyhow!(
@@ -326,6 +329,7 @@ NIC_QUEUE_FRAMES = {nicq}
 DELAY_NS = {delay}
 DUPACK = {dupack}
 MIN_RTO_US = {rto}
+RECOVERY = "{recovery}"
 DCTCP_THRESHOLD_KB = {dctcp}
 WINDOW_MS = {window:?}
 END_MS = {end}
@@ -359,6 +363,7 @@ def main():
     cd("ns3::TcpSocketBase::Sack", ns.BooleanValue(True))
     cd("ns3::TcpSocketBase::ReTxThreshold", ns.UintegerValue(DUPACK))
     cd("ns3::TcpSocketBase::MinRto", ns.TimeValue(ns.MicroSeconds(MIN_RTO_US)))
+    cd("ns3::TcpL4Protocol::RecoveryType", ns.TypeIdValue(ns.TypeId.LookupByName(RECOVERY)))
     cd("ns3::Ipv4GlobalRouting::RandomEcmpRouting", ns.BooleanValue(True))
     if DCTCP_THRESHOLD_KB is not None:
         cd("ns3::TcpSocketBase::UseEcn", ns.StringValue("On"))
@@ -460,6 +465,7 @@ if __name__ == "__main__":
         delay = f.delay_ns,
         dupack = f.dupack_threshold,
         rto = f.min_rto_us,
+        recovery = f.recovery.ns3_type(),
         dctcp = dctcp,
         window = f.window_ms,
         end = f.end_ms,

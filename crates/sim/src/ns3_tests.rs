@@ -45,6 +45,16 @@ fn the_bottleneck_scenario_maps_to_one_link_and_its_connections() {
         .replace("[sim]", "[sim]\ncc = \"dctcp\"\necn_threshold_kb = 10");
     let b = Bottleneck::from_spec(&Spec::parse(&dctcp).unwrap()).unwrap();
     assert_eq!(b.dctcp_threshold_kb, Some(10));
+    // Fast recovery's rule is ns-3's of the same name: classic by default, PRR on request.
+    assert!(
+        p.contains("RECOVERY = \"ns3::TcpClassicRecovery\"\n"),
+        "{p}"
+    );
+    let prr =
+        scenario("scenarios/sim/bottleneck-tcp.toml").replace("[sim]", "[sim]\nrecovery = \"prr\"");
+    let p = generate(&Spec::parse(&prr).unwrap(), 3).unwrap();
+    assert!(p.contains("RECOVERY = \"ns3::TcpPrrRecovery\"\n"), "{p}");
+    assert!(p.contains("cd(\"ns3::TcpL4Protocol::RecoveryType\", ns.TypeIdValue(ns.TypeId.LookupByName(RECOVERY)))"));
 }
 
 #[test]

@@ -42,6 +42,30 @@ pub enum CongestionControl {
     Dctcp,
 }
 
+/// How the TCP model sends during fast recovery (ns-3's `TcpL4Protocol::RecoveryType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Recovery {
+    /// Window inflation, one segment out per duplicate ACK once the inflated window allows
+    /// (RFC 6582 and 6675; ns-3's `TcpClassicRecovery`): nearer ns-3's FCT tails on the
+    /// leaf-spine fabric than PRR is (docs/sim.md "Fast recovery, like with like").
+    #[default]
+    Classic,
+    /// Proportional Rate Reduction (RFC 6937, with its slow-start reduction bound): about
+    /// ssthresh / RecoverFS segments out per segment delivered; ns-3's default.
+    Prr,
+}
+
+impl Recovery {
+    /// ns-3's recovery type of the same rule (`picnic sim ns3`).
+    pub fn ns3_type(self) -> &'static str {
+        match self {
+            Recovery::Prr => "ns3::TcpPrrRecovery",
+            Recovery::Classic => "ns3::TcpClassicRecovery",
+        }
+    }
+}
+
 /// Processing cost standing in for the switch's CPU: per poll of the engine (the loop's fixed
 /// cost), and per packet base + per byte + per rule, times a uniform factor in
 /// [1 - variance, 1 + variance]. The switch measures its own as `cost_model` (fixed ns per
@@ -196,6 +220,8 @@ pub struct SimSection {
     /// Duplicate ACKs that trigger fast retransmit in the TCP model (EyeQ 5.4 raises it
     /// for per-packet ECMP).
     pub dupack_threshold: u32,
+    /// Fast recovery's sending rule of the TCP model, `classic` (default) or `prr`.
+    pub recovery: Recovery,
     /// Modes to run (`picnic`, `picnic-off`, `victim-alone`).
     pub modes: Vec<String>,
     /// Flow-size traffic.
@@ -233,6 +259,7 @@ impl Default for SimSection {
             cc: CongestionControl::NewReno,
             min_rto_us: 5000,
             dupack_threshold: 3,
+            recovery: Recovery::Classic,
             modes: vec!["picnic".into(), "picnic-off".into(), "victim-alone".into()],
             flows: Vec::new(),
             shuffles: Vec::new(),

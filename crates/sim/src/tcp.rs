@@ -1,11 +1,12 @@
 //! A window-based TCP model counting in segments: slow start, congestion avoidance, NewReno
 //! fast retransmit and recovery (RFC 6582), retransmission timeout with backoff (RFC 6298),
 //! and DCTCP's ECN reaction (Alizadeh et al., section 3: alpha <- (1-g) alpha + g F per
-//! window, cwnd <- cwnd (1 - alpha/2) once per window of marks). Sans-I/O: the application
+//! window, cwnd <- cwnd (1 - alpha/2) once per window of marks); in recovery the sending
+//! rule is Proportional Rate Reduction (RFC 6937) or window inflation. Sans-I/O: the application
 //! sends what [`TcpSender::next_to_send`] allows and feeds ACKs and timeouts back.
 
 use crate::event::Nanos;
-use crate::spec::CongestionControl;
+use crate::spec::{CongestionControl, Recovery};
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 
@@ -53,6 +54,22 @@ pub struct TcpSender {
     /// Duplicate ACKs that start fast retransmit (3; EyeQ 5.4 raises it under per-packet
     /// ECMP, whose reordering would otherwise look like loss).
     pub dupack_threshold: u32,
+    /// The sending rule in fast recovery.
+    pub recovery: Recovery,
+    prr: Prr,
+}
+
+/// Proportional Rate Reduction's state in one recovery (RFC 6937 section 3), in segments.
+#[derive(Debug, Clone, Copy, Default)]
+struct Prr {
+    /// RecoverFS: snd.nxt - snd.una when recovery began.
+    recover_fs: u64,
+    /// prr_delivered: segments the receiver reported arriving since (cumulatively or SACKed).
+    delivered: u64,
+    /// prr_out: segments sent since.
+    out: u64,
+    /// What the last ACK's sndcnt lets out, less what went out since.
+    quota: u64,
 }
 
 impl TcpSender {
@@ -60,6 +77,8 @@ impl TcpSender {
     pub fn new(cc: CongestionControl, total: Option<u64>, min_rto: Nanos) -> TcpSender {
         TcpSender {
             dupack_threshold: 3,
+            recovery: Recovery::Classic,
+            prr: Prr::default(),
             cc,
             cwnd: INITIAL_CWND,
             ssthresh: f64::MAX,
@@ -91,11 +110,29 @@ impl TcpSender {
         self.total.is_some_and(|t| self.snd_una >= t)
     }
 
-    /// The segment the window allows next, if any.
+    /// The segment the window allows next, if any. In recovery under PRR: what the last
+    /// ACK's sndcnt still lets out, chosen by RFC 6675's NextSeg (a hole deemed lost, else
+    /// new data, else with no new data left any hole).
     pub fn next_to_send(&self) -> Option<u64> {
+        if self.prr_recovering() {
+            if self.prr.quota == 0 {
+                return None;
+            }
+            return self
+                .find_hole(true)
+                .or_else(|| self.has_new_data().then_some(self.next_seq))
+                .or_else(|| self.find_hole(false));
+        }
         let in_window = (self.next_seq - self.snd_una) < self.cwnd.max(1.0) as u64;
-        let has_data = self.total.map_or(true, |t| self.next_seq < t);
-        (in_window && has_data).then_some(self.next_seq)
+        (in_window && self.has_new_data()).then_some(self.next_seq)
+    }
+
+    fn has_new_data(&self) -> bool {
+        self.total.is_none_or(|t| self.next_seq < t)
+    }
+
+    fn prr_recovering(&self) -> bool {
+        self.recovery == Recovery::Prr && self.recovering.is_some()
     }
 
     /// Records that segment `seq` went out at `now`.
@@ -106,6 +143,14 @@ impl TcpSender {
         }
         if seq < self.high_seq {
             self.retransmits += 1;
+        }
+        if self.prr_recovering() {
+            // A hole NextSeg chose went out (`next_to_send`): the next search starts above.
+            if seq < self.high_seq {
+                self.rtx_next = self.rtx_next.max(seq + 1);
+            }
+            self.prr.out += 1;
+            self.prr.quota = self.prr.quota.saturating_sub(1);
         }
         self.high_seq = self.high_seq.max(seq + 1);
         if self.rto_deadline.is_none() {
@@ -129,6 +174,7 @@ impl TcpSender {
         // section 2, ns-3's definition with SACK): the ACK of a segment the receiver already
         // held (a spurious retransmission's echo, D-SACK in Linux) says nothing of a loss.
         let mut newly_sacked = false;
+        let (una, held) = (self.snd_una, self.sacked.len() as u64);
         for seq in sack.start.max(ack)..sack.end.min(self.high_seq) {
             newly_sacked |= self.sacked.insert(seq);
         }
@@ -142,6 +188,8 @@ impl TcpSender {
             let newly = ack - self.snd_una;
             self.snd_una = ack;
             self.sacked = self.sacked.split_off(&ack);
+            // RFC 6937's DeliveredData: the change in snd.una plus the change in SACKed.
+            let delivered = (ack - una + self.sacked.len() as u64).saturating_sub(held);
             self.next_seq = self.next_seq.max(ack);
             self.skip_sacked();
             self.dupacks = 0;
@@ -150,6 +198,9 @@ impl TcpSender {
                 Some(recover) if ack >= recover => {
                     self.cwnd = self.ssthresh;
                     self.recovering = None;
+                }
+                Some(_) if self.recovery == Recovery::Prr => {
+                    self.prr_on_ack(delivered);
                 }
                 Some(_) => {
                     // NewReno partial ACK: deflate the window, send by RFC 6675's NextSeg.
@@ -169,7 +220,10 @@ impl TcpSender {
             None
         } else if ack == self.snd_una && self.snd_una < self.high_seq && newly_sacked {
             self.dupacks += 1;
-            if self.recovering.is_some() {
+            let delivered = self.sacked.len() as u64 - held;
+            if self.prr_recovering() {
+                self.prr_on_ack(delivered);
+            } else if self.recovering.is_some() {
                 // One segment out per segment that left: the window inflates by it, and
                 // NextSeg's choice goes out, a hole taking the slot of new data. Both, as
                 // before 2026-11-29 (early), sent two per duplicate ACK into the queue.
@@ -180,10 +234,20 @@ impl TcpSender {
                 }
                 return hole;
             } else if self.dupacks == self.dupack_threshold {
-                self.ssthresh = (self.flight() as f64 / 2.0).max(2.0);
+                self.rtx_next = self.snd_una;
+                self.ssthresh = self.loss_ssthresh();
                 self.cwnd = self.ssthresh + self.dupack_threshold as f64;
                 self.recovering = Some(self.high_seq);
-                self.rtx_next = self.snd_una;
+                if self.recovery == Recovery::Prr {
+                    self.prr = Prr {
+                        recover_fs: self.flight(),
+                        ..Prr::default()
+                    };
+                    self.prr_on_ack(delivered);
+                    // The fast retransmission goes whatever sndcnt says (ns-3's
+                    // `TcpPrrRecovery::DoRecovery`: at least one segment before any).
+                    self.prr.quota = self.prr.quota.max(1);
+                }
                 return self.next_hole(false);
             }
             None
@@ -196,11 +260,11 @@ impl TcpSender {
     /// segment with a window of one, over the segments not reported held (the SACK record is
     /// kept: the simulator's receivers never renege). Returns whether it fired.
     pub fn on_timeout(&mut self, now: Nanos) -> bool {
-        if self.rto_deadline.map_or(true, |d| d > now) {
+        if self.rto_deadline.is_none_or(|d| d > now) {
             return false;
         }
         self.timeouts += 1;
-        self.ssthresh = (self.flight() as f64 / 2.0).max(2.0);
+        self.ssthresh = self.loss_ssthresh();
         self.cwnd = 1.0;
         self.recovering = None;
         self.dupacks = 0;
@@ -226,10 +290,65 @@ impl TcpSender {
         no_new_data.then(|| self.next_hole(false)).flatten()
     }
 
+    /// PRR on an ACK in recovery that delivered `delivered` segments (RFC 6937 section 3,
+    /// with the slow-start reduction bound, PRR-SSRB, as ns-3's default): while more than
+    /// ssthresh is in the pipe, send so that what went out since recovery began stays
+    /// ssthresh / RecoverFS of what was delivered; below it, grow back toward ssthresh by
+    /// at most one segment more than delivered.
+    fn prr_on_ack(&mut self, delivered: u64) {
+        self.prr.delivered += delivered;
+        let pipe = self.pipe() as f64;
+        let (prr_delivered, prr_out) = (self.prr.delivered as f64, self.prr.out as f64);
+        let sndcnt = if pipe > self.ssthresh {
+            (prr_delivered * self.ssthresh / self.prr.recover_fs.max(1) as f64).ceil() - prr_out
+        } else {
+            let limit = (prr_delivered - prr_out).max(delivered as f64) + 1.0;
+            (self.ssthresh - pipe).min(limit).floor()
+        };
+        self.prr.quota = sndcnt.max(0.0) as u64;
+        self.cwnd = pipe + self.prr.quota as f64;
+    }
+
+    /// The ssthresh a loss sets: half of what is in flight, counted as snd.nxt - snd.una
+    /// under `classic` (RFC 5681's FlightSize), as RFC 6675's pipe under PRR, as ns-3 counts
+    /// it with SACK (`BytesInFlight` in `TcpSocketBase::EnterRecovery` and on a timeout).
+    /// After a burst loss the two differ by what the receiver holds and what was lost, and
+    /// PRR refills the pipe to ssthresh: from the flight it refilled it to twice ns-3's.
+    fn loss_ssthresh(&self) -> f64 {
+        let in_flight = match self.recovery {
+            Recovery::Prr => self.pipe(),
+            Recovery::Classic => self.flight(),
+        };
+        (in_flight as f64 / 2.0).max(2.0)
+    }
+
+    /// RFC 6675's pipe (SetPipe), in segments: those sent and not reported held, less the
+    /// holes deemed lost and not retransmitted; a retransmitted hole counts once.
+    fn pipe(&self) -> u64 {
+        let outstanding = self.flight() - self.sacked.len() as u64;
+        // Every hole below the `dupack_threshold`-th highest segment reported held is lost.
+        let threshold = self.dupack_threshold.max(1) as usize;
+        let Some(&bound) = self.sacked.iter().rev().nth(threshold - 1) else {
+            return outstanding;
+        };
+        // Holes below `rtx_next` were retransmitted in this recovery.
+        let from = self.rtx_next.max(self.snd_una);
+        let lost =
+            bound.saturating_sub(from) - self.sacked.range(from..bound.max(from)).count() as u64;
+        outstanding - lost
+    }
+
     /// The lowest segment from `rtx_next` not reported held, below the highest reported;
     /// with `lost_only`, only if it is deemed lost: `dupack_threshold` segments above it
-    /// reported held (RFC 6675's IsLost, as ns-3 decides it).
+    /// reported held (RFC 6675's IsLost, as ns-3 decides it). `rtx_next` moves past it.
     fn next_hole(&mut self, lost_only: bool) -> Option<u64> {
+        let seq = self.find_hole(lost_only)?;
+        self.rtx_next = seq + 1;
+        Some(seq)
+    }
+
+    /// [`Self::next_hole`] without moving `rtx_next`.
+    fn find_hole(&self, lost_only: bool) -> Option<u64> {
         let mut seq = self.rtx_next.max(self.snd_una);
         while seq < self.high_seq && self.sacked.contains(&seq) {
             seq += 1;
@@ -237,10 +356,7 @@ impl TcpSender {
         let below_sacked = seq < self.high_seq && seq < self.sacked.last().map_or(seq + 1, |&l| l);
         let threshold = self.dupack_threshold.max(1) as usize;
         let lost = !lost_only || self.sacked.range(seq + 1..).nth(threshold - 1).is_some();
-        (below_sacked && lost).then(|| {
-            self.rtx_next = seq + 1;
-            seq
-        })
+        (below_sacked && lost).then_some(seq)
     }
 
     /// Moves `next_seq` past segments the receiver reported holding (after a timeout the
@@ -507,6 +623,72 @@ mod tests {
         s.on_sent(2_000_100, 1);
         assert_eq!(s.next_seq, 10, "2-9 skipped");
         assert_eq!(s.retransmits, 2);
+    }
+
+    /// Sends what an ACK lets out (the segment `on_ack` returns, then what the window
+    /// allows), on a virtual clock at `now`.
+    fn ack_and_send(s: &mut TcpSender, now: Nanos, ack: u64, sack: Range<u64>) -> Vec<u64> {
+        let mut out: Vec<u64> = s.on_ack(now, ack, sack, false, 0).into_iter().collect();
+        for &q in &out {
+            s.on_sent(now, q);
+        }
+        while let Some(q) = s.next_to_send() {
+            s.on_sent(now, q);
+            out.push(q);
+        }
+        out
+    }
+
+    /// PRR (RFC 6937) spreads recovery's sending over the window: while the pipe is above
+    /// ssthresh, what went out since recovery began is ceil(delivered x ssthresh / RecoverFS)
+    /// (8 / 20 here: two segments per five delivered), then PRR-SSRB holds the pipe at
+    /// ssthresh. PRR halves the pipe (16: 20 sent, 3 SACKed, segment 0 deemed lost), as
+    /// ns-3 does; window inflation (`classic`) halves the flight (20) and sends nothing until
+    /// the duplicate ACKs have inflated the window past it, then one per ACK.
+    #[test]
+    fn prr_sends_in_proportion_to_what_was_delivered() {
+        let mut sent = Vec::new();
+        for (recovery, ssthresh) in [(Recovery::Prr, 8.0), (Recovery::Classic, 10.0)] {
+            let mut s = TcpSender::new(CongestionControl::NewReno, None, 1_000_000);
+            s.recovery = recovery;
+            s.cwnd = 20.0;
+            while let Some(q) = s.next_to_send() {
+                s.on_sent(0, q);
+            }
+            // Segment 0 lost; 1-19 arrive, one ACK each, 1 us apart.
+            let per_ack: Vec<Vec<u64>> = (1..20)
+                .map(|k| ack_and_send(&mut s, 10_000 + k * 1000, 0, 1..k + 1))
+                .collect();
+            assert_eq!(
+                per_ack[2],
+                [0],
+                "{recovery:?}: fast retransmit on the third"
+            );
+            assert_eq!(s.ssthresh, ssthresh, "{recovery:?}");
+            if recovery == Recovery::Prr {
+                // The pipe stays above 8 through the 16th ACK.
+                let mut out = 0;
+                for (i, segs) in per_ack.iter().enumerate().take(16).skip(2) {
+                    out += segs.len();
+                    let delivered = i - 1;
+                    assert_eq!(out, (delivered * 8).div_ceil(20), "after ACK {}", i + 1);
+                }
+                assert_eq!(per_ack[4], [20], "new data from the fifth ACK on");
+                assert!(per_ack[16].is_empty() && per_ack[17..].iter().all(|p| p.len() == 1));
+                assert_eq!(s.pipe(), 8, "the pipe has come down to ssthresh");
+            } else {
+                assert!(per_ack[3..10].iter().all(|p| p.is_empty()), "{per_ack:?}");
+                assert!(per_ack[10..].iter().all(|p| p.len() == 1), "{per_ack:?}");
+            }
+            sent.push(s.next_seq - 20);
+            // The retransmission arrives: recovery ends at ssthresh.
+            ack_and_send(&mut s, 40_000, 20, 0..1);
+            assert_eq!(s.recovering, None);
+            assert_eq!(s.cwnd, ssthresh);
+        }
+        // New segments sent in recovery: PRR seven, from the fifth ACK on, spread; classic
+        // nine, in the second half only.
+        assert_eq!(sent, [7, 9]);
     }
 
     #[test]

@@ -84,7 +84,7 @@ impl FlowSizes {
             }
             points.push((size, cdf));
         }
-        if points.last().map_or(true, |&(_, c)| c < 1.0) {
+        if points.last().is_none_or(|&(_, c)| c < 1.0) {
             bail!("the CDF must end at 1");
         }
         Ok(points)

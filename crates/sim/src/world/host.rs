@@ -253,7 +253,7 @@ impl Net {
     fn wake_host(&mut self, h: u32, now: Nanos) {
         let sched = &mut self.sched[h as usize];
         let at = now.max(sched.busy_until);
-        if sched.pending.map_or(true, |p| p > at) {
+        if sched.pending.is_none_or(|p| p > at) {
             sched.gen += 1;
             sched.pending = Some(at);
             self.queue.push(at, Event::HostPoll(h, sched.gen));

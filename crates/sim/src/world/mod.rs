@@ -123,6 +123,7 @@ impl World {
                 min_rto: sim.min_rto_us * 1000,
                 dupack_threshold: sim.dupack_threshold,
                 cc: sim.cc,
+                recovery: sim.recovery,
             },
             tenant_names: sc.tenants.iter().map(|t| t.name.clone()).collect(),
             end: duration + GRACE_NS,

@@ -27,7 +27,7 @@ use super::host::{Delivery, VmLoc};
 use super::{Net, World};
 use crate::event::{Event, Nanos};
 use crate::packet::{Addr, Kind, Meta, Proto};
-use crate::spec::{CongestionControl, Spec};
+use crate::spec::{CongestionControl, Recovery, Spec};
 use crate::workload::{Arrivals, FlowSizes};
 
 /// RPC timeout default, ms.
@@ -50,6 +50,7 @@ pub(super) struct TcpParams {
     pub min_rto: Nanos,
     pub dupack_threshold: u32,
     pub cc: CongestionControl,
+    pub recovery: Recovery,
 }
 
 impl TcpParams {

@@ -59,6 +59,7 @@ impl TcpFlow {
     ) -> TcpFlow {
         let mut sender = TcpSender::new(tcp.cc, segments, tcp.min_rto);
         sender.dupack_threshold = tcp.dupack_threshold;
+        sender.recovery = tcp.recovery;
         TcpFlow {
             src,
             dst,
@@ -116,7 +117,7 @@ impl TcpFlow {
             self.sender.on_sent(now, seq);
         }
         if let Some(d) = self.sender.rto_deadline {
-            if self.timer.map_or(true, |s| s > d) {
+            if self.timer.is_none_or(|s| s > d) {
                 self.gen += 1;
                 self.timer = Some(d);
                 net.queue.push(d, Event::App(a, self.gen));
@@ -274,6 +275,7 @@ mod tests {
             min_rto: 1,
             dupack_threshold: 3,
             cc: crate::spec::CongestionControl::NewReno,
+            recovery: crate::spec::Recovery::Classic,
         };
         let flow = TcpFlow::new(vm, vm, slot, Some(5), (10, 1000), &tcp);
         flow.record_completion(300, &mut meas);
