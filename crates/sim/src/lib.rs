@@ -7,7 +7,6 @@
 
 pub mod event;
 pub mod ns3;
-pub mod ns3_fabric;
 pub mod packet;
 pub mod report;
 pub mod spec;

@@ -3,7 +3,7 @@
 //! nothing tuned by hand for either side (issue 34). Two cases: here the single bottleneck,
 //! `tcp_bulk` and `transfer` (incast) workloads from any hosts to VMs on one receiver host,
 //! whose access link is the bottleneck; and a scenario with `[[sim.flows]]`, the leaf-spine
-//! fabric (`ns3_fabric.rs`). Everything else is refused with the reason. docs/sim.md "ns-3"
+//! fabric (`ns3/fabric.rs`). Everything else is refused with the reason. docs/sim.md "ns-3"
 //! has the status.
 //!
 //! The mapping: one ns-3 node per scenario host and one for the fabric switch; each sender
@@ -184,7 +184,7 @@ impl Bottleneck {
 /// The ns-3 program for `spec`, with ns-3's `RngRun` = `seed`.
 pub fn generate(spec: &Spec, seed: u64) -> Result<String> {
     if !spec.sim.flows.is_empty() {
-        return crate::ns3_fabric::generate(spec, seed);
+        return fabric::generate(spec, seed);
     }
     let b = Bottleneck::from_spec(spec)?;
     let mut p = String::new();
@@ -432,6 +432,8 @@ pub fn run_cli(args: Ns3Args) -> Result<i32> {
     }
     Ok(0)
 }
+
+mod fabric;
 
 #[cfg(test)]
 #[path = "ns3_tests.rs"]

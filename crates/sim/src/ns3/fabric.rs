@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use anyhow::{bail, Result};
 use picnic_scenario::WorkloadKind;
 
-use crate::ns3::MSS;
+use super::MSS;
 use crate::spec::{CongestionControl, Ecmp, Recovery, Spec, TopologyKind};
 use crate::workload::{Arrivals, FlowSizes};
 
@@ -477,5 +477,5 @@ if __name__ == "__main__":
 }
 
 #[cfg(test)]
-#[path = "ns3_fabric_tests.rs"]
+#[path = "fabric_tests.rs"]
 mod tests;
