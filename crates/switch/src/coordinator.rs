@@ -470,7 +470,7 @@ impl Switch {
             .collect()
     }
 
-    /// Iron 3.2: each tenant's cgroup gets its
+    /// Iron 3.2 with several workers, as with one loop: each tenant's cgroup gets its
     /// allocation minus the switch CPU every worker (and the ports' softirq time, charged
     /// here) charged to its one account since the last refill (the coordinator's engine has
     /// joined the workers' accounts), and the softirq work the kernel ran in the group's

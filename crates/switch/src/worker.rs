@@ -253,7 +253,7 @@ impl Worker {
                 .iterate(now, &mut self.engine, &mut io, &mut self.pool)?
                 .busy()
                 + mail;
-            // The shared engine: frames set aside go to it through this
+            // The shared engine, as in the single loop: frames set aside go to it through this
             // worker's port, their results come back and leave in this pass.
             if let Some(port) = self.accel.as_mut() {
                 let scratch = &mut self.accel_scratch;

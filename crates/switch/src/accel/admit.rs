@@ -1,5 +1,5 @@
 //! FairNIC's admission on the submit path (FairNIC 4.4, sans-I/O: every call takes `now`):
-//! each worker that submits jobs holds a
+//! each dataplane thread that submits jobs (the single loop, or each worker) holds a
 //! [`Gate`] with its own token cache per tenant and spends from it without a lock; only
 //! when a cache runs dry does it take the [`Limiter`]'s lock, which refills the cache from
 //! the tenant's base bucket or, past its base, steals from the global overflow pool within

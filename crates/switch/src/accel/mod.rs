@@ -2,7 +2,7 @@
 //! tunnel packets with their AES-GCM keys (`picnic_wire::seal`), isolated between tenants by
 //! FairNIC's limiter (FairNIC 4.4; DESIGN.md section 3 item 7).
 //!
-//! Every worker of the switch submits through
+//! Every dataplane thread (the single loop, or each of the switch's workers) submits through
 //! its own [`AccelPort`]: a [`Job`] (a frame and what to do with it) passes the port's
 //! FairNIC gate ([`admit::Gate`]: a token cache per tenant, spent without a lock; the
 //! limiter's lock only when a cache runs dry, to refill it from the tenant's base or steal

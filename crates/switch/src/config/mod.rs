@@ -124,7 +124,7 @@ pub struct SwitchSection {
     /// Dataplane workers: threads each owning a share of the VMs' ports and reading the
     /// uplink through its own socket (docs/switch.md "Workers"). None: one per CPU the switch
     /// may run on (`cpus`, else its affinity mask), at most one per local VM port, at least
-    /// one. 1 is one worker serving every port (the one-worker case of the same run loop).
+    /// one. 1 is a single loop serving every port, as before workers existed.
     #[serde(default)]
     pub workers: Option<usize>,
     /// After each iteration that handled frames or engine jobs, the dataplane thread yields

@@ -1,8 +1,8 @@
 //! The tenants' CPU accounts (Iron 3.2: one [`SharedAccount`] per tenant with a quota,
 //! refilled per period by Algorithm 1, from which each engine takes slices of its own, CFS's
-//! `rt_remain`): a lone engine (the simulator's, a test's) builds accounts of its own
-//! ([`Engine::own_budgets`]); the switch's coordinator builds one set for the host and every
-//! worker's engine joins it, one worker or several (docs/switch.md "Workers", [`crate::workers`]). With
+//! `rt_remain`), for one loop and for workers alike: a lone engine builds accounts of its own
+//! ([`Engine::own_budgets`]); with several workers the coordinator builds one set for the host
+//! and every worker's engine joins it (docs/switch.md "Workers", [`crate::workers`]). With
 //! workers the uplink's pacing bucket is shared too (a lock-free [`SharedBucket`] every worker
 //! borrows from through its own [`picnic_core::pool::TokenCache`], EyeQ 4's per-CPU token
 //! counts). Plain shared state without I/O.
@@ -45,7 +45,7 @@ pub struct SharedBudgets {
 
 impl SharedBudgets {
     /// Accounts for the tenants with a quota of `quotas` (index = tenant), each `quota` ns of
-    /// CPU per `period` (early drops below 10% left), the first period
+    /// CPU per `period` (early drops below 10% left, as the single loop's), the first period
     /// starting full at `now`; workers' slices take 1/16 of a period's smallest quota split
     /// over the workers, at most 100 us.
     pub fn new(

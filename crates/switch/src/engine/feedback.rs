@@ -139,7 +139,7 @@ impl FeedbackAuthState {
         self.active.is_some()
     }
 
-    /// Signs in nonce lane `lane` (a worker's index), at most 255.
+    /// Signs in nonce lane `lane` (a worker's index; 0 for a single loop), at most 255.
     pub fn set_lane(&mut self, lane: u8) {
         self.lane = u64::from(lane);
     }

@@ -49,7 +49,7 @@ impl Engine {
 /// the part it would have by its VMs' guarantees (`reserve`) if they started, so a VM that
 /// starts receiving is not held to a sliver until the next split. Each receiver keeps its
 /// headroom of its part (its endpoints are every local VM, so it uses the solo headroom only
-/// on a host with a single local VM, as a lone receiver does).
+/// on a host with a single local VM, as the single loop does).
 pub fn split_link(capacity: u64, parts: &[Aggregate]) -> Vec<u64> {
     let active_weight: u128 = parts.iter().map(|p| p.guarantee as u128).sum();
     let mut share = vec![0u128; parts.len()];

@@ -347,7 +347,7 @@ impl Engine {
     /// sendable, a cap lifts, a quota period starts). EyeQ's meter windows are not waited
     /// for: they are closed when read ([`Engine::catch_up`]).
     pub fn poll_at(&self) -> Option<Instant> {
-        // A throttled tenant's refill, and the tenants' cgroups' (an engine that refills them).
+        // A throttled tenant's refill, and the tenants' cgroups' (one loop).
         let iron = [
             self.budgets.as_ref().and_then(|b| b.refill_at),
             self.cgroups_due(),

@@ -1,5 +1,5 @@
 //! How a loop waits when idle (Rizzo et al.): the adaptive wait of each receive ring and the
-//! policy that spins or blocks on it. Every worker runs it.
+//! policy that spins or blocks on it. The single loop and every worker run it.
 
 use picnic_core::notify::{AdaptiveWait, Params, Role, WaitConfig, WaitDecision};
 use picnic_core::{Duration, Instant};
@@ -8,7 +8,7 @@ use picnic_core::{Duration, Instant};
 /// wait learns the loop's own service time; when idle, it spins while some ring's producer is
 /// expected to deliver its next frame sooner than a notification and wake-up would cost, at
 /// most `spin_us`, and otherwise (or once a spin has run out) the caller blocks until a frame
-/// arrives or the engines' next deadline. Every worker runs it.
+/// arrives or the engines' next deadline. The single loop and every worker run it.
 #[derive(Default)]
 pub(crate) struct IdlePolicy {
     spin_until: Option<Instant>,
