@@ -1,6 +1,6 @@
-//! The run loop ([`crate::workers`]): the calling thread splits the switch into its workers
-//! (engines, ports, frame pools; one worker is the one-worker case of the same split), runs
-//! each on a thread of its own, and coordinates: it merges their snapshots for the API every 100 ms, writes the tenants'
+//! The run loop with several workers ([`crate::workers`]): the calling thread splits the
+//! switch into workers (engines, ports, frame pools), runs each on a thread of its own, and
+//! coordinates: it merges their snapshots for the API every 100 ms, writes the tenants'
 //! cgroup quotas every Iron period from the CPU all workers charged, and applies API changes
 //! without stopping anyone: it opens a new VM's port itself, tries the changes on an engine of
 //! its own that mirrors the workers' directories (so a change the engines refuse reaches no
@@ -36,18 +36,8 @@ const MAILBOX_FRAMES: usize = 4096;
 const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Switch {
-    /// Runs the switch until the stop flag is set: its workers (`self.workers`, the kernel
-    /// fast path in worker 0) and, on the calling thread, their coordinator. A port error other
-    /// than would-block ends the run.
-    pub fn run(&mut self) -> anyhow::Result<()> {
-        // The coordinator on the CPUs the switch may use and at its workers' priority: Iron's
-        // refills are due every period, and a coordinator waiting behind the tenants for a
-        // core would hand them late (a test's group kept its unlimited quota for 100 ms).
-        setup_thread(
-            &self.cfg,
-            self.cfg.switch.cpus.as_deref(),
-            self.fastpath.is_some(),
-        )?;
+    /// [`Switch::run`] with `self.workers > 1` workers.
+    pub(crate) fn run_workers(&mut self) -> anyhow::Result<()> {
         self.shared.set_config(self.cfg.clone());
         self.cgroups = self.open_cgroups()?;
         let (team, workers, assignment) = self.split()?;
@@ -116,10 +106,6 @@ impl Switch {
             worker.kernel = self.kernel.for_worker(w, &assignment.owner);
             // Every worker submits to the shared engine through its own port.
             worker.accel = self.accel.as_mut().and_then(|a| a.port(w));
-            // The kernel fast path runs with one worker (docs/switch.md "Two paths").
-            if w == 0 {
-                worker.fastpath = self.fastpath.take();
-            }
             workers.push(worker);
         }
         let team = Team {
@@ -151,9 +137,6 @@ impl Switch {
                     (0, Some(up)) if w.index > 0 => self.extra_uplinks.push(up),
                     (p, Some(port)) => ports[p] = Some(port),
                 }
-            }
-            if w.index == 0 {
-                self.fastpath = w.fastpath.take();
             }
             w.engine.leave_workers(now);
             w.engine.release_frames(&mut w.pool);
@@ -195,13 +178,12 @@ impl Switch {
                 .into_iter()
                 .map(|mut w| {
                     let cpus = cpus_of[w.index].clone();
-                    let fast_path = w.fastpath.is_some();
                     let mut work = SpinWork::new(&self.cfg);
                     let (stop, clock, cfg) = (self.stop.clone(), self.clock, self.cfg.clone());
                     std::thread::Builder::new()
                         .name(format!("picnic-w{}", w.index))
                         .spawn_scoped(s, move || {
-                            let r = setup_thread(&cfg, cpus.as_deref(), fast_path)
+                            let r = setup_thread(&cfg, cpus.as_deref(), false)
                                 .and_then(|_| w.run(team, &stop, clock, batch, spin, &mut work));
                             (w, r)
                         })
@@ -503,7 +485,6 @@ impl Switch {
     /// Publishes the merge of every worker's latest snapshot, and the softirq time the
     /// coordinator's engine charged.
     fn publish_merged(&mut self, team: &Team) {
-        self.hand_over_given_up();
         let mut parts: Vec<Arc<Published>> = team
             .published
             .iter()

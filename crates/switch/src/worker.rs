@@ -1,6 +1,6 @@
-//! One dataplane worker ([`crate::workers`]): a thread running the [`Driver`] over the VM
-//! ports it owns and its own uplink socket, with its own engine, frame pool and adaptive waits
-//! (Rizzo et al., per worker), and with the kernel fast path when it is the only worker. Frames that belong to
+//! One dataplane worker of several ([`crate::workers`]): a thread running the same
+//! [`Driver`] as the single loop over the VM ports it owns and its own uplink socket, with its
+//! own engine, frame pool and adaptive waits (Rizzo et al., per worker). Frames that belong to
 //! another worker go through that worker's [`Mailbox`]; every frame handed over is repaid from
 //! the receiver's pool, so each worker's pool keeps its size. Live changes come through the
 //! same mailbox ([`crate::workers::Control`]) and are applied between passes.
@@ -25,8 +25,8 @@ use crate::frame::{Frame, FramePool};
 use crate::port::{Port, WaitSet};
 use crate::runner::take_named;
 use crate::runner::{
-    ring_wait, thread_cpu_ns, Clock, CommitClock, FastPathLink, HandoffCounters, PortView,
-    Published, SpinWork, WorkerView,
+    ring_wait, thread_cpu_ns, Clock, CommitClock, HandoffCounters, PortView, Published, SpinWork,
+    WorkerView,
 };
 use crate::stats::DropReason;
 use crate::workers::{Applied, Assignment, Control, Handoff, Mailbox};
@@ -105,8 +105,6 @@ impl Team {
 /// One worker's state; it goes back to the switch when the workers stop.
 pub struct Worker {
     pub index: usize,
-    /// Its thread's id, once it runs.
-    tid: u32,
     pub engine: Engine,
     /// Which worker owns each port, as of the last live change this worker applied.
     pub assignment: Assignment,
@@ -131,8 +129,6 @@ pub struct Worker {
     /// its exchange buffers.
     pub accel: Option<AccelPort>,
     accel_scratch: Exchange,
-    /// The kernel fast path (`[fastpath] kernel`), which runs with one worker.
-    pub(crate) fastpath: Option<FastPathLink>,
 }
 
 impl Worker {
@@ -145,7 +141,6 @@ impl Worker {
     ) -> Worker {
         Worker {
             index,
-            tid: 0,
             engine,
             assignment,
             ports,
@@ -160,7 +155,6 @@ impl Worker {
             wait_set: WaitSet::new(),
             accel: None,
             accel_scratch: Exchange::default(),
-            fastpath: None,
         }
     }
 
@@ -178,8 +172,7 @@ impl Worker {
         self.batch = batch;
         let mailbox = &team.mailboxes[self.index];
         // SAFETY: gettid has no arguments and cannot fail.
-        self.tid = unsafe { libc::gettid() } as u32;
-        team.tids[self.index].store(self.tid, Ordering::Relaxed);
+        team.tids[self.index].store(unsafe { libc::gettid() } as u32, Ordering::Relaxed);
         self.owed.resize(team.workers, 0);
         if self.waits.len() != self.ports.len() {
             self.waits = (0..self.ports.len())
@@ -192,14 +185,6 @@ impl Worker {
         let mut fds = Vec::new();
         // The directory the uplink frames are routed with; it changes only at a live change.
         let mut dir = self.engine.dir.clone();
-        // An inline engine's pace is a timed wait of this worker (Pick::Paced): ended late by
-        // the kernel's default 50 us of timer slack, it would run the engine below its
-        // capacity.
-        if self.accel.as_ref().is_some_and(AccelPort::is_inline) {
-            if let Err(e) = crate::sched::set_timer_slack(1_000) {
-                tracing::warn!("timer slack: {e}");
-            }
-        }
         self.wait_set.reset();
         let mut cpu_mark = thread_cpu_ns();
         while !stop.load(Ordering::Relaxed) && !team.pause.load(Ordering::Relaxed) {
@@ -234,10 +219,6 @@ impl Worker {
                 mail += 1;
             }
             mail += self.take_mail(now, team);
-            // What the kernel forwarded is metered before the engines close their windows.
-            if let Some(fp) = self.fastpath.as_mut() {
-                fp.meter(&mut self.engine, now, &mut self.pool);
-            }
             let mut io = WorkerIo {
                 me: self.index,
                 ports: &mut self.ports,
@@ -275,16 +256,7 @@ impl Worker {
                     busy += driver.finish(at, &mut self.engine, &mut io, &mut self.pool)?;
                 }
             }
-            if let Some(fp) = self.fastpath.as_mut() {
-                if let Err(e) = fp.sync(&mut self.engine, &self.ports, now, busy > 0) {
-                    tracing::warn!("kernel fast path off: {e}");
-                    self.fastpath = None;
-                }
-            }
             if busy > 0 {
-                // A worker sharing its core with tenants' threads (`switch.yield_busy`) gives
-                // it to whoever waits for it after each busy pass, so its work delays a woken
-                // thread by a pass rather than by the worker's whole slice.
                 if team.yield_busy {
                     crate::sched::yield_now();
                 }
@@ -303,10 +275,6 @@ impl Worker {
                 .map(|t| t - now)
                 .unwrap_or(Duration::from_millis(5));
             let mut timeout = until.min(Duration::from_millis(5));
-            // A VM waiting to be handed back to the kernel fast path.
-            if let Some(cap) = self.fastpath.as_ref().and_then(|f| f.wait_cap(now)) {
-                timeout = timeout.min(cap);
-            }
             // Jobs the engine's limiter admits later (or its pace holds): back by then.
             if let Some(wake) = self.accel.as_ref().and(self.accel_scratch.wake_in()) {
                 timeout = timeout.min(Duration::from_nanos(wake.as_nanos() as u64));
@@ -462,9 +430,6 @@ impl Worker {
     /// and the SLOs of the tenants whose VMs it owns.
     fn publish(&mut self, now: Instant) -> Published {
         self.kernel.publish(&mut self.engine, now);
-        if let Some(fp) = &self.fastpath {
-            fp.publish(&mut self.engine, now);
-        }
         // The receivers' meter windows are closed when read: the advertised rates as of now.
         self.engine.catch_up(now);
         let assignment = &self.assignment;
@@ -514,7 +479,6 @@ impl Worker {
             .collect();
         let workers = vec![WorkerView {
             worker: self.index,
-            tid: self.tid,
             vms: assignment
                 .ports_of(self.index)
                 .filter_map(|p| dir.port_vm[p].map(|v| dir.vms[v].name.clone()))

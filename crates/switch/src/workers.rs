@@ -75,13 +75,9 @@ pub fn worker_count(cfg: &Config, vm_ports: usize) -> usize {
 
 /// The CPU each of `workers` workers is pinned to: one of `switch.cpus` each when it lists
 /// one per worker; else none, and every worker may run on all of `switch.cpus` (or anywhere).
-/// A single worker is never pinned to one of several CPUs: it runs where the scheduler finds
-/// room among them, as the operator allowed.
 pub fn pinned_cpus(cfg: &Config, workers: usize) -> Vec<Option<usize>> {
     match &cfg.switch.cpus {
-        Some(cpus) if cpus.len() >= workers && (workers > 1 || cpus.len() == 1) => {
-            cpus[..workers].iter().copied().map(Some).collect()
-        }
+        Some(cpus) if cpus.len() >= workers => cpus[..workers].iter().copied().map(Some).collect(),
         _ => vec![None; workers],
     }
 }

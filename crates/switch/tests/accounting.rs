@@ -65,25 +65,29 @@ ip = "198.18.0.4"
 port = { ifname = "l2" }
 "#;
 
-/// A switch over in-memory ports (uplink, s1, s2, l1, l2) running on its own thread (its
-/// coordinator, with one worker).
+/// A switch over in-memory ports (uplink, s1, s2, l1, l2) running on its own thread, which
+/// returns its CPU time as the kernel accounts it over the run, ns.
 fn start(
     cfg: Config,
 ) -> (
     Vec<MemoryPortHandle>,
     Arc<AtomicBool>,
     Arc<Shared>,
-    std::thread::JoinHandle<()>,
+    std::thread::JoinHandle<u64>,
 ) {
     let (mut switch, handles) = common::memory_switch(cfg, &["up0", "s1", "s2", "l1", "l2"]);
     let (stop, shared) = (switch.stop_flag(), switch.shared());
-    let dataplane = std::thread::spawn(move || switch.run().unwrap());
+    let dataplane = std::thread::spawn(move || {
+        let before = schedstat_ns();
+        switch.run().unwrap();
+        schedstat_ns() - before
+    });
     (handles, stop, shared, dataplane)
 }
 
-/// The CPU time of thread `tid` of this process as the scheduler accounts it, ns.
-fn schedstat_ns(tid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).unwrap();
+/// The thread's CPU time as the scheduler accounts it, ns.
+fn schedstat_ns() -> u64 {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap();
     s.split_whitespace().next().unwrap().parse().unwrap()
 }
 
@@ -103,12 +107,8 @@ fn charges_add_up_to_the_threads_cpu_time_the_kernel_reports() {
         while handles[4].pop_sent().is_some() {}
         std::thread::sleep(Duration::from_micros(200));
     }
-    // The worker's thread, as the kernel counts it, just before it stops (it then does one
-    // pass more and publishes).
-    let tid = shared.latest().unwrap().workers[0].tid;
-    let kernel_ns = schedstat_ns(tid);
     stop.store(true, Ordering::Relaxed);
-    dataplane.join().unwrap();
+    let kernel_ns = dataplane.join().unwrap();
     let published = shared.latest().unwrap();
     let snap = &published.switch;
     let charged: u64 = snap.vms.iter().map(|v| v.counters.cost_ns).sum();

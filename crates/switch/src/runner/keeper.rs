@@ -2,10 +2,11 @@
 //! (docs/switch.md "Live changes"), and the removed VMs' AF_PACKET ports it keeps open
 //! ([`ParkedPorts`]) in case a VM is added on the same interface.
 
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 
 use anyhow::Context;
 
+use super::command::CommandWake;
 use super::{PortOpener, PortSpec};
 use crate::port::{Backend, Port};
 
@@ -85,15 +86,18 @@ impl ParkedPorts {
 
 /// The thread that opens new VMs' ports and closes removed ones for live changes: setting up
 /// a port's rings takes milliseconds and tearing them down unmaps them, neither of which
-/// forwarding waits for. Started once, so a change costs a channel send, not a thread's
-/// creation. A removed
+/// forwarding waits for. Started once, so a change costs the loop a channel send, not a
+/// thread's creation (tens of microseconds its neighbours' frames would wait). A removed
 /// VM's AF_PACKET port is parked for [`PARK`] and given back to a VM added on the same
 /// interface meanwhile instead of a new socket ([`ParkedPorts`]).
 #[derive(Clone)]
 pub(crate) struct PortKeeper(mpsc::Sender<KeeperJob>);
 
-/// Where the opened ports (or the first error) go.
-type Opened = mpsc::Sender<anyhow::Result<Vec<Box<dyn Port>>>>;
+/// Opened ports (or the first error), and what to wake once they are sent.
+type Opened = (
+    mpsc::Sender<anyhow::Result<Vec<Box<dyn Port>>>>,
+    Option<Arc<CommandWake>>,
+);
 
 enum KeeperJob {
     /// Ports to open, after parking the ports removed VMs gave up meanwhile.
@@ -111,8 +115,10 @@ impl PortKeeper {
         Ok(Self(tx))
     }
 
-    /// Opens `specs`' ports; all of them, or the first error, arrive on `done`.
-    fn open(
+    /// Opens `specs`' ports; all of them, or the first error, arrive on `done.0`, and then
+    /// `done.1` wakes the run loop, so that it applies the change between frames rather than
+    /// just before the frame that next wakes it.
+    pub(super) fn open(
         &self,
         specs: Vec<PortSpec>,
         closed: Vec<Box<dyn Port>>,
@@ -130,7 +136,7 @@ impl PortKeeper {
         closed: Vec<Box<dyn Port>>,
     ) -> anyhow::Result<Vec<Box<dyn Port>>> {
         let (tx, done) = mpsc::channel();
-        self.open(specs, closed, tx)?;
+        self.open(specs, closed, (tx, None))?;
         done.recv()
             .map_err(|_| anyhow::anyhow!("the thread that opens ports stopped"))?
     }
@@ -166,7 +172,7 @@ fn keep_ports(rx: &mpsc::Receiver<KeeperJob>, opener: &PortOpener) {
         };
         let mut close = parked.expired(std::time::Instant::now());
         match job {
-            Some(KeeperJob::Open(specs, closed, done)) => {
+            Some(KeeperJob::Open(specs, closed, (done, wake))) => {
                 close.extend(parked.park(closed, std::time::Instant::now()));
                 let ports = specs
                     .iter()
@@ -176,6 +182,9 @@ fn keep_ports(rx: &mpsc::Receiver<KeeperJob>, opener: &PortOpener) {
                     })
                     .collect();
                 let _ = done.send(ports);
+                if let Some(wake) = wake {
+                    wake.wake();
+                }
             }
             Some(KeeperJob::Close(ports)) => {
                 close.extend(parked.park(ports, std::time::Instant::now()));
@@ -188,11 +197,12 @@ fn keep_ports(rx: &mpsc::Receiver<KeeperJob>, opener: &PortOpener) {
 }
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
+    use std::os::fd::AsRawFd;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::time::Instant;
 
     use super::*;
+    use crate::runner::command::command_eventfd;
     use crate::runner::fake_port::{spec, Counts};
 
     #[test]
@@ -275,7 +285,11 @@ mod tests {
             Ok(c2.port(&s.ifname, s.backend, true))
         });
         let keeper = PortKeeper::start(opener).unwrap();
-        let open = |keeper: &PortKeeper, closed| keeper.open_now(vec![spec("b1")], closed).unwrap();
+        let open = |keeper: &PortKeeper, closed| {
+            let (tx, rx) = mpsc::channel();
+            keeper.open(vec![spec("b1")], closed, (tx, None)).unwrap();
+            rx.recv().unwrap().unwrap()
+        };
         let ports = open(&keeper, Vec::new());
         assert_eq!(opened.load(Ordering::SeqCst), 1);
         keeper.close(ports);
@@ -288,5 +302,31 @@ mod tests {
         assert_eq!(c.dropped(), 0, "nothing closed");
         drop(ports);
         drop(keeper);
+    }
+
+    /// The keeper wakes the run loop once the ports it opened are sent, so that the loop
+    /// applies the change at once rather than just before whatever frame woke it next.
+    #[test]
+    fn the_keeper_wakes_the_loop_when_the_ports_are_open() {
+        let c = Arc::new(Counts::default());
+        let c2 = c.clone();
+        let opener: PortOpener =
+            Arc::new(move |s: &PortSpec| Ok(c2.port(&s.ifname, s.backend, true)));
+        let keeper = PortKeeper::start(opener).unwrap();
+        let wake = Arc::new(CommandWake {
+            fd: command_eventfd().unwrap(),
+            pending: AtomicBool::new(false),
+        });
+        let fd = wake.fd.as_raw_fd();
+        let quiet = std::time::Duration::ZERO;
+        assert!(!crate::port::wait_readable(&[fd], quiet).unwrap());
+        let (tx, rx) = mpsc::channel();
+        keeper
+            .open(vec![spec("b1")], Vec::new(), (tx, Some(wake.clone())))
+            .unwrap();
+        let ports = rx.recv().unwrap().unwrap();
+        let woken = std::time::Duration::from_secs(5);
+        assert!(crate::port::wait_readable(&[fd], woken).unwrap());
+        drop(ports);
     }
 }

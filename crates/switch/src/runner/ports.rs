@@ -1,15 +1,71 @@
 //! The switch's ports: opening them as the config says (the uplink with a port per worker
-//! where the backend allows it) and the largest frame a VM port takes.
+//! where the backend allows it), the largest frame a VM port takes, and the ports as the
+//! driver's [`Io`].
 
 use anyhow::Context;
+use picnic_core::notify::AdaptiveWait;
+use picnic_core::Instant;
 use picnic_wire::overlay::ENCAP_OVERHEAD;
 
+use super::SpinWork;
 use crate::config::{Backend, Config};
+use crate::directory::{PortIdx, UPLINK};
+use crate::driver::Io;
 use crate::ebpf::EarlyDrop;
+use crate::engine::Work;
+use crate::frame::{Frame, FramePool};
 use crate::port::{
-    tap_state, AfPacketOptions, AfPacketPort, AfXdpOptions, AfXdpPort, Port, QueueSet, TapHostPort,
-    TapPort, TapState, VhostUserPort,
+    send_or_drop, tap_state, AfPacketOptions, AfPacketPort, AfXdpOptions, AfXdpPort, Port,
+    QueueSet, TapHostPort, TapPort, TapState, VhostUserPort,
 };
+
+/// The ports as the driver's [`Io`]: each read feeds the adaptive wait of the port's ring.
+pub(super) struct PortIo<'a> {
+    pub(super) ports: &'a mut [Option<Box<dyn Port>>],
+    pub(super) waits: &'a mut [(AdaptiveWait, u64)],
+    pub(super) work: &'a mut SpinWork,
+}
+
+impl Io for PortIo<'_> {
+    fn recv(
+        &mut self,
+        now: Instant,
+        port: PortIdx,
+        pool: &mut FramePool,
+        rx: &mut Vec<Frame>,
+        max: usize,
+    ) -> anyhow::Result<usize> {
+        let Some(p) = self.ports[port].as_mut() else {
+            return Ok(0);
+        };
+        let n = p
+            .recv_batch(pool, rx, max)
+            .with_context(|| format!("receive on {}", p.name()))?;
+        if n > 0 {
+            let (wait, seen) = &mut self.waits[port];
+            *seen += n as u64;
+            wait.observe(now, *seen);
+        }
+        Ok(n)
+    }
+
+    fn send(
+        &mut self,
+        port: PortIdx,
+        queue: &mut Vec<Frame>,
+        pool: &mut FramePool,
+    ) -> anyhow::Result<()> {
+        match self.ports[port].as_mut() {
+            Some(p) => send_or_drop(p.as_mut(), port == UPLINK, queue, pool)?,
+            None => queue.drain(..).for_each(|f| pool.put(f)),
+        }
+        Ok(())
+    }
+
+    fn work(&mut self) -> &mut dyn Work {
+        self.work
+    }
+}
 
 /// Opens a port with the backend the config names, with an error that says what to fix.
 /// GSO super-frames read on it are segmented into frames of at most `max_frame` bytes

@@ -29,8 +29,6 @@ pub struct HandoffCounters {
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct WorkerView {
     pub worker: usize,
-    /// Its thread's id (for `perf -t`, `taskset -p`, `/proc/PID/task/TID`).
-    pub tid: u32,
     /// The VMs whose ports it owns.
     pub vms: Vec<String>,
     /// CPU time of its thread, ns (its engine's `cpu_ns`).
@@ -41,8 +39,9 @@ pub struct WorkerView {
 }
 
 /// The time a dataplane loop spends applying one API change, during which the frames in its
-/// rings wait: from taking it until the worker goes on (its answer to the coordinator
-/// included). Count and quantiles, us.
+/// rings wait: from taking it until the loop goes on (a worker's answer to the coordinator
+/// included; the single loop answers the API later, when about to wait). Count and
+/// quantiles, us.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct CommitTimes {
     pub commits: u64,
