@@ -45,6 +45,8 @@ pub struct CpuQuota {
     /// The most CPU time a period can really use, ns: two periods on every CPU (a larger
     /// step is a thread joining with earlier run time).
     most_per_period_ns: u64,
+    /// A quota was written since [`CpuQuota::open`] (which leaves the kernel's unlimited one).
+    limited: bool,
 }
 
 impl CpuQuota {
@@ -73,6 +75,7 @@ impl CpuQuota {
             last: None,
             debt_ns: 0,
             most_per_period_ns: 2 * period_us * 1_000 * cpus,
+            limited: false,
         };
         q.set_period(KERNEL_PERIOD_MAX_US)?;
         Ok(q)
@@ -113,14 +116,17 @@ impl CpuQuota {
         // The entitlement of the period starting now: its budget and what was gained back.
         self.last = Some((used, budget.as_nanos() + gained as u64));
         let left = budget.as_nanos() as i128 - self.debt_ns + gained;
-        if left < MIN_QUOTA_NS / 2 {
+        if left < MIN_QUOTA_NS / 2 && self.limited {
             // Nothing (or less than half the kernel's minimum) left: no refill this period.
             // The group stays throttled once what it has is spent, and the kernel keeps its
-            // overrun on the books because nothing was written.
+            // overrun on the books because nothing was written. Not before a first quota is
+            // written: the group would keep the unlimited quota `open` left it (a first
+            // refill that found the group's allocation spent did, for the whole run).
             return Ok(Duration::ZERO);
         }
         let quota_ns = left.max(MIN_QUOTA_NS) as u64;
         self.write_quota(quota_ns / 1_000, KERNEL_PERIOD_MAX_US)?;
+        self.limited = true;
         Ok(Duration::from_nanos(quota_ns))
     }
 
@@ -247,6 +253,31 @@ mod tests {
         q.release(Duration::from_millis(3)).unwrap();
         assert_eq!(read("cpu.cfs_period_us"), "10000");
         assert_eq!(read("cpu.cfs_quota_us"), "3000");
+    }
+
+    /// A group whose first period's allocation the switch's work already spent still gets a
+    /// quota: without one it kept the unlimited quota `open` leaves, period after period.
+    #[test]
+    fn the_first_refill_limits_the_group_even_with_nothing_left() {
+        let g = fake_group(&[("cpu.max", "max 100000"), ("cpu.stat", "usage_usec 0\n")]);
+        let mut q = CpuQuota::open(g.path(), Duration::from_millis(10)).unwrap();
+        let read = || fs::read_to_string(g.path().join("cpu.max")).unwrap();
+        assert!(read().starts_with("max "), "unlimited after open");
+        assert_eq!(
+            q.refill(Duration::from_micros(10), Duration::ZERO).unwrap(),
+            Duration::from_millis(1)
+        );
+        assert_eq!(
+            read(),
+            "1000 1000000",
+            "the kernel's minimum, not unlimited"
+        );
+        // From then on, nothing left is no refill.
+        assert_eq!(
+            q.refill(Duration::from_micros(10), Duration::ZERO).unwrap(),
+            Duration::ZERO
+        );
+        assert_eq!(read(), "1000 1000000");
     }
 
     #[test]
