@@ -4,14 +4,13 @@
 //! are per VM anyway, and every VM has exactly one owner).
 //!
 //! What spans workers, and how it stays correct without a lock on the per-packet path:
-//! - **Tenant CPU budgets** (Iron 3.2, [`crate::engine::SharedBudgets`]): one lock-free
-//!   [`picnic_core::pool::SharedBucket`] per tenant with a quota, refilled at the tenant's
-//!   allocation, from which each worker borrows through its own
-//!   [`picnic_core::pool::TokenCache`] (EyeQ 4's per-CPU token counts, FairNIC 4.4's per-core
-//!   caches, CFS's per-CPU runtime slices). Charges are settled into the cache after the work
-//!   (debt when they exceed it), so the tenant's total across workers stays within its
-//!   allocation up to one chunk per worker. `SharedBudgets::charged` sums every worker's
-//!   charges for the cgroup quotas.
+//! - **Tenant CPU budgets** (Iron 3.2, [`crate::engine::SharedBudgets`]): one
+//!   [`picnic_core::iron::shared::SharedAccount`] per tenant with a quota for the whole host,
+//!   refilled once per period by Iron's Algorithm 1 (debt carried, a leftover dropped), from
+//!   which each worker takes slices ([`picnic_core::iron::shared::Slice`], CFS's and Iron's
+//!   per-core `rt_remain`). Each worker settles its measured costs from its slice; what no
+//!   slice covers is debt on the account. The coordinator charges the ports' softirq time to
+//!   the same accounts and refills the tenants' cgroups from them.
 //! - **Tenant SLOs**: a tenant's conformance must be judged on all its traffic, so the VMs of
 //!   a tenant with an SLO are assigned to one worker ([`assign`]); each worker reports the
 //!   SLO tenants it owns.
