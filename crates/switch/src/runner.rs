@@ -36,6 +36,7 @@ mod keeper;
 mod live;
 mod ports;
 mod publish;
+mod wake;
 mod work;
 pub use command::{CommandSender, Reconfigure};
 pub(crate) use idle::{ring_wait, IdlePolicy};
@@ -100,7 +101,7 @@ pub struct Switch {
     /// Ports removed VMs gave up, for the keeper.
     given_up: command::GivenUp,
     /// Readable when the API sent a command ([`CommandSender`]).
-    command_wake: Option<Arc<command::CommandWake>>,
+    command_wake: Option<Arc<wake::CommandWake>>,
     /// How long applying each change held the loop up.
     commit_clock: CommitClock,
     /// Answers to the API's changes, sent when the loop is about to wait; since when.

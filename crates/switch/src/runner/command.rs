@@ -2,11 +2,10 @@
 //! new VMs' ports opened on the API's thread ([`Reconfigure`], [`CommandSender`]), so that the
 //! run loop only applies it; the loop is woken by an eventfd when a change arrives.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
 use super::keeper::PortKeeper;
+use super::wake::CommandWake;
 use super::{vm_max_frame_of, Command, PortSpec};
 use crate::change::Change;
 use crate::config::Config;
@@ -94,24 +93,6 @@ pub(super) fn take_given_up(given_up: &GivenUp, age: std::time::Duration) -> Vec
     old.into_iter().map(|(_, p)| p).collect()
 }
 
-/// The eventfd that wakes the loop, and whether it was written since the loop last drained
-/// it (so that the loop reads it only then, not on every wait).
-pub(super) struct CommandWake {
-    pub(super) fd: OwnedFd,
-    pub(super) pending: AtomicBool,
-}
-
-impl CommandWake {
-    /// Makes the loop's wait return.
-    pub(super) fn wake(&self) {
-        let one = 1u64;
-        // SAFETY: writes 8 bytes from a u64 we own to an eventfd we hold open.
-        unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
-        // Set after the write: the loop drains only what was written before it saw this.
-        self.pending.store(true, Ordering::Release);
-    }
-}
-
 impl CommandSender {
     /// A sender that wakes nobody (for stand-ins of the run loop that block on `rx`).
     pub fn new(tx: mpsc::Sender<Command>) -> Self {
@@ -150,17 +131,6 @@ impl CommandSender {
     }
 }
 
-/// An eventfd for [`CommandSender`] (non-blocking, so that the loop drains it without waiting).
-pub(super) fn command_eventfd() -> std::io::Result<OwnedFd> {
-    // SAFETY: plain syscall; on success the descriptor is ours.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
 /// The ports the VMs that `changes` add locally need, except those taking over a port
 /// another VM gives up in the same change.
 fn port_specs(old: &Config, cfg: &Config, changes: &[Change]) -> Vec<PortSpec> {
@@ -194,7 +164,7 @@ fn port_specs(old: &Config, cfg: &Config, changes: &[Change]) -> Vec<PortSpec> {
 }
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
     use crate::port::Backend;

@@ -6,7 +6,7 @@ use std::sync::{mpsc, Arc};
 
 use anyhow::Context;
 
-use super::command::CommandWake;
+use super::wake::CommandWake;
 use super::{PortOpener, PortSpec};
 use crate::port::{Backend, Port};
 
@@ -202,8 +202,8 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
-    use crate::runner::command::command_eventfd;
     use crate::runner::fake_port::{spec, Counts};
+    use crate::runner::wake::command_eventfd;
 
     #[test]
     fn a_parked_af_packet_port_is_given_back_by_name_until_it_expires() {

@@ -13,8 +13,9 @@ use std::sync::{mpsc, Arc};
 use anyhow::Context;
 use picnic_core::Duration;
 
-use super::command::{command_eventfd, take_given_up, CommandWake, HANDOVER};
+use super::command::{take_given_up, HANDOVER};
 use super::keeper::PortKeeper;
+use super::wake::{command_eventfd, CommandWake};
 use super::{ring_wait, tenant_ports, Command, CommandSender, PortSpec, Reconfigure, Switch};
 use crate::accel::Accel;
 use crate::cgroup::CpuQuota;
