@@ -94,7 +94,7 @@ impl CostFit {
     /// of a kind cheaper than the model says, iterations whose frame count never varies), a
     /// coefficient that was only noise decided by its sign between dropping the per-byte term
     /// and dropping the fixed one, and a CPU-fair share moved 40% with it
-    /// (docs/BENCHMARKS.md "Third session").
+    /// (docs/BENCHMARKS.md "The cost model's fit").
     fn solve(&self) -> Option<Coefficients> {
         const SUBSETS: [&[usize]; 7] = [&[0, 1, 2], &[0, 1], &[0, 2], &[1, 2], &[0], &[1], &[2]];
         // Squared residuals up to a constant: c' X'X c - 2 c' X'y.

@@ -277,7 +277,7 @@ fn eyeq_burst_rate_reaches_its_allocation_only_with_isolation() {
 fn the_tcp_tenant_keeps_its_share_at_the_burst_onset_at_every_seed() {
     // The test above at one seed is a sample: before the receivers started new senders at
     // C_i / N and kept the rate above a share of it, TCP kept its share at 13-15 of seeds
-    // 1-40 (docs/BENCHMARKS.md "Fifth session"). Isolation only, seeds 1-8 (about 2 s).
+    // 1-40 (docs/BENCHMARKS.md "EyeQ's onset"). Isolation only, seeds 1-8 (about 2 s).
     let text = sim_scenario("eyeq-convergence.toml").replace(
         "modes = [\"picnic\", \"picnic-off\"]",
         "modes = [\"picnic\"]",

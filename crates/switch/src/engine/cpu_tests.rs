@@ -427,7 +427,7 @@ fn ingress_saturated_run(b1_min_pps: Option<u64>) -> [(f64, u64); 2] {
         // Feedback to host 2, which ignores it here; the loop built and sent it, so it is
         // handled too (were it free, the only frames whose count varies between iterations,
         // all of which read 64 and deliver 32, would tell the fitted model that a frame costs
-        // nothing: docs/BENCHMARKS.md "Third session").
+        // nothing: docs/BENCHMARKS.md "The cost model's fit").
         for sent in h1.take(crate::directory::UPLINK) {
             handled += 1;
             bytes += sent.len() as u64;
