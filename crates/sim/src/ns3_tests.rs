@@ -107,6 +107,34 @@ fn what_is_not_a_single_bottleneck_is_refused_with_the_reason() {
     assert!(dctcp.contains("ecn_threshold_kb"), "{dctcp}");
 }
 
+/// Writes `program` to a scratch file named `name`.py, checks that it is valid Python
+/// wherever there is a python3 (ns-3 or not), and runs it in ns-3: its JSON output, or None
+/// (said why) without ns-3. The file is left for a look when the program fails.
+pub(crate) fn run_program(name: &str, program: &str) -> Option<serde_json::Value> {
+    let dir = std::env::temp_dir().join(format!("picnic-ns3-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(format!("{name}.py"));
+    std::fs::write(&file, program).unwrap();
+    if let Ok(o) = Command::new("python3")
+        .args(["-m", "py_compile"])
+        .arg(&file)
+        .output()
+    {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let py = match ns3_python() {
+        Ok(py) => py,
+        Err(why) => {
+            eprintln!("skipped running the program: no ns-3: {why}");
+            return None;
+        }
+    };
+    let o = Command::new(&py).arg(&file).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let _ = std::fs::remove_file(&file);
+    Some(serde_json::from_slice(&o.stdout).unwrap())
+}
+
 /// The Python that has ns-3: `$PICNIC_NS3_PYTHON`, else `python3`.
 pub(crate) fn ns3_python() -> std::result::Result<String, String> {
     let py = std::env::var("PICNIC_NS3_PYTHON").unwrap_or_else(|_| "python3".into());
@@ -128,30 +156,9 @@ fn the_generated_program_runs_in_ns3_and_fills_the_bottleneck_fairly() {
         .replace("flows = 2", "flows = 1");
     let mut spec = Spec::parse(&text).unwrap();
     spec.scenario.workloads.truncate(2);
-    let program = generate(&spec, 1).unwrap();
-    let dir = std::env::temp_dir().join(format!("picnic-ns3-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("small.py");
-    std::fs::write(&file, &program).unwrap();
-    // Valid Python wherever there is a python3, ns-3 or not.
-    if let Ok(o) = Command::new("python3")
-        .arg("-m")
-        .arg("py_compile")
-        .arg(&file)
-        .output()
-    {
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    }
-    let py = match ns3_python() {
-        Ok(py) => py,
-        Err(why) => {
-            eprintln!("skipped running the program: no ns-3: {why}");
-            return;
-        }
+    let Some(r) = run_program("small", &generate(&spec, 1).unwrap()) else {
+        return;
     };
-    let o = Command::new(&py).arg(&file).output().unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let agg = r["aggregate_mbps"].as_f64().unwrap();
     let jain = r["jain"].as_f64().unwrap();
     // Goodput ceiling: 1390 of every 1444 bytes on the wire (IPv4, TCP with the timestamp
@@ -168,5 +175,4 @@ fn the_generated_program_runs_in_ns3_and_fills_the_bottleneck_fairly() {
     assert_eq!(q.len(), 5);
     let max = q[4][1].as_f64().unwrap();
     assert!(max > 1.5 && max <= 25.0, "{r}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

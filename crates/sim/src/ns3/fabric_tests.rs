@@ -1,6 +1,5 @@
 use super::*;
 use std::path::Path;
-use std::process::Command;
 
 use picnic_scenario::Mode;
 
@@ -94,27 +93,9 @@ fn what_ns3_cannot_carry_alike_is_refused_with_the_reason() {
 #[test]
 fn a_small_fabric_runs_in_ns3_as_in_the_simulator() {
     let spec = small(40, 0.3);
-    let dir = std::env::temp_dir().join(format!("picnic-ns3-fabric-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("fabric.py");
-    std::fs::write(&file, generate(&spec, 1).unwrap()).unwrap();
-    if let Ok(o) = Command::new("python3")
-        .args(["-m", "py_compile"])
-        .arg(&file)
-        .output()
-    {
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    }
-    let py = match crate::ns3::tests::ns3_python() {
-        Ok(py) => py,
-        Err(why) => {
-            eprintln!("skipped running the program: no ns-3: {why}");
-            return;
-        }
+    let Some(r) = crate::ns3::tests::run_program("fabric", &generate(&spec, 1).unwrap()) else {
+        return;
     };
-    let o = Command::new(&py).arg(&file).output().unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let flows = r["flows"].as_array().unwrap();
     let f = Fabric::from_spec(&spec, 1).unwrap();
     assert_eq!(flows.len(), f.flows.iter().filter(|x| x.reported).count());
@@ -140,5 +121,4 @@ fn a_small_fabric_runs_in_ns3_as_in_the_simulator() {
         (a / b - 1.0).abs() < 0.1,
         "median slowdown sim {a} ns-3 {b}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
