@@ -133,6 +133,13 @@ impl SharedAccount {
         self.runtime.load(Ordering::Acquire).max(0) as u64
     }
 
+    /// Iron's `runtime` at `now`: the time left this period not counting workers' slices,
+    /// negative while in debt.
+    fn runtime(&self, now: Instant) -> i64 {
+        self.roll(now);
+        self.runtime.load(Ordering::Acquire)
+    }
+
     /// Time owed beyond this period's quota and not paid yet (0 if none).
     pub fn debt(&self, now: Instant) -> u64 {
         self.roll(now);
@@ -255,8 +262,11 @@ impl Slice {
     /// the debt counted, a worker whose slice the kernel fast path left unspent saw the
     /// tenant within its allocation for the whole period, and let its flood through.
     fn left(held: u64, now: Instant, account: &SharedAccount) -> u64 {
-        held.saturating_sub(account.debt(now))
-            .saturating_add(account.available(now))
+        // One read of `runtime` (this is on every packet's admission): its positive part is
+        // time available, its negative part the debt.
+        (held.min(i64::MAX as u64) as i64)
+            .saturating_add(account.runtime(now))
+            .max(0) as u64
     }
 
     /// Decides before any work whether one of the tenant's packets may be processed: dropped
